@@ -1,0 +1,48 @@
+"""kernels: swap the forward of tagged PyTorch layers for fast kernels.
+
+Tag layers with `use_kernel_forward_from_hub`, register where their kernels come from with
+`register_kernel_mapping` or `use_kernel_mapping`, and call `kernelize(model, mode=...)`.
+See docs/layers.md.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    BuildVariantNotFoundError,
+    KernelLayerError,
+    KernelLoadError,
+    KernelMappingError,
+    KernelsError,
+    NoKernelError,
+)
+from .layer.kernelize import kernelize
+from .layer.tagging import replace_kernel_forward_from_hub, use_kernel_forward_from_hub
+from .mapping.device import CUDAProperties, Device, ROCMProperties
+from .mapping.mode import Mode
+from .mapping.registry import register_kernel_mapping, use_kernel_mapping
+from .repos.hub import LayerRepository
+from .repos.local import LocalLayerRepository, get_local_kernel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BuildVariantNotFoundError",
+    "CUDAProperties",
+    "Device",
+    "KernelLayerError",
+    "KernelLoadError",
+    "KernelMappingError",
+    "KernelsError",
+    "LayerRepository",
+    "LocalLayerRepository",
+    "Mode",
+    "NoKernelError",
+    "ROCMProperties",
+    "__version__",
+    "get_local_kernel",
+    "kernelize",
+    "register_kernel_mapping",
+    "replace_kernel_forward_from_hub",
+    "use_kernel_forward_from_hub",
+    "use_kernel_mapping",
+]

@@ -1,0 +1,1 @@
+"""Tagging layers, validating kernel layers and kernelizing models."""

@@ -1,0 +1,254 @@
+"""`kernelize`: give every tagged layer of a model the kernel the mapping chooses for it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+from ..errors import KernelLoadError, KernelMappingError, NoKernelError
+from ..mapping.capability import read_capability
+from ..mapping.device import Device, validate_device_type
+from ..mapping.mode import Mode, validate_kernelize_mode
+from ..mapping.registry import current_mapping
+from ..mapping.resolve import Candidate, Resolution, resolve
+from .loading import load_kernel_layer
+from .swap import use_kernel_forward, use_original_forward
+from .tagging import tag_of
+from .validation import validate_kernel_layer
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+logger = logging.getLogger(__name__)
+
+DeviceSpec = Union[str, Device, "torch.device"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """The device kind kernels are chosen for, and the capability read for it."""
+
+    device_type: str
+    capability: int | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What kernelize does with one tagged module: which kernel it runs, or why none."""
+
+    path: str
+    module: nn.Module
+    layer_name: str
+    resolution: Resolution
+    #: The kernel layer class to run, or None to keep the module's own forward.
+    kernel: type | None
+    #: Why the module keeps its own forward (None when it gets a kernel).
+    fallback_reason: str | None = None
+    #: How loudly to log the fallback: a kernel that failed to load is a WARNING.
+    fallback_level: int = logging.INFO
+
+
+def kernelize(
+    model: nn.Module,
+    *,
+    mode: Mode,
+    device: DeviceSpec | None = None,
+    use_fallback: bool = True,
+) -> nn.Module:
+    """Replace the `forward` of every tagged layer in `model` with a kernel from the mapping.
+
+    Each module whose class was tagged (`use_kernel_forward_from_hub`) gets the kernel the
+    active mapping registers for its layer name, the device type, the device's capability
+    and `mode`; where none fits, or the kernel lacks backward (TRAINING) or torch.compile
+    support (TORCH_COMPILE), the module keeps its original forward and the reason is logged.
+    Every kernel is resolved, loaded and validated before the model changes: if anything
+    raises, the model is left exactly as it was. Kernelizing again with another mode
+    switches kernels. The model is changed in place and returned.
+
+    Args:
+        model: the model to kernelize.
+        mode: ``Mode.INFERENCE`` or ``Mode.TRAINING``, optionally ``| Mode.TORCH_COMPILE``.
+            A model kernelized for TRAINING also serves inference.
+        device: the device type to choose kernels for (``"cuda"``, a `Device` or a
+            ``torch.device``); by default the device of the model's first parameter or buffer.
+            On ROCm builds of torch, ``cuda`` means ``rocm``.
+        use_fallback: when False, raise `NoKernelError` instead of keeping a layer's
+            original forward, and `KernelLoadError` when a kernel cannot be loaded.
+
+    Example:
+        ```python
+        from kernels import Mode, kernelize
+
+        model = kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE)
+        ```
+    """
+    decisions = plan(model, mode=mode, device=device, use_fallback=use_fallback)
+    for decision in decisions:
+        label = _label(decision)
+        if decision.kernel is None:
+            use_original_forward(decision.module)
+            logger.log(
+                decision.fallback_level,
+                "%s keeps its original forward: %s",
+                label,
+                decision.fallback_reason,
+            )
+        else:
+            use_kernel_forward(decision.module, decision.kernel, path=decision.path)
+            chosen = decision.resolution.chosen
+            logger.info(
+                "%s uses kernel layer %s from %s (%s)",
+                label,
+                decision.kernel.__name__,
+                chosen.repository,
+                decision.resolution.reason,
+            )
+    return model
+
+
+def plan(
+    model: nn.Module,
+    *,
+    mode: Mode,
+    device: DeviceSpec | None = None,
+    use_fallback: bool = True,
+) -> list[Decision]:
+    """Decide, without changing `model`, what `kernelize` would do with each tagged module."""
+    mode = validate_kernelize_mode(mode)
+    target = find_target(model, device)
+    mapping = current_mapping()
+    decisions: list[Decision] = []
+    resolutions: dict[str, Resolution] = {}
+    loaded: dict[int, type | KernelLoadError] = {}
+    for path, module in model.named_modules():
+        layer_name = tag_of(type(module))
+        if layer_name is None:
+            continue
+        resolution = resolutions.get(layer_name)
+        if resolution is None:
+            resolution = resolve(
+                mapping,
+                layer_name,
+                device_type=target.device_type,
+                capability=target.capability,
+                mode=mode,
+            )
+            resolutions[layer_name] = resolution
+        decisions.append(_decide(path, module, layer_name, resolution, mode, use_fallback, loaded))
+    return decisions
+
+
+def _decide(
+    path: str,
+    module: nn.Module,
+    layer_name: str,
+    resolution: Resolution,
+    mode: Mode,
+    use_fallback: bool,
+    loaded: dict[int, type | KernelLoadError],
+) -> Decision:
+    def fallback(
+        reason: str, error: type[Exception] = NoKernelError, level=logging.INFO
+    ) -> Decision:
+        if not use_fallback:
+            raise error(f"{path or '<model>'} ({type(module).__name__}): {reason}.")
+        return Decision(path, module, layer_name, resolution, None, reason, level)
+
+    chosen: Candidate | None = resolution.chosen
+    if chosen is None:
+        return fallback(resolution.reason)
+    # Load each repository once per kernelize call, failures included, so a model with
+    # many layers of one kind does not retry an unreachable repository for each of them.
+    kernel = loaded.get(id(chosen.repository))
+    if kernel is None:
+        try:
+            kernel = load_kernel_layer(chosen.repository)
+        except KernelLoadError as exc:
+            kernel = exc
+        loaded[id(chosen.repository)] = kernel
+    if isinstance(kernel, KernelLoadError):
+        return fallback(
+            f"loading {chosen.repository} failed: {kernel}", KernelLoadError, logging.WARNING
+        )
+    validate_kernel_layer(
+        kernel, type(module), kernel_source=str(chosen.repository), layer_name=layer_name
+    )
+    missing = _missing_support(kernel, mode)
+    if missing:
+        return fallback(f"kernel layer {kernel.__name__} from {chosen.repository} {missing}")
+    return Decision(path, module, layer_name, resolution, kernel)
+
+
+def _missing_support(kernel: type, mode: Mode) -> str | None:
+    lacks = []
+    # Defaults as in Hugging Face's kernels: backward unless denied, compile only if declared.
+    if Mode.TRAINING in mode and not getattr(kernel, "has_backward", True):
+        lacks.append("has no backward (has_backward = False), which Mode.TRAINING needs")
+    if Mode.TORCH_COMPILE in mode and not getattr(kernel, "can_torch_compile", False):
+        lacks.append("does not declare can_torch_compile = True, which Mode.TORCH_COMPILE needs")
+    return " and ".join(lacks) or None
+
+
+def find_target(model: nn.Module, device: DeviceSpec | None) -> Target:
+    """The device type kernels are chosen for, and its capability."""
+    import torch
+
+    model_device = _first_tensor_device(model)
+    if device is None:
+        if model_device is None:
+            raise KernelMappingError(
+                "Cannot infer the device of a model with no parameters or buffers; pass it to "
+                "kernelize, e.g. kernelize(model, device='cuda', mode=...)."
+            )
+        if model_device.type == "meta":
+            raise KernelMappingError(
+                "The model is on the meta device, so it does not say where it will run; pass the "
+                "device type to kernelize, e.g. kernelize(model, device='cuda', mode=...)."
+            )
+        torch_device = model_device
+        device_type = model_device.type
+    elif isinstance(device, torch.device):
+        torch_device, device_type = device, device.type
+    elif isinstance(device, Device):
+        if device.properties is not None:
+            raise KernelMappingError(
+                f"kernelize(device={device!r}): pass only the device type; the capability is read "
+                "from the device itself."
+            )
+        torch_device, device_type = None, device.type
+    elif isinstance(device, str):
+        if ":" in device:
+            torch_device = torch.device(device)
+            device_type = torch_device.type
+        else:
+            torch_device, device_type = None, device
+    else:
+        raise KernelMappingError(
+            f"kernelize(device=...) takes a device type such as 'cuda', a kernels.Device or a "
+            f"torch.device, got {device!r}."
+        )
+
+    if device_type == "cuda" and torch.version.hip is not None:
+        device_type = "rocm"  # torch calls ROCm GPUs "cuda"; ROCm kernels are registered as rocm
+    validate_device_type(device_type)
+
+    # Read the capability of the GPU the model is on, not whichever is current.
+    if torch_device is None and model_device is not None and model_device.type == "cuda":
+        torch_device = model_device
+    return Target(device_type, read_capability(device_type, torch_device))
+
+
+def _first_tensor_device(model: nn.Module) -> torch.device | None:
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return None
+
+
+def _label(decision: Decision) -> str:
+    return (
+        f"{decision.path or '<model>'} ({type(decision.module).__name__}, '{decision.layer_name}')"
+    )

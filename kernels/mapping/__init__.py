@@ -1,0 +1,1 @@
+"""Modes, devices and capability ranges, the kernel mapping registry, and resolution."""

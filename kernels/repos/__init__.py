@@ -1,0 +1,1 @@
+"""Where kernel code comes from: repository kinds, build variants and importing packages."""

@@ -1,0 +1,81 @@
+"""Kernel repositories on local disk, for kernel authors and for our own kernel library."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from ..errors import KernelLoadError
+from .layout import locate_package
+from .loader import import_package
+
+
+def get_local_kernel(
+    repo_path: str | os.PathLike[str], package_name: str | None = None
+) -> ModuleType:
+    """Import the kernel package of a kernel repository folder.
+
+    The build variant is chosen for this machine (``torch-universal`` or the compiled one that
+    matches the running torch, accelerator runtime, C++ ABI, CPU architecture and OS).
+    Importing the same folder twice returns the same module.
+
+    Args:
+        repo_path: the repository folder, which holds ``build/``.
+        package_name: the package inside ``build/<variant>/``; may be omitted when there is
+            only one, or when the variant folder is the package itself.
+
+    Example:
+        ```python
+        from kernels import get_local_kernel
+
+        activation = get_local_kernel("/src/activation", "activation")
+        y = activation.silu_and_mul(x)
+        ```
+    """
+    repo_dir = Path(repo_path).expanduser()
+    if not repo_dir.is_dir():
+        raise KernelLoadError(f"Kernel repository folder {repo_dir} does not exist.")
+    location = locate_package(repo_dir, package_name, where=str(repo_dir))
+    return import_package(location.package_dir, location.package_name)
+
+
+@dataclass(frozen=True)
+class LocalLayerRepository:
+    """A kernel layer from a kernel repository folder on local disk.
+
+    Local repositories are trusted: they are code the user already has.
+
+    Args:
+        repo_path: the repository folder, which holds ``build/``.
+        package_name: the package inside ``build/<variant>/`` (optional, as for
+            `get_local_kernel`).
+        layer_name: the class in the package's ``layers`` module.
+
+    Example:
+        ```python
+        from kernels import LocalLayerRepository
+
+        repo = LocalLayerRepository(
+            repo_path="/home/me/kernels/activation",
+            package_name="activation",
+            layer_name="SiluAndMul",
+        )
+        ```
+    """
+
+    repo_path: Path
+    package_name: str | None = field(default=None, kw_only=True)
+    layer_name: str = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "repo_path", Path(self.repo_path).expanduser())
+
+    def load(self) -> ModuleType:
+        """Import the kernel package (cached per folder)."""
+        return get_local_kernel(self.repo_path, self.package_name)
+
+    def __str__(self) -> str:
+        package = f", package {self.package_name}" if self.package_name else ""
+        return f"local repository {self.repo_path}{package}, layer {self.layer_name}"

@@ -1,0 +1,114 @@
+"""Build variants: the ``build/<variant>/`` folders of a kernel repository, and which one runs here.
+
+A compiled variant is named for what its binaries need, e.g.
+``torch28-cxx11-cu128-x86_64-linux`` (torch 2.8, C++11 ABI, CUDA 12.8, x86-64 Linux),
+``torch27-cxx11-rocm63-x86_64-linux``, ``torch28-cxx11-xpu20251-x86_64-linux``,
+``torch28-cxx11-cpu-aarch64-linux`` or ``torch27-metal-aarch64-darwin``. Pure-Python kernels
+(Triton, for instance) use ``torch-universal``, or ``torch-<backend>`` (``torch-cuda``,
+``torch-rocm``, ``torch-xpu``, ``torch-metal``, ``torch-cpu``) when they only run on one backend.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from packaging.version import Version
+
+from ..errors import BuildVariantNotFoundError
+
+UNIVERSAL_VARIANT = "torch-universal"
+
+#: Folder names under ``build/`` that are build variants (anything else is ignored).
+VARIANT_PATTERN = re.compile(r"^(torch\d\d+-.+|torch-(universal|cpu|cuda|metal|rocm|xpu|npu))$")
+
+
+@dataclass(frozen=True)
+class MachineBuild:
+    """What a compiled kernel must match to run in this process."""
+
+    torch: str  # "torch28"
+    cxx_abi: str | None  # "cxx11" / "cxx98"; None on macOS, where variants omit it
+    backend: str  # "cuda", "rocm", "xpu", "metal", "npu" or "cpu"
+    runtime: str  # "cu128", "rocm63", "xpu20251", "metal", "npu" or "cpu"
+    arch: str  # "x86_64", "aarch64"
+    os: str  # "linux", "darwin", "windows"
+
+    @property
+    def compiled_variant(self) -> str:
+        """The one compiled variant name that matches this machine exactly."""
+        parts = [self.torch, self.cxx_abi, self.runtime, self.arch, self.os]
+        return "-".join(p for p in parts if p)
+
+    def acceptable_variants(self) -> tuple[str, ...]:
+        """Variant names that run here, best first: compiled, backend-only, universal."""
+        return (self.compiled_variant, f"torch-{self.backend}", UNIVERSAL_VARIANT)
+
+
+@lru_cache(maxsize=1)
+def machine_build() -> MachineBuild:
+    """Describe the running torch, accelerator runtime, C++ ABI, CPU architecture and OS."""
+    import torch
+
+    version = Version(torch.__version__.split("+")[0])
+    backend, runtime = _backend_and_runtime(torch)
+    system = platform.system().lower()
+    arch = platform.machine().lower()
+    arch = {"arm64": "aarch64", "amd64": "x86_64"}.get(arch, arch)
+    cxx_abi = None
+    if system != "darwin":
+        cxx_abi = "cxx11" if torch.compiled_with_cxx11_abi() else "cxx98"
+    return MachineBuild(
+        torch=f"torch{version.major}{version.minor}",
+        cxx_abi=cxx_abi,
+        backend=backend,
+        runtime=runtime,
+        arch=arch,
+        os=system,
+    )
+
+
+def _backend_and_runtime(torch) -> tuple[str, str]:
+    if torch.version.cuda is not None:
+        v = Version(torch.version.cuda)
+        return "cuda", f"cu{v.major}{v.minor}"
+    if torch.version.hip is not None:
+        v = Version(torch.version.hip.split("-")[0])
+        return "rocm", f"rocm{v.major}{v.minor}"
+    xpu_version = getattr(torch.version, "xpu", None)
+    if xpu_version is not None:
+        return "xpu", f"xpu{xpu_version}"
+    if platform.system() == "Darwin":
+        return "metal", "metal"
+    if hasattr(torch, "npu"):
+        return "npu", "npu"
+    return "cpu", "cpu"
+
+
+def variants_in(names: Iterable[str]) -> list[str]:
+    """The names that are build variants, sorted."""
+    return sorted(n for n in names if VARIANT_PATTERN.match(n))
+
+
+def choose_variant(
+    available: Iterable[str], *, where: str, machine: MachineBuild | None = None
+) -> str:
+    """The best variant among `available` for this machine.
+
+    Raises:
+        BuildVariantNotFoundError: none of them runs here; the message lists what `where`
+            offers and what this machine needs.
+    """
+    machine = machine or machine_build()
+    offered = variants_in(available)
+    for wanted in machine.acceptable_variants():
+        if wanted in offered:
+            return wanted
+    raise BuildVariantNotFoundError(
+        f"{where} has no build variant for this machine. It offers: "
+        f"{', '.join(offered) or 'no build variants at all (is there a build/ folder?)'}. "
+        f"This machine runs any of: {', '.join(machine.acceptable_variants())}."
+    )
