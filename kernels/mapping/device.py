@@ -102,9 +102,11 @@ def validate_device_type(device_type: object) -> str:
         )
     if device_type in _PROPERTIES_OF_TYPE:
         return device_type
-    if ":" not in device_type and _torch_knows_device_type(device_type):
-        return device_type
+    # Checked before torch's own types: torch knows "hip", but reports ROCm GPUs as "cuda",
+    # so kernels registered for "hip" would never be chosen.
     hint = _ALIASES.get(device_type.lower())
+    if hint is None and ":" not in device_type and _torch_knows_device_type(device_type):
+        return device_type
     if hint is None:
         close = difflib.get_close_matches(device_type.lower(), _PROPERTIES_OF_TYPE, n=1)
         hint = close[0] if close else None

@@ -1,0 +1,82 @@
+"""Shared test set-up.
+
+Without a CUDA GPU, Triton kernels run through Triton's interpreter on CPU tensors; the
+variable must be set before anything imports triton.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip_gpu = pytest.mark.skip(
+        reason="needs a CUDA GPU; run on the GPU machine (see docs/testing.md)"
+    )
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+# Kernel layers used by the core tests. Each kernel adds a distinct offset, so a test can
+# tell from a layer's output which kernel ran.
+SILU_AND_MUL_LAYER = """
+import torch
+import torch.nn.functional as F
+
+
+class SiluAndMul(torch.nn.Module):
+    has_backward = {has_backward}
+    can_torch_compile = {can_torch_compile}
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        d = input.shape[-1] // 2
+        return F.silu(input[..., :d]) * input[..., d:] + {offset}
+"""
+
+
+def write_kernel_repo(
+    root,
+    *,
+    package: str | None = "activation",
+    layers_source: str | None = None,
+    variant: str = "torch-universal",
+    offset: float = 1000.0,
+    has_backward: bool = True,
+    can_torch_compile: bool = True,
+    init_source: str = "from . import layers\n",
+):
+    """Write a kernel repository in Hub layout under `root` and return `root`.
+
+    With `package=None` the variant folder is the package itself (the newer layout).
+    """
+    package_dir = root / "build" / variant
+    if package is not None:
+        package_dir = package_dir / package
+    package_dir.mkdir(parents=True, exist_ok=True)
+    (package_dir / "__init__.py").write_text(init_source)
+    if layers_source is None:
+        layers_source = SILU_AND_MUL_LAYER.format(
+            offset=offset, has_backward=has_backward, can_torch_compile=can_torch_compile
+        )
+    (package_dir / "layers.py").write_text(layers_source)
+    return root
+
+
+@pytest.fixture
+def kernel_repo(tmp_path):
+    """A factory: kernel_repo(name, **write_kernel_repo options) -> repository folder."""
+
+    def make(name: str = "repo", **options):
+        return write_kernel_repo(tmp_path / name, **options)
+
+    return make
