@@ -1,0 +1,22 @@
+"""Triton activation kernels: SiLU and the GELU family, element-wise and gated (vLLM style).
+
+Functions take and return tensors of float32, float16 or bfloat16, compute in fp32, and have
+backward passes; kernel layers for ``kernelize`` are in ``layers``.
+"""
+
+from . import layers
+from .elementwise import fast_gelu, gelu, gelu_tanh, new_gelu, quick_gelu, silu
+from .gated import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+
+__all__ = [
+    "fast_gelu",
+    "gelu",
+    "gelu_and_mul",
+    "gelu_tanh",
+    "gelu_tanh_and_mul",
+    "layers",
+    "new_gelu",
+    "quick_gelu",
+    "silu",
+    "silu_and_mul",
+]

@@ -1,0 +1,198 @@
+"""Element-wise activations ``[...] -> [...]``: SiLU and the GELU family.
+
+Read top to bottom: the Triton kernels, the launchers that pick block sizes, then the autograd
+wiring (a ``torch.autograd.Function`` for eager calls, and ``torch.library`` custom ops with fake
+implementations and registered autograd for ``torch.compile``).
+
+Both directions are single streaming passes: forward reads x and writes y; backward reads x
+and dy and writes dx. All arithmetic is fp32.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ._functions import (
+    FAST_GELU,
+    GELU,
+    GELU_TANH,
+    QUICK_GELU,
+    SILU,
+    activation,
+    activation_and_grad,
+)
+from ._library import check_dtype, op_name, use_autograd_function
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _activation_fwd_kernel(X, Y, n_elements, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    # int64 offsets: inputs past 2**31 elements (a 32768 x 65536 activation) stay addressable.
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
+    y = activation(x, ACT)
+    tl.store(Y + offsets, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _activation_bwd_kernel(DY, X, DX, n_elements, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + offsets, mask=mask, other=0.0).to(tl.float32)
+    _, dydx = activation_and_grad(x, ACT)
+    tl.store(DX + offsets, (dy * dydx).to(DX.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+
+
+def _launch_config(n_elements: int) -> tuple[int, int]:
+    # 4096 elements per program and 8 warps: 16 elements per thread, i.e. two 16-byte vectors of
+    # bf16 in flight per load, which keeps enough bytes moving per SM to reach copy bandwidth;
+    # small inputs shrink the block (to a power of two, at least one warp's worth).
+    block = min(4096, max(128, triton.next_power_of_2(n_elements)))
+    return block, max(1, min(8, block // 512))
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    # Element-wise, so any contiguous buffer works; a strided input costs one copy here, which is
+    # what a stride-aware kernel would spend on uncoalesced reads anyway.
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def activation_forward(x: torch.Tensor, act: int) -> torch.Tensor:
+    check_dtype("activation", x)
+    x = _flat(x)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n = x.numel()
+    if n == 0:
+        return y
+    block, num_warps = _launch_config(n)
+    _activation_fwd_kernel[(triton.cdiv(n, block),)](
+        x, y, n, ACT=act, BLOCK=block, num_warps=num_warps
+    )
+    return y
+
+
+def activation_backward(dy: torch.Tensor, x: torch.Tensor, act: int) -> torch.Tensor:
+    x = _flat(x)
+    dy = _flat(dy)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n = x.numel()
+    if n == 0:
+        return dx
+    block, num_warps = _launch_config(n)
+    _activation_bwd_kernel[(triton.cdiv(n, block),)](
+        dy, x, dx, n, ACT=act, BLOCK=block, num_warps=num_warps
+    )
+    return dx
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd: eager path
+# --------------------------------------------------------------------------------------------
+
+
+class _ActivationFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, act):
+        ctx.save_for_backward(x)
+        ctx.act = act
+        return activation_forward(x, act)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return activation_backward(dy, x, ctx.act), None
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd: torch.library ops (what torch.compile sees)
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op(op_name("activation"), mutates_args=())
+def activation_op(x: torch.Tensor, act: int) -> torch.Tensor:
+    return activation_forward(x, act)
+
+
+@activation_op.register_fake
+def _(x, act):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op(op_name("activation_backward"), mutates_args=())
+def activation_backward_op(dy: torch.Tensor, x: torch.Tensor, act: int) -> torch.Tensor:
+    return activation_backward(dy, x, act)
+
+
+@activation_backward_op.register_fake
+def _(dy, x, act):
+    return x.new_empty(x.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    x, act = inputs
+    ctx.save_for_backward(x)
+    ctx.act = act
+
+
+def _backward(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return activation_backward_op(dy, x, ctx.act), None
+
+
+activation_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# Public functions
+# --------------------------------------------------------------------------------------------
+
+
+def _apply(x: torch.Tensor, act: int) -> torch.Tensor:
+    # Under torch.compile the custom op is traced as one opaque node; eagerly, the op's dispatcher
+    # round trip costs more than the kernel at small sizes, so a plain autograd.Function (or the
+    # bare launcher, when no backward is needed) runs the same launchers.
+    if torch.compiler.is_compiling():
+        return activation_op(x, act)
+    if use_autograd_function(x):
+        return _ActivationFunction.apply(x, act)
+    return activation_forward(x, act)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """``F.silu(x)``: ``x * sigmoid(x)``."""
+    return _apply(x, int(SILU))
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """``F.gelu(x)`` (exact, with erf)."""
+    return _apply(x, int(GELU))
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """``F.gelu(x, approximate="tanh")``; also transformers' ``NewGELUActivation``."""
+    return _apply(x, int(GELU_TANH))
+
+
+def new_gelu(x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``NewGELUActivation``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+    return _apply(x, int(GELU_TANH))
+
+
+def fast_gelu(x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``FastGELUActivation``: ``0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2)))``."""
+    return _apply(x, int(FAST_GELU))
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``QuickGELUActivation``: ``x * sigmoid(1.702 x)``."""
+    return _apply(x, int(QUICK_GELU))

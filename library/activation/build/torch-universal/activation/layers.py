@@ -1,0 +1,102 @@
+"""Kernel layers: each replaces the ``forward`` of a tagged module and keeps its signature.
+
+A kernel layer has no state and no ``__init__``: ``kernelize`` binds ``forward`` to the original
+module instance. The element-wise layers replace transformers' activation modules (parameter
+``input``); the gated ones replace vLLM-style ``SiluAndMul``-like modules (parameter ``x``).
+"""
+
+import torch
+from torch import Tensor
+
+from .elementwise import fast_gelu, gelu, gelu_tanh, new_gelu, quick_gelu, silu
+from .gated import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+
+
+class SiLU(torch.nn.Module):
+    """transformers ``SiLUActivation``: ``F.silu(input)``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: Tensor) -> Tensor:
+        return silu(input)
+
+
+class GeLU(torch.nn.Module):
+    """transformers ``GELUActivation``: ``F.gelu(input)`` (exact, erf)."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: Tensor) -> Tensor:
+        return gelu(input)
+
+
+class GeluTanh(torch.nn.Module):
+    """transformers ``GELUTanh``: ``F.gelu(input, approximate="tanh")``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: Tensor) -> Tensor:
+        return gelu_tanh(input)
+
+
+class NewGELU(torch.nn.Module):
+    """transformers ``NewGELUActivation``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: Tensor) -> Tensor:
+        return new_gelu(input)
+
+
+class FastGELU(torch.nn.Module):
+    """transformers ``FastGELUActivation``: ``0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2)))``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: Tensor) -> Tensor:
+        return fast_gelu(input)
+
+
+class QuickGELU(torch.nn.Module):
+    """transformers ``QuickGELUActivation``: ``input * sigmoid(1.702 * input)``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: Tensor) -> Tensor:
+        return quick_gelu(input)
+
+
+class SiluAndMul(torch.nn.Module):
+    """vLLM ``SiluAndMul``: ``F.silu(x[..., :d]) * x[..., d:]``, ``[..., 2d] -> [..., d]``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return silu_and_mul(x)
+
+
+class GeluAndMul(torch.nn.Module):
+    """vLLM ``GeluAndMul`` (exact gelu): ``F.gelu(x[..., :d]) * x[..., d:]``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_and_mul(x)
+
+
+class GeluTanhAndMul(torch.nn.Module):
+    """vLLM ``GeluAndMul(approximate="tanh")``: ``F.gelu(x[..., :d], approximate="tanh") * x[..., d:]``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh_and_mul(x)

@@ -1,0 +1,465 @@
+"""LayerNorm over the trailing ``normalized_shape`` dimensions, with or without weight and bias.
+
+``y = (x - mean) * rstd * weight + bias`` computed in fp32 and cast to the input dtype, as
+``torch.nn.functional.layer_norm`` does.
+
+Read top to bottom: the Triton kernels, the launchers that pick block sizes, then the autograd
+wiring (``torch.autograd.Function`` for eager calls; ``torch.library`` custom ops with fake
+implementations and registered autograd for ``torch.compile``).
+
+Forward: one pass, reads x, writes y and fp32 mean and rstd per row. Backward: a persistent
+grid; each program walks a contiguous run of rows, writes dx and keeps its share of the weight
+and bias gradients in fp32 registers; the per-program partials are summed at the end.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._library import (
+    as_rows,
+    check_dtype,
+    op_name,
+    persistent_grid,
+    row_block,
+    use_autograd_function,
+)
+
+# Backward programs per multiprocessor (see _library.persistent_grid).
+BWD_PROGRAMS_PER_SM = 4
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _layer_norm_fwd_kernel(
+    X,
+    W,
+    B,
+    Y,
+    MEAN,
+    RSTD,
+    n_rows,
+    n_cols,
+    stride_x,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    if ONE_PASS:
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_N)
+        row_mask = rows < n_rows
+        col_mask = cols < n_cols
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        mean = tl.sum(x, axis=1) / n_cols
+        # Centre before squaring (two-pass variance, from registers): no cancellation when the
+        # mean is large next to the spread.
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
+        tl.store(MEAN + rows, mean, mask=row_mask)
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+        y = xc * rstd[:, None]
+        if HAS_WEIGHT:
+            y = y * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        if HAS_BIAS:
+            y = y + tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + rows[:, None] * n_cols + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        # A row too wide for registers: mean, then centred variance, then normalise, each a
+        # pass over chunks (the later reads mostly hit L2).
+        row = tl.program_id(0).to(tl.int64)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            acc += tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        mean = tl.sum(acc, axis=0) / n_cols
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+            xc = tl.where(mask, x - mean, 0.0)
+            acc += xc * xc
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+        tl.store(MEAN + row, mean)
+        tl.store(RSTD + row, rstd)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+            y = (x - mean) * rstd
+            if HAS_WEIGHT:
+                y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(Y + row * n_cols + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layer_norm_bwd_kernel(
+    DY,
+    X,
+    W,
+    MEAN,
+    RSTD,
+    DX,
+    DW_PARTIAL,
+    DB_PARTIAL,
+    n_rows,
+    n_cols,
+    rows_per_program,
+    stride_dy,
+    stride_x,
+    HAS_WEIGHT: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    COMPUTE_DB: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w; dw = sum dy * xhat and
+    # db = sum dy over rows.
+    pid = tl.program_id(0)
+    row_start = pid.to(tl.int64) * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    if ONE_PASS:
+        cols = tl.arange(0, BLOCK_N)
+        col_mask = cols < n_cols
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for first in range(row_start, row_end, ROWS):
+            rows = first + tl.arange(0, ROWS)
+            row_mask = rows < row_end
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+            dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+            x = x.to(tl.float32)
+            dy = dy.to(tl.float32)
+            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * w[None, :]
+            c1 = tl.sum(g * xhat, axis=1) / n_cols
+            c2 = tl.sum(g, axis=1) / n_cols
+            dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+            tl.store(
+                DX + rows[:, None] * n_cols + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask
+            )
+            if COMPUTE_DW:
+                dw_acc += tl.sum(dy * xhat, axis=0)
+            if COMPUTE_DB:
+                db_acc += tl.sum(dy, axis=0)
+        if COMPUTE_DW:
+            tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
+        if COMPUTE_DB:
+            tl.store(DB_PARTIAL + pid.to(tl.int64) * n_cols + cols, db_acc, mask=col_mask)
+    else:
+        for row in range(row_start, row_end):
+            mean = tl.load(MEAN + row)
+            rstd = tl.load(RSTD + row)
+            acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+            acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for start in range(0, n_cols, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                mask = cols < n_cols
+                x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                g = dy
+                if HAS_WEIGHT:
+                    g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                acc1 += g * tl.where(mask, (x - mean) * rstd, 0.0)
+                acc2 += g
+            c1 = tl.sum(acc1, axis=0) / n_cols
+            c2 = tl.sum(acc2, axis=0) / n_cols
+            for start in range(0, n_cols, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                mask = cols < n_cols
+                x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                g = dy
+                if HAS_WEIGHT:
+                    g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                xhat = (x - mean) * rstd
+                dx = (g - xhat * c1 - c2) * rstd
+                tl.store(DX + row * n_cols + cols, dx.to(DX.dtype.element_ty), mask=mask)
+                partial = pid.to(tl.int64) * n_cols + cols
+                if COMPUTE_DW:
+                    dw = tl.load(DW_PARTIAL + partial, mask=mask) + dy * xhat
+                    tl.store(DW_PARTIAL + partial, dw, mask=mask)
+                if COMPUTE_DB:
+                    db = tl.load(DB_PARTIAL + partial, mask=mask) + dy
+                    tl.store(DB_PARTIAL + partial, db, mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+
+
+def _n_cols(x: torch.Tensor, normalized_shape) -> int:
+    shape = tuple(normalized_shape)
+    if len(shape) == 0 or tuple(x.shape[-len(shape) :]) != shape or x.dim() < len(shape):
+        raise ValueError(
+            f"layer_norm: normalized_shape {shape} does not match the trailing dimensions of the "
+            f"input, shape {tuple(x.shape)}"
+        )
+    return math.prod(shape)
+
+
+def _check(x, normalized_shape, weight, bias) -> int:
+    check_dtype("layer_norm", x)
+    n_cols = _n_cols(x, normalized_shape)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            check_dtype(f"layer_norm {name}", t)
+            if t.numel() != n_cols:
+                raise ValueError(
+                    f"layer_norm: {name} of shape {tuple(t.shape)} does not match normalized_shape "
+                    f"{tuple(normalized_shape)}"
+                )
+    return n_cols
+
+
+def _stats_shape(x: torch.Tensor, normalized_shape) -> tuple[int, ...]:
+    return tuple(x.shape[: x.dim() - len(tuple(normalized_shape))])
+
+
+def _forward(x, normalized_shape, weight, bias, eps):
+    """(y, mean, rstd); mean and rstd are fp32, one per normalised row."""
+    n_cols = _check(x, normalized_shape, weight, bias)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    stats = _stats_shape(x, normalized_shape)
+    mean = torch.empty(stats, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(stats, dtype=torch.float32, device=x.device)
+    if y.numel() == 0:
+        return y, mean, rstd
+    x2 = as_rows(x, n_cols)
+    n_rows = x2.shape[0]
+    w = None if weight is None else weight.reshape(-1).contiguous()
+    b = None if bias is None else bias.reshape(-1).contiguous()
+    one_pass, block_n, rows, num_warps = row_block(n_cols)
+    grid = (triton.cdiv(n_rows, rows),) if one_pass else (n_rows,)
+    _layer_norm_fwd_kernel[grid](
+        x2,
+        x2 if w is None else w,  # placeholders are never read: HAS_WEIGHT / HAS_BIAS are False
+        x2 if b is None else b,
+        y,
+        mean,
+        rstd,
+        n_rows,
+        n_cols,
+        x2.stride(0),
+        eps,
+        HAS_WEIGHT=w is not None,
+        HAS_BIAS=b is not None,
+        ONE_PASS=one_pass,
+        ROWS=rows,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+    )
+    return y, mean, rstd
+
+
+def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db):
+    """(dx, dw, db); db is fp32; dw/db are empty tensors when not asked for."""
+    n_cols = math.prod(tuple(normalized_shape))
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    param = weight if weight is not None else x  # dtype/device template when there is no weight
+    dw = param.new_empty((0,)) if not compute_dw else None
+    db = param.new_empty((0,)) if not compute_db else None
+    if x.numel() == 0:
+        if compute_dw:
+            dw = torch.zeros_like(weight)
+        if compute_db:
+            db = x.new_zeros(tuple(normalized_shape), dtype=torch.float32)
+        return dx, dw, db
+    x2 = as_rows(x, n_cols)
+    dy2 = as_rows(dy, n_cols)
+    n_rows = x2.shape[0]
+    one_pass, block_n, rows, num_warps = row_block(n_cols)
+    programs, rows_per_program = persistent_grid(n_rows, rows, x.device, BWD_PROGRAMS_PER_SM)
+    alloc = torch.empty if one_pass else torch.zeros
+    dw_partial = (
+        alloc((programs, n_cols), dtype=torch.float32, device=x.device) if compute_dw else rstd
+    )
+    db_partial = (
+        alloc((programs, n_cols), dtype=torch.float32, device=x.device) if compute_db else rstd
+    )
+    _layer_norm_bwd_kernel[(programs,)](
+        dy2,
+        x2,
+        x2 if weight is None else weight.reshape(-1).contiguous(),
+        mean,
+        rstd,
+        dx,
+        dw_partial,
+        db_partial,
+        n_rows,
+        n_cols,
+        rows_per_program,
+        dy2.stride(0),
+        x2.stride(0),
+        HAS_WEIGHT=weight is not None,
+        COMPUTE_DW=compute_dw,
+        COMPUTE_DB=compute_db,
+        ONE_PASS=one_pass,
+        ROWS=rows,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+    )
+    if compute_dw:
+        dw = dw_partial.sum(0).to(weight.dtype).view(weight.shape)
+    if compute_db:
+        # fp32: the autograd formula casts it to the bias dtype, which the op does not see.
+        db = db_partial.sum(0).view(tuple(normalized_shape))
+    return dx, dw, db
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd: eager path
+# --------------------------------------------------------------------------------------------
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, normalized_shape, weight, bias, eps):
+        y, mean, rstd = _forward(x, normalized_shape, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.normalized_shape = normalized_shape
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        compute_dw = ctx.needs_input_grad[2]
+        compute_db = ctx.needs_input_grad[3]
+        dx, dw, db = _backward(
+            dy, x, ctx.normalized_shape, weight, mean, rstd, compute_dw, compute_db
+        )
+        return (
+            dx,
+            None,
+            dw if compute_dw else None,
+            db.to(ctx.bias_dtype) if compute_db else None,
+            None,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd: torch.library ops (what torch.compile sees)
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op(op_name("layer_norm"), mutates_args=())
+def layer_norm_op(
+    x: torch.Tensor,
+    normalized_shape: list[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward(x, normalized_shape, weight, bias, eps)
+
+
+@layer_norm_op.register_fake
+def _(x, normalized_shape, weight, bias, eps):
+    _check(x, normalized_shape, weight, bias)
+    stats = _stats_shape(x, normalized_shape)
+    return (
+        x.new_empty(x.shape),
+        x.new_empty(stats, dtype=torch.float32),
+        x.new_empty(stats, dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op(op_name("layer_norm_backward"), mutates_args=())
+def layer_norm_backward_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: list[int],
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    compute_dw: bool,
+    compute_db: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db)
+
+
+@layer_norm_backward_op.register_fake
+def _(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db):
+    param = weight if weight is not None else x
+    dw = weight.new_empty(weight.shape) if compute_dw else param.new_empty((0,))
+    db = (
+        dy.new_empty(tuple(normalized_shape), dtype=torch.float32)
+        if compute_db
+        else param.new_empty((0,))
+    )
+    return x.new_empty(x.shape), dw, db
+
+
+def _setup_context(ctx, inputs, output):
+    x, normalized_shape, weight, bias, eps = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.normalized_shape = normalized_shape
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _backward_formula(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    compute_dw = ctx.needs_input_grad[2]
+    compute_db = ctx.needs_input_grad[3]
+    dx, dw, db = layer_norm_backward_op(
+        dy, x, ctx.normalized_shape, weight, mean, rstd, compute_dw, compute_db
+    )
+    return (
+        dx,
+        None,
+        dw if compute_dw else None,
+        db.to(ctx.bias_dtype) if compute_db else None,
+        None,
+    )
+
+
+layer_norm_op.register_autograd(_backward_formula, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# Public function
+# --------------------------------------------------------------------------------------------
+
+
+def layer_norm(
+    x: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """``torch.nn.functional.layer_norm(x, normalized_shape, weight, bias, eps)``."""
+    normalized_shape = [int(n) for n in normalized_shape]
+    eps = float(eps)
+    # Under torch.compile the custom op is traced as one opaque node; eagerly, a plain
+    # autograd.Function (or the bare launcher when no backward is needed) is cheaper to call.
+    if torch.compiler.is_compiling():
+        return layer_norm_op(x, normalized_shape, weight, bias, eps)[0]
+    if use_autograd_function(x, weight, bias):
+        return _LayerNormFunction.apply(x, normalized_shape, weight, bias, eps)
+    return _forward(x, normalized_shape, weight, bias, eps)[0]

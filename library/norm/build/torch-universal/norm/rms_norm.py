@@ -1,0 +1,544 @@
+"""RMSNorm in transformers' two flavours, and a fused residual-add + RMSNorm.
+
+- Llama (``LlamaRMSNorm``): ``weight * (x.float() * rstd).to(x.dtype)``; the product is taken in
+  the promoted dtype of weight and input (so an fp32 weight gives an fp32 output).
+- Gemma (``GemmaRMSNorm``): ``(x.float() * rstd * (1 + weight.float())).type_as(x)``.
+- Fused add (Llama semantics): ``s = hidden_states + residual`` (rounded to its dtype, as
+  PyTorch does), returns ``(rmsnorm(s), s)``.
+
+Read top to bottom: the Triton kernels, the launchers that pick block sizes, then the autograd
+wiring (``torch.autograd.Function`` for eager calls; ``torch.library`` custom ops with fake
+implementations and registered autograd for ``torch.compile``).
+
+Forward: one pass, reads x (and the residual), writes y (and the sum) and one fp32 rstd per row.
+Backward: a persistent grid; each program walks a contiguous run of rows, writes dx, and keeps
+its share of the weight gradient in fp32 registers; the per-program partials are summed at the
+end (deterministic: no atomics).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ._library import (
+    as_rows,
+    check_dtype,
+    op_name,
+    persistent_grid,
+    row_block,
+    use_autograd_function,
+)
+
+LLAMA = tl.constexpr(0)
+GEMMA = tl.constexpr(1)
+
+# Backward programs per multiprocessor (see _library.persistent_grid): enough to cover memory
+# latency, few enough that the fp32 partial weight gradients stay small next to the rows.
+BWD_PROGRAMS_PER_SM = 4
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _scale(xhat, w, MODE: tl.constexpr, IN_DTYPE: tl.constexpr):
+    # y before the final cast. Llama rounds the normalised row to the input dtype before the
+    # weight multiply (which PyTorch computes in fp32 and rounds once, as here); Gemma stays fp32.
+    if MODE == LLAMA:
+        y = xhat.to(IN_DTYPE).to(tl.float32) * w
+    else:
+        y = xhat * (w + 1.0)
+    return y
+
+
+@triton.jit
+def _load_row_input(
+    X,
+    R,
+    S,
+    x_offsets,
+    r_offsets,
+    s_offsets,
+    mask,
+    HAS_RESIDUAL: tl.constexpr,
+    STORE_SUM: tl.constexpr,
+):
+    # The row to normalise in fp32: x, or the sum x + r rounded to the sum's dtype (which the
+    # fused layer returns, and stores here when STORE_SUM).
+    x = tl.load(X + x_offsets, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(R + r_offsets, mask=mask, other=0.0).to(tl.float32)
+        s = (x + r).to(S.dtype.element_ty)
+        if STORE_SUM:
+            tl.store(S + s_offsets, s, mask=mask)
+        x = s.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(
+    X,
+    R,
+    W,
+    Y,
+    S,
+    RSTD,
+    n_rows,
+    n_cols,
+    stride_x,
+    stride_r,
+    eps,
+    MODE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Y and S are contiguous (row stride n_cols); X and R rows are strided. S is X when there is
+    # no residual, so S.dtype is always the dtype of the row being normalised.
+    IN_DTYPE: tl.constexpr = S.dtype.element_ty
+    if ONE_PASS:
+        # ROWS whole rows in registers: one read of x, one write of y.
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_N)
+        row_mask = rows < n_rows
+        col_mask = cols < n_cols
+        mask = row_mask[:, None] & col_mask[None, :]
+        offsets = rows[:, None] * n_cols + cols[None, :]
+        x = _load_row_input(
+            X,
+            R,
+            S,
+            rows[:, None] * stride_x + cols[None, :],
+            rows[:, None] * stride_r + cols[None, :],
+            offsets,
+            mask,
+            HAS_RESIDUAL,
+            True,
+        )
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = _scale(x * rstd[:, None], w[None, :], MODE, IN_DTYPE)
+        tl.store(Y + offsets, y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        # A row too wide for registers: sum of squares over chunks, then normalise chunk by
+        # chunk (the second read mostly hits L2).
+        row = tl.program_id(0).to(tl.int64)
+        base = row * n_cols
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            x = _load_row_input(
+                X,
+                R,
+                S,
+                row * stride_x + cols,
+                row * stride_r + cols,
+                base + cols,
+                mask,
+                HAS_RESIDUAL,
+                True,
+            )
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+        tl.store(RSTD + row, rstd)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            # Recompute the sum from x and r rather than reading S back: no dependence on this
+            # program's own earlier stores.
+            x = _load_row_input(
+                X,
+                R,
+                S,
+                row * stride_x + cols,
+                row * stride_r + cols,
+                base + cols,
+                mask,
+                HAS_RESIDUAL,
+                False,
+            )
+            w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+            y = _scale(x * rstd, w, MODE, IN_DTYPE)
+            tl.store(Y + base + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(
+    DY,
+    DS,
+    X,
+    W,
+    RSTD,
+    DX,
+    DW_PARTIAL,
+    n_rows,
+    n_cols,
+    rows_per_program,
+    stride_dy,
+    stride_ds,
+    stride_x,
+    stride_dx,
+    MODE: tl.constexpr,
+    HAS_DSUM: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w (Gemma: dy * (1 + w)); plus, for the
+    # fused add, the gradient of the sum output. dw = sum over rows of dy * xhat (Llama: xhat
+    # rounded to the input dtype, as the forward used it).
+    pid = tl.program_id(0)
+    row_start = pid.to(tl.int64) * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    if ONE_PASS:
+        cols = tl.arange(0, BLOCK_N)
+        col_mask = cols < n_cols
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if MODE == GEMMA:
+            w = w + 1.0
+        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for first in range(row_start, row_end, ROWS):
+            rows = first + tl.arange(0, ROWS)
+            row_mask = rows < row_end
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+            x = x.to(tl.float32)
+            dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+            dy = dy.to(tl.float32)
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+            xhat = x * rstd[:, None]
+            g = dy * w[None, :]
+            c = tl.sum(g * xhat, axis=1) / n_cols
+            dx = (g - xhat * c[:, None]) * rstd[:, None]
+            if HAS_DSUM:
+                ds = tl.load(DS + rows[:, None] * stride_ds + cols[None, :], mask=mask, other=0.0)
+                dx += ds.to(tl.float32)
+            tl.store(
+                DX + rows[:, None] * stride_dx + cols[None, :],
+                dx.to(DX.dtype.element_ty),
+                mask=mask,
+            )
+            if COMPUTE_DW:
+                if MODE == LLAMA:
+                    xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
+                dw_acc += tl.sum(dy * xhat, axis=0)
+        if COMPUTE_DW:
+            tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
+    else:
+        # Wide rows: mean(g * xhat) over chunks, then dx chunk by chunk; this program's partial
+        # weight gradient row (zero-initialised by the launcher) is updated in place per chunk.
+        for row in range(row_start, row_end):
+            rstd = tl.load(RSTD + row)
+            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for start in range(0, n_cols, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                mask = cols < n_cols
+                x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                if MODE == GEMMA:
+                    w = w + 1.0
+                acc += dy * w * x * rstd
+            c = tl.sum(acc, axis=0) / n_cols
+            for start in range(0, n_cols, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                mask = cols < n_cols
+                x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                if MODE == GEMMA:
+                    w = w + 1.0
+                xhat = x * rstd
+                dx = (dy * w - xhat * c) * rstd
+                if HAS_DSUM:
+                    ds = tl.load(DS + row * stride_ds + cols, mask=mask, other=0.0)
+                    dx += ds.to(tl.float32)
+                tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+                if COMPUTE_DW:
+                    if MODE == LLAMA:
+                        xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
+                    partial = DW_PARTIAL + pid.to(tl.int64) * n_cols + cols
+                    tl.store(partial, tl.load(partial, mask=mask) + dy * xhat, mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+
+
+def _output_dtype(in_dtype: torch.dtype, weight: torch.Tensor, mode: int) -> torch.dtype:
+    # Llama multiplies in the promoted dtype of weight and input; Gemma casts back to the input's.
+    return torch.promote_types(weight.dtype, in_dtype) if mode == int(LLAMA) else in_dtype
+
+
+def _check(what: str, x: torch.Tensor, weight: torch.Tensor) -> int:
+    check_dtype(what, x)
+    check_dtype(f"{what} weight", weight)
+    n_cols = x.shape[-1] if x.dim() > 0 else 0
+    if weight.dim() != 1 or weight.shape[0] != n_cols:
+        raise ValueError(
+            f"{what}: weight of shape {tuple(weight.shape)} does not match the last dimension of "
+            f"the input, shape {tuple(x.shape)}"
+        )
+    return n_cols
+
+
+def _forward(x, residual, weight, eps, mode):
+    """(y, sum or None, rstd); the sum is computed and returned only when residual is given."""
+    what = "rms_norm" if residual is None else "fused_add_rms_norm"
+    n_cols = _check(what, x, weight)
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(
+            f"{what}: hidden_states {tuple(x.shape)} and residual {tuple(residual.shape)} must "
+            "have the same shape"
+        )
+    in_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    y = torch.empty(x.shape, dtype=_output_dtype(in_dtype, weight, mode), device=x.device)
+    s = None if residual is None else torch.empty(x.shape, dtype=in_dtype, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if y.numel() == 0:
+        return y, s, rstd
+    x2 = as_rows(x, n_cols)
+    r2 = x2 if residual is None else as_rows(residual, n_cols)
+    n_rows = x2.shape[0]
+    one_pass, block_n, rows, num_warps = row_block(n_cols)
+    grid = (triton.cdiv(n_rows, rows),) if one_pass else (n_rows,)
+    _rms_norm_fwd_kernel[grid](
+        x2,
+        r2,
+        weight.contiguous(),
+        y,
+        x2 if s is None else s,
+        rstd,
+        n_rows,
+        n_cols,
+        x2.stride(0),
+        r2.stride(0),
+        eps,
+        MODE=mode,
+        HAS_RESIDUAL=residual is not None,
+        ONE_PASS=one_pass,
+        ROWS=rows,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+    )
+    return y, s, rstd
+
+
+def _backward(dy, dsum, x, weight, rstd, mode, compute_dw):
+    """(dx, dw); dw is an empty tensor when not compute_dw. ``x`` is the normalised input (the
+    sum, for the fused add) and ``dsum`` the gradient of the sum output, or None."""
+    n_cols = x.shape[-1]
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return dx, (torch.zeros_like(weight) if compute_dw else weight.new_empty((0,)))
+    x2 = as_rows(x, n_cols)
+    dy2 = as_rows(dy, n_cols)
+    ds2 = dy2 if dsum is None else as_rows(dsum, n_cols)
+    n_rows = x2.shape[0]
+    one_pass, block_n, rows, num_warps = row_block(n_cols)
+    programs, rows_per_program = persistent_grid(n_rows, rows, x.device, BWD_PROGRAMS_PER_SM)
+    if compute_dw:
+        alloc = torch.empty if one_pass else torch.zeros
+        partial = alloc((programs, n_cols), dtype=torch.float32, device=x.device)
+    else:
+        partial = rstd  # never read or written: COMPUTE_DW is False
+    _rms_norm_bwd_kernel[(programs,)](
+        dy2,
+        ds2,
+        x2,
+        weight.contiguous(),
+        rstd,
+        dx,
+        partial,
+        n_rows,
+        n_cols,
+        rows_per_program,
+        dy2.stride(0),
+        ds2.stride(0),
+        x2.stride(0),
+        n_cols,
+        MODE=mode,
+        HAS_DSUM=dsum is not None,
+        COMPUTE_DW=compute_dw,
+        ONE_PASS=one_pass,
+        ROWS=rows,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+    )
+    dw = partial.sum(0).to(weight.dtype) if compute_dw else weight.new_empty((0,))
+    return dx, dw
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd: eager path
+# --------------------------------------------------------------------------------------------
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, mode):
+        y, _, rstd = _forward(x, None, weight, eps, mode)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.mode = mode
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = _backward(dy, None, x, weight, rstd, ctx.mode, ctx.needs_input_grad[1])
+        return dx, (dw if ctx.needs_input_grad[1] else None), None, None
+
+
+class _FusedAddRMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps):
+        y, s, rstd = _forward(x, residual, weight, eps, int(LLAMA))
+        ctx.save_for_backward(s, weight, rstd)
+        ctx.dtypes = (x.dtype, residual.dtype)
+        return y, s
+
+    @staticmethod
+    def backward(ctx, dy, dsum):
+        s, weight, rstd = ctx.saved_tensors
+        ds, dw = _backward(dy, dsum, s, weight, rstd, int(LLAMA), ctx.needs_input_grad[2])
+        # d(x + r)/dx = d(x + r)/dr = 1: both get the same gradient, as torch.add's backward
+        # gives (the same tensor when the dtypes agree).
+        x_dtype, r_dtype = ctx.dtypes
+        return ds.to(x_dtype), ds.to(r_dtype), (dw if ctx.needs_input_grad[2] else None), None
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd: torch.library ops (what torch.compile sees)
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op(op_name("rms_norm"), mutates_args=())
+def rms_norm_op(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, mode: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    y, _, rstd = _forward(x, None, weight, eps, mode)
+    return y, rstd
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps, mode):
+    _check("rms_norm", x, weight)
+    y = x.new_empty(x.shape, dtype=_output_dtype(x.dtype, weight, mode))
+    return y, x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op(op_name("rms_norm_backward"), mutates_args=())
+def rms_norm_backward_op(
+    dy: torch.Tensor,
+    dsum: torch.Tensor | None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    rstd: torch.Tensor,
+    mode: int,
+    compute_dw: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _backward(dy, dsum, x, weight, rstd, mode, compute_dw)
+
+
+@rms_norm_backward_op.register_fake
+def _(dy, dsum, x, weight, rstd, mode, compute_dw):
+    dw = weight.new_empty(weight.shape if compute_dw else (0,))
+    return x.new_empty(x.shape), dw
+
+
+def _rms_norm_setup_context(ctx, inputs, output):
+    x, weight, eps, mode = inputs
+    _, rstd = output
+    ctx.save_for_backward(x, weight, rstd)
+    ctx.mode = mode
+    ctx.mark_non_differentiable(rstd)
+
+
+def _rms_norm_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    compute_dw = ctx.needs_input_grad[1]
+    dx, dw = rms_norm_backward_op(dy, None, x, weight, rstd, ctx.mode, compute_dw)
+    return dx, (dw if compute_dw else None), None, None
+
+
+rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
+
+
+@torch.library.custom_op(op_name("fused_add_rms_norm"), mutates_args=())
+def fused_add_rms_norm_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward(x, residual, weight, eps, int(LLAMA))
+
+
+@fused_add_rms_norm_op.register_fake
+def _(x, residual, weight, eps):
+    _check("fused_add_rms_norm", x, weight)
+    s = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype))
+    y = x.new_empty(x.shape, dtype=_output_dtype(s.dtype, weight, int(LLAMA)))
+    return y, s, x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+def _fused_setup_context(ctx, inputs, output):
+    x, residual, weight, eps = inputs
+    _, s, rstd = output
+    ctx.save_for_backward(s, weight, rstd)
+    ctx.dtypes = (x.dtype, residual.dtype)
+    ctx.mark_non_differentiable(rstd)
+
+
+def _fused_backward(ctx, dy, dsum, _drstd):
+    s, weight, rstd = ctx.saved_tensors
+    compute_dw = ctx.needs_input_grad[2]
+    ds, dw = rms_norm_backward_op(dy, dsum, s, weight, rstd, int(LLAMA), compute_dw)
+    x_dtype, r_dtype = ctx.dtypes
+    return ds.to(x_dtype), ds.to(r_dtype), (dw if compute_dw else None), None
+
+
+fused_add_rms_norm_op.register_autograd(_fused_backward, setup_context=_fused_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# Public functions
+# --------------------------------------------------------------------------------------------
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: int) -> torch.Tensor:
+    # Under torch.compile the custom op is traced as one opaque node; eagerly, the op's dispatcher
+    # round trip costs more than the kernel at small sizes, so a plain autograd.Function (or the
+    # bare launcher, when no backward is needed) runs the same launchers.
+    if torch.compiler.is_compiling():
+        return rms_norm_op(x, weight, eps, mode)[0]
+    if use_autograd_function(x, weight):
+        return _RMSNormFunction.apply(x, weight, eps, mode)
+    return _forward(x, None, weight, eps, mode)[0]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' ``LlamaRMSNorm``: ``weight * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype)``."""
+    return _rms_norm(x, weight, float(eps), int(LLAMA))
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' ``GemmaRMSNorm``: ``(x.float() * rsqrt(mean(x^2) + eps) * (1 + weight.float())).type_as(x)``."""
+    return _rms_norm(x, weight, float(eps), int(GEMMA))
+
+
+def fused_add_rms_norm(
+    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = hidden_states + residual``; returns ``(rms_norm(s, weight, eps), s)`` (Llama semantics)."""
+    eps = float(eps)
+    if torch.compiler.is_compiling():
+        y, s, _ = fused_add_rms_norm_op(hidden_states, residual, weight, eps)
+        return y, s
+    if use_autograd_function(hidden_states, residual, weight):
+        return _FusedAddRMSNormFunction.apply(hidden_states, residual, weight, eps)
+    y, s, _ = _forward(hidden_states, residual, weight, eps, int(LLAMA))
+    return y, s

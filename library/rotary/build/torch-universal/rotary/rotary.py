@@ -1,0 +1,360 @@
+"""Rotary position embedding for q and k, transformers' rotate-half convention.
+
+``apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)`` returns
+``(q * c + rotate_half(q) * s, k * c + rotate_half(k) * s)`` with ``c = cos.unsqueeze(unsqueeze_dim)``
+(likewise ``s``) and ``rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2])``.
+
+Read top to bottom: the Triton kernel, the launcher, then the autograd wiring
+(``torch.autograd.Function`` for eager calls; ``torch.library`` custom ops with fake
+implementations and registered autograd for ``torch.compile``).
+
+One program per (batch, position): it loads that position's cos and sin row once and rotates
+every q and k head there, so cos and sin are read once, q and k once, and the outputs written
+once. Any strides are accepted for the batch, head and sequence dimensions (transformers' q is a
+transposed view of a (batch, seq, heads, head_dim) buffer); head_dim must be contiguous.
+The backward is the same kernel with the transposed rotation.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ._library import op_name, use_autograd_function
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rotate_heads(
+    X,
+    XO,
+    b,
+    s,
+    n_heads,
+    sx_b,
+    sx_h,
+    sx_s,
+    so_b,
+    so_h,
+    so_s,
+    c1,
+    c2,
+    s1,
+    s2,
+    cols,
+    col_mask,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BACKWARD: tl.constexpr,
+):
+    for h0 in range(0, n_heads, BLOCK_H):
+        heads = h0 + tl.arange(0, BLOCK_H)
+        mask = (heads < n_heads)[:, None] & col_mask[None, :]
+        x_ptr = X + b * sx_b + s * sx_s + heads[:, None] * sx_h + cols[None, :]
+        x1 = tl.load(x_ptr, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+        if BACKWARD:
+            # Transpose of the forward map: dx1 = g1 c1 + g2 s2, dx2 = g2 c2 - g1 s1.
+            o1 = x1 * c1[None, :] + x2 * s2[None, :]
+            o2 = x2 * c2[None, :] - x1 * s1[None, :]
+        else:
+            # out1 = x1 c1 - x2 s1, out2 = x2 c2 + x1 s2 (rotate_half(x) = [-x2, x1]).
+            o1 = x1 * c1[None, :] - x2 * s1[None, :]
+            o2 = x2 * c2[None, :] + x1 * s2[None, :]
+        o_ptr = XO + b * so_b + s * so_s + heads[:, None] * so_h + cols[None, :]
+        tl.store(o_ptr, o1.to(XO.dtype.element_ty), mask=mask)
+        tl.store(o_ptr + HALF, o2.to(XO.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    Q,
+    K,
+    COS,
+    SIN,
+    QO,
+    KO,
+    seq_len,
+    n_q_heads,
+    n_k_heads,
+    sq_b,
+    sq_h,
+    sq_s,
+    sk_b,
+    sk_h,
+    sk_s,
+    sqo_b,
+    sqo_h,
+    sqo_s,
+    sko_b,
+    sko_h,
+    sko_s,
+    sc_b,
+    sc_s,
+    ss_b,
+    ss_s,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BACKWARD: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // seq_len
+    s = pid % seq_len
+    cols = tl.arange(0, BLOCK_HALF)
+    col_mask = cols < HALF
+    cos_ptr = COS + b * sc_b + s * sc_s + cols
+    sin_ptr = SIN + b * ss_b + s * ss_s + cols
+    c1 = tl.load(cos_ptr, mask=col_mask, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + HALF, mask=col_mask, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr, mask=col_mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + HALF, mask=col_mask, other=0.0).to(tl.float32)
+    _rotate_heads(Q, QO, b, s, n_q_heads, sq_b, sq_h, sq_s, sqo_b, sqo_h, sqo_s,
+                  c1, c2, s1, s2, cols, col_mask, HALF, BLOCK_HQ, BACKWARD)  # fmt: skip
+    _rotate_heads(K, KO, b, s, n_k_heads, sk_b, sk_h, sk_s, sko_b, sko_h, sko_s,
+                  c1, c2, s1, s2, cols, col_mask, HALF, BLOCK_HK, BACKWARD)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+
+
+def _head_axis(q, k, cos, sin, unsqueeze_dim) -> int | None:
+    """The heads axis (1 or 2) when the kernel covers this call, else None (PyTorch fallback)."""
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3:
+        return None
+    if not -4 <= unsqueeze_dim <= 3:
+        return None
+    axis = unsqueeze_dim % 4
+    if axis not in (1, 2):
+        return None
+    other = 3 - axis  # the sequence axis of q and k
+    d = q.shape[-1]
+    if d % 2 or k.shape[-1] != d or cos.shape[-1] != d or sin.shape[-1] != d:
+        return None
+    if q.shape[0] != k.shape[0] or q.shape[other] != k.shape[other]:
+        return None
+    for t in (cos, sin):
+        if t.shape[0] not in (1, q.shape[0]) or t.shape[1] not in (1, q.shape[other]):
+            return None
+    if any(t.dtype not in (torch.float32, torch.float16, torch.bfloat16) for t in (q, k, cos, sin)):
+        return None
+    return axis
+
+
+def _bhsd(x: torch.Tensor, axis: int) -> torch.Tensor:
+    """A (batch, heads, seq, head_dim) view of x whose head_dim is contiguous."""
+    v = x if axis == 1 else x.transpose(1, 2)
+    return v if v.stride(-1) == 1 else v.contiguous()
+
+
+def _bsd(t: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
+    """cos/sin as (batch, seq, head_dim), broadcast dims with stride 0, head_dim contiguous."""
+    t = t if t.stride(-1) == 1 else t.contiguous()
+    return t.expand(batch, seq, t.shape[-1])
+
+
+def _launch(q, k, cos, sin, qo, ko, axis, backward):
+    qv, kv = _bhsd(q, axis), _bhsd(k, axis)
+    qov, kov = (o if axis == 1 else o.transpose(1, 2) for o in (qo, ko))
+    batch, n_q_heads, seq, d = qv.shape
+    n_k_heads = kv.shape[1]
+    if batch * seq == 0 or d == 0:
+        return
+    cv, sv = _bsd(cos, batch, seq), _bsd(sin, batch, seq)
+    half = d // 2
+    block_half = triton.next_power_of_2(half)
+    # Heads per iteration: a [heads, head_dim/2] tile of about 2048 elements per half, so a
+    # program moves 8 KB of bf16 per load pair (all 32 heads of 128 at once), 16 values a thread
+    # with 8 warps.
+    max_heads = max(1, 2048 // block_half)
+    block_hq = min(triton.next_power_of_2(n_q_heads), max_heads)
+    block_hk = min(triton.next_power_of_2(max(n_k_heads, 1)), max_heads)
+    num_warps = max(1, min(8, block_hq * block_half // 256))
+    _rotary_kernel[(batch * seq,)](
+        qv, kv, cv, sv, qov, kov,
+        seq, n_q_heads, n_k_heads,
+        qv.stride(0), qv.stride(1), qv.stride(2),
+        kv.stride(0), kv.stride(1), kv.stride(2),
+        qov.stride(0), qov.stride(1), qov.stride(2),
+        kov.stride(0), kov.stride(1), kov.stride(2),
+        cv.stride(0), cv.stride(1),
+        sv.stride(0), sv.stride(1),
+        HALF=half,
+        BLOCK_HALF=block_half,
+        BLOCK_HQ=block_hq,
+        BLOCK_HK=block_hk,
+        BACKWARD=backward,
+        num_warps=num_warps,
+    )  # fmt: skip
+
+
+def _out_dtype(x, cos, sin) -> torch.dtype:
+    return torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+
+
+def _new_like(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # Same layout as x where x is dense (transformers' transposed q stays (b, s, h, d) in memory,
+    # so the kernel reads and writes the same pattern); contiguous otherwise.
+    return torch.empty_like(x, dtype=dtype)
+
+
+def rotary_forward(q, k, cos, sin, unsqueeze_dim):
+    axis = _head_axis(q, k, cos, sin, unsqueeze_dim)
+    if axis is None:
+        raise ValueError(
+            "apply_rotary_pos_emb: the kernel takes 4-D q and k, 3-D cos and sin and "
+            f"unsqueeze_dim 1 or 2; got q {tuple(q.shape)}, k {tuple(k.shape)}, cos "
+            f"{tuple(cos.shape)}, unsqueeze_dim {unsqueeze_dim}"
+        )
+    qo = _new_like(q, _out_dtype(q, cos, sin))
+    ko = _new_like(k, _out_dtype(k, cos, sin))
+    _launch(q, k, cos, sin, qo, ko, axis, False)
+    return qo, ko
+
+
+def rotary_backward(gq, gk, cos, sin, unsqueeze_dim, q_dtype, k_dtype):
+    axis = unsqueeze_dim % 4
+    dq = _new_like(gq, q_dtype)
+    dk = _new_like(gk, k_dtype)
+    _launch(gq, gk, cos, sin, dq, dk, axis, True)
+    return dq, dk
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def reference(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers' formula in PyTorch: the fallback for layouts the kernel does not take."""
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _cos_sin_grads(gq, gk, q, k, cos, sin, unsqueeze_dim, needs_cos, needs_sin):
+    # Only when cos or sin require grad (they do not in transformers, where they come from a
+    # buffer): plain PyTorch, dcos = sum over heads of gq*q + gk*k, dsin likewise with
+    # rotate_half(q), rotate_half(k), summed down to cos's (broadcast) shape.
+    shape = cos.unsqueeze(unsqueeze_dim).shape
+    gq, gk = gq.float(), gk.float()
+    q, k = q.float(), k.float()
+    dcos = dsin = None
+    if needs_cos:
+        dcos = (gq * q).sum_to_size(shape) + (gk * k).sum_to_size(shape)
+        dcos = dcos.squeeze(unsqueeze_dim).to(cos.dtype)
+    if needs_sin:
+        dsin = (gq * _rotate_half(q)).sum_to_size(shape) + (gk * _rotate_half(k)).sum_to_size(shape)
+        dsin = dsin.squeeze(unsqueeze_dim).to(sin.dtype)
+    return dcos, dsin
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd: eager path
+# --------------------------------------------------------------------------------------------
+
+
+class _RotaryFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, unsqueeze_dim):
+        qo, ko = rotary_forward(q, k, cos, sin, unsqueeze_dim)
+        # q and k are kept only when cos or sin need a gradient.
+        keep = cos.requires_grad or sin.requires_grad
+        ctx.save_for_backward(cos, sin, *((q, k) if keep else ()))
+        ctx.unsqueeze_dim = unsqueeze_dim
+        ctx.dtypes = (q.dtype, k.dtype)
+        return qo, ko
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        cos, sin, *qk = ctx.saved_tensors
+        dq, dk = rotary_backward(gq, gk, cos, sin, ctx.unsqueeze_dim, *ctx.dtypes)
+        dcos = dsin = None
+        if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
+            dcos, dsin = _cos_sin_grads(gq, gk, *qk, cos, sin, ctx.unsqueeze_dim,
+                                        ctx.needs_input_grad[2], ctx.needs_input_grad[3])  # fmt: skip
+        return dq, dk, dcos, dsin, None
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd: torch.library ops (what torch.compile sees)
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op(op_name("rotary"), mutates_args=())
+def rotary_op(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return rotary_forward(q, k, cos, sin, unsqueeze_dim)
+
+
+@rotary_op.register_fake
+def _(q, k, cos, sin, unsqueeze_dim):
+    return _new_like(q, _out_dtype(q, cos, sin)), _new_like(k, _out_dtype(k, cos, sin))
+
+
+@torch.library.custom_op(op_name("rotary_backward"), mutates_args=())
+def rotary_backward_op(
+    gq: torch.Tensor,
+    gk: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int,
+    q_dtype: torch.dtype,
+    k_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return rotary_backward(gq, gk, cos, sin, unsqueeze_dim, q_dtype, k_dtype)
+
+
+@rotary_backward_op.register_fake
+def _(gq, gk, cos, sin, unsqueeze_dim, q_dtype, k_dtype):
+    return _new_like(gq, q_dtype), _new_like(gk, k_dtype)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, cos, sin, unsqueeze_dim = inputs
+    keep = cos.requires_grad or sin.requires_grad
+    ctx.save_for_backward(cos, sin, *((q, k) if keep else ()))
+    ctx.unsqueeze_dim = unsqueeze_dim
+    ctx.dtypes = (q.dtype, k.dtype)
+
+
+def _backward(ctx, gq, gk):
+    cos, sin, *qk = ctx.saved_tensors
+    dq, dk = rotary_backward_op(gq, gk, cos, sin, ctx.unsqueeze_dim, *ctx.dtypes)
+    dcos = dsin = None
+    if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
+        dcos, dsin = _cos_sin_grads(gq, gk, *qk, cos, sin, ctx.unsqueeze_dim,
+                                    ctx.needs_input_grad[2], ctx.needs_input_grad[3])  # fmt: skip
+    return dq, dk, dcos, dsin, None
+
+
+rotary_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# Public function
+# --------------------------------------------------------------------------------------------
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """transformers' ``apply_rotary_pos_emb``: rotate-half RoPE of ``q`` and ``k``.
+
+    ``q`` (batch, q_heads, seq, head_dim) and ``k`` (batch, k_heads, seq, head_dim) with
+    ``unsqueeze_dim=1``, or (batch, seq, heads, head_dim) with ``unsqueeze_dim=2``; ``cos`` and
+    ``sin`` (batch or 1, seq, head_dim). ``position_ids`` is unused, as in transformers.
+    Gradients flow to q and k through the kernel, and to cos and sin (in PyTorch) if they
+    require grad. Other layouts fall back to the PyTorch formula.
+    """
+    if _head_axis(q, k, cos, sin, unsqueeze_dim) is None:
+        return reference(q, k, cos, sin, unsqueeze_dim)
+    if torch.compiler.is_compiling():
+        return rotary_op(q, k, cos, sin, unsqueeze_dim)
+    if use_autograd_function(q, k, cos, sin):
+        return _RotaryFunction.apply(q, k, cos, sin, unsqueeze_dim)
+    return rotary_forward(q, k, cos, sin, unsqueeze_dim)
