@@ -15,13 +15,15 @@ from .errors import (
     KernelsError,
     NoKernelError,
 )
+from .layer.func import use_kernel_func_from_hub
 from .layer.kernelize import kernelize
 from .layer.tagging import replace_kernel_forward_from_hub, use_kernel_forward_from_hub
+from .library import library_mapping
 from .mapping.device import CUDAProperties, Device, ROCMProperties
 from .mapping.mode import Mode
 from .mapping.registry import register_kernel_mapping, use_kernel_mapping
 from .repos.hub import LayerRepository
-from .repos.local import LocalLayerRepository, get_local_kernel
+from .repos.local import LocalFuncRepository, LocalLayerRepository, get_local_kernel
 
 __version__ = "0.1.0"
 
@@ -34,6 +36,7 @@ __all__ = [
     "KernelMappingError",
     "KernelsError",
     "LayerRepository",
+    "LocalFuncRepository",
     "LocalLayerRepository",
     "Mode",
     "NoKernelError",
@@ -41,8 +44,10 @@ __all__ = [
     "__version__",
     "get_local_kernel",
     "kernelize",
+    "library_mapping",
     "register_kernel_mapping",
     "replace_kernel_forward_from_hub",
     "use_kernel_forward_from_hub",
+    "use_kernel_func_from_hub",
     "use_kernel_mapping",
 ]

@@ -45,7 +45,8 @@ def use_kernel_forward_from_hub(layer_name: str) -> Callable[[ModuleClass], Modu
     """Class decorator: let `kernelize` replace this layer's `forward` with kernels named `layer_name`.
 
     The decorator does not change the class's behaviour; it records the name that
-    `kernelize` looks up in the kernel mapping.
+    `kernelize` looks up in the kernel mapping. Applied to a function, it acts as
+    `use_kernel_func_from_hub`.
 
     Example:
         ```python
@@ -63,6 +64,11 @@ def use_kernel_forward_from_hub(layer_name: str) -> Callable[[ModuleClass], Modu
     """
 
     def decorator(cls: ModuleClass) -> ModuleClass:
+        if not isinstance(cls, type) and callable(cls):
+            # Newer transformers decorate functions too; they become function kernels.
+            from .func import use_kernel_func_from_hub
+
+            return use_kernel_func_from_hub(layer_name)(cls)
         replace_kernel_forward_from_hub(cls, layer_name)
         return cls
 

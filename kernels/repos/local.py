@@ -79,3 +79,56 @@ class LocalLayerRepository:
     def __str__(self) -> str:
         package = f", package {self.package_name}" if self.package_name else ""
         return f"local repository {self.repo_path}{package}, layer {self.layer_name}"
+
+
+@dataclass(frozen=True)
+class LocalFuncRepository:
+    """A function kernel from a kernel repository folder on local disk.
+
+    The kernel is the function `func_name` at the top level of the kernel package; it
+    replaces a function made kernelizable with `use_kernel_func_from_hub`.
+
+    Example:
+        ```python
+        from kernels import LocalFuncRepository
+
+        repo = LocalFuncRepository("/src/rotary", package_name="rotary", func_name="apply_rotary_pos_emb")
+        ```
+    """
+
+    repo_path: Path
+    package_name: str | None = field(default=None, kw_only=True)
+    func_name: str = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "repo_path", Path(self.repo_path).expanduser())
+
+    @property
+    def layer_name(self) -> str:
+        return self.func_name
+
+    def load(self) -> type:
+        """Import the kernel package and wrap its function as a kernel layer."""
+        return function_kernel(
+            get_local_kernel(self.repo_path, self.package_name), self.func_name, self
+        )
+
+    def __str__(self) -> str:
+        package = f", package {self.package_name}" if self.package_name else ""
+        return f"local repository {self.repo_path}{package}, function {self.func_name}"
+
+
+def function_kernel(package: ModuleType, func_name: str, repository: object) -> type:
+    """The kernel layer wrapping function `func_name` of a kernel package."""
+    from ..layer.func import function_layer
+
+    func = getattr(package, func_name, None)
+    if not callable(func):
+        available = sorted(
+            n for n, v in vars(package).items() if callable(v) and not n.startswith("_")
+        )
+        raise KernelLoadError(
+            f"{repository} has no function '{func_name}'. Functions it provides: "
+            f"{', '.join(available) or 'none'}."
+        )
+    return function_layer(func)

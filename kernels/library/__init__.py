@@ -1,0 +1,121 @@
+"""Our own Triton kernels, shipped as kernel repositories, and the mapping that uses them.
+
+Example:
+    ```python
+    from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
+
+    with use_kernel_mapping(library_mapping()):
+        kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE)
+    ```
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import KernelMappingError
+from ..mapping.device import validate_device_type
+from ..repos.local import LocalFuncRepository, LocalLayerRepository
+
+#: The Hub organisation our kernel repositories are published under.
+HUB_ORGANISATION = "kernels-triton"
+
+#: Device types our Triton kernels are tested on and registered for by default.
+TESTED_DEVICE_TYPES = ("cuda",)
+
+
+@dataclass(frozen=True)
+class LibraryKernel:
+    """One kernel of the library: the layer name it serves and where it lives."""
+
+    layer_name: str
+    repo: str  # the repository folder under library/ (and the Hub repo name)
+    attribute: str  # the kernel layer class in `layers`, or the function for function kernels
+    is_function: bool = False
+
+
+KERNELS: tuple[LibraryKernel, ...] = (
+    *(
+        LibraryKernel(name, "activation", name)
+        for name in ("SiLU", "GeLU", "GeluTanh", "NewGELU", "FastGELU", "QuickGELU")
+    ),
+    *(
+        LibraryKernel(name, "activation", name)
+        for name in ("SiluAndMul", "GeluAndMul", "GeluTanhAndMul")
+    ),
+    *(
+        LibraryKernel(name, "norm", name)
+        for name in ("RMSNorm", "GemmaRMSNorm", "FusedAddRMSNorm", "LayerNorm")
+    ),
+    LibraryKernel("rotary_pos_emb", "rotary", "apply_rotary_pos_emb", is_function=True),
+)
+
+
+def library_path() -> Path:
+    """The folder holding our kernel repositories.
+
+    An installed package carries them as package data (``kernels/_library``); a checkout
+    (or an editable install) has them in the top-level ``library/`` folder.
+    """
+    package_dir = Path(__file__).resolve().parent.parent
+    for candidate in (package_dir / "_library", package_dir.parent / "library"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"The kernel library is missing: neither {package_dir / '_library'} nor "
+        f"{package_dir.parent / 'library'} exists. Reinstall the kernels package."
+    )
+
+
+def library_mapping(
+    devices: Iterable[str] | None = None,
+    *,
+    layers: Iterable[str] | None = None,
+) -> dict:
+    """The kernel mapping from layer names to our Triton kernel repositories.
+
+    Every kernel supports backward and torch.compile, so each is registered for all modes.
+
+    Args:
+        devices: device types to register the kernels for. By default ``cuda`` (where they
+            are tested), plus ``cpu`` when ``TRITON_INTERPRET=1`` is set, so that they run
+            through Triton's interpreter (slow: for checking numerics, not for speed).
+        layers: restrict the mapping to these layer names (default: all of them).
+
+    Example:
+        ```python
+        from kernels import register_kernel_mapping, library_mapping
+
+        register_kernel_mapping(library_mapping())
+        ```
+    """
+    if devices is None:
+        devices = list(TESTED_DEVICE_TYPES)
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            devices.append("cpu")
+    devices = [validate_device_type(d) for d in devices]
+    wanted = None if layers is None else set(layers)
+    known = {k.layer_name for k in KERNELS}
+    if wanted is not None and not wanted <= known:
+        raise KernelMappingError(
+            f"The kernel library has no kernels for {', '.join(sorted(wanted - known))}; it has: "
+            f"{', '.join(sorted(known))}."
+        )
+    root = library_path()
+    mapping = {}
+    for kernel in KERNELS:
+        if wanted is not None and kernel.layer_name not in wanted:
+            continue
+        if kernel.is_function:
+            repository = LocalFuncRepository(
+                root / kernel.repo, package_name=kernel.repo, func_name=kernel.attribute
+            )
+        else:
+            repository = LocalLayerRepository(
+                root / kernel.repo, package_name=kernel.repo, layer_name=kernel.attribute
+            )
+        mapping[kernel.layer_name] = {device: repository for device in devices}
+    return mapping
