@@ -4,7 +4,9 @@
 it in a tiny module whose forward calls it. The model keeps that module as an attribute of
 one of its modules (``self.rotary_fn = apply_rotary_pos_emb``), which makes it a submodule
 that `kernelize` finds; a kernel for it is a function in a kernel package, wrapped the same
-way, so the usual kernel layer rules (signature included) apply to it.
+way, so the usual kernel layer rules (signature included) apply to it. A kernel function
+declares its support for backward and torch.compile as function attributes
+(``apply_rotary_pos_emb.can_torch_compile = True``), as a kernel layer does as class attributes.
 """
 
 from __future__ import annotations
@@ -40,7 +42,12 @@ def function_layer(func: Callable) -> type[nn.Module]:
     forward.__doc__ = func.__doc__
     name = getattr(func, "__name__", "function")
     forward.__qualname__ = f"{name}.forward"
-    return type(name, (nn.Module,), {"forward": forward, "__doc__": func.__doc__})
+    # A function declares what it supports the way a kernel layer does, as attributes.
+    flags = {flag: getattr(func, flag) for flag in _FLAGS if hasattr(func, flag)}
+    return type(name, (nn.Module,), {"forward": forward, "__doc__": func.__doc__, **flags})
+
+
+_FLAGS = ("has_backward", "can_torch_compile")
 
 
 def use_kernel_func_from_hub(func_name: str) -> Callable[[Callable], nn.Module]:
