@@ -13,6 +13,7 @@ from .errors import (
     KernelLoadError,
     KernelMappingError,
     KernelsError,
+    KernelVerificationError,
     NoKernelError,
 )
 from .layer.func import use_kernel_func_from_hub
@@ -35,6 +36,7 @@ __all__ = [
     "KernelLoadError",
     "KernelMappingError",
     "KernelsError",
+    "KernelVerificationError",
     "LayerRepository",
     "LocalFuncRepository",
     "LocalLayerRepository",

@@ -30,3 +30,43 @@ class BuildVariantNotFoundError(KernelLoadError, FileNotFoundError):
 
 class KernelLayerError(KernelsError, TypeError):
     """A kernel layer breaks the rules a kernel layer must follow (see docs/layers.md)."""
+
+
+# Errors of Hub repositories, versions, locks and trust (docs/hub.md). Each one is a
+# KernelLoadError, so `kernelize(..., use_fallback=True)` falls back and logs it.
+
+
+class KernelRepositoryNotFoundError(KernelLoadError, FileNotFoundError):
+    """A Hub kernel repository does not exist, or it is private or gated and no token grants access."""
+
+
+class KernelRevisionError(KernelLoadError, ValueError):
+    """No branch, tag or commit of a kernel repository matches the revision or version asked for."""
+
+
+class KernelVersionSpecError(KernelLoadError, ValueError):
+    """A `version` is neither a PEP 440 specifier string nor a non-negative int."""
+
+
+class KernelOfflineError(KernelLoadError, ConnectionError):
+    """The Hub is off limits (HF_HUB_OFFLINE=1) or unreachable and the cache cannot answer."""
+
+
+class KernelDownloadError(KernelLoadError):
+    """Downloading a kernel repository failed for a reason other than the ones above."""
+
+
+class UntrustedKernelError(KernelLoadError, PermissionError):
+    """A kernel repository's organisation is not trusted to run code here (docs/hub.md#trust)."""
+
+
+class KernelLockError(KernelLoadError):
+    """A lock file is missing, malformed, or does not list the kernel asked for."""
+
+
+class KernelHashMismatchError(KernelLockError):
+    """A downloaded kernel file differs from the hash its lock records; nothing was imported."""
+
+
+class KernelVerificationError(KernelsError, ValueError):
+    """`kernelize(..., verify=...)` found a kernel whose result differs from its layer's."""

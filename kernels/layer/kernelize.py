@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from ..errors import KernelLoadError, KernelMappingError, NoKernelError
+from ..errors import KernelLayerError, KernelLoadError, KernelMappingError, NoKernelError
 from ..mapping.capability import read_capability
 from ..mapping.device import Device, validate_device_type
 from ..mapping.mode import Mode, validate_kernelize_mode
@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DeviceSpec = Union[str, Device, "torch.device"]
+#: Example inputs for `verify`: one tensor, a tuple of positional arguments, or a dict of
+#: keyword arguments for the model.
+ExampleInputs = Union["torch.Tensor", tuple, list, dict]
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ def kernelize(
     mode: Mode,
     device: DeviceSpec | None = None,
     use_fallback: bool = True,
+    verify: ExampleInputs | None = None,
 ) -> nn.Module:
     """Replace the `forward` of every tagged layer in `model` with a kernel from the mapping.
 
@@ -76,6 +80,12 @@ def kernelize(
             On ROCm builds of torch, ``cuda`` means ``rocm``.
         use_fallback: when False, raise `NoKernelError` instead of keeping a layer's
             original forward, and `KernelLoadError` when a kernel cannot be loaded.
+        verify: example inputs for the model (a tensor, a tuple of positional arguments or a
+            dict of keyword arguments). The model is run once on them to capture each tagged
+            layer's real input; every chosen kernel's output (and, for TRAINING, its
+            gradients) is compared with the layer's own forward on that input, and a kernel
+            that disagrees is not used (`KernelVerificationError` with
+            ``use_fallback=False``). See `kernels.layer.verify`.
 
     Example:
         ```python
@@ -84,8 +94,12 @@ def kernelize(
         model = kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE)
         ```
     """
-    decisions = plan(model, mode=mode, device=device, use_fallback=use_fallback)
-    for decision in decisions:
+    the_plan = plan(model, mode=mode, device=device, use_fallback=use_fallback)
+    if verify is not None:
+        from .verify import verify_plan
+
+        the_plan = verify_plan(model, the_plan, verify, use_fallback=use_fallback)
+    for decision in the_plan.decisions:
         label = _label(decision)
         if decision.kernel is None:
             use_original_forward(decision.module)
@@ -108,14 +122,28 @@ def kernelize(
     return model
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What `kernelize` will do: the mode, the device it chose for, and a decision per module."""
+
+    mode: Mode
+    target: Target
+    decisions: tuple[Decision, ...]
+
+
 def plan(
     model: nn.Module,
     *,
     mode: Mode,
     device: DeviceSpec | None = None,
     use_fallback: bool = True,
-) -> list[Decision]:
-    """Decide, without changing `model`, what `kernelize` would do with each tagged module."""
+    raise_invalid: bool = True,
+) -> Plan:
+    """Decide, without changing `model`, what `kernelize` would do with each tagged module.
+
+    With ``raise_invalid=False`` a kernel layer that breaks the layer rules becomes a
+    fallback decision (logged at ERROR) instead of raising, as `explain` needs.
+    """
     mode = validate_kernelize_mode(mode)
     target = find_target(model, device)
     mapping = current_mapping()
@@ -136,8 +164,10 @@ def plan(
                 mode=mode,
             )
             resolutions[layer_name] = resolution
-        decisions.append(_decide(path, module, layer_name, resolution, mode, use_fallback, loaded))
-    return decisions
+        decisions.append(
+            _decide(path, module, layer_name, resolution, mode, use_fallback, loaded, raise_invalid)
+        )
+    return Plan(mode, target, tuple(decisions))
 
 
 def _decide(
@@ -148,6 +178,7 @@ def _decide(
     mode: Mode,
     use_fallback: bool,
     loaded: dict[int, type | KernelLoadError],
+    raise_invalid: bool = True,
 ) -> Decision:
     def fallback(
         reason: str, error: type[Exception] = NoKernelError, level=logging.INFO
@@ -172,9 +203,14 @@ def _decide(
         return fallback(
             f"loading {chosen.repository} failed: {kernel}", KernelLoadError, logging.WARNING
         )
-    validate_kernel_layer(
-        kernel, type(module), kernel_source=str(chosen.repository), layer_name=layer_name
-    )
+    try:
+        validate_kernel_layer(
+            kernel, type(module), kernel_source=str(chosen.repository), layer_name=layer_name
+        )
+    except KernelLayerError as exc:
+        if raise_invalid:
+            raise
+        return Decision(path, module, layer_name, resolution, None, str(exc), logging.ERROR)
     missing = _missing_support(kernel, mode)
     if missing:
         return fallback(f"kernel layer {kernel.__name__} from {chosen.repository} {missing}")

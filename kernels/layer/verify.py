@@ -1,0 +1,262 @@
+"""Checking each chosen kernel against the layer it replaces, on the layer's real input.
+
+A kernel can load, pass the layer rules and still compute something else: an RMSNorm
+kernel mapped onto a Gemma-style norm that scales by ``(1 + weight)`` has the right
+signature and the wrong result. `kernelize(..., verify=example_inputs)` runs the model once
+on the example, with hooks that capture what each tagged layer receives, then calls the
+layer's own forward and the kernel's forward on that same input and compares outputs (and,
+for TRAINING, the gradients with respect to the inputs and the layer's parameters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..errors import KernelVerificationError
+from ..mapping.mode import Mode
+from .swap import kernel_layer_of, use_original_forward
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .kernelize import ExampleInputs, Plan
+
+logger = logging.getLogger(__name__)
+
+#: Largest relative error ‖kernel − layer‖ / ‖layer‖ accepted per dtype: a few units of the
+#: dtype's rounding error, far below what a kernel with other semantics produces.
+TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    args: tuple
+    kwargs: dict
+
+
+def verify_plan(
+    model: nn.Module, plan: Plan, example: ExampleInputs, *, use_fallback: bool
+) -> Plan:
+    """Return `plan` with every kernel that disagrees with its layer turned into a fallback."""
+    chosen = [d for d in plan.decisions if d.kernel is not None]
+    if not chosen:
+        return plan
+    training = Mode.TRAINING in plan.mode
+    calls = capture_layer_inputs(
+        model, [d.module for d in chosen], example, keep_graph_flags=training
+    )
+    decisions = []
+    for decision in plan.decisions:
+        if decision.kernel is None:
+            decisions.append(decision)
+            continue
+        call = calls.get(id(decision.module))
+        if call is None:
+            logger.warning(
+                "%s: not verified, the example inputs never reached this layer",
+                decision.path or "<model>",
+            )
+            decisions.append(decision)
+            continue
+        problem = compare_kernel(decision.module, decision.kernel, call, training=training)
+        if problem is None:
+            decisions.append(decision)
+            continue
+        reason = (
+            f"kernel layer {decision.kernel.__name__} from {decision.resolution.chosen.repository} "
+            f"failed verification: {problem}"
+        )
+        if not use_fallback:
+            raise KernelVerificationError(
+                f"{decision.path or '<model>'} ({type(decision.module).__name__}): {reason}."
+            )
+        decisions.append(
+            dataclasses.replace(
+                decision, kernel=None, fallback_reason=reason, fallback_level=logging.WARNING
+            )
+        )
+    return dataclasses.replace(plan, decisions=tuple(decisions))
+
+
+def capture_layer_inputs(
+    model: nn.Module, modules: list[nn.Module], example: ExampleInputs, *, keep_graph_flags: bool
+) -> dict[int, _Call]:
+    """Run `model` on `example` with the layers' own forwards and record each one's first input."""
+    import torch
+
+    current = {id(m): m.__dict__.get("forward") for m in modules if kernel_layer_of(m) is not None}
+    calls: dict[int, _Call] = {}
+    handles = []
+    for module in modules:
+        use_original_forward(module)
+
+        def record(mod, args, kwargs):
+            if id(mod) not in calls:
+                calls[id(mod)] = _Call(
+                    _detach(args, keep_graph_flags), _detach(kwargs, keep_graph_flags)
+                )
+
+        handles.append(module.register_forward_pre_hook(record, with_kwargs=True))
+    try:
+        with torch.set_grad_enabled(keep_graph_flags):
+            _run(model, example)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module in modules:
+            if id(module) in current:
+                module.__dict__["forward"] = current[id(module)]
+    return calls
+
+
+def compare_kernel(module: nn.Module, kernel: type, call: _Call, *, training: bool) -> str | None:
+    """Why `kernel.forward` disagrees with the module's own forward on `call`, or None."""
+    import torch
+
+    original = type(module).forward
+    if not training:
+        with torch.no_grad():
+            expected = _tensors(original(module, *call.args, **call.kwargs))
+            got = _tensors(kernel.forward(module, *call.args, **call.kwargs))
+        return _compare_outputs(expected, got)
+    expected, expected_grads = _forward_backward(original, module, call)
+    got, got_grads = _forward_backward(kernel.forward, module, call)
+    return _compare_outputs(expected, got) or _compare_gradients(expected_grads, got_grads)
+
+
+def _forward_backward(forward: Any, module: nn.Module, call: _Call):
+    """Outputs of `forward` on `call`, and the gradients of a fixed random loss by input/parameter."""
+    import torch
+
+    args, kwargs = _with_grad(call.args), _with_grad(call.kwargs)
+    inputs = [t for t in _tensors((args, kwargs)) if t.requires_grad]
+    params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    names = [f"input {i}" for i in range(len(inputs))] + [name for name, _ in params]
+    with torch.enable_grad():
+        outputs = [t for t in _tensors(forward(module, *args, **kwargs)) if t.is_floating_point()]
+        differentiable = [t for t in outputs if t.requires_grad]
+        grads: tuple = (None,) * len(names)
+        if differentiable and names:
+            # Both forwards get the same cotangents: drawn from a fixed seed, by output shape.
+            generator = torch.Generator().manual_seed(0)
+            cotangents = [
+                torch.randn(t.shape, generator=generator).to(t.device, t.dtype)
+                for t in differentiable
+            ]
+            grads = torch.autograd.grad(
+                differentiable, inputs + [p for _, p in params], cotangents, allow_unused=True
+            )
+    return [o.detach() for o in outputs], list(zip(names, grads, strict=True))
+
+
+def _compare_outputs(expected: list, got: list) -> str | None:
+    if len(expected) != len(got):
+        return f"it returns {len(got)} tensors where the layer returns {len(expected)}"
+    for index, (e, g) in enumerate(zip(expected, got, strict=True)):
+        problem = _tensor_difference("output" if len(expected) == 1 else f"output {index}", e, g)
+        if problem:
+            return problem
+    return None
+
+
+def _compare_gradients(expected: list, got: list) -> str | None:
+    for (name, e), (_, g) in zip(expected, got, strict=True):
+        if e is None and g is None:
+            continue
+        if e is None or g is None:
+            return f"{'the kernel' if g is None else 'the layer'} gives no gradient for {name}"
+        problem = _tensor_difference(f"gradient of {name}", e, g)
+        if problem:
+            return problem
+    return None
+
+
+def _tensor_difference(label: str, expected: torch.Tensor, got: torch.Tensor) -> str | None:
+    import torch
+
+    if expected.shape != got.shape:
+        return f"{label} has shape {tuple(got.shape)} where the layer gives {tuple(expected.shape)}"
+    if expected.dtype != got.dtype:
+        return f"{label} has dtype {got.dtype} where the layer gives {expected.dtype}"
+    if not expected.is_floating_point():
+        return None if torch.equal(expected, got) else f"{label} differs"
+    e, g = expected.detach().double(), got.detach().double()
+    if not torch.equal(e.isnan(), g.isnan()):
+        return f"{label} has NaNs where the layer has none (or the other way round)"
+    e, g = e.nan_to_num(), g.nan_to_num()
+    error = ((g - e).norm() / e.norm().clamp_min(1e-30)).item()
+    tolerance = TOLERANCE.get(str(expected.dtype).removeprefix("torch."), 1e-4)
+    if error > tolerance:
+        return (
+            f"{label} differs from the layer's by {error:.3g} (relative; tolerance {tolerance:g} "
+            f"for {expected.dtype})"
+        )
+    return None
+
+
+def _run(model: nn.Module, example: ExampleInputs) -> None:
+    import torch
+
+    if isinstance(example, torch.Tensor):
+        model(example)
+    elif isinstance(example, dict):
+        model(**example)
+    elif isinstance(example, (tuple, list)):
+        model(*example)
+    else:
+        raise KernelVerificationError(
+            f"verify= takes a tensor, a tuple of positional arguments or a dict of keyword arguments "
+            f"for the model, got {type(example).__name__}."
+        )
+
+
+def _detach(value: Any, keep_grad_flag: bool) -> Any:
+    """A copy of `value` whose tensors are detached clones (remembering who needed grad)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        copy = value.detach().clone()
+        if keep_grad_flag and value.requires_grad:
+            copy._kernels_needs_grad = True
+        return copy
+    if isinstance(value, tuple):
+        return tuple(_detach(v, keep_grad_flag) for v in value)
+    if isinstance(value, list):
+        return [_detach(v, keep_grad_flag) for v in value]
+    if isinstance(value, dict):
+        return {k: _detach(v, keep_grad_flag) for k, v in value.items()}
+    return value
+
+
+def _with_grad(value: Any) -> Any:
+    """Fresh leaf copies of the captured tensors, requiring grad where the real ones did."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        copy = value.detach().clone()
+        if getattr(value, "_kernels_needs_grad", False):
+            copy.requires_grad_(True)
+        return copy
+    if isinstance(value, tuple):
+        return tuple(_with_grad(v) for v in value)
+    if isinstance(value, list):
+        return [_with_grad(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _with_grad(v) for k, v in value.items()}
+    return value
+
+
+def _tensors(value: Any) -> list:
+    """The tensors in a (nested) output, in order."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
