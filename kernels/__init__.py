@@ -16,6 +16,7 @@ from .errors import (
     KernelVerificationError,
     NoKernelError,
 )
+from .layer.explain import explain
 from .layer.func import use_kernel_func_from_hub
 from .layer.kernelize import kernelize
 from .layer.tagging import replace_kernel_forward_from_hub, use_kernel_forward_from_hub
@@ -44,6 +45,7 @@ __all__ = [
     "NoKernelError",
     "ROCMProperties",
     "__version__",
+    "explain",
     "get_local_kernel",
     "kernelize",
     "library_mapping",
