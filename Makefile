@@ -23,7 +23,7 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
-	$(PIP) install -q -e .
+	$(PIP) install -q -e ".[demo]"
 
 install-test: $(BIN)/python
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
@@ -39,14 +39,14 @@ $(HUB_VENV)/bin/olah-cli:
 hub-server: $(HUB_VENV)/bin/olah-cli
 
 demo: install
-	$(BIN)/python examples/kernelize_local.py
+	$(BIN)/python -m kernels.demo
 
 test: install-test hub-server
 	KERNELS_TEST_OLAH=$(abspath $(HUB_VENV))/bin/olah-cli $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install-test
-	$(BIN)/ruff check kernels tests library benchmarks examples
-	$(BIN)/ruff format --check kernels tests library benchmarks examples
+	$(BIN)/ruff check kernels tests library benchmarks
+	$(BIN)/ruff format --check kernels tests library benchmarks
 
 clean:
 	rm -rf $(VENV) $(HUB_VENV) .pytest_cache

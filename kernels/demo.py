@@ -1,0 +1,229 @@
+"""`kernels demo`: kernelize a Llama-style transformers model with our kernels, check it, time it.
+
+On a CUDA GPU it builds a bf16 model of a few hundred million parameters and times prefill and
+a training step, eager vs kernelized vs torch.compile. Without a GPU it builds a tiny model
+and runs our Triton kernels through Triton's interpreter, which checks correctness only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DemoShape:
+    """Model and input sizes for one kind of machine."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    batch: int
+    seq: int
+
+
+# Tiny on the CPU: the Triton interpreter runs every kernel program in Python.
+CPU_SHAPE = DemoShape(
+    hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=256, batch=2, seq=16
+)
+GPU_SHAPE = DemoShape(
+    hidden=2048, intermediate=8192, layers=4, heads=32, kv_heads=8, vocab=32000, batch=4, seq=2048
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where to run (default: cuda when a GPU is visible, else cpu through the Triton interpreter)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed for weights and inputs (default 0)"
+    )
+    parser.add_argument(
+        "--no-timing", action="store_true", help="skip the GPU timings (correctness only)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; returns the process exit status (1 when a check fails)."""
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        # Must be set before triton is imported (our kernel packages import it when loaded).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda, but torch sees no CUDA GPU", flush=True)
+        return 1
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        print("error: the demo needs transformers: pip install 'kernels[demo]'", flush=True)
+        return 1
+    from transformers.utils import logging as transformers_logging
+
+    from . import Mode, explain, kernelize, library_mapping, use_kernel_mapping
+
+    transformers_logging.set_verbosity_error()
+    shape = GPU_SHAPE if device == "cuda" else CPU_SHAPE
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(args.seed)
+    config = LlamaConfig(
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        vocab_size=shape.vocab,
+        max_position_embeddings=max(shape.seq, 128),
+        attn_implementation="sdpa",
+    )
+    original = LlamaForCausalLM(config).to(device=device, dtype=dtype)
+    model = LlamaForCausalLM(config).to(device=device, dtype=dtype)
+    model.load_state_dict(original.state_dict())
+    params = sum(p.numel() for p in model.parameters())
+    print(
+        f"Llama-style model: {params / 1e6:.1f}M parameters, {shape.layers} layers, hidden "
+        f"{shape.hidden}, {dtype} on {device}; input {shape.batch}x{shape.seq} tokens"
+    )
+    if device == "cpu":
+        print("No GPU: our Triton kernels run through Triton's interpreter (correct, not fast).")
+    tokens = torch.randint(0, shape.vocab, (shape.batch, shape.seq), device=device)
+
+    with use_kernel_mapping(library_mapping(devices=[device])):
+        print_plan(explain(model, mode=Mode.TRAINING))
+        started = time.perf_counter()
+        kernelize(model, mode=Mode.TRAINING, verify=(tokens,))
+        print(
+            f"\nkernelized and verified every kernel on the model's real inputs in {time.perf_counter() - started:.1f} s"
+        )
+
+    failures = check(original, model, tokens, dtype)
+    if device == "cuda" and not args.no_timing:
+        time_models(original, model, tokens)
+    elif device == "cpu":
+        print(
+            "\nTimings need a CUDA GPU (run `kernels demo` there); on the CPU the interpreter is slow by design."
+        )
+    return 1 if failures else 0
+
+
+def print_plan(explanation) -> None:
+    """One row per kind of tagged module: how many, and which kernel it gets or why none."""
+    print(f"\nkernels for mode {explanation.mode} on {explanation.device_type}:")
+    header = ("layer name", "module class", "count", "kernel or reason for keeping its forward")
+    rows = []
+    for layer in explanation.layers:
+        if layer.outcome == "kernel":
+            outcome = layer.kernel.replace("kernel layer ", "").split(", package")[0]
+        else:
+            outcome = f"own forward: {layer.reason}"
+        rows.append((layer.layer_name, layer.module_class, str(len(layer.paths)), outcome))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    for row in [header, *rows]:
+        print(
+            "  "
+            + "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
+            + "  "
+            + row[3]
+        )
+
+
+def check(original, model, tokens, dtype) -> int:
+    """Compare logits and training gradients of the kernelized model with the original."""
+    import torch
+
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    failures = 0
+    print("\ncorrectness (relative error, kernelized vs original):")
+    for m in (original, model):
+        m.zero_grad(set_to_none=True)
+        logits = m(tokens).logits
+        logits.float().logsumexp(-1).mean().backward()
+        m._demo_logits = logits.detach()
+    rows = [("logits", original._demo_logits, model._demo_logits)]
+    rows += [
+        (f"grad {name}", p.grad, dict(model.named_parameters())[name].grad)
+        for name, p in original.named_parameters()
+        if name.endswith(("norm.weight", "embed_tokens.weight", "layers.0.mlp.down_proj.weight"))
+    ][:4]
+    for label, expected, got in rows:
+        error = (
+            (got.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-30)
+        ).item()
+        ok = error <= tolerance
+        failures += not ok
+        print(f"  {label:48s} {error:.2e}  {'ok' if ok else f'FAILED (tolerance {tolerance:g})'}")
+    for m in (original, model):
+        del m._demo_logits
+        m.zero_grad(set_to_none=True)
+    return failures
+
+
+def time_models(original, model, tokens) -> None:
+    """Prefill and training-step times: eager, kernelized, torch.compile, kernelized + compile."""
+    import torch
+
+    from . import Mode, kernelize, library_mapping, use_kernel_mapping
+
+    def prefill(m):
+        with torch.no_grad():
+            return m(tokens, logits_to_keep=1).logits
+
+    def train_step(m):
+        m(tokens).logits.float().logsumexp(-1).mean().backward()
+
+    compiled_original = torch.compile(original)
+    with use_kernel_mapping(library_mapping(devices=["cuda"])):
+        kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE)
+    compiled_kernelized = torch.compile(model)
+    contenders = {
+        "eager": original,
+        "kernelized": model,
+        "torch.compile": compiled_original,
+        "kernelized + compile": compiled_kernelized,
+    }
+    print("\ntimings (median ms, CUDA events):")
+    for label, step in (("prefill", prefill), ("training step", train_step)):
+        times = {name: _median_ms(lambda m=m, step=step: step(m)) for name, m in contenders.items()}
+        base = times["eager"]
+        summary = ", ".join(f"{name} {t:.1f} ms ({base / t:.2f}x)" for name, t in times.items())
+        print(f"  {label}: {summary}")
+
+
+def _median_ms(fn, warmup: int = 3, repeat: int = 10) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kernels demo", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
