@@ -1,0 +1,151 @@
+"""transformers 4.57 as a client of this package, unchanged, with our Triton kernels.
+
+transformers tags its norms "RMSNorm" and its activation modules "SiLU", "GeLU", ...; it
+calls `kernelize(model, device=Device(type=...), mode=...)` from `model.kernelize()`,
+`model.use_kernels = True`, `model.train()/.eval()` and `from_pretrained(..., use_kernels=True)`.
+On the CPU our kernels run through the Triton interpreter (tests/conftest.py sets it).
+"""
+
+import pytest
+import torch
+import transformers
+
+from kernels import Mode, kernelize, library_mapping, register_kernel_mapping, use_kernel_mapping
+from kernels.layer.swap import kernel_layer_of
+
+pytestmark = pytest.mark.skipif(
+    not transformers.__version__.startswith("4.57."),
+    reason="pinned to the tested transformers 4.57 line",
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=64,
+)
+
+
+def make_model(family: str):
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    config_class, model_class = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+    }[family]
+    torch.manual_seed(0)
+    config = config_class(**SMALL, attn_implementation="sdpa")
+    model = model_class(config).to(DEVICE)
+    # Norm weights start at one; perturb them so a kernel that ignored them would show.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def tagged(model):
+    return {
+        name: m for name, m in model.named_modules() if getattr(type(m), "kernel_layer_name", None)
+    }
+
+
+@pytest.fixture
+def clean_mapping():
+    # transformers registers its own default mapping at import; keep it, restore after.
+    from kernels.mapping import registry
+
+    saved = registry._global_mapping
+    yield
+    registry._global_mapping = saved
+
+
+@pytest.fixture
+def our_kernels(clean_mapping):
+    register_kernel_mapping(library_mapping(devices=[DEVICE]))
+
+
+def test_transformers_sees_our_package():
+    from transformers.integrations import hub_kernels
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    assert hub_kernels._kernels_available
+    assert LlamaRMSNorm.kernel_layer_name == "RMSNorm"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+def test_model_kernelize_inference_matches(our_kernels, family):
+    model = make_model(family).eval()
+    tokens = torch.randint(0, 128, (2, 9), device=DEVICE)
+    with torch.no_grad():
+        expected = model(tokens).logits
+    model.kernelize()
+    swapped = {name: kernel_layer_of(m) for name, m in tagged(model).items()}
+    assert swapped and all(k is not None for k in swapped.values()), swapped
+    with torch.no_grad():
+        got = model(tokens).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_training_gradients_match(our_kernels, family):
+    reference = make_model(family).train()
+    model = make_model(family).train()
+    tokens = torch.randint(0, 128, (2, 9), device=DEVICE)
+    model.use_kernels = (
+        True  # transformers calls kernelize(..., mode=Mode.TRAINING) as the model trains
+    )
+    assert all(kernel_layer_of(m) is not None for m in tagged(model).values())
+    for m in (reference, model):
+        m(tokens, labels=tokens).loss.backward()
+    for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_eval_and_train_rekernelize(our_kernels):
+    model = make_model("llama")
+    model.use_kernels = True
+    norm = model.model.norm
+    assert kernel_layer_of(norm) is not None
+    model.eval()  # transformers re-kernelizes for INFERENCE
+    assert kernel_layer_of(norm) is not None
+    model.use_kernels = False  # documented by transformers as a no-op with a warning
+    assert kernel_layer_of(norm) is not None
+
+
+def test_from_pretrained_with_use_kernels(our_kernels, tmp_path):
+    make_model("qwen2").save_pretrained(tmp_path)
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path).to(DEVICE)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, use_kernels=True).to(DEVICE)
+    assert all(kernel_layer_of(m) is not None for m in tagged(model).values())
+    tokens = torch.randint(0, 128, (1, 7), device=DEVICE)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens).logits, plain(tokens).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_scoped_mapping_with_transformers(clean_mapping):
+    model = make_model("mistral")
+    with use_kernel_mapping(library_mapping(devices=[DEVICE])):
+        model.kernelize()
+    assert kernel_layer_of(model.model.norm) is not None
+    kernelize(model, mode=Mode.INFERENCE)  # outside the scope: transformers' own mapping only
+    if DEVICE == "cpu":
+        assert kernel_layer_of(model.model.norm) is None
