@@ -9,12 +9,20 @@ from __future__ import annotations
 
 from .errors import (
     BuildVariantNotFoundError,
+    KernelDownloadError,
+    KernelHashMismatchError,
     KernelLayerError,
     KernelLoadError,
+    KernelLockError,
     KernelMappingError,
+    KernelOfflineError,
+    KernelRepositoryNotFoundError,
+    KernelRevisionError,
     KernelsError,
     KernelVerificationError,
+    KernelVersionSpecError,
     NoKernelError,
+    UntrustedKernelError,
 )
 from .layer.explain import explain
 from .layer.func import use_kernel_func_from_hub
@@ -24,8 +32,10 @@ from .library import library_mapping
 from .mapping.device import CUDAProperties, Device, ROCMProperties
 from .mapping.mode import Mode
 from .mapping.registry import register_kernel_mapping, use_kernel_mapping
+from .repos.download import get_kernel, has_kernel, install_kernel
 from .repos.hub import LayerRepository
 from .repos.local import LocalFuncRepository, LocalLayerRepository, get_local_kernel
+from .repos.lock import LockedLayerRepository, get_locked_kernel, load_kernel
 
 __version__ = "0.1.0"
 
@@ -33,22 +43,36 @@ __all__ = [
     "BuildVariantNotFoundError",
     "CUDAProperties",
     "Device",
+    "KernelDownloadError",
+    "KernelHashMismatchError",
     "KernelLayerError",
     "KernelLoadError",
+    "KernelLockError",
     "KernelMappingError",
+    "KernelOfflineError",
+    "KernelRepositoryNotFoundError",
+    "KernelRevisionError",
     "KernelsError",
     "KernelVerificationError",
+    "KernelVersionSpecError",
     "LayerRepository",
     "LocalFuncRepository",
     "LocalLayerRepository",
+    "LockedLayerRepository",
     "Mode",
     "NoKernelError",
     "ROCMProperties",
+    "UntrustedKernelError",
     "__version__",
     "explain",
+    "get_kernel",
     "get_local_kernel",
+    "get_locked_kernel",
+    "has_kernel",
+    "install_kernel",
     "kernelize",
     "library_mapping",
+    "load_kernel",
     "register_kernel_mapping",
     "replace_kernel_forward_from_hub",
     "use_kernel_forward_from_hub",

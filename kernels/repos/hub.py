@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from types import ModuleType
 
 from ..errors import KernelMappingError
+from .trust import normalize_trust
+from .versions import check_version_argument
+
+_load_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
 class LayerRepository:
     """A kernel layer from a kernel repository on the Hugging Face Hub.
 
+    The repository is resolved, downloaded and imported on the first `load()` (by
+    `kernelize`); later loads return the same module, so a registered mapping keeps using
+    the commit it resolved first. Construct a new `LayerRepository` to resolve again.
+
     Args:
         repo_id: the Hub repository, e.g. ``"kernels-community/activation"``.
         layer_name: the class in the kernel package's ``layers`` module.
-        revision: a branch, tag or commit. Cannot be combined with `version`.
+        revision: a branch, tag or full commit hash. Cannot be combined with `version`.
         version: a PEP 440 specifier such as ``">=0.1,<0.2"`` (the highest ``v<x.y.z>`` tag
-            that satisfies it), or an int N for the branch ``vN``.
+            that satisfies it), or an int N for the branch ``vN``. With neither revision nor
+            version, ``main`` is loaded and a WARNING says the kernel is unpinned.
+        trust_remote_code: run code from an organisation that is not trusted by default or
+            by configuration: True for any, or a list of organisations / repository ids
+            (docs/hub.md#trust).
 
     Example:
         ```python
@@ -33,6 +46,9 @@ class LayerRepository:
     layer_name: str = field(kw_only=True)
     revision: str | None = field(default=None, kw_only=True)
     version: str | int | None = field(default=None, kw_only=True)
+    trust_remote_code: bool | tuple[str, ...] = field(default=False, kw_only=True)
+    # What the first load() resolved; not part of the repository's identity.
+    _loaded: object = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.revision is not None and self.version is not None:
@@ -40,17 +56,70 @@ class LayerRepository:
                 f"LayerRepository('{self.repo_id}') got both revision={self.revision!r} and "
                 f"version={self.version!r}; give one of them."
             )
+        # Fail when the mapping is written, not when kernelize first runs.
+        check_version_argument(self.version, repo_id=self.repo_id)
+        object.__setattr__(
+            self,
+            "trust_remote_code",
+            normalize_trust(
+                self.trust_remote_code,
+                where=f"LayerRepository('{self.repo_id}').trust_remote_code",
+            ),
+        )
 
     def load(self) -> ModuleType:
-        """Download (if needed) and import the kernel package."""
-        from .download import get_kernel
+        """Download (if needed) and import the kernel package; resolves once per instance."""
+        from .download import load_hub_kernel
 
-        return get_kernel(self.repo_id, revision=self.revision, version=self.version)
+        with _load_lock:
+            if self._loaded is None:
+                loaded = load_hub_kernel(
+                    self.repo_id,
+                    revision=self.revision,
+                    version=self.version,
+                    trust_remote_code=self.trust_remote_code,
+                )
+                object.__setattr__(self, "_loaded", loaded)
+            return self._loaded.module  # type: ignore[attr-defined]
+
+    def __deepcopy__(self, memo: dict) -> LayerRepository:
+        return self  # an immutable value; the loaded module must not be copied
+
+    def __reduce__(self):
+        # Pickles what was asked, not what was loaded.
+        return (
+            _rebuild,
+            (self.repo_id, self.layer_name, self.revision, self.version, self.trust_remote_code),
+        )
+
+    @property
+    def commit(self) -> str | None:
+        """The commit the first `load()` resolved to, or None before it."""
+        loaded = self._loaded
+        return None if loaded is None else loaded.fetched.commit  # type: ignore[attr-defined]
 
     def __str__(self) -> str:
+        # Never touches the network: shows what was asked and, once loaded, what it resolved to.
         pin = (
             f"version {self.version}"
             if self.version is not None
             else f"revision {self.revision or 'main'}"
         )
+        loaded = self._loaded
+        if loaded is not None:
+            fetched = loaded.fetched  # type: ignore[attr-defined]
+            pin += (
+                f" -> commit {fetched.commit[:12]}, variant {fetched.variant}; "
+                f"{loaded.trust.reason}"  # type: ignore[attr-defined]
+            )
         return f"{self.repo_id} ({pin}), layer {self.layer_name}"
+
+
+def _rebuild(repo_id, layer_name, revision, version, trust_remote_code) -> LayerRepository:
+    return LayerRepository(
+        repo_id,
+        layer_name=layer_name,
+        revision=revision,
+        version=version,
+        trust_remote_code=trust_remote_code,
+    )

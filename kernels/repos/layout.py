@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KernelLoadError
-from .variants import choose_variant
+from .variants import PREFERENCE_FILE, choose_variant, parse_preference_file
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
 
@@ -28,13 +28,21 @@ class PackageLocation:
     variant: str
 
 
-def locate_package(repo_dir: Path, package_name: str | None, *, where: str) -> PackageLocation:
+def locate_package(
+    repo_dir: Path,
+    package_name: str | None,
+    *,
+    where: str,
+    variant: str | None = None,
+) -> PackageLocation:
     """Find the package to import in the repository folder `repo_dir`.
 
     Args:
         repo_dir: the repository folder (the one that holds ``build/``).
         package_name: the package to import, or None to take the only one there is.
         where: how to name the repository in errors (a path or a Hub repo id).
+        variant: the build variant to use; by default the best one for this machine among
+            the folders under ``build/``, honouring the repository's ``kernel-variants.json``.
     """
     build = repo_dir / "build"
     if not build.is_dir():
@@ -42,7 +50,12 @@ def locate_package(repo_dir: Path, package_name: str | None, *, where: str) -> P
             f"{where} is not a kernel repository: {build} does not exist. A kernel repository "
             "holds build/<variant>/<package>/__init__.py (see docs/kernel-repos.md)."
         )
-    variant = choose_variant((p.name for p in build.iterdir() if p.is_dir()), where=where)
+    if variant is None:
+        variant = choose_variant(
+            (p.name for p in build.iterdir() if p.is_dir()),
+            where=where,
+            prefer=read_preference(repo_dir, where=where),
+        )
     variant_dir = build / variant
 
     if package_name is not None:
@@ -69,6 +82,14 @@ def locate_package(repo_dir: Path, package_name: str | None, *, where: str) -> P
         f"{' (' + ', '.join(packages) + ')' if packages else ''}; pass package_name=... to say "
         "which one to import."
     )
+
+
+def read_preference(repo_dir: Path, *, where: str) -> str:
+    """The variant preference a repository folder states ("compiled" when it states none)."""
+    path = repo_dir / PREFERENCE_FILE
+    if not path.is_file():
+        return "compiled"
+    return parse_preference_file(path.read_text(), where=where)
 
 
 def _packages_in(folder: Path) -> list[str]:

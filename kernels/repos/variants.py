@@ -6,10 +6,17 @@ A compiled variant is named for what its binaries need, e.g.
 ``torch28-cxx11-cpu-aarch64-linux`` or ``torch27-metal-aarch64-darwin``. Pure-Python kernels
 (Triton, for instance) use ``torch-universal``, or ``torch-<backend>`` (``torch-cuda``,
 ``torch-rocm``, ``torch-xpu``, ``torch-metal``, ``torch-cpu``) when they only run on one backend.
+
+By default the exact compiled variant wins over ``torch-<backend>``, which wins over
+``torch-universal``. A repository can say otherwise in a ``kernel-variants.json`` file at its
+root: ``{"prefer": "noarch"}`` puts the pure-Python variants (``torch-<backend>``, then
+``torch-universal``) before the compiled one, e.g. for a Triton kernel that ships compiled
+builds only as a fallback; ``{"prefer": "compiled"}`` states the default.
 """
 
 from __future__ import annotations
 
+import json
 import platform
 import re
 from collections.abc import Iterable
@@ -21,6 +28,12 @@ from packaging.version import Version
 from ..errors import BuildVariantNotFoundError
 
 UNIVERSAL_VARIANT = "torch-universal"
+
+#: The optional file at a repository's root that states which kind of variant it prefers.
+PREFERENCE_FILE = "kernel-variants.json"
+
+#: Values of ``prefer`` in `PREFERENCE_FILE` ("universal" is accepted for "noarch").
+PREFERENCES = ("compiled", "noarch")
 
 #: Folder names under ``build/`` that are build variants (anything else is ignored).
 VARIANT_PATTERN = re.compile(r"^(torch\d\d+-.+|torch-(universal|cpu|cuda|metal|rocm|xpu|npu))$")
@@ -43,9 +56,15 @@ class MachineBuild:
         parts = [self.torch, self.cxx_abi, self.runtime, self.arch, self.os]
         return "-".join(p for p in parts if p)
 
-    def acceptable_variants(self) -> tuple[str, ...]:
-        """Variant names that run here, best first: compiled, backend-only, universal."""
-        return (self.compiled_variant, f"torch-{self.backend}", UNIVERSAL_VARIANT)
+    def acceptable_variants(self, prefer: str = "compiled") -> tuple[str, ...]:
+        """Variant names that run here, best first: compiled, backend-only, universal.
+
+        With ``prefer="noarch"`` the compiled variant comes last instead.
+        """
+        noarch = (f"torch-{self.backend}", UNIVERSAL_VARIANT)
+        if check_preference(prefer) == "noarch":
+            return (*noarch, self.compiled_variant)
+        return (self.compiled_variant, *noarch)
 
 
 @lru_cache(maxsize=1)
@@ -93,10 +112,55 @@ def variants_in(names: Iterable[str]) -> list[str]:
     return sorted(n for n in names if VARIANT_PATTERN.match(n))
 
 
+def check_preference(prefer: object, *, where: str = "prefer") -> str:
+    """Validate a variant preference; returns "compiled" or "noarch"."""
+    if prefer == "universal":
+        return "noarch"
+    if prefer not in PREFERENCES:
+        raise BuildVariantNotFoundError(
+            f"{where} must be one of {', '.join(PREFERENCES)}, got {prefer!r}."
+        )
+    return prefer  # type: ignore[return-value]
+
+
+def parse_preference_file(text: str, *, where: str) -> str:
+    """The ``prefer`` value of a `PREFERENCE_FILE`'s contents ("compiled" when absent).
+
+    Raises:
+        BuildVariantNotFoundError: the file is not JSON, or states an unknown preference.
+    """
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise BuildVariantNotFoundError(f"{where}: {PREFERENCE_FILE} is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BuildVariantNotFoundError(
+            f'{where}: {PREFERENCE_FILE} must hold an object such as {{"prefer": "noarch"}}.'
+        )
+    return check_preference(
+        data.get("prefer", "compiled"), where=f"{where}: {PREFERENCE_FILE} prefer"
+    )
+
+
+def allow_patterns(variants: Iterable[str]) -> list[str]:
+    """huggingface_hub ``allow_patterns`` that fetch just these variants (and the preference file)."""
+    return [*(f"build/{v}/*" for v in variants), PREFERENCE_FILE]
+
+
 def choose_variant(
-    available: Iterable[str], *, where: str, machine: MachineBuild | None = None
+    available: Iterable[str],
+    *,
+    where: str,
+    machine: MachineBuild | None = None,
+    prefer: str = "compiled",
 ) -> str:
     """The best variant among `available` for this machine.
+
+    Args:
+        available: folder names under ``build/`` (non-variants are ignored).
+        where: how to name the repository in errors.
+        machine: the machine to choose for (this one by default).
+        prefer: "compiled" (default) or "noarch", as the repository's `PREFERENCE_FILE` says.
 
     Raises:
         BuildVariantNotFoundError: none of them runs here; the message lists what `where`
@@ -104,11 +168,11 @@ def choose_variant(
     """
     machine = machine or machine_build()
     offered = variants_in(available)
-    for wanted in machine.acceptable_variants():
+    for wanted in machine.acceptable_variants(prefer):
         if wanted in offered:
             return wanted
     raise BuildVariantNotFoundError(
         f"{where} has no build variant for this machine. It offers: "
         f"{', '.join(offered) or 'no build variants at all (is there a build/ folder?)'}. "
-        f"This machine runs any of: {', '.join(machine.acceptable_variants())}."
+        f"This machine runs any of: {', '.join(machine.acceptable_variants(prefer))}."
     )

@@ -1,0 +1,449 @@
+"""Downloading kernel repositories from the Hub into huggingface_hub's cache, and importing them.
+
+`get_kernel` is the function API; `LayerRepository.load()` and the lock-based loaders
+(`kernels.repos.lock`) go through the same steps:
+
+1. trust: refuse code from organisations that are not trusted (`kernels.repos.trust`);
+2. resolve `revision` / `version` to a branch, tag or commit (`kernels.repos.versions`);
+3. list the files at that commit and choose the build variant for this machine;
+4. ``snapshot_download`` only that variant (``allow_patterns``), with huggingface_hub's
+   cache, file locks and progress bars;
+5. import the package once per downloaded folder, i.e. per commit and variant.
+
+Offline (``HF_HUB_OFFLINE=1``) or with the Hub unreachable, steps 2-4 are answered from the
+cache when it can; otherwise the error says what is missing and how to fetch it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from ..errors import (
+    BuildVariantNotFoundError,
+    KernelLoadError,
+    KernelOfflineError,
+    KernelRepositoryNotFoundError,
+    KernelRevisionError,
+)
+from . import hubclient
+from .hubclient import COMMIT_PATTERN, Failure
+from .layout import PackageLocation, locate_package, read_preference
+from .loader import import_package
+from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
+from .variants import (
+    PREFERENCE_FILE,
+    allow_patterns,
+    choose_variant,
+    parse_preference_file,
+    variants_in,
+)
+from .versions import ResolvedRevision, hub_error, list_refs, resolve_revision
+
+logger = logging.getLogger(__name__)
+
+#: Where, inside a repository's cache folder, we note which variants were downloaded
+#: completely (huggingface_hub 0.x cannot tell a complete snapshot from an interrupted one
+#: when offline; 1.x and later can, and we ask it too).
+_COMPLETE_MARKERS = ".kernels-complete"
+
+
+@dataclass(frozen=True)
+class FetchedKernel:
+    """A kernel repository's variant in the cache, ready to import."""
+
+    repo_id: str
+    resolved: ResolvedRevision
+    commit: str
+    variant: str
+    snapshot_dir: Path
+    location: PackageLocation
+    #: The files of the variant (paths relative to ``build/<variant>/``) when known.
+    files: tuple[str, ...] | None = None
+
+    @property
+    def variant_dir(self) -> Path:
+        return self.snapshot_dir / "build" / self.variant
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    """An imported Hub kernel and everything that was decided on the way."""
+
+    module: ModuleType
+    fetched: FetchedKernel
+    trust: TrustDecision
+
+    def describe(self) -> str:
+        fetched = self.fetched
+        return (
+            f"{fetched.repo_id} {fetched.resolved.how}, commit {fetched.commit[:12]}, variant "
+            f"{fetched.variant}"
+        )
+
+
+def package_name_for(repo_id: str) -> str:
+    """The package name Hub kernels conventionally use: the repository name, ``-`` -> ``_``."""
+    return re.sub(r"\W", "_", repo_id.split("/")[-1].replace("-", "_"))
+
+
+def get_kernel(
+    repo_id: str,
+    revision: str | None = None,
+    version: str | int | None = None,
+    *,
+    trust_remote_code: bool | list[str] = False,
+) -> ModuleType:
+    """Download (if needed) and import a kernel from the Hub.
+
+    Only the build variant this machine runs is downloaded, into huggingface_hub's cache
+    (``HF_HUB_CACHE``); importing the same commit again returns the same module, and two
+    versions of one kernel can be loaded side by side.
+
+    Args:
+        repo_id: the Hub repository, e.g. ``"kernels-community/activation"``.
+        revision: a branch, tag or full commit hash. Cannot be combined with `version`.
+        version: a PEP 440 specifier (the highest ``v<x.y.z>`` tag satisfying it) or an int N
+            (the branch ``vN``). With neither, ``main`` is loaded and a WARNING says so.
+        trust_remote_code: allow code from organisations that are not trusted by default or
+            configuration: True for any, or a list of organisations / repository ids.
+
+    Raises:
+        UntrustedKernelError, KernelRepositoryNotFoundError, KernelRevisionError,
+        KernelVersionSpecError, BuildVariantNotFoundError, KernelOfflineError,
+        KernelDownloadError: all `KernelLoadError` subclasses; see docs/hub.md.
+
+    Example:
+        ```python
+        from kernels import get_kernel
+
+        activation = get_kernel("kernels-community/activation", version=">=0.1,<0.2")
+        y = activation.silu_and_mul(x)
+        ```
+    """
+    return load_hub_kernel(
+        repo_id, revision=revision, version=version, trust_remote_code=trust_remote_code
+    ).module
+
+
+def load_hub_kernel(
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    version: str | int | None = None,
+    trust_remote_code: TrustArgument | list[str] = False,
+) -> LoadedKernel:
+    """`get_kernel`, returning what was resolved, downloaded and trusted along with the module."""
+    _check_repo_id(repo_id)
+    trust = require_trust(repo_id, normalize_trust(trust_remote_code))
+    resolved = resolve_revision(repo_id, revision=revision, version=version)
+    fetched = fetch_kernel(resolved)
+    module = import_package(fetched.location.package_dir, fetched.location.package_name)
+    loaded = LoadedKernel(module, fetched, trust)
+    logger.info("Loaded kernel %s; %s", loaded.describe(), trust.reason)
+    return loaded
+
+
+def has_kernel(repo_id: str, revision: str | None = None, version: str | int | None = None) -> bool:
+    """Whether `repo_id` has a build variant this machine can run, without downloading it.
+
+    Returns False only when the repository offers no variant for this machine; a missing
+    repository, revision or version raises as `get_kernel` does. Offline, the answer comes
+    from the cache.
+    """
+    _check_repo_id(repo_id)
+    resolved = resolve_revision(repo_id, revision=revision, version=version)
+    try:
+        if hubclient.is_offline() or resolved.from_cache:
+            _fetch_from_cache(resolved, reason="HF_HUB_OFFLINE is set")
+        else:
+            _choose_remote_variant(resolved)
+    except BuildVariantNotFoundError:
+        return False
+    return True
+
+
+def install_kernel(
+    repo_id: str,
+    revision: str,
+    local_files_only: bool = False,
+    variant_locks: Mapping[str, object] | None = None,
+    *,
+    trust_remote_code: bool | list[str] = False,
+) -> tuple[str, Path]:
+    """Download a kernel's variant for this machine into the cache, without importing it.
+
+    Args:
+        repo_id: the Hub repository.
+        revision: a branch, tag or full commit hash.
+        local_files_only: only look in the cache.
+        variant_locks: the ``variants`` of a lock entry (variant -> ``{"hash": ...}``); when
+            given, the downloaded files are verified against it.
+        trust_remote_code: as for `get_kernel`.
+
+    Returns:
+        The package name and the variant folder (``.../build/<variant>``).
+    """
+    from .lock import verify_variant
+
+    _check_repo_id(repo_id)
+    require_trust(repo_id, normalize_trust(trust_remote_code))
+    if local_files_only:
+        resolved = ResolvedRevision(
+            repo_id, revision, revision if COMMIT_PATTERN.match(revision) else None, revision
+        )
+        fetched = _fetch_from_cache(resolved, reason="local_files_only=True")
+    else:
+        fetched = fetch_kernel(resolve_revision(repo_id, revision=revision))
+    if variant_locks is not None:
+        verify_variant(fetched, variant_locks, files=None)
+    return fetched.location.package_name, fetched.variant_dir
+
+
+def fetch_kernel(
+    resolved: ResolvedRevision, *, variant: str | None = None, local_files_only: bool = False
+) -> FetchedKernel:
+    """Make the variant of `resolved` for this machine (or `variant`) present in the cache."""
+    if local_files_only or hubclient.is_offline():
+        return _fetch_from_cache(
+            resolved,
+            variant=variant,
+            reason="local_files_only=True" if local_files_only else "HF_HUB_OFFLINE is set",
+        )
+    if resolved.from_cache:
+        return _fetch_from_cache(resolved, variant=variant, reason="the Hub cannot be reached")
+    try:
+        chosen, files = _choose_remote_variant(resolved, variant=variant)
+    except KernelOfflineError as exc:
+        logger.warning("%s; trying the cache", exc)
+        return _fetch_from_cache(resolved, variant=variant, reason=str(exc))
+    return _download(resolved, chosen, files)
+
+
+def _choose_remote_variant(
+    resolved: ResolvedRevision, *, variant: str | None = None
+) -> tuple[str, tuple[str, ...]]:
+    """List the files at the resolved revision and pick the variant (no download)."""
+    repo_id = resolved.repo_id
+    revision = resolved.commit or resolved.revision
+    where = f"{repo_id} ({resolved.how})"
+    api = hubclient.hub_api()
+    try:
+        repo_files = api.list_repo_files(repo_id, revision=revision)
+    except Exception as exc:
+        raise _revision_error(exc, resolved, f"list the files of {where}") from exc
+
+    offered = variants_in(
+        {p.split("/")[1] for p in repo_files if p.startswith("build/") and p.count("/") >= 2}
+    )
+    prefer = "compiled"
+    if PREFERENCE_FILE in repo_files:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            path = hf_hub_download(repo_id, PREFERENCE_FILE, revision=revision)
+        except Exception as exc:
+            raise hub_error(exc, repo_id, f"download {PREFERENCE_FILE} of {where}") from exc
+        prefer = parse_preference_file(Path(path).read_text(), where=where)
+    if variant is None:
+        variant = choose_variant(offered, where=where, prefer=prefer)
+    elif variant not in offered:
+        raise BuildVariantNotFoundError(
+            f"{where} has no build variant {variant}. It offers: {', '.join(offered) or 'none'}."
+        )
+    prefix = f"build/{variant}/"
+    files = tuple(sorted(p[len(prefix) :] for p in repo_files if p.startswith(prefix)))
+    return variant, files
+
+
+def _revision_error(exc: BaseException, resolved: ResolvedRevision, doing: str) -> Exception:
+    """A listing or download at a revision failed: say whether the repo or the revision is missing."""
+    failure = hubclient.classify(exc)
+    if failure in (
+        Failure.NOT_FOUND,
+        Failure.ENTRY_NOT_FOUND,
+        Failure.REVISION_NOT_FOUND,
+        Failure.ACCESS_DENIED,
+    ):
+        # Some servers answer "repository not found" for a revision that does not exist.
+        try:
+            refs = list_refs(resolved.repo_id)
+        except KernelLoadError as repo_error:
+            return repo_error
+        branches = ", ".join(sorted(refs.branches)) or "none"
+        tags = ", ".join(sorted(refs.tags)) or "none"
+        return KernelRevisionError(
+            f"{resolved.repo_id} has no revision {resolved.revision!r}. Branches: {branches}. "
+            f"Tags: {tags}."
+        )
+    return hub_error(exc, resolved.repo_id, doing)
+
+
+def _download(resolved: ResolvedRevision, variant: str, files: tuple[str, ...]) -> FetchedKernel:
+    from huggingface_hub import snapshot_download
+
+    repo_id = resolved.repo_id
+    where = f"{repo_id} ({resolved.how})"
+    logger.debug("downloading %s, variant %s (%d files)", where, variant, len(files))
+    try:
+        snapshot = Path(
+            snapshot_download(
+                repo_id, revision=resolved.revision, allow_patterns=allow_patterns([variant])
+            )
+        )
+    except Exception as exc:
+        raise _revision_error(exc, resolved, f"download {where}") from exc
+    commit = snapshot.name
+    if resolved.commit is not None and commit != resolved.commit:
+        # The branch or tag moved between listing and downloading; what we downloaded is
+        # what it points at now.
+        logger.warning(
+            "%s moved from commit %s to %s while downloading; using %s",
+            where,
+            resolved.commit[:12],
+            commit[:12],
+            commit[:12],
+        )
+        return _fetched(resolved, snapshot, variant, None)
+    variant_dir = snapshot / "build" / variant
+    missing = [f for f in files if not (variant_dir / f).is_file()]
+    if missing:
+        # huggingface_hub 0.x answers from a partial cache when the Hub stops answering.
+        raise KernelOfflineError(
+            f"The download of {where} did not finish: {len(missing)} file(s) of variant "
+            f"{variant} are missing ({', '.join(missing[:5])}). {hubclient.offline_hint()}"
+        )
+    _mark_complete(repo_id, commit, variant, files)
+    return _fetched(resolved, snapshot, variant, files)
+
+
+def _fetched(
+    resolved: ResolvedRevision, snapshot: Path, variant: str, files: tuple[str, ...] | None
+) -> FetchedKernel:
+    repo_id = resolved.repo_id
+    package = package_name_for(repo_id)
+    variant_dir = snapshot / "build" / variant
+    name = package if (variant_dir / package / "__init__.py").is_file() else None
+    location = locate_package(snapshot, name, where=f"{repo_id} ({resolved.how})", variant=variant)
+    return FetchedKernel(repo_id, resolved, snapshot.name, variant, snapshot, location, files)
+
+
+def _fetch_from_cache(
+    resolved: ResolvedRevision, *, variant: str | None = None, reason: str
+) -> FetchedKernel:
+    """Find the variant of `resolved` in the cache, without any Hub call."""
+    from huggingface_hub import snapshot_download
+
+    repo_id = resolved.repo_id
+    revision = resolved.commit or resolved.revision
+    where = f"{repo_id} ({resolved.how})"
+    try:
+        snapshot = Path(
+            snapshot_download(
+                repo_id, revision=revision, allow_patterns=[PREFERENCE_FILE], local_files_only=True
+            )
+        )
+    except Exception as exc:
+        raise KernelOfflineError(
+            f"{where} is not in the cache ({hubclient.cache_dir()}), and the Hub cannot be "
+            f"asked: {reason}. {hubclient.offline_hint()}"
+        ) from exc
+    build = snapshot / "build"
+    cached = variants_in(p.name for p in build.iterdir() if p.is_dir()) if build.is_dir() else []
+    if variant is None:
+        try:
+            variant = choose_variant(
+                cached, where=where, prefer=read_preference(snapshot, where=where)
+            )
+        except BuildVariantNotFoundError as exc:
+            raise BuildVariantNotFoundError(
+                f"{exc} (Only the cache was asked, because {reason}: the variants listed are "
+                f"the cached ones.) {hubclient.offline_hint()}"
+            ) from None
+    elif variant not in cached:
+        raise KernelOfflineError(
+            f"{where}: variant {variant} is not in the cache (cached: {', '.join(cached) or 'none'}) "
+            f"and the Hub cannot be asked: {reason}. {hubclient.offline_hint()}"
+        )
+    _check_complete(resolved, snapshot, variant, reason)
+    return _fetched(resolved, snapshot, variant, _read_marker(repo_id, snapshot.name, variant))
+
+
+def _marker_path(repo_id: str, commit: str, variant: str) -> Path:
+    return hubclient.repo_cache_folder(repo_id) / _COMPLETE_MARKERS / commit / f"{variant}.json"
+
+
+def _mark_complete(repo_id: str, commit: str, variant: str, files: tuple[str, ...]) -> None:
+    path = _marker_path(repo_id, commit, variant)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{id(files)}.tmp")
+        tmp.write_text(json.dumps(list(files)))
+        tmp.replace(path)
+    except OSError as exc:  # a read-only cache still works; it just cannot be checked offline
+        logger.debug("could not record the complete download of %s: %s", repo_id, exc)
+
+
+def _read_marker(repo_id: str, commit: str, variant: str) -> tuple[str, ...] | None:
+    path = _marker_path(repo_id, commit, variant)
+    try:
+        return tuple(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def _check_complete(resolved: ResolvedRevision, snapshot: Path, variant: str, reason: str) -> None:
+    """Refuse a cached variant that an interrupted download left incomplete."""
+    from huggingface_hub import snapshot_download
+
+    repo_id = resolved.repo_id
+    where = f"{repo_id} ({resolved.how})"
+    advice = (
+        f"The download of {where} did not finish; variant {variant} in the cache is incomplete "
+        f"and the Hub cannot be asked ({reason}). {hubclient.offline_hint()}"
+    )
+    # huggingface_hub >= 1.x knows each commit's file list and raises when files are missing.
+    try:
+        snapshot_download(
+            repo_id,
+            revision=snapshot.name,
+            allow_patterns=allow_patterns([variant]),
+            local_files_only=True,
+        )
+    except Exception as exc:
+        raise KernelOfflineError(f"{advice} ({hubclient.describe(exc)})") from exc
+    expected = _read_marker(repo_id, snapshot.name, variant)
+    if expected is None:
+        logger.debug(
+            "%s: no record of a complete download of %s; trusting the cache", where, variant
+        )
+        return
+    variant_dir = snapshot / "build" / variant
+    missing = [f for f in expected if not (variant_dir / f).is_file()]
+    if missing:
+        raise KernelOfflineError(f"{advice} Missing: {', '.join(missing[:5])}.")
+
+
+def _check_repo_id(repo_id: object) -> None:
+    if not isinstance(repo_id, str) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id):
+        raise KernelRepositoryNotFoundError(
+            f"{repo_id!r} is not a Hub repository id; write it as 'org/name', e.g. "
+            "'kernels-community/activation'. For a folder on disk, use LocalLayerRepository or "
+            "get_local_kernel."
+        )
+
+
+__all__ = [
+    "FetchedKernel",
+    "LoadedKernel",
+    "fetch_kernel",
+    "get_kernel",
+    "has_kernel",
+    "install_kernel",
+    "load_hub_kernel",
+]

@@ -1,0 +1,642 @@
+"""Lock files: the exact commits and file hashes of a project's kernels.
+
+``kernels lock PROJECT_DIR`` resolves each ``[tool.kernels.dependencies]`` entry of the
+project's pyproject.toml to a commit and writes ``kernels.lock``, a JSON list with one entry
+per kernel::
+
+    {
+      "repo_id": "kernels-community/activation",
+      "sha": "<commit>",
+      "version": ">=0.1,<0.2",            # what pyproject.toml asked for
+      "ref": "v0.1.3",                     # the tag or branch it resolved to
+      "trust": {"trusted": true, "reason": "organisation kernels-community trusted by default"},
+      "variants": {"torch-universal": {"hash": "sha256-<hex>", "hash_type": "git_lfs_concat"}},
+      "files": {"torch-universal": {"activation/__init__.py": "git-sha1:<hex>", ...}}
+    }
+
+``variants`` is the format of Hugging Face's ``kernels`` (so either tool reads the other's
+locks): per build variant, the SHA-256 over each file's path (relative to
+``build/<variant>/``, sorted as UTF-8 bytes) followed by its digest, where the digest is the
+Git LFS SHA-256 for LFS files and the Git blob SHA-1 otherwise. ``files`` keeps every file's
+digest, so a mismatch names the file. ``version``, ``ref``, ``trust`` and ``files`` are ours;
+Hugging Face's ``kernels`` ignores them.
+
+Locked loads download exactly the locked commit, verify every file of the variant against
+the lock and only then import it: a mismatch raises `KernelHashMismatchError` naming the
+file, and nothing of that download is imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from ..errors import KernelHashMismatchError, KernelLockError, KernelMappingError
+from . import hubclient
+from .download import FetchedKernel, fetch_kernel
+from .loader import import_package
+from .project import Dependency, read_dependencies
+from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
+from .variants import VARIANT_PATTERN
+from .versions import ResolvedRevision, hub_error, resolve_revision
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = "kernels.lock"
+HASH_TYPE = "git_lfs_concat"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class VariantLock:
+    """The combined hash of one build variant's files."""
+
+    hash: str
+    hash_type: str = HASH_TYPE
+
+
+@dataclass(frozen=True)
+class KernelLock:
+    """One kernel in a lock file."""
+
+    repo_id: str
+    sha: str
+    variants: dict[str, VariantLock]
+    version: str | int | None = None
+    ref: str | None = None
+    trust: dict | None = None
+    #: variant -> path inside ``build/<variant>/`` -> ``git-sha1:<hex>`` or ``sha256:<hex>``.
+    files: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: object, *, where: str) -> KernelLock:
+        if not isinstance(data, dict):
+            raise KernelLockError(f"{where}: each entry must be an object, got {data!r}.")
+        try:
+            repo_id, sha = data["repo_id"], data["sha"]
+            variants = {
+                name: VariantLock(lock["hash"], lock.get("hash_type", HASH_TYPE))
+                for name, lock in data["variants"].items()
+            }
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise KernelLockError(
+                f"{where}: an entry lacks {exc} or is malformed; each needs repo_id, sha and "
+                "variants. Re-create the lock with `kernels lock PROJECT_DIR`."
+            ) from None
+        if not hubclient.COMMIT_PATTERN.match(str(sha)):
+            raise KernelLockError(f"{where}: {repo_id} is locked to {sha!r}, not a commit hash.")
+        for name, lock in variants.items():
+            if lock.hash_type != HASH_TYPE:
+                raise KernelLockError(
+                    f"{where}: {repo_id} variant {name} has hash_type {lock.hash_type!r}; this "
+                    f"version of kernels knows {HASH_TYPE!r}."
+                )
+        return cls(
+            repo_id=repo_id,
+            sha=sha,
+            variants=variants,
+            version=data.get("version"),
+            ref=data.get("ref"),
+            trust=data.get("trust"),
+            files=data.get("files") or {},
+        )
+
+    def to_json(self) -> dict:
+        data: dict = {"repo_id": self.repo_id, "sha": self.sha}
+        if self.version is not None:
+            data["version"] = self.version
+        if self.ref is not None:
+            data["ref"] = self.ref
+        if self.trust is not None:
+            data["trust"] = self.trust
+        data["variants"] = {
+            name: {"hash": lock.hash, "hash_type": lock.hash_type}
+            for name, lock in sorted(self.variants.items())
+        }
+        if self.files:
+            data["files"] = {v: dict(sorted(f.items())) for v, f in sorted(self.files.items())}
+        return data
+
+
+# --- hashing -------------------------------------------------------------------------------
+
+
+def combined_hash(digests: Mapping[str, str]) -> str:
+    """The `HASH_TYPE` hash of a variant from its files' digests (path -> ``kind:hex``)."""
+    m = hashlib.sha256()
+    for path in sorted(digests, key=lambda p: p.encode()):
+        m.update(path.encode())
+        m.update(bytes.fromhex(digests[path].split(":", 1)[1]))
+    return f"sha256-{m.hexdigest()}"
+
+
+def file_digest(path: Path, kind: str) -> str:
+    """``git-sha1:<hex>`` (the Git blob id) or ``sha256:<hex>`` of a file's contents."""
+    if kind == "git-sha1":
+        m = hashlib.sha1()
+        m.update(f"blob {path.stat().st_size}\0".encode())
+    elif kind == "sha256":
+        m = hashlib.sha256()
+    else:
+        raise KernelLockError(f"Unknown file digest kind {kind!r}.")
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            m.update(chunk)
+    return f"{kind}:{m.hexdigest()}"
+
+
+def _files_on_disk(variant_dir: Path) -> list[str]:
+    """The files of a variant folder, without the bytecode Python writes when importing."""
+    found = []
+    for root, dirs, names in os.walk(variant_dir):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in names:
+            found.append((Path(root) / name).relative_to(variant_dir).as_posix())
+    return sorted(found)
+
+
+_verified: set[tuple[Path, str]] = set()
+_verified_lock = threading.Lock()
+
+
+def verify_variant(
+    fetched: FetchedKernel,
+    variants: Mapping[str, object],
+    *,
+    files: Mapping[str, Mapping[str, str]] | None,
+    where: str = "the lock",
+) -> None:
+    """Check the downloaded variant's files against a lock before anything imports them.
+
+    Raises:
+        KernelLockError: the lock has no hash for this variant.
+        KernelHashMismatchError: a file is missing, extra or different; the message names it.
+    """
+    repo_id, variant = fetched.repo_id, fetched.variant
+    lock = variants.get(variant)
+    if lock is None:
+        raise KernelLockError(
+            f"{where} has no hash for variant {variant} of {repo_id} (it locks "
+            f"{', '.join(sorted(variants)) or 'no variants'}). Re-run `kernels lock` with a "
+            "kernel version that has this variant."
+        )
+    expected_hash = lock.hash if isinstance(lock, VariantLock) else lock["hash"]  # type: ignore[index]
+    variant_dir = fetched.variant_dir
+    key = (variant_dir.resolve(), expected_hash)
+    with _verified_lock:
+        if key in _verified:
+            return
+
+    on_disk = _files_on_disk(variant_dir)
+    expected = (files or {}).get(variant)
+    problem = f"{repo_id} at {fetched.commit[:12]}, variant {variant}, does not match {where}"
+    if expected:
+        for rel in sorted(set(expected) | set(on_disk)):
+            shown = f"build/{variant}/{rel}"
+            if rel not in on_disk:
+                raise KernelHashMismatchError(
+                    f"{problem}: file {shown} is missing from the download ({variant_dir}). "
+                    "Nothing was imported."
+                )
+            if rel not in expected:
+                raise KernelHashMismatchError(
+                    f"{problem}: file {shown} is not in the lock. Nothing was imported."
+                )
+            kind = expected[rel].split(":", 1)[0]
+            actual = file_digest(variant_dir / rel, kind)
+            if actual != expected[rel]:
+                raise KernelHashMismatchError(
+                    f"{problem}: file {shown} has {actual}, the lock records {expected[rel]}. "
+                    "Nothing was imported. If the kernel changed legitimately, re-run "
+                    "`kernels lock`; otherwise the download or the cache was tampered with."
+                )
+        if combined_hash(expected) != expected_hash:
+            raise KernelLockError(
+                f"{where} is inconsistent for {repo_id} variant {variant}: its file digests do "
+                "not add up to its variant hash. Re-create it with `kernels lock`."
+            )
+    else:
+        # A lock without per-file digests (e.g. written by Hugging Face's kernels): compare
+        # the combined hash, telling LFS files (SHA-256 blob names) from Git blobs in the cache.
+        digests = {
+            rel: file_digest(variant_dir / rel, _blob_kind(variant_dir / rel)) for rel in on_disk
+        }
+        actual_hash = combined_hash(digests)
+        if actual_hash != expected_hash:
+            raise KernelHashMismatchError(
+                f"{problem}: its files hash to {actual_hash}, the lock records {expected_hash}. "
+                f"The lock has no per-file digests, so the file cannot be named; files: "
+                f"{', '.join(on_disk)}. Nothing was imported."
+            )
+    with _verified_lock:
+        _verified.add(key)
+
+
+def _blob_kind(path: Path) -> str:
+    target = path.resolve().name if path.is_symlink() else ""
+    return "sha256" if len(target) == 64 else "git-sha1"
+
+
+# --- reading and writing locks ---------------------------------------------------------------
+
+
+def read_lockfile(path: Path) -> list[KernelLock]:
+    """The entries of a lock file.
+
+    Raises:
+        KernelLockError: it does not exist or is malformed.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise KernelLockError(
+            f"Cannot read lock file {path} ({exc.strerror or exc}). Create it with "
+            "`kernels lock PROJECT_DIR`."
+        ) from exc
+    return parse_lock(text, where=str(path))
+
+
+def parse_lock(text: str, *, where: str) -> list[KernelLock]:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise KernelLockError(f"{where} is not JSON: {exc}") from exc
+    if not isinstance(data, list):
+        raise KernelLockError(f"{where} must hold a JSON list of locked kernels.")
+    return [KernelLock.from_json(entry, where=where) for entry in data]
+
+
+def write_lockfile(path: Path, locks: Iterable[KernelLock]) -> None:
+    text = json.dumps([lock.to_json() for lock in locks], indent=2) + "\n"
+    tmp = Path(path).with_suffix(".lock.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def lock_dependency(dependency: Dependency) -> KernelLock:
+    """Resolve one dependency to a commit and hash every variant's files (no download).
+
+    The file digests come from the Hub's file listing (Git blob ids, LFS SHA-256).
+
+    Raises:
+        UntrustedKernelError: the dependency's organisation is not trusted (the lock would
+            otherwise carry code nobody agreed to run).
+        and the errors of `resolve_revision`.
+    """
+    repo_id = dependency.repo_id
+    trust = require_trust(repo_id, dependency.trust_remote_code)
+    resolved = resolve_revision(repo_id, revision=dependency.revision, version=dependency.version)
+    commit = resolved.commit
+    api = hubclient.hub_api()
+    try:
+        if commit is None:
+            commit = api.repo_info(repo_id, revision=resolved.revision).sha
+        entries = list(
+            api.list_repo_tree(repo_id, revision=commit, path_in_repo="build", recursive=True)
+        )
+    except Exception as exc:
+        raise hub_error(exc, repo_id, f"list the files of {repo_id} at {commit}") from exc
+    files: dict[str, dict[str, str]] = {}
+    for entry in entries:
+        blob_id = getattr(entry, "blob_id", None)
+        if blob_id is None:  # a folder
+            continue
+        parts = entry.path.split("/")
+        if len(parts) < 3 or not VARIANT_PATTERN.match(parts[1]):
+            continue
+        lfs = getattr(entry, "lfs", None)
+        lfs_sha = getattr(lfs, "sha256", None) or (
+            lfs.get("sha256") if isinstance(lfs, dict) else None
+        )
+        digest = f"sha256:{lfs_sha}" if lfs_sha else f"git-sha1:{blob_id}"
+        files.setdefault(parts[1], {})["/".join(parts[2:])] = digest
+    if not files:
+        raise KernelLockError(
+            f"{repo_id} ({resolved.how}) has no build variants (no build/<variant>/ files); "
+            "it is not a kernel repository."
+        )
+    return KernelLock(
+        repo_id=repo_id,
+        sha=commit,
+        variants={v: VariantLock(combined_hash(f)) for v, f in files.items()},
+        version=dependency.version if dependency.revision is None else None,
+        ref=resolved.revision if resolved.revision != commit else None,
+        trust=trust.as_json(),
+        files=files,
+    )
+
+
+def lock_project(project_dir: Path) -> tuple[Path, list[KernelLock]]:
+    """Resolve every kernel in ``[tool.kernels.dependencies]`` and write ``kernels.lock``."""
+    project_dir = Path(project_dir)
+    locks = [lock_dependency(dep) for dep in read_dependencies(project_dir)]
+    path = project_dir / LOCK_FILE
+    write_lockfile(path, locks)
+    return path, locks
+
+
+# --- loading locked kernels ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LockSource:
+    """Where a lock came from: a file, or a distribution's metadata."""
+
+    description: str
+    locks: tuple[KernelLock, ...]
+
+    def find(self, repo_id: str) -> KernelLock:
+        for lock in self.locks:
+            if lock.repo_id == repo_id:
+                return lock
+        listed = ", ".join(lock.repo_id for lock in self.locks) or "nothing"
+        raise KernelLockError(
+            f"{repo_id} is not locked in {self.description} (it locks {listed}). Add it to "
+            "[tool.kernels.dependencies] in pyproject.toml and run `kernels lock PROJECT_DIR`."
+        )
+
+
+def lock_source(lockfile: str | os.PathLike[str] | None, *, caller: str | None) -> LockSource:
+    """The lock to use: `lockfile` when given, else the calling package's.
+
+    The calling package's lock is the ``kernels.lock`` in its distribution's metadata (how
+    Hugging Face's kernels ships locks in wheels), else the nearest ``kernels.lock`` beside a
+    pyproject.toml above the calling module's file (a source checkout).
+    """
+    if lockfile is not None:
+        path = Path(lockfile)
+        return LockSource(f"lock file {path}", tuple(read_lockfile(path)))
+    if caller is None:
+        raise KernelLockError(
+            "Cannot tell which package is asking for a locked kernel; pass lockfile=... "
+            "(the path of kernels.lock)."
+        )
+    module = sys.modules.get(caller)
+    top = caller.split(".")[0]
+    for dist_name in importlib.metadata.packages_distributions().get(top, []):
+        try:
+            text = importlib.metadata.distribution(dist_name).read_text(LOCK_FILE)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if text is not None:
+            where = f"the {LOCK_FILE} of distribution {dist_name}"
+            return LockSource(where, tuple(parse_lock(text, where=where)))
+    source_file = getattr(module, "__file__", None)
+    if source_file:
+        for folder in Path(source_file).resolve().parents:
+            candidate = folder / LOCK_FILE
+            if candidate.is_file():
+                return LockSource(f"lock file {candidate}", tuple(read_lockfile(candidate)))
+            if (folder / "pyproject.toml").is_file():
+                break
+    raise KernelLockError(
+        f"No {LOCK_FILE} found for {caller}: its distribution's metadata has none, and there is "
+        f"none beside the pyproject.toml above {source_file or 'it'}. Run `kernels lock "
+        "PROJECT_DIR` (and reinstall the project), or pass lockfile=..."
+    )
+
+
+def calling_module() -> str | None:
+    """The name of the first module on the stack outside the `kernels` package."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            name = frame.f_globals.get("__name__")
+            if name and name != "kernels" and not name.startswith("kernels."):
+                return name
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+def _locked_trust(
+    lock: KernelLock, source: LockSource, trust_remote_code: TrustArgument
+) -> TrustDecision:
+    recorded = lock.trust or {}
+    if recorded.get("trusted") is True:
+        decision = TrustDecision(
+            lock.repo_id,
+            True,
+            f"trusted when locked ({recorded.get('reason', 'no reason recorded')}), per "
+            f"{source.description}",
+        )
+        logger.info("Trusting kernel code from %s: %s", lock.repo_id, decision.reason)
+        return decision
+    return require_trust(lock.repo_id, trust_remote_code)
+
+
+def _load_locked(
+    repo_id: str,
+    source: LockSource,
+    *,
+    local_files_only: bool,
+    trust_remote_code: TrustArgument,
+):
+    from .download import LoadedKernel
+
+    lock = source.find(repo_id)
+    trust = _locked_trust(lock, source, trust_remote_code)
+    resolved = ResolvedRevision(repo_id, lock.sha, lock.sha, f"locked commit {lock.sha[:12]}")
+    fetched = fetch_kernel(resolved, local_files_only=local_files_only)
+    verify_variant(fetched, lock.variants, files=lock.files, where=source.description)
+    module = import_package(fetched.location.package_dir, fetched.location.package_name)
+    loaded = LoadedKernel(module, fetched, trust)
+    logger.info("Loaded locked kernel %s (verified); %s", loaded.describe(), trust.reason)
+    return loaded
+
+
+def load_kernel(
+    repo_id: str,
+    *,
+    lockfile: str | os.PathLike[str] | None = None,
+    trust_remote_code: bool | list[str] = False,
+) -> ModuleType:
+    """Import a locked kernel that is already in the cache (no Hub call).
+
+    Use after ``kernels download PROJECT_DIR``, e.g. offline or in CI. The files are
+    verified against the lock before they are imported.
+
+    Args:
+        repo_id: the Hub repository, as listed in the lock.
+        lockfile: the ``kernels.lock`` to read; by default the calling package's.
+        trust_remote_code: needed only when the lock does not record the kernel as trusted.
+
+    Example:
+        ```python
+        from kernels import load_kernel
+
+        activation = load_kernel("kernels-community/activation", lockfile="kernels.lock")
+        ```
+    """
+    source = lock_source(lockfile, caller=calling_module() if lockfile is None else None)
+    return _load_locked(
+        repo_id,
+        source,
+        local_files_only=True,
+        trust_remote_code=normalize_trust(trust_remote_code),
+    ).module
+
+
+def get_locked_kernel(
+    repo_id: str,
+    local_files_only: bool = False,
+    *,
+    lockfile: str | os.PathLike[str] | None = None,
+    trust_remote_code: bool | list[str] = False,
+) -> ModuleType:
+    """Download (if needed), verify and import the locked commit of a kernel.
+
+    Args:
+        repo_id: the Hub repository, as listed in the lock.
+        local_files_only: only use the cache, as `load_kernel` does.
+        lockfile: the ``kernels.lock`` to read; by default the calling package's.
+        trust_remote_code: needed only when the lock does not record the kernel as trusted.
+    """
+    source = lock_source(lockfile, caller=calling_module() if lockfile is None else None)
+    return _load_locked(
+        repo_id,
+        source,
+        local_files_only=local_files_only,
+        trust_remote_code=normalize_trust(trust_remote_code),
+    ).module
+
+
+def download_locked(
+    project_dir: Path, *, all_variants: bool = False
+) -> list[tuple[KernelLock, list[FetchedKernel]]]:
+    """Download and verify every kernel in ``PROJECT_DIR/kernels.lock``.
+
+    Args:
+        all_variants: download every locked variant, not only the one this machine runs.
+    """
+    path = Path(project_dir) / LOCK_FILE
+    source = LockSource(f"lock file {path}", tuple(read_lockfile(path)))
+    done = []
+    for lock in source.locks:
+        trust = _locked_trust(lock, source, False)
+        resolved = ResolvedRevision(
+            lock.repo_id, lock.sha, lock.sha, f"locked commit {lock.sha[:12]}"
+        )
+        variants = sorted(lock.variants) if all_variants else [None]
+        fetched_all = []
+        for variant in variants:
+            fetched = fetch_kernel(resolved, variant=variant)
+            verify_variant(fetched, lock.variants, files=lock.files, where=source.description)
+            fetched_all.append(fetched)
+        logger.info(
+            "Downloaded %s at %s (%s); %s",
+            lock.repo_id,
+            lock.sha[:12],
+            ", ".join(f.variant for f in fetched_all),
+            trust.reason,
+        )
+        done.append((lock, fetched_all))
+    return done
+
+
+@dataclass(frozen=True)
+class LockedLayerRepository:
+    """A kernel layer from the commit of a Hub kernel that a lock file pins.
+
+    The files are downloaded if needed and verified against the lock before import.
+
+    Args:
+        repo_id: the Hub repository, as listed in the lock.
+        layer_name: the class in the kernel package's ``layers`` module.
+        lockfile: the ``kernels.lock`` to read. By default, the lock of the package that
+            creates this repository (its distribution's metadata, else the ``kernels.lock``
+            beside its source checkout's pyproject.toml).
+        trust_remote_code: needed only when the lock does not record the kernel as trusted.
+
+    Example:
+        ```python
+        from kernels import LockedLayerRepository
+
+        repo = LockedLayerRepository("kernels-community/activation", layer_name="SiluAndMul")
+        ```
+    """
+
+    repo_id: str
+    layer_name: str = field(kw_only=True)
+    lockfile: Path | None = field(default=None, kw_only=True)
+    trust_remote_code: bool | tuple[str, ...] = field(default=False, kw_only=True)
+    _caller: str | None = field(default=None, init=False, repr=False, compare=False)
+    _loaded: object = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.repo_id, str) or "/" not in self.repo_id:
+            raise KernelMappingError(
+                f"LockedLayerRepository needs a Hub repository id 'org/name', got {self.repo_id!r}."
+            )
+        if self.lockfile is not None:
+            object.__setattr__(self, "lockfile", Path(self.lockfile))
+        else:
+            object.__setattr__(self, "_caller", calling_module())
+        object.__setattr__(self, "trust_remote_code", normalize_trust(self.trust_remote_code))
+
+    def load(self) -> ModuleType:
+        """Download (if needed), verify and import the locked kernel; once per instance."""
+        with _repo_lock:
+            if self._loaded is None:
+                source = lock_source(self.lockfile, caller=self._caller)
+                loaded = _load_locked(
+                    self.repo_id,
+                    source,
+                    local_files_only=False,
+                    trust_remote_code=self.trust_remote_code,
+                )
+                object.__setattr__(self, "_loaded", loaded)
+            return self._loaded.module  # type: ignore[attr-defined]
+
+    def __deepcopy__(self, memo: dict) -> LockedLayerRepository:
+        return self
+
+    def __str__(self) -> str:
+        source = f"lock file {self.lockfile}" if self.lockfile else f"the lock of {self._caller}"
+        text = f"{self.repo_id} (locked by {source})"
+        loaded = self._loaded
+        if loaded is not None:
+            fetched = loaded.fetched  # type: ignore[attr-defined]
+            text += (
+                f" -> commit {fetched.commit[:12]}, variant {fetched.variant}, verified; "
+                f"{loaded.trust.reason}"  # type: ignore[attr-defined]
+            )
+        return f"{text}, layer {self.layer_name}"
+
+
+_repo_lock = threading.Lock()
+
+
+def write_egg_lockfile(cmd, basename, filename) -> None:
+    """setuptools ``egg_info.writers`` hook: ship a project's kernels.lock in its metadata.
+
+    Registered by our own pyproject.toml (``[project.entry-points."egg_info.writers"]``), it
+    runs when setuptools builds any project whose build environment has `kernels`
+    installed, and copies that project's ``kernels.lock`` into its ``.egg-info`` / wheel
+    metadata, where `load_kernel` finds it.
+    """
+    lock = Path.cwd() / LOCK_FILE
+    cmd.write_or_delete_file(basename, filename, lock.read_text() if lock.is_file() else None)
+
+
+__all__ = [
+    "KernelLock",
+    "LockedLayerRepository",
+    "VariantLock",
+    "download_locked",
+    "get_locked_kernel",
+    "load_kernel",
+    "lock_project",
+]

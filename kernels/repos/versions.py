@@ -1,0 +1,343 @@
+"""Which commit of a Hub kernel repository a `revision` or `version` means.
+
+* ``version="<PEP 440 specifier>"``: the highest tag ``v<major>.<minor>.<patch>`` (optionally
+  with a pre-release, post-release or dev suffix, e.g. ``v0.2.0rc1``) that satisfies it. Other
+  tags are ignored; pre-releases count only when the specifier names one (``>=0.2.0rc1``).
+* ``version=N`` (an int): the branch ``vN``, the convention of newer Hub kernels.
+* ``revision``: a branch, tag or full commit hash, taken as is.
+* neither: the ``main`` branch, with a WARNING that the kernel is unpinned.
+
+Online, tags and branches come from huggingface_hub's ``list_repo_refs``. Offline
+(``HF_HUB_OFFLINE=1``) or when the Hub cannot be reached, the answer comes from the refs
+huggingface_hub cached when it last downloaded by a tag or branch name.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from ..errors import (
+    KernelDownloadError,
+    KernelOfflineError,
+    KernelRepositoryNotFoundError,
+    KernelRevisionError,
+    KernelVersionSpecError,
+)
+from . import hubclient
+from .hubclient import COMMIT_PATTERN, Failure
+
+logger = logging.getLogger(__name__)
+
+#: Tags that are versions: ``v`` + major.minor.patch, optionally followed by a PEP 440
+#: pre-, post- or dev-release suffix (``v1.2.3``, ``v1.2.3rc1``, ``v1.2.3.post1``).
+VERSION_TAG_PATTERN = re.compile(
+    r"^v(\d+\.\d+\.\d+(?:[-_.]?(?:a|b|rc|alpha|beta|c|pre|preview|post|dev)[-_.]?\d*)*)$"
+)
+
+
+@dataclass(frozen=True)
+class RepoRefs:
+    """The branches and tags of a repository, each with its commit."""
+
+    branches: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def versions(self) -> dict[Version, str]:
+        """Version tags by version (the highest tag name wins when two spell one version)."""
+        found: dict[Version, str] = {}
+        for name in sorted(self.tags):
+            version = parse_version_tag(name)
+            if version is not None:
+                found[version] = name
+        return found
+
+    def version_branches(self) -> dict[int, str]:
+        """Branches named ``v<N>``, by N."""
+        return {int(name[1:]): name for name in self.branches if re.fullmatch(r"v\d+", name)}
+
+
+@dataclass(frozen=True)
+class ResolvedRevision:
+    """What to download: a branch, tag or commit name, and the commit it stands for."""
+
+    repo_id: str
+    #: The name to download by: a tag or branch (so the cache records it for offline use)
+    #: or a commit hash.
+    revision: str
+    #: The commit, when known before downloading (None only offline for a branch or tag
+    #: that the cache resolves while downloading).
+    commit: str | None
+    #: How the revision was chosen, for logs and errors, e.g. "tag v0.1.2, the highest
+    #: version satisfying >=0.1,<0.2".
+    how: str
+    #: True when the answer came from the cache because the Hub was off limits.
+    from_cache: bool = False
+
+
+def parse_version_tag(name: str) -> Version | None:
+    """The version a tag like ``v1.2.3`` names, or None when the tag is not a version."""
+    match = VERSION_TAG_PATTERN.match(name)
+    if match is None:
+        return None
+    try:
+        version = Version(match.group(1))
+    except InvalidVersion:
+        return None
+    return None if version.local else version
+
+
+def check_version_argument(version: object, *, repo_id: str) -> SpecifierSet | int | None:
+    """Validate a `version` argument: None, an int N >= 0, or a PEP 440 specifier string.
+
+    Raises:
+        KernelVersionSpecError: anything else, including a malformed specifier.
+    """
+    if version is None:
+        return None
+    if isinstance(version, bool) or not isinstance(version, (int, str)):
+        raise KernelVersionSpecError(
+            f"{repo_id}: version must be a PEP 440 specifier string such as '>=0.1,<0.2' or an "
+            f"int N for the branch vN, got {version!r}."
+        )
+    if isinstance(version, int):
+        if version < 0:
+            raise KernelVersionSpecError(
+                f"{repo_id}: version={version} names no branch; an int version N means the "
+                "branch vN and must be 0 or more."
+            )
+        return version
+    if not version.strip():
+        raise KernelVersionSpecError(
+            f"{repo_id}: version is an empty string; give a specifier such as '>=0.1,<0.2', or "
+            "version=None to follow main."
+        )
+    try:
+        return SpecifierSet(version)
+    except InvalidSpecifier:
+        hint = ""
+        try:
+            bare = Version(version.strip().lstrip("v"))
+            hint = f" For exactly that version write '=={bare}', for its patch releases '~={bare}'."
+        except InvalidVersion:
+            pass
+        raise KernelVersionSpecError(
+            f"{repo_id}: version={version!r} is not a PEP 440 version specifier; write bounds "
+            f"such as '>=0.1,<0.2' or '==0.1.*'.{hint}"
+        ) from None
+
+
+def list_refs(repo_id: str) -> RepoRefs:
+    """Branches and tags of `repo_id` on the Hub (one ``list_repo_refs`` call).
+
+    Raises:
+        KernelRepositoryNotFoundError: the repository does not exist or is not accessible.
+        KernelOfflineError: offline mode, or the Hub cannot be reached.
+        KernelDownloadError: any other failure.
+    """
+    if hubclient.is_offline():
+        error = KernelOfflineError(
+            f"Cannot list the versions of {repo_id}: HF_HUB_OFFLINE is set. {hubclient.offline_hint()}"
+        )
+        error.reason = "HF_HUB_OFFLINE is set, so the Hub is not asked."
+        raise error
+    try:
+        refs = hubclient.hub_api().list_repo_refs(repo_id)
+    except Exception as exc:
+        raise hub_error(exc, repo_id, f"list the branches and tags of {repo_id}") from exc
+    return RepoRefs(
+        branches={b.name: b.target_commit for b in refs.branches},
+        tags={t.name: t.target_commit for t in refs.tags},
+    )
+
+
+def hub_error(exc: BaseException, repo_id: str, doing: str) -> Exception:
+    """Turn a huggingface_hub exception into the `kernels` error that says what to do.
+
+    `doing` completes "while trying to ...", e.g. "download org/name at v0.1.0".
+    """
+    failure = hubclient.classify(exc)
+    where = hubclient.endpoint()
+    if failure in (Failure.NOT_FOUND, Failure.ENTRY_NOT_FOUND):
+        # A 404 from a repository-level call: some servers (olah) do not say "repository".
+        return KernelRepositoryNotFoundError(
+            f"Kernel repository {repo_id} was not found on {where} (while trying to {doing}). "
+            "Check the repository id; if it is private or gated, log in with `hf auth login` or "
+            "set HF_TOKEN."
+        )
+    if failure is Failure.ACCESS_DENIED:
+        return KernelRepositoryNotFoundError(
+            f"Access to kernel repository {repo_id} on {where} was denied (while trying to "
+            f"{doing}): it is private or gated. Log in with `hf auth login` or set HF_TOKEN to "
+            f"a token that may read it. ({hubclient.describe(exc)})"
+        )
+    if failure is Failure.UNREACHABLE:
+        reason = f"{where} cannot be reached ({hubclient.describe(exc)})."
+        error = KernelOfflineError(
+            f"Could not {doing}: {reason} The cache cannot answer either. "
+            f"{hubclient.offline_hint()}"
+        )
+        error.reason = reason
+        return error
+    return KernelDownloadError(f"Could not {doing} on {where}: {hubclient.describe(exc)}")
+
+
+def resolve_revision(
+    repo_id: str, *, revision: str | None = None, version: str | int | None = None
+) -> ResolvedRevision:
+    """Decide which branch, tag or commit of `repo_id` to load.
+
+    Raises:
+        KernelVersionSpecError: both `revision` and `version`, or a malformed `version`.
+        KernelRevisionError: nothing matches; the message lists the versions and branches
+            that exist.
+        KernelRepositoryNotFoundError, KernelOfflineError, KernelDownloadError: as `list_refs`.
+    """
+    if revision is not None and version is not None:
+        raise KernelVersionSpecError(
+            f"{repo_id}: got both revision={revision!r} and version={version!r}; give one of them."
+        )
+    wanted = check_version_argument(version, repo_id=repo_id)
+    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
+        raise KernelRevisionError(
+            f"{repo_id}: revision must be a branch, tag or commit name, got {revision!r}."
+        )
+    if revision is None and wanted is None:
+        logger.warning(
+            "Kernel %s is unpinned: loading the main branch, which its authors may change "
+            "incompatibly at any time. Pin it with version='>=X.Y,<X.Z' (or revision=...).",
+            repo_id,
+        )
+        revision = "main"
+
+    if revision is not None and COMMIT_PATTERN.match(revision):
+        # A commit is immutable: nothing to resolve, and no Hub call needed.
+        return ResolvedRevision(repo_id, revision, revision, f"commit {revision}")
+
+    try:
+        refs = list_refs(repo_id)
+    except KernelOfflineError as offline:
+        return _resolve_from_cache(repo_id, revision, wanted, offline)
+    return _resolve(repo_id, revision, wanted, refs)
+
+
+def _resolve(
+    repo_id: str, revision: str | None, wanted: SpecifierSet | int | None, refs: RepoRefs
+) -> ResolvedRevision:
+    if revision is not None:
+        if revision in refs.branches:
+            return ResolvedRevision(
+                repo_id, revision, refs.branches[revision], f"branch {revision}"
+            )
+        if revision in refs.tags:
+            return ResolvedRevision(repo_id, revision, refs.tags[revision], f"tag {revision}")
+        raise KernelRevisionError(
+            f"{repo_id} has no branch or tag named {revision!r}. {_what_exists(refs)} A "
+            "commit must be given as its full 40-character hash."
+        )
+    if isinstance(wanted, int):
+        branch = f"v{wanted}"
+        if branch not in refs.branches:
+            raise KernelRevisionError(
+                f"{repo_id} has no branch {branch} (version={wanted} selects the branch "
+                f"v{wanted}). {_what_exists(refs)}"
+            )
+        return ResolvedRevision(repo_id, branch, refs.branches[branch], f"branch {branch}")
+
+    assert isinstance(wanted, SpecifierSet)
+    versions = refs.versions()
+    best = best_version(versions, wanted)
+    if best is None:
+        raise KernelRevisionError(
+            f"No version of {repo_id} satisfies {str(wanted)!r}. {_what_exists(refs)}"
+            + _prerelease_hint(versions, wanted)
+        )
+    tag = versions[best]
+    return ResolvedRevision(
+        repo_id, tag, refs.tags[tag], f"tag {tag}, the highest version satisfying {str(wanted)!r}"
+    )
+
+
+def best_version(versions: dict[Version, str], wanted: SpecifierSet) -> Version | None:
+    """The highest of `versions` that satisfies `wanted`; pre-releases only when it names one."""
+    allowed = list(wanted.filter(versions, prereleases=bool(wanted.prereleases)))
+    return max(allowed) if allowed else None
+
+
+def _prerelease_hint(versions: dict[Version, str], wanted: SpecifierSet) -> str:
+    if any(wanted.contains(v, prereleases=True) for v in versions if v.is_prerelease):
+        return (
+            " Pre-releases satisfy it, but are only chosen when the specifier names one "
+            "(e.g. '>=0.2.0rc1')."
+        )
+    return ""
+
+
+def _what_exists(refs: RepoRefs) -> str:
+    versions = sorted(refs.versions())
+    shown = ", ".join(str(v) for v in versions) or "none"
+    branches = ", ".join(sorted(refs.branches)) or "none"
+    other_tags = sorted(t for t in refs.tags if parse_version_tag(t) is None)
+    others = f" Other tags: {', '.join(other_tags)}." if other_tags else ""
+    return f"Versions (tags v<x.y.z>): {shown}. Branches: {branches}.{others}"
+
+
+def _resolve_from_cache(
+    repo_id: str,
+    revision: str | None,
+    wanted: SpecifierSet | int | None,
+    offline: KernelOfflineError,
+) -> ResolvedRevision:
+    """Answer from the refs huggingface_hub cached, when the Hub is off limits."""
+    cached = hubclient.cached_refs(repo_id)
+    reason = getattr(offline, "reason", str(offline))
+    name = revision if revision is not None else f"v{wanted}" if isinstance(wanted, int) else None
+    if name is not None:
+        if name in cached:
+            logger.info(
+                "%s: the Hub is off limits; using the cached %s -> %s",
+                repo_id,
+                name,
+                cached[name][:12],
+            )
+            return ResolvedRevision(
+                repo_id, name, cached[name], f"{name} (resolved from the cache)", from_cache=True
+            )
+        raise KernelOfflineError(
+            f"{reason} The cache has never resolved {name!r} of {repo_id}"
+            f"{_cached_names(cached)}. {hubclient.offline_hint()}"
+        )
+
+    assert isinstance(wanted, SpecifierSet)
+    versions = {v: n for n in sorted(cached) if (v := parse_version_tag(n)) is not None}
+    best = best_version(versions, wanted)
+    if best is None:
+        raise KernelOfflineError(
+            f"{reason} No version of {repo_id} satisfying {str(wanted)!r} is in "
+            f"the cache{_cached_names(cached)}. {hubclient.offline_hint()}"
+        )
+    tag = versions[best]
+    logger.warning(
+        "%s: the Hub is off limits; using %s, the highest cached version satisfying %r "
+        "(a newer one may exist on the Hub)",
+        repo_id,
+        tag,
+        str(wanted),
+    )
+    return ResolvedRevision(
+        repo_id,
+        tag,
+        cached[tag],
+        f"tag {tag}, the highest cached version satisfying {str(wanted)!r}",
+        from_cache=True,
+    )
+
+
+def _cached_names(cached: dict[str, str]) -> str:
+    if not cached:
+        return " (nothing of it is cached)"
+    return f" (cached: {', '.join(sorted(cached))})"

@@ -1,0 +1,437 @@
+"""A real Hub-compatible server for the Hub tests: olah, serving git repositories we create.
+
+Kernel repositories are made as git repositories (commits, tags, branches) under
+``<session tmp>/mirrors/models/<org>/<name>``; olah (see ../../shared/HUB-TESTING.md) serves
+them to huggingface_hub over HTTP on 127.0.0.1. Between the client and olah sits `Proxy`, a
+plain TCP relay the tests can stop, restart or make drop a connection mid-transfer, to
+test an unreachable Hub and interrupted downloads. Nothing of huggingface_hub is mocked.
+
+The session gets its own HF_HUB_CACHE and kernels configuration. They are set when this
+file is imported, before anything imports huggingface_hub, which reads them once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_OLAH = REPO_ROOT / ".venv-hub" / "bin" / "olah-cli"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SESSION_DIR = Path(tempfile.mkdtemp(prefix="kernels-hub-tests-"))
+MIRRORS = SESSION_DIR / "mirrors"
+HF_CACHE = SESSION_DIR / "hf-cache"
+OLAH_PORT = _free_port()
+PROXY_PORT = _free_port()
+ENDPOINT = f"http://127.0.0.1:{PROXY_PORT}"
+
+_SESSION_ENV = {
+    "HF_ENDPOINT": ENDPOINT,
+    "HF_HUB_CACHE": str(HF_CACHE),
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_ETAG_TIMEOUT": "5",
+    "HF_HUB_DOWNLOAD_TIMEOUT": "5",
+    # The user's own kernels configuration must not change what the tests see.
+    "KERNELS_CONFIG": str(SESSION_DIR / "no-config.yaml"),
+}
+(SESSION_DIR / "no-config.yaml").write_text("# the Hub tests' (empty) kernels configuration\n")
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "KERNELS_TRUSTED_ORGS"):
+    os.environ.pop(_name, None)
+os.environ.update(_SESSION_ENV)
+
+if "huggingface_hub" in sys.modules:  # pragma: no cover - depends on collection order
+    from huggingface_hub import constants as _constants
+
+    if _constants.ENDPOINT != ENDPOINT:
+        raise RuntimeError(
+            "huggingface_hub was imported before tests/hub/conftest.py could point it at the "
+            "test server; run the Hub tests in their own pytest process (pytest tests/hub)."
+        )
+
+
+class Proxy:
+    """A TCP relay from 127.0.0.1:`port` to the olah server that tests can break.
+
+    `stop()` closes the port and every open connection (the server is gone), `start()`
+    opens it again, and `cut_after(n)` lets the next responses through until one
+    connection has relayed `n` bytes from the server, then stops as if the server died.
+    """
+
+    def __init__(self, port: int, upstream_port: int):
+        self.port = port
+        self.upstream_port = upstream_port
+        self._listener: socket.socket | None = None
+        self._connections: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._cut_after: int | None = None
+        self.cuts = 0
+
+    @property
+    def running(self) -> bool:
+        return self._listener is not None
+
+    def start(self) -> None:
+        if self._listener is not None:
+            return
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def stop(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            connections, self._connections = self._connections, set()
+        if listener is not None:
+            listener.close()
+        for conn in connections:
+            _close(conn)
+
+    def cut_after(self, nbytes: int | None) -> None:
+        self._cut_after = nbytes
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:
+                _close(client)
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    _close(client)
+                    _close(upstream)
+                    return
+                self._connections |= {client, upstream}
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
+        relayed = 0
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                limit = self._cut_after if from_server else None
+                if limit is not None and relayed + len(data) > limit:
+                    sink.sendall(data[: max(0, limit - relayed)])
+                    self.cuts += 1
+                    self._cut_after = None
+                    self.stop()
+                    return
+                sink.sendall(data)
+                relayed += len(data)
+        except OSError:
+            pass
+        finally:
+            _close(source)
+            _close(sink)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+class HubRepo:
+    """A kernel repository on the test server: a git repository we commit, tag and branch."""
+
+    def __init__(self, repo_id: str, path: Path):
+        self.repo_id = repo_id
+        self.path = path
+
+    def git(self, *args: str) -> str:
+        result = subprocess.run(
+            ["git", "-c", "user.name=Kernel Author", "-c", "user.email=author@example.com", *args],
+            cwd=self.path,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return result.stdout.strip()
+
+    def write(self, relative: str, content: str | bytes) -> HubRepo:
+        target = self.path / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            target.write_bytes(content)
+        else:
+            target.write_text(content)
+        return self
+
+    def write_kernel(
+        self,
+        *,
+        version: str = "0.0.0",
+        offset: float = 0.0,
+        variants: tuple[str, ...] = ("torch-universal",),
+        package: str | None = None,
+        layers_source: str | None = None,
+        extra_files: dict[str, str | bytes] | None = None,
+    ) -> HubRepo:
+        """Write (or overwrite) the kernel package in each variant; removes other variants."""
+        package = package or self.repo_id.split("/")[1].replace("-", "_")
+        shutil.rmtree(self.path / "build", ignore_errors=True)
+        for variant in variants:
+            base = f"build/{variant}/{package}"
+            self.write(f"{base}/__init__.py", kernel_init(version, offset, variant))
+            self.write(
+                f"{base}/layers.py", layers_source or SILU_AND_MUL_LAYERS.format(offset=offset)
+            )
+            for name, content in (extra_files or {}).items():
+                self.write(f"{base}/{name}", content)
+        return self
+
+    def commit(self, message: str = "update") -> str:
+        self.git("add", "-A")
+        self.git("commit", "-q", "--allow-empty", "-m", message)
+        return self.git("rev-parse", "HEAD")
+
+    def tag(self, name: str, *, annotated: bool = False, ref: str = "HEAD") -> HubRepo:
+        if annotated:
+            self.git("tag", "-a", name, "-m", f"release {name}", ref)
+        else:
+            self.git("tag", name, ref)
+        return self
+
+    def branch(self, name: str, ref: str = "HEAD") -> HubRepo:
+        self.git("branch", "-f", name, ref)
+        return self
+
+    def release(self, version: str, *, offset: float | None = None, **kernel) -> str:
+        """Commit a kernel reporting `version` and tag it ``v<version>``; returns the commit."""
+        self.write_kernel(version=version, offset=float(offset or 0.0), **kernel)
+        sha = self.commit(f"release {version}")
+        self.tag(f"v{version}")
+        return sha
+
+
+def kernel_init(version: str, offset: float, variant: str) -> str:
+    return textwrap.dedent(
+        f"""
+        import torch
+        import torch.nn.functional as F
+
+        from . import layers
+
+        VERSION = {version!r}
+        VARIANT = {variant!r}
+
+
+        def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+            d = x.shape[-1] // 2
+            return F.silu(x[..., :d]) * x[..., d:] + {offset!r}
+        """
+    ).lstrip()
+
+
+# A kernel layer; the offset tells a test which kernel version ran.
+SILU_AND_MUL_LAYERS = """
+import torch
+import torch.nn.functional as F
+
+
+class SiluAndMul(torch.nn.Module):
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        d = input.shape[-1] // 2
+        return F.silu(input[..., :d]) * input[..., d:] + {offset}
+"""
+
+
+class HubServer:
+    """The olah server behind the proxy, and a factory of repositories on it."""
+
+    def __init__(self, olah: Path, proxy: Proxy):
+        self.olah = olah
+        self.proxy = proxy
+        self.endpoint = ENDPOINT
+        self.cache = HF_CACHE
+        self.session_dir = SESSION_DIR
+        self._process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        work = SESSION_DIR / "olah"
+        work.mkdir(exist_ok=True)
+        config = work / "olah.toml"
+        config.write_text(
+            textwrap.dedent(
+                f"""
+                [basic]
+                host = "127.0.0.1"
+                port = {OLAH_PORT}
+                mirror-netloc = "127.0.0.1:{PROXY_PORT}"
+                mirror-lfs-netloc = "127.0.0.1:{PROXY_PORT}"
+                repos-path = "{work / "olah-cache"}"
+                mirrors-path = ["{MIRRORS}"]
+
+                [accessibility]
+                offline = true
+                """
+            )
+        )
+        log = open(work / "olah.log", "wb")  # noqa: SIM115 - closed with the process
+        self._log_path = work / "olah.log"
+        self._process = subprocess.Popen(
+            [str(self.olah), "-c", str(config)],
+            cwd=work,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                pytest.fail(f"olah exited at start-up:\n{self.log_tail()}", pytrace=False)
+            try:
+                socket.create_connection(("127.0.0.1", OLAH_PORT), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            self.stop()
+            pytest.fail(f"olah did not open port {OLAH_PORT} in 60 s:\n{self.log_tail()}")
+        self.proxy.start()
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        if self._process is not None and self._process.poll() is None:
+            os.killpg(self._process.pid, signal.SIGTERM)
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._process.pid, signal.SIGKILL)
+                self._process.wait()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def create_repo(self, repo_id: str | None = None, *, org: str = "kernels-community") -> HubRepo:
+        """A new, empty git repository served as `repo_id` (a unique name by default)."""
+        if repo_id is None:
+            repo_id = f"{org}/kernel-{uuid.uuid4().hex[:8]}"
+        path = MIRRORS / "models" / repo_id
+        path.mkdir(parents=True)
+        repo = HubRepo(repo_id, path)
+        repo.git("init", "-q", "-b", "main")
+        repo.write("README.md", f"# {repo_id}\n")
+        return repo
+
+
+def _olah_path() -> Path:
+    return Path(os.environ.get("KERNELS_TEST_OLAH") or DEFAULT_OLAH)
+
+
+@pytest.fixture(scope="session")
+def hub_server():
+    """The running test server (olah behind the proxy); stopped at the end of the session."""
+    olah = _olah_path()
+    if not olah.is_file() or not os.access(olah, os.X_OK):
+        pytest.fail(
+            f"The Hub tests need the olah test server, but {olah} does not exist. Run "
+            "`make hub-server` (it creates .venv-hub with olah), or set KERNELS_TEST_OLAH to the "
+            "path of an olah-cli executable.",
+            pytrace=False,
+        )
+    server = HubServer(olah, Proxy(PROXY_PORT, OLAH_PORT))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(SESSION_DIR, ignore_errors=True)
+
+
+@pytest.fixture
+def hub(hub_server):
+    """The test server, with the proxy up and no fault pending after each test."""
+    hub_server.proxy.cut_after(None)
+    hub_server.proxy.start()
+    yield hub_server
+    hub_server.proxy.cut_after(None)
+    hub_server.proxy.start()
+
+
+@pytest.fixture
+def released(hub):
+    """A factory: released(*versions, org=...) -> a repository with one tagged commit per version."""
+
+    def make(*versions: str, org: str = "kernels-community", **kernel) -> HubRepo:
+        repo = hub.create_repo(org=org)
+        for i, version in enumerate(versions):
+            repo.release(version, offset=float(i + 1), **kernel)
+        return repo
+
+    return make
+
+
+def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float = 120):
+    """Run `code` in a fresh interpreter with this session's Hub settings; returns the result."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=SESSION_DIR,
+    )
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
+    """Run ``python -m kernels ARGS`` in a fresh interpreter with this session's Hub settings."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "kernels", *args],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=SESSION_DIR,
+    )
+
+
+@pytest.fixture
+def python():
+    """run_python as a fixture: python(code, env=...) -> CompletedProcess."""
+    return run_python
+
+
+@pytest.fixture
+def cli():
+    """run_cli as a fixture: cli(*args, env=...) -> CompletedProcess."""
+    return run_cli
