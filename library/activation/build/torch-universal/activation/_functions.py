@@ -17,17 +17,16 @@ GELU_TANH = tl.constexpr(2)  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  
 FAST_GELU = tl.constexpr(3)  # 0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2)))  (FastGELU)
 QUICK_GELU = tl.constexpr(4)  # x * sigmoid(1.702 x)                               (QuickGELU)
 
-_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # math.sqrt(2 / math.pi)
-_FAST_GELU_K = tl.constexpr(0.7978845608)  # the literal transformers' FastGELUActivation uses
+# 2 * sqrt(2 / pi), and 2 * the literal 0.7978845608 that transformers' FastGELUActivation uses.
+_TWO_SQRT_2_OVER_PI = tl.constexpr(1.5957691216057308)
+_TWO_FAST_GELU_K = tl.constexpr(1.5957691216)
 _INV_SQRT_2 = tl.constexpr(0.7071067811865476)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 
-@triton.jit
-def _tanh(u):
-    # tanh(u) = 1 - 2 / (exp(2u) + 1): exact at both tails (exp overflows to inf -> 1, underflows
-    # to 0 -> -1) and needs only exp, which the interpreter and every backend have.
-    return 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+# The tanh forms are evaluated through 0.5 * (1 + tanh(u)) = sigmoid(2u) (an identity): it
+# avoids the cancellation of 1 + tanh(u) for very negative u, keeping the relative accuracy of
+# small outputs, and 1 - tanh(u)^2 = 4 s (1 - s) with s = sigmoid(2u) gives the derivative.
 
 
 @triton.jit
@@ -38,9 +37,9 @@ def activation(x, ACT: tl.constexpr):
     elif ACT == GELU:
         y = 0.5 * x * (1.0 + tl.erf(x * _INV_SQRT_2))
     elif ACT == GELU_TANH:
-        y = 0.5 * x * (1.0 + _tanh((x + 0.044715 * x * x * x) * _SQRT_2_OVER_PI))
+        y = x * tl.sigmoid((x + 0.044715 * x * x * x) * _TWO_SQRT_2_OVER_PI)
     elif ACT == FAST_GELU:
-        y = 0.5 * x * (1.0 + _tanh(x * _FAST_GELU_K * (1.0 + 0.044715 * x * x)))
+        y = x * tl.sigmoid(x * (1.0 + 0.044715 * x * x) * _TWO_FAST_GELU_K)
     else:
         y = x * tl.sigmoid(1.702 * x)
     return y
@@ -56,21 +55,16 @@ def activation_and_grad(x, ACT: tl.constexpr):
     elif ACT == GELU:
         cdf = 0.5 * (1.0 + tl.erf(x * _INV_SQRT_2))
         y = x * cdf
-        dydx = cdf + x * _INV_SQRT_2PI * tl.exp(-0.5 * x * x)
+        dydx = cdf + x * tl.exp(-0.5 * x * x) * _INV_SQRT_2PI
     elif ACT == GELU_TANH:
-        t = _tanh((x + 0.044715 * x * x * x) * _SQRT_2_OVER_PI)
-        y = 0.5 * x * (1.0 + t)
-        dydx = (
-            0.5 * (1.0 + t)
-            + 0.5 * x * (1.0 - t * t) * (1.0 + 3.0 * 0.044715 * x * x) * _SQRT_2_OVER_PI
-        )
+        # y = x s, s = sigmoid(2u), u = k (x + 0.044715 x^3): y' = s + x * 2 s (1 - s) * u'.
+        s = tl.sigmoid((x + 0.044715 * x * x * x) * _TWO_SQRT_2_OVER_PI)
+        y = x * s
+        dydx = s + x * s * (1.0 - s) * (1.0 + 3.0 * 0.044715 * x * x) * _TWO_SQRT_2_OVER_PI
     elif ACT == FAST_GELU:
-        t = _tanh(x * _FAST_GELU_K * (1.0 + 0.044715 * x * x))
-        y = 0.5 * x * (1.0 + t)
-        dydx = (
-            0.5 * (1.0 + t)
-            + 0.5 * x * (1.0 - t * t) * (1.0 + 3.0 * 0.044715 * x * x) * _FAST_GELU_K
-        )
+        s = tl.sigmoid(x * (1.0 + 0.044715 * x * x) * _TWO_FAST_GELU_K)
+        y = x * s
+        dydx = s + x * s * (1.0 - s) * (1.0 + 3.0 * 0.044715 * x * x) * _TWO_FAST_GELU_K
     else:
         s = tl.sigmoid(1.702 * x)
         y = x * s

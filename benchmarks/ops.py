@@ -1,0 +1,469 @@
+"""Benchmark our library kernels beside eager PyTorch, torch.compile and Liger-Kernel.
+
+    python benchmarks/ops.py --out benchmarks/results/<YYYY-MM-DD>-<device>
+
+Runs, in one process on one CUDA GPU: a device-to-device copy (the bandwidth ceiling), then for
+each op and shape, forward and forward+backward of
+
+- ``eager``: the module code the kernel replaces (transformers' LlamaRMSNorm, torch.nn.LayerNorm,
+  a vLLM-style SiluAndMul, transformers' GELUTanh and apply_rotary_pos_emb), in PyTorch;
+- ``compile``: ``torch.compile`` of that same code;
+- ``liger``: Liger-Kernel's op, where it has one (carried as a wheel; optional);
+- ``ours``: our kernel layer bound to the same module instance, as kernelize binds it.
+
+Timing: ``triton.testing.do_bench``, median, which clears the L2 cache (256 MB) before every
+repetition, so inputs smaller than L2 are not served from it. Forward is timed under
+``torch.no_grad()`` (inference); forward+backward uses ``torch.autograd.grad`` for the input
+and parameters (no gradient accumulation).
+
+Bytes counted ("bytes that must move"): every input of the pass read once, every output
+written once. Forward: x (+ weight, bias) read, y written. Backward: the saved input and the
+output gradient read (+ weight), the input gradient (+ weight, bias gradients) written;
+forward+backward counts both passes. Rotary: q, k, cos, sin read and the two outputs written;
+backward reads the two output gradients and cos, sin and writes dq, dk. Per-row statistics
+(rstd, mean: 4 bytes a row) are not counted.
+
+Writes ``results.md`` (tables: GB/s, % of copy bandwidth, ours vs each peer), ``results.json``
+and one PNG per op into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import types
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+NORM_SHAPES = [(4096, 4096), (16384, 4096), (8192, 8192), (32768, 8192)]
+ROTARY_SHAPES = [(1, 4096), (4, 2048), (8, 4096)]  # (batch, seq); 32 q heads, 8 kv heads of 128
+Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+DTYPE = torch.bfloat16
+IMPLS = ["eager", "compile", "liger", "ours"]
+
+
+# ---- loading --------------------------------------------------------------------------------
+
+
+def load_library():
+    import kernels
+
+    lib = os.path.join(ROOT, "library")
+    return {
+        name: kernels.get_local_kernel(os.path.join(lib, name), name)
+        for name in ("activation", "norm", "rotary")
+    }
+
+
+def load_liger():
+    try:
+        import liger_kernel
+        from liger_kernel.ops import (
+            LigerFusedGateUpSiLUMulFunction,
+            LigerLayerNormFunction,
+            LigerRMSNormFunction,
+            LigerRopeFunction,
+        )
+    except Exception as exc:  # noqa: BLE001  (report and go on without the peer)
+        print(f"Liger-Kernel unavailable: {type(exc).__name__}: {exc}")
+        return None
+    version = getattr(liger_kernel, "__version__", None)
+    if version is None:
+        from importlib.metadata import version as _v
+
+        version = _v("liger-kernel")
+    return types.SimpleNamespace(
+        version=version,
+        rms_norm=LigerRMSNormFunction,
+        layer_norm=LigerLayerNormFunction,
+        silu_mul=LigerFusedGateUpSiLUMulFunction,
+        rope=LigerRopeFunction,
+    )
+
+
+# ---- reference modules (the code the kernels replace) ---------------------------------------
+
+
+class LlamaRMSNorm(torch.nn.Module):
+    """transformers' LlamaRMSNorm, verbatim semantics."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class SiluAndMul(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]
+
+
+class GELUTanh(torch.nn.Module):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.gelu(input, approximate="tanh")
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+# ---- cases ----------------------------------------------------------------------------------
+
+
+def bound(layer_cls, module):
+    return types.MethodType(layer_cls.forward, module)
+
+
+def norm_case(kind, lib, liger, rows, cols):
+    """(inputs, params, {impl: fn(x)}, fwd bytes, bwd bytes) for RMSNorm or LayerNorm."""
+    e = 2  # bf16
+    x = torch.randn(rows, cols, device="cuda", dtype=DTYPE)
+    if kind == "RMSNorm":
+        module = LlamaRMSNorm(cols).to("cuda", DTYPE)
+        with torch.no_grad():
+            module.weight.add_(torch.randn_like(module.weight) * 0.1)
+        params = [module.weight]
+        fns = {
+            "eager": module,
+            "compile": torch.compile(module, dynamic=False),
+            "ours": bound(lib["norm"].layers.RMSNorm, module),
+        }
+        if liger:
+            fns["liger"] = lambda t: liger.rms_norm.apply(
+                t, module.weight, 1e-6, 0.0, "llama", True
+            )
+        p_bytes = cols * e
+    else:
+        module = torch.nn.LayerNorm(cols).to("cuda", DTYPE)
+        with torch.no_grad():
+            module.weight.add_(torch.randn_like(module.weight) * 0.1)
+            module.bias.add_(torch.randn_like(module.bias) * 0.1)
+        params = [module.weight, module.bias]
+        fns = {
+            "eager": module,
+            "compile": torch.compile(module, dynamic=False),
+            "ours": bound(lib["norm"].layers.LayerNorm, module),
+        }
+        if liger:
+            fns["liger"] = lambda t: liger.layer_norm.apply(t, module.weight, module.bias, 1e-5)
+        p_bytes = 2 * cols * e
+    n = rows * cols * e
+    return [x], params, fns, 2 * n + p_bytes, 3 * n + 2 * p_bytes
+
+
+def silu_mul_case(lib, liger, rows, cols):
+    e = 2
+    x = torch.randn(rows, 2 * cols, device="cuda", dtype=DTYPE)
+    module = SiluAndMul()
+    fns = {
+        "eager": module,
+        "compile": torch.compile(module, dynamic=False),
+        "ours": bound(lib["activation"].layers.SiluAndMul, module),
+    }
+    if liger:
+        fns["liger"] = lambda t: liger.silu_mul.apply(t, False)
+    n = rows * cols * e
+    return [x], [], fns, 3 * n, 5 * n
+
+
+def gelu_tanh_case(lib, liger, rows, cols):
+    e = 2
+    x = torch.randn(rows, cols, device="cuda", dtype=DTYPE)
+    module = GELUTanh()
+    fns = {
+        "eager": module,
+        "compile": torch.compile(module, dynamic=False),
+        "ours": bound(lib["activation"].layers.GeluTanh, module),
+    }
+    n = rows * cols * e
+    return [x], [], fns, 2 * n, 3 * n
+
+
+def rotary_case(lib, liger, batch, seq):
+    e = 2
+    # transformers' layout: the projections' (b, s, h, d) outputs viewed as (b, h, s, d).
+    q = torch.randn(batch, seq, Q_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE).transpose(1, 2)
+    k = torch.randn(batch, seq, KV_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE).transpose(1, 2)
+    inv = 1.0 / (10000 ** (torch.arange(0, HEAD_DIM, 2, device="cuda").float() / HEAD_DIM))
+    freqs = torch.arange(seq, device="cuda").float()[None, :, None] * inv
+    emb = torch.cat((freqs, freqs), -1).expand(batch, seq, HEAD_DIM)
+    cos, sin = emb.cos().to(DTYPE).contiguous(), emb.sin().to(DTYPE).contiguous()
+    ours = lib["rotary"].apply_rotary_pos_emb
+    fns = {
+        "eager": lambda q, k: apply_rotary_pos_emb(q, k, cos, sin),
+        "compile": torch.compile(lambda q, k: apply_rotary_pos_emb(q, k, cos, sin), dynamic=False),
+        "ours": lambda q, k: ours(q, k, cos, sin),
+    }
+    if liger:
+        fns["liger"] = lambda q, k: liger.rope.apply(q, k, cos, sin, None, 1)
+    qk = (q.numel() + k.numel()) * e
+    cs = 2 * cos.numel() * e
+    return [q, k], [], fns, 2 * qk + cs, 2 * qk + cs
+
+
+# ---- timing ---------------------------------------------------------------------------------
+
+
+def _outputs(out):
+    return out if isinstance(out, (tuple, list)) else (out,)
+
+
+def time_case(inputs, params, fn, rep_ms):
+    """(forward ms, forward+backward ms) medians."""
+
+    def fwd():
+        with torch.no_grad():
+            fn(*inputs)
+
+    for t in inputs:
+        t.requires_grad_(True)
+    wrt = [*inputs, *params]
+    out = _outputs(fn(*inputs))
+    seeds = [torch.randn_like(o) for o in out]
+
+    def fwd_bwd():
+        torch.autograd.grad(_outputs(fn(*inputs)), wrt, seeds)
+
+    fwd_bwd()  # compile / warm up the backward
+    fwd()
+    t_fwd = do_bench(fwd, warmup=25, rep=rep_ms, return_mode="median")
+    t_fb = do_bench(fwd_bwd, warmup=25, rep=rep_ms, return_mode="median")
+    return t_fwd, t_fb
+
+
+def copy_bandwidth():
+    n = 512 * 1024 * 1024  # 1 GiB of bf16
+    src = torch.randn(n, device="cuda", dtype=DTYPE)
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    return 2 * n * 2 / (ms * 1e-3) / 1e9  # GB/s, read + write
+
+
+# ---- correctness spot check (the test suite does the real checking) --------------------------
+
+
+def spot_check(name, inputs, fns):
+    with torch.no_grad():
+        ref = _outputs(fns["eager"](*inputs))
+        got = _outputs(fns["ours"](*inputs))
+    for r, g in zip(ref, got, strict=False):
+        err = ((g.float() - r.float()).norm() / r.float().norm()).item()
+        if not err < 2e-2:
+            raise AssertionError(f"{name}: ours differs from eager (relative error {err:.3g})")
+
+
+# ---- main -----------------------------------------------------------------------------------
+
+
+def run(ops, rep_ms):
+    lib = load_library()
+    liger = load_liger()
+    torch._dynamo.config.cache_size_limit = 256
+    copy_gbs = copy_bandwidth()
+    print(f"copy bandwidth: {copy_gbs:.0f} GB/s")
+    results = []
+    for op in ops:
+        shapes = ROTARY_SHAPES if op == "rotary" else NORM_SHAPES
+        for shape in shapes:
+            torch._dynamo.reset()
+            if op in ("RMSNorm", "LayerNorm"):
+                inputs, params, fns, b_fwd, b_bwd = norm_case(op, lib, liger, *shape)
+            elif op == "SiluAndMul":
+                inputs, params, fns, b_fwd, b_bwd = silu_mul_case(lib, liger, *shape)
+            elif op == "GeluTanh":
+                inputs, params, fns, b_fwd, b_bwd = gelu_tanh_case(lib, liger, *shape)
+            else:
+                inputs, params, fns, b_fwd, b_bwd = rotary_case(lib, liger, *shape)
+            spot_check(f"{op} {shape}", inputs, fns)
+            for impl in IMPLS:
+                if impl not in fns:
+                    continue
+                t_fwd, t_fb = time_case(inputs, params, fns[impl], rep_ms)
+                row = {
+                    "op": op,
+                    "shape": list(shape),
+                    "impl": impl,
+                    "fwd_ms": t_fwd,
+                    "fwd_bwd_ms": t_fb,
+                    "fwd_gbs": b_fwd / (t_fwd * 1e-3) / 1e9,
+                    "fwd_bwd_gbs": (b_fwd + b_bwd) / (t_fb * 1e-3) / 1e9,
+                }
+                row["fwd_pct"] = 100 * row["fwd_gbs"] / copy_gbs
+                row["fwd_bwd_pct"] = 100 * row["fwd_bwd_gbs"] / copy_gbs
+                results.append(row)
+                print(
+                    f"{op:10s} {str(shape):14s} {impl:8s} fwd {t_fwd * 1e3:8.1f} us "
+                    f"{row['fwd_pct']:5.1f}%   fwd+bwd {t_fb * 1e3:8.1f} us {row['fwd_bwd_pct']:5.1f}%",
+                    flush=True,
+                )
+            del inputs, params, fns
+            torch.cuda.empty_cache()
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "liger": liger.version if liger else None,
+        "copy_gbs": copy_gbs,
+        "dtype": "bfloat16",
+        "timing": "triton.testing.do_bench median, L2 cleared before each repetition",
+    }
+    return meta, results
+
+
+def _shape_str(op, shape):
+    if op == "rotary":
+        return f"{shape[0]}x{shape[1]} (b x s)"
+    if op == "SiluAndMul":
+        return f"{shape[0]}x{shape[1]} (in {shape[0]}x{2 * shape[1]})"
+    return f"{shape[0]}x{shape[1]}"
+
+
+def write_markdown(meta, results, path):
+    lines = [
+        "# Library kernel benchmarks",
+        "",
+        f"- device: {meta['device']}",
+        f"- date: {meta['date']}",
+        f"- torch {meta['torch']}, triton {meta['triton']}, liger-kernel {meta['liger']}",
+        f"- copy bandwidth (device-to-device copy of 1 GiB, read + write): {meta['copy_gbs']:.0f} GB/s",
+        f"- dtype {meta['dtype']}; timing: {meta['timing']}",
+        "- GB/s counts the bytes that must move (each input of a pass read once, each output "
+        "written once); % is of the copy bandwidth above. Ratios are ours / peer in speed "
+        "(>1: ours faster).",
+        "",
+    ]
+    ops = list(dict.fromkeys(r["op"] for r in results))
+    for op in ops:
+        rows = [r for r in results if r["op"] == op]
+        shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
+        impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
+        for phase, key in (("forward", "fwd"), ("forward+backward", "fwd_bwd")):
+            lines.append(f"## {op}: {phase}")
+            lines.append("")
+            head = ["shape"] + [f"{i} GB/s (%)" for i in impls]
+            head += [f"ours vs {i}" for i in impls if i != "ours"]
+            lines.append("| " + " | ".join(head) + " |")
+            lines.append("|" + "---|" * len(head))
+            for shape in shapes:
+                by = {r["impl"]: r for r in rows if tuple(r["shape"]) == shape}
+                cells = [_shape_str(op, shape)]
+                for i in impls:
+                    r = by.get(i)
+                    cells.append(f"{r[key + '_gbs']:.0f} ({r[key + '_pct']:.0f}%)" if r else "-")
+                for i in impls:
+                    if i == "ours":
+                        continue
+                    r, o = by.get(i), by.get("ours")
+                    cells.append(f"{r[key + '_ms'] / o[key + '_ms']:.2f}x" if r and o else "-")
+                lines.append("| " + " | ".join(cells) + " |")
+            lines.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def write_plots(meta, results, out):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib unavailable: no plots")
+        return
+    for op in dict.fromkeys(r["op"] for r in results):
+        rows = [r for r in results if r["op"] == op]
+        shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
+        impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+        width = 0.8 / len(impls)
+        for ax, (phase, key) in zip(
+            axes, (("forward", "fwd_pct"), ("forward+backward", "fwd_bwd_pct")), strict=False
+        ):
+            for j, impl in enumerate(impls):
+                vals = [
+                    next((r[key] for r in rows if r["impl"] == impl and tuple(r["shape"]) == s), 0)
+                    for s in shapes
+                ]
+                ax.bar([i + j * width for i in range(len(shapes))], vals, width, label=impl)
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
+            ax.set_xticklabels([_shape_str(op, s) for s in shapes], fontsize=8)
+            ax.axhline(100, color="grey", lw=0.8, ls="--")
+            ax.set_title(f"{op} {phase}")
+            ax.set_ylabel("% of copy bandwidth")
+        axes[0].legend()
+        fig.suptitle(f"{meta['device']}, bf16, {meta['date']} (copy {meta['copy_gbs']:.0f} GB/s)")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, f"{op}.png"), dpi=110)
+        plt.close(fig)
+
+
+def sweep(rep_ms):
+    """Backward programs per SM for the norms (the persistent grid's size), forward+backward."""
+    lib = load_library()
+    for op, mod in (("RMSNorm", "rms_norm"), ("LayerNorm", "layer_norm")):
+        module = sys.modules[f"{lib['norm'].__name__}.{mod}"]
+        default = module.BWD_PROGRAMS_PER_SM
+        for shape in ((4096, 4096), (16384, 4096), (32768, 8192)):
+            inputs, params, fns, _, _ = norm_case(op, lib, None, *shape)
+            for per_sm in (1, 2, 4, 8, 16):
+                module.BWD_PROGRAMS_PER_SM = per_sm
+                _, t = time_case(inputs, params, fns["ours"], rep_ms)
+                print(
+                    f"sweep {op} {shape} programs/SM {per_sm}: fwd+bwd {t * 1e3:.1f} us", flush=True
+                )
+        module.BWD_PROGRAMS_PER_SM = default
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="folder for results.md, results.json, PNGs")
+    parser.add_argument(
+        "--ops",
+        default="RMSNorm,LayerNorm,SiluAndMul,GeluTanh,rotary",
+        help="comma-separated subset of RMSNorm,LayerNorm,SiluAndMul,GeluTanh,rotary",
+    )
+    parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time")
+    parser.add_argument("--sweep", action="store_true", help="also sweep norm backward grid sizes")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/ops.py needs a CUDA GPU")
+    if args.sweep:
+        sweep(args.rep_ms)
+    os.makedirs(args.out, exist_ok=True)
+    meta, results = run(args.ops.split(","), args.rep_ms)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1)
+    write_markdown(meta, results, os.path.join(args.out, "results.md"))
+    write_plots(meta, results, args.out)
+    with open(os.path.join(args.out, "results.md")) as f:
+        print(f.read())
+
+
+if __name__ == "__main__":
+    main()

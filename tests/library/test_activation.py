@@ -1,0 +1,172 @@
+"""Activation kernels (library/activation) against float64 references: forward and input gradient,
+through the kernel layer bound to a real module and through the function API."""
+
+import math
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from library_helpers import (
+    DTYPES,
+    ON_GPU,
+    GeluAndMul,
+    GeluTanhAndMul,
+    SiluAndMul,
+    assert_close,
+    grads,
+    randn,
+    transformers_activation,
+)
+
+
+def _new_gelu(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+# layer name -> (function name, transformers' module class name, float64 reference)
+ELEMENTWISE = {
+    "SiLU": ("silu", "SiLUActivation", F.silu),
+    "GeLU": ("gelu", "GELUActivation", F.gelu),
+    "GeluTanh": ("gelu_tanh", "GELUTanh", lambda x: F.gelu(x, approximate="tanh")),
+    "NewGELU": ("new_gelu", "NewGELUActivation", _new_gelu),
+    "FastGELU": (
+        "fast_gelu",
+        "FastGELUActivation",
+        lambda x: 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x))),
+    ),
+    "QuickGELU": ("quick_gelu", "QuickGELUActivation", lambda x: x * torch.sigmoid(1.702 * x)),
+}
+
+GATED = {
+    "SiluAndMul": ("silu_and_mul", SiluAndMul, F.silu),
+    "GeluAndMul": ("gelu_and_mul", GeluAndMul, F.gelu),
+    "GeluTanhAndMul": (
+        "gelu_tanh_and_mul",
+        GeluTanhAndMul,
+        lambda a: F.gelu(a, approximate="tanh"),
+    ),
+}
+
+# (shape, how to make it non-contiguous or not); the interpreter takes small odd shapes, the
+# GPU also runs model-sized ones.
+SHAPES = [
+    ((3, 37), None),
+    ((2, 3, 65), None),
+    ((0, 16), None),
+    ((1000,), None),
+    ((37, 6), "transpose"),
+    ((4, 50), "slice"),
+    pytest.param((4096, 5120), None, marks=pytest.mark.gpu),
+    pytest.param((2, 1024, 11008), None, marks=pytest.mark.gpu),
+    pytest.param((1, 2**31 // 8192 + 1, 8192), None, marks=pytest.mark.gpu),
+]
+
+
+def _input(shape, layout, dtype, scale=3.0):
+    if layout == "transpose":
+        x = randn(*reversed(shape), dtype=dtype, scale=scale).t()
+        assert not x.is_contiguous()
+    elif layout == "slice":
+        x = randn(shape[0], shape[1] + 6, dtype=dtype, scale=scale)[:, 3 : 3 + shape[1]]
+        assert not x.is_contiguous()
+    else:
+        x = randn(*shape, dtype=dtype, scale=scale)
+    return x.requires_grad_()
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,layout", SHAPES)
+def test_elementwise(activation, name, dtype, shape, layout):
+    fn_name, module_name, ref_fn = ELEMENTWISE[name]
+    module_cls = transformers_activation(module_name, ref_fn)
+    if math.prod(shape) > 2**30 and (dtype != torch.bfloat16 or name != "SiLU"):
+        pytest.skip("the 2**31-element case runs once, SiLU in bf16 (8.6 GB of GPU memory)")
+    x = _input(shape, layout, dtype)
+    module = module_cls()
+    kernel_forward = types.MethodType(getattr(activation.layers, name).forward, module)
+    if x.numel() > 2**30:
+        # Past 2**31 elements: the int64 indexing is what this tests; check the first and last
+        # rows (the float64 reference of the whole tensor would not fit beside it).
+        with torch.no_grad():
+            y = kernel_forward(x)
+            for rows in (slice(0, 1), slice(-1, None)):
+                ref = ref_fn(x[:, rows].double())
+                assert_close(y[:, rows], ref, dtype, f"{name} forward rows {rows}")
+        return
+    y = kernel_forward(x)
+    assert y.dtype == dtype and y.shape == x.shape
+    x64 = x.detach().double().requires_grad_()
+    y64 = ref_fn(x64)
+    floor = x.detach().abs().max().item() if x.numel() else 0.0
+    assert_close(y, y64, dtype, f"{name} forward", floor)
+    dy = randn(*shape, dtype=dtype)
+    (dx,) = grads(y, x, dy)
+    (dx64,) = grads(y64, x64, dy.double())
+    assert_close(dx, dx64, dtype, f"{name} grad", floor)
+    # The function API computes the same thing.
+    y_fn = getattr(activation, fn_name)(x.detach())
+    assert torch.equal(y_fn, y.detach())
+
+
+@pytest.mark.parametrize("name", sorted(GATED))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape,layout",
+    [
+        ((3, 74), None),
+        ((2, 3, 130), None),
+        ((0, 8), None),
+        ((1, 2), None),
+        ((5, 2000), None),
+        ((4, 50), "slice"),
+        ((38, 6), "transpose"),
+        pytest.param((4096, 2 * 5120), None, marks=pytest.mark.gpu),
+        pytest.param((3, 1000, 2 * 14336), None, marks=pytest.mark.gpu),
+    ],
+)
+def test_gated(activation, name, dtype, shape, layout):
+    fn_name, module_cls, act = GATED[name]
+    x = _input(shape, layout, dtype)
+    d = shape[-1] // 2
+    kernel_forward = types.MethodType(getattr(activation.layers, name).forward, module_cls())
+    y = kernel_forward(x)
+    assert y.dtype == dtype and y.shape == (*x.shape[:-1], d)
+    x64 = x.detach().double().requires_grad_()
+    y64 = act(x64[..., :d]) * x64[..., d:]
+    floor = x.detach().abs().max().item() ** 2 if x.numel() else 0.0  # act(a) * b
+    assert_close(y, y64, dtype, f"{name} forward", floor)
+    dy = randn(*y.shape, dtype=dtype)
+    (dx,) = grads(y, x, dy)
+    (dx64,) = grads(y64, x64, dy.double())
+    assert_close(dx, dx64, dtype, f"{name} grad", floor)
+    assert torch.equal(getattr(activation, fn_name)(x.detach()), y.detach())
+
+
+def test_gated_rejects_odd_width(activation):
+    with pytest.raises(ValueError, match="even"):
+        activation.silu_and_mul(randn(3, 7))
+
+
+def test_unsupported_dtype_is_a_clear_error(activation):
+    with pytest.raises(TypeError, match="float64"):
+        activation.silu(randn(3, 8, dtype=torch.float64))
+
+
+def test_no_grad_path_matches_autograd_path(activation):
+    x = randn(5, 33, dtype=torch.bfloat16, scale=2.0)
+    with torch.no_grad():
+        y0 = activation.gelu_tanh(x)
+    y1 = activation.gelu_tanh(x.clone().requires_grad_())
+    assert torch.equal(y0, y1.detach())
+
+
+@pytest.mark.skipif(not ON_GPU, reason="shape of a real model; too slow for the interpreter")
+def test_large_gated_row_strided_view(activation):
+    # The gate and up projections often come out of one matmul as a strided view.
+    base = randn(2048, 2 * 4096 + 128, dtype=torch.bfloat16)
+    x = base[:, : 2 * 4096]
+    y = activation.silu_and_mul(x)
+    ref = F.silu(x[..., :4096].double()) * x[..., 4096:].double()
+    assert_close(y, ref, torch.bfloat16, "strided view")

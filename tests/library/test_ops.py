@@ -1,0 +1,248 @@
+"""The ops behind the kernels: torch.library.opcheck for every custom op, one namespace per
+loaded copy of a repository, and torch.compile(fullgraph=True) of a small model made of our
+layers, checked against eager PyTorch (forward and gradients)."""
+
+import math
+import os
+import shutil
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from library_helpers import (
+    LIBRARY,
+    FusedAddRMSNorm,
+    SiluAndMul,
+    assert_close,
+    grads,
+    randn,
+)
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rotary
+
+
+def _p(*shape, dtype=torch.float32, shift=0.0):
+    return randn(*shape, dtype=dtype, shift=shift).requires_grad_()
+
+
+def _sub(package, name):
+    # The op modules by name (package attributes like norm.rms_norm are the public functions).
+    return sys.modules[f"{package.__name__}.{name}"]
+
+
+def _op_modules(activation, norm, rotary):
+    return (
+        _sub(activation, "elementwise"),
+        _sub(activation, "gated"),
+        _sub(norm, "rms_norm"),
+        _sub(norm, "layer_norm"),
+        _sub(rotary, "rotary"),
+    )
+
+
+def _op_cases(activation, norm, rotary):
+    el, ga, rms, ln, rot = _op_modules(activation, norm, rotary)
+    x = _p(3, 37)
+    w = _p(37, shift=1.0)
+    rstd = torch.rand(3, device=x.device) + 0.5
+    mean = randn(3)
+    q, k = _p(2, 3, 5, 8), _p(2, 1, 5, 8)
+    cos, sin = randn(1, 5, 8), randn(1, 5, 8)
+    return {
+        "activation": (el.activation_op, (x, 0)),
+        "activation_gelu_bf16": (el.activation_op, (_p(4, 9, dtype=torch.bfloat16), 1)),
+        "activation_backward": (el.activation_backward_op, (randn(3, 37), x.detach(), 2)),
+        "gated_activation": (ga.gated_op, (_p(2, 3, 74), 0)),
+        "gated_activation_backward": (ga.gated_backward_op, (randn(3, 37), randn(3, 74), 1)),
+        "rms_norm": (rms.rms_norm_op, (x, w, 1e-6, 0)),
+        "rms_norm_gemma": (rms.rms_norm_op, (_p(2, 2, 37), w, 1e-6, 1)),
+        "rms_norm_backward": (
+            rms.rms_norm_backward_op,
+            (randn(3, 37), None, x.detach(), w.detach(), rstd, 0, True),
+        ),
+        "fused_add_rms_norm": (rms.fused_add_rms_norm_op, (x, _p(3, 37), w, 1e-6)),
+        "rms_norm_backward_dsum": (
+            rms.rms_norm_backward_op,
+            (randn(3, 37), randn(3, 37), x.detach(), w.detach(), rstd, 0, False),
+        ),
+        "layer_norm": (ln.layer_norm_op, (x, [37], w, _p(37), 1e-5)),
+        "layer_norm_no_affine": (ln.layer_norm_op, (x, [37], None, None, 1e-5)),
+        "layer_norm_backward": (
+            ln.layer_norm_backward_op,
+            (randn(3, 37), x.detach(), [37], w.detach(), mean, rstd, True, True),
+        ),
+        "rotary": (rot.rotary_op, (q, k, cos, sin, 1)),
+        "rotary_backward": (
+            rot.rotary_backward_op,
+            (randn(2, 3, 5, 8), randn(2, 1, 5, 8), cos, sin, 1, torch.float32, torch.float32),
+        ),
+    }
+
+
+CASES = [
+    "activation",
+    "activation_gelu_bf16",
+    "activation_backward",
+    "gated_activation",
+    "gated_activation_backward",
+    "rms_norm",
+    "rms_norm_gemma",
+    "rms_norm_backward",
+    "rms_norm_backward_dsum",
+    "fused_add_rms_norm",
+    "layer_norm",
+    "layer_norm_no_affine",
+    "layer_norm_backward",
+    "rotary",
+    "rotary_backward",
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_opcheck(activation, norm, rotary, case):
+    op, args = _op_cases(activation, norm, rotary)[case]
+    torch.library.opcheck(op, args)
+
+
+def test_every_op_is_checked(activation, norm, rotary):
+    checked = {op._qualname for op, _ in _op_cases(activation, norm, rotary).values()}
+    registered = {
+        value._qualname
+        for module in _op_modules(activation, norm, rotary)
+        for value in vars(module).values()
+        if isinstance(value, torch._library.custom_ops.CustomOpDef)
+    }
+    assert registered == checked, registered ^ checked
+
+
+def test_namespace_follows_the_module_name(activation, norm, rotary, tmp_path):
+    # Each loaded copy registers under its own namespace, so a second version of a repository
+    # (here: a copy of the same files in another folder) loads beside the first.
+    import kernels
+
+    el, ga, rms, ln, rot = _op_modules(activation, norm, rotary)
+    for package, op in (
+        (activation, el.activation_op),
+        (norm, rms.rms_norm_op),
+        (rotary, rot.rotary_op),
+    ):
+        assert op._qualname.split("::")[0].endswith(package.__name__.replace(".", "_"))
+    copy = tmp_path / "norm"
+    shutil.copytree(os.path.join(LIBRARY, "norm"), copy)
+    other = kernels.get_local_kernel(copy, "norm")
+    assert other is not norm
+    other_op = _sub(other, "rms_norm").rms_norm_op
+    assert other_op._qualname != rms.rms_norm_op._qualname
+    x, w = randn(2, 16), randn(16)
+    assert torch.equal(other.rms_norm(x, w, 1e-6), norm.rms_norm(x, w, 1e-6))
+
+
+class _Block(torch.nn.Module):
+    """A small transformer-like block built from the modules our layers replace."""
+
+    def __init__(self, hidden=64, heads=4, kv_heads=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self.norm1 = LlamaRMSNorm(hidden, eps=1e-6)
+        self.qkv = torch.nn.Linear(hidden, (heads + 2 * kv_heads) * self.head_dim, bias=False)
+        self.o = torch.nn.Linear(heads * self.head_dim, hidden, bias=False)
+        self.norm2 = FusedAddRMSNorm(hidden, eps=1e-6)
+        self.up = torch.nn.Linear(hidden, 2 * 96, bias=False)
+        self.act = SiluAndMul()
+        self.down = torch.nn.Linear(96, hidden, bias=False)
+        self.norm3 = GemmaRMSNorm(hidden, eps=1e-6)
+        self.ln = torch.nn.LayerNorm(hidden)
+        self.rotary = hf_rotary
+        with torch.no_grad():
+            for m in (self.norm1, self.norm2, self.norm3, self.ln):
+                m.weight.add_(torch.randn_like(m.weight) * 0.1)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        h = self.norm1(x)
+        q, k, v = self.qkv(h).split(
+            [
+                self.heads * self.head_dim,
+                self.kv_heads * self.head_dim,
+                self.kv_heads * self.head_dim,
+            ],
+            dim=-1,
+        )
+        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.rotary(q, k, cos, sin)
+        rep = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        att = (q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)).softmax(-1) @ v
+        att = self.o(att.transpose(1, 2).reshape(b, s, -1))
+        h, residual = self.norm2(att, x)
+        h = self.down(self.act(self.up(h))) + residual
+        return self.ln(self.norm3(h))
+
+
+def _kernelized(block, activation, norm, rotary):
+    fast = _Block()
+    fast.load_state_dict(block.state_dict())
+    fast.to(randn(1).device)
+    fast.norm1.forward = types.MethodType(norm.layers.RMSNorm.forward, fast.norm1)
+    fast.norm2.forward = types.MethodType(norm.layers.FusedAddRMSNorm.forward, fast.norm2)
+    fast.norm3.forward = types.MethodType(norm.layers.GemmaRMSNorm.forward, fast.norm3)
+    fast.ln.forward = types.MethodType(norm.layers.LayerNorm.forward, fast.ln)
+    fast.act.forward = types.MethodType(activation.layers.SiluAndMul.forward, fast.act)
+    fast.rotary = rotary.apply_rotary_pos_emb
+    return fast
+
+
+def test_compile_fullgraph_matches_eager(activation, norm, rotary):
+    torch.manual_seed(0)
+    device = randn(1).device
+    block = _Block().to(device)
+    fast = _kernelized(block, activation, norm, rotary)
+    x = randn(2, 6, 64).requires_grad_()
+    inv = 1.0 / (10000 ** (torch.arange(0, 16, 2, dtype=torch.float32, device=device) / 16))
+    emb = torch.arange(6, dtype=torch.float32, device=device)[None, :, None] * inv
+    emb = torch.cat((emb, emb), -1)
+    cos, sin = emb.cos(), emb.sin()
+
+    torch._dynamo.reset()
+    # Inductor compiles the model's own ops (C++ on the CPU, Triton on the GPU); our custom ops
+    # stay opaque nodes (fullgraph: no graph break allowed anywhere).
+    compiled = torch.compile(fast, fullgraph=True)
+    y = compiled(x, cos, sin)
+    y_ref = block(x, cos, sin)
+    assert_close(y, y_ref.double(), torch.float32, "compiled forward")
+    dy = randn(*y.shape)
+    params = [p for _, p in sorted(fast.named_parameters())]
+    ref_params = [p for _, p in sorted(block.named_parameters())]
+    got = grads(y, (x, *params), dy)
+    want = grads(y_ref, (x, *ref_params), dy)
+    for g, w in zip(got, want, strict=False):
+        assert_close(g, w.double(), torch.float32, "compiled grad")
+    # The eager kernelized model agrees too.
+    y_eager = fast(x, cos, sin)
+    assert_close(y_eager, y_ref.double(), torch.float32, "eager forward")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16], ids=str)
+def test_compile_inference_mode(activation, norm, dtype):
+    # Inference under torch.compile: no autograd, the forward ops alone.
+    torch._dynamo.reset()
+    module = LlamaRMSNorm(48).to(device=randn(1).device, dtype=dtype)
+    module.forward = types.MethodType(norm.layers.RMSNorm.forward, module)
+    act = SiluAndMul()
+    act.forward = types.MethodType(activation.layers.SiluAndMul.forward, act)
+
+    def f(x):
+        return act(module(x))
+
+    compiled = torch.compile(f, fullgraph=True)
+    x = randn(5, 48, dtype=dtype)
+    with torch.inference_mode():
+        y = compiled(x)
+    x64 = x.double()
+    h = module.weight.double() * x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert_close(y, F.silu(h[..., :24]) * h[..., 24:], dtype, "compiled inference")

@@ -1,0 +1,159 @@
+"""RMSNorm kernels (library/norm): Llama and Gemma semantics and the fused residual add, against
+float64 references; forward, input and weight gradients, through the kernel layers bound to real
+modules and through the function API."""
+
+import types
+
+import pytest
+import torch
+from library_helpers import DTYPES, ON_GPU, FusedAddRMSNorm, assert_close, grads, randn
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+EPS = 1e-6
+
+
+def _rms64(x64, eps):
+    return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+
+
+# (rows shape, hidden, layout): odd hidden sizes, several leading dims, zero rows, one wide row
+# (the chunked path: wider than 16384), non-contiguous inputs (a row-strided slice, and a
+# transpose, which has no row-contiguous view); model sizes on the GPU.
+CASES = [
+    ((3,), 37, None),
+    ((2, 3), 65, None),
+    ((5,), 1000, None),
+    ((0,), 64, None),
+    ((4,), 128, "slice"),
+    ((6,), 40, "transpose"),
+    ((2,), 20000, None),
+    pytest.param((1,), 65536, None, marks=pytest.mark.slow),
+    pytest.param((4096,), 5120, None, marks=pytest.mark.gpu),
+    pytest.param((2, 1024), 11008, None, marks=pytest.mark.gpu),
+    pytest.param((64,), 14336, None, marks=pytest.mark.gpu),
+    pytest.param((8,), 65536, None, marks=pytest.mark.gpu),
+    pytest.param((3000,), 4096, "slice", marks=pytest.mark.gpu),
+]
+
+
+def _input(lead, hidden, layout, dtype):
+    if layout == "slice":
+        x = randn(*lead, hidden + 8, dtype=dtype, scale=2.0, shift=0.5)[..., 4 : 4 + hidden]
+    elif layout == "transpose":
+        x = randn(hidden, *lead, dtype=dtype, scale=2.0, shift=0.5).t()
+    else:
+        x = randn(*lead, hidden, dtype=dtype, scale=2.0, shift=0.5)
+    return x.requires_grad_()
+
+
+def _weight(hidden, dtype, offset=1.0):
+    return torch.nn.Parameter(randn(hidden, dtype=dtype, scale=0.2, shift=offset))
+
+
+@pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["w=x", "w=fp32"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lead,hidden,layout", CASES)
+def test_rms_norm_llama(norm, lead, hidden, layout, dtype, weight_dtype):
+    module = LlamaRMSNorm(hidden, eps=EPS)
+    module.weight = _weight(hidden, weight_dtype or dtype)
+    x = _input(lead, hidden, layout, dtype)
+    y = types.MethodType(norm.layers.RMSNorm.forward, module)(x)
+    # Same dtype as transformers' module: the weight multiply promotes.
+    with torch.no_grad():
+        assert y.dtype == module(x[:1] if x.numel() else x).dtype
+    x64 = x.detach().double().requires_grad_()
+    w64 = module.weight.detach().double().requires_grad_()
+    y64 = w64 * _rms64(x64, EPS)
+    assert_close(y, y64, dtype, "forward")
+    dy = randn(*y.shape, dtype=y.dtype)
+    dx, dw = grads(y, (x, module.weight), dy)
+    dx64, dw64 = grads(y64, (x64, w64), dy.double())
+    assert_close(dx, dx64, dtype, "grad x")
+    assert dw.dtype == module.weight.dtype
+    assert_close(dw, dw64, dtype, "grad weight")
+    assert torch.equal(norm.rms_norm(x.detach(), module.weight.detach(), EPS), y.detach())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lead,hidden,layout", CASES)
+def test_rms_norm_gemma(norm, lead, hidden, layout, dtype):
+    module = GemmaRMSNorm(hidden, eps=EPS)
+    module.weight = _weight(hidden, dtype, offset=0.0)
+    x = _input(lead, hidden, layout, dtype)
+    y = types.MethodType(norm.layers.GemmaRMSNorm.forward, module)(x)
+    assert y.dtype == dtype
+    x64 = x.detach().double().requires_grad_()
+    w64 = module.weight.detach().double().requires_grad_()
+    y64 = _rms64(x64, EPS) * (1.0 + w64)
+    assert_close(y, y64, dtype, "forward")
+    dy = randn(*y.shape, dtype=dtype)
+    dx, dw = grads(y, (x, module.weight), dy)
+    dx64, dw64 = grads(y64, (x64, w64), dy.double())
+    assert_close(dx, dx64, dtype, "grad x")
+    assert_close(dw, dw64, dtype, "grad weight")
+    assert torch.equal(norm.gemma_rms_norm(x.detach(), module.weight.detach(), EPS), y.detach())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lead,hidden,layout", CASES)
+def test_fused_add_rms_norm(norm, lead, hidden, layout, dtype):
+    module = FusedAddRMSNorm(hidden, eps=EPS)
+    module.weight = _weight(hidden, dtype)
+    x = _input(lead, hidden, layout, dtype)
+    r = _input(lead, hidden, None, dtype)
+    y, s = types.MethodType(norm.layers.FusedAddRMSNorm.forward, module)(x, r)
+    with torch.no_grad():
+        y_ref, s_ref = module(x, r)
+    assert y.dtype == y_ref.dtype and s.dtype == s_ref.dtype
+    if ON_GPU or dtype != torch.bfloat16:
+        # The sum is rounded to the input dtype exactly as PyTorch rounds it.
+        assert torch.equal(s, s_ref)
+    else:
+        # Triton's interpreter truncates fp32 -> bf16 instead of rounding to nearest (checked
+        # with triton 3.9), so on the CPU the sum may be one bf16 ulp off; the GPU test is exact.
+        assert_close(s, s_ref.double(), dtype, "sum")
+    x64 = x.detach().double().requires_grad_()
+    r64 = r.detach().double().requires_grad_()
+    w64 = module.weight.detach().double().requires_grad_()
+    s64 = x64 + r64
+    y64 = w64 * _rms64(s64, EPS)
+    assert_close(y, y64, dtype, "forward")
+    dy, ds = randn(*y.shape, dtype=dtype), randn(*s.shape, dtype=dtype)
+    got = grads((y, s), (x, r, module.weight), (dy, ds))
+    want = grads((y64, s64), (x64, r64, w64), (dy.double(), ds.double()))
+    for g, g64, what in zip(
+        got, want, ("grad hidden_states", "grad residual", "grad weight"), strict=False
+    ):
+        assert_close(g, g64, dtype, what)
+
+
+def test_fused_add_with_unused_sum(norm):
+    # Only the normalised output feeds the loss: the sum's gradient is None.
+    x = randn(3, 48).requires_grad_()
+    r = randn(3, 48).requires_grad_()
+    w = _weight(48, torch.float32)
+    y, _ = norm.fused_add_rms_norm(x, r, w, EPS)
+    dx, dr = grads(y.square().sum(), (x, r), torch.ones(()))
+    s64 = x.detach().double() + r.detach().double()
+    s64.requires_grad_()
+    (ds64,) = grads(
+        (w.detach().double() * _rms64(s64, EPS)).square().sum(), s64, torch.ones(()).double()
+    )
+    assert_close(dx, ds64, torch.float32, "grad hidden_states")
+    assert_close(dr, ds64, torch.float32, "grad residual")
+
+
+def test_weight_without_grad(norm):
+    x = randn(4, 96).requires_grad_()
+    w = randn(96, scale=0.1, shift=1.0)  # a plain tensor: no weight gradient wanted
+    dy = randn(4, 96)
+    (dx,) = grads(norm.rms_norm(x, w, EPS), x, dy)
+    x64 = x.detach().double().requires_grad_()
+    (dx64,) = grads(w.double() * _rms64(x64, EPS), x64, dy.double())
+    assert_close(dx, dx64, torch.float32, "grad x")
+
+
+def test_mismatched_weight_is_a_clear_error(norm):
+    with pytest.raises(ValueError, match="does not match the last dimension"):
+        norm.rms_norm(randn(3, 8), randn(9), EPS)
