@@ -47,10 +47,11 @@ from .versions import ResolvedRevision, hub_error, list_refs, resolve_revision
 
 logger = logging.getLogger(__name__)
 
-#: Where, inside a repository's cache folder, we note which variants were downloaded
-#: completely (huggingface_hub 0.x cannot tell a complete snapshot from an interrupted one
-#: when offline; 1.x and later can, and we ask it too).
-_COMPLETE_MARKERS = ".kernels-complete"
+#: Where, inside a repository's cache folder, we note the files of each variant we download
+#: (``<commit>/<variant>.json``), so an interrupted download is not mistaken offline for a
+#: complete one. huggingface_hub 0.x cannot tell them apart when offline; 1.x and later
+#: can, and we ask it too.
+_FILE_LISTS = ".kernels-files"
 
 
 @dataclass(frozen=True)
@@ -290,6 +291,10 @@ def _download(resolved: ResolvedRevision, variant: str, files: tuple[str, ...]) 
     repo_id = resolved.repo_id
     where = f"{repo_id} ({resolved.how})"
     logger.debug("downloading %s, variant %s (%d files)", where, variant, len(files))
+    if resolved.commit is not None:
+        # Written before downloading: if the download is interrupted, the cache answers
+        # offline with an incomplete variant, and this list shows what is missing.
+        _record_files(repo_id, resolved.commit, variant, files)
     try:
         snapshot = Path(
             snapshot_download(
@@ -297,6 +302,13 @@ def _download(resolved: ResolvedRevision, variant: str, files: tuple[str, ...]) 
             )
         )
     except Exception as exc:
+        if hubclient.classify(exc) is Failure.UNREACHABLE:
+            raise KernelOfflineError(
+                f"The download of {where}, variant {variant}, did not finish: "
+                f"{hubclient.endpoint()} stopped answering ({hubclient.describe(exc)}). What was "
+                "downloaded stays in the cache and is not used until the download completes; "
+                "run again when the Hub can be reached."
+            ) from exc
         raise _revision_error(exc, resolved, f"download {where}") from exc
     commit = snapshot.name
     if resolved.commit is not None and commit != resolved.commit:
@@ -318,7 +330,8 @@ def _download(resolved: ResolvedRevision, variant: str, files: tuple[str, ...]) 
             f"The download of {where} did not finish: {len(missing)} file(s) of variant "
             f"{variant} are missing ({', '.join(missing[:5])}). {hubclient.offline_hint()}"
         )
-    _mark_complete(repo_id, commit, variant, files)
+    if resolved.commit is None:
+        _record_files(repo_id, commit, variant, files)
     return _fetched(resolved, snapshot, variant, files)
 
 
@@ -375,10 +388,11 @@ def _fetch_from_cache(
 
 
 def _marker_path(repo_id: str, commit: str, variant: str) -> Path:
-    return hubclient.repo_cache_folder(repo_id) / _COMPLETE_MARKERS / commit / f"{variant}.json"
+    return hubclient.repo_cache_folder(repo_id) / _FILE_LISTS / commit / f"{variant}.json"
 
 
-def _mark_complete(repo_id: str, commit: str, variant: str, files: tuple[str, ...]) -> None:
+def _record_files(repo_id: str, commit: str, variant: str, files: tuple[str, ...]) -> None:
+    """Note which files the variant has at this commit, for offline completeness checks."""
     path = _marker_path(repo_id, commit, variant)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -386,7 +400,7 @@ def _mark_complete(repo_id: str, commit: str, variant: str, files: tuple[str, ..
         tmp.write_text(json.dumps(list(files)))
         tmp.replace(path)
     except OSError as exc:  # a read-only cache still works; it just cannot be checked offline
-        logger.debug("could not record the complete download of %s: %s", repo_id, exc)
+        logger.debug("could not record the file list of %s: %s", repo_id, exc)
 
 
 def _read_marker(repo_id: str, commit: str, variant: str) -> tuple[str, ...] | None:

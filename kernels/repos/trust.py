@@ -152,7 +152,7 @@ def require_trust(repo_id: str, trust_remote_code: TrustArgument = False) -> Tru
     decision = decide_trust(repo_id, trust_remote_code)
     if not decision.trusted:
         org = repo_id.split("/")[0] if "/" in repo_id else repo_id
-        logger.warning("Refusing to run kernel code from %s: %s", repo_id, decision.reason)
+        logger.info("Refusing to run kernel code from %s: %s", repo_id, decision.reason)
         raise UntrustedKernelError(
             f"Refusing to download and run kernel code from {repo_id}: {decision.reason} "
             f"(trusted: {', '.join(sorted(configured_trust()))}). If you trust its authors, "

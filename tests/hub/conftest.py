@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hubtools import SILU_AND_MUL_LAYERS, kernel_init
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OLAH = REPO_ROOT / ".venv-hub" / "bin" / "olah-cli"
@@ -96,7 +97,14 @@ class Proxy:
             return
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        for attempt in range(50):  # the old listener may take a moment to let go
+            try:
+                listener.bind(("127.0.0.1", self.port))
+                break
+            except OSError:
+                if attempt == 49:
+                    raise
+                time.sleep(0.05)
         listener.listen(64)
         self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
@@ -106,7 +114,7 @@ class Proxy:
             listener, self._listener = self._listener, None
             connections, self._connections = self._connections, set()
         if listener is not None:
-            listener.close()
+            _close(listener)  # shutdown() wakes the thread blocked in accept()
         for conn in connections:
             _close(conn)
 
@@ -233,40 +241,6 @@ class HubRepo:
         sha = self.commit(f"release {version}")
         self.tag(f"v{version}")
         return sha
-
-
-def kernel_init(version: str, offset: float, variant: str) -> str:
-    return textwrap.dedent(
-        f"""
-        import torch
-        import torch.nn.functional as F
-
-        from . import layers
-
-        VERSION = {version!r}
-        VARIANT = {variant!r}
-
-
-        def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-            d = x.shape[-1] // 2
-            return F.silu(x[..., :d]) * x[..., d:] + {offset!r}
-        """
-    ).lstrip()
-
-
-# A kernel layer; the offset tells a test which kernel version ran.
-SILU_AND_MUL_LAYERS = """
-import torch
-import torch.nn.functional as F
-
-
-class SiluAndMul(torch.nn.Module):
-    can_torch_compile = True
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        d = input.shape[-1] // 2
-        return F.silu(input[..., :d]) * input[..., d:] + {offset}
-"""
 
 
 class HubServer:

@@ -1,0 +1,100 @@
+"""The ``kernels`` command (also ``python -m kernels``).
+
+Each subcommand is a module of this package with ``HELP`` (one line for ``kernels --help``),
+``DESCRIPTION`` and ``EPILOG`` (for ``kernels CMD --help``), ``configure(parser)`` to add
+its arguments and ``run(args) -> int``. Adding a command is adding a module and its name to
+`COMMANDS`.
+
+Exit codes: 0 success, 1 an error (printed on stderr as ``error: ...``, without a
+traceback when it is one `kernels` expects, such as a missing repository), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+#: Subcommands, in the order ``kernels --help`` lists them: module names in this package.
+COMMANDS: tuple[str, ...] = ("versions", "lock", "download", "check", "init", "upload")
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class CommandError(Exception):
+    """An expected failure of a command: printed as ``error: <message>``, exit status 1."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="kernels",
+        description="Find, lock, download, check, scaffold and publish kernel repositories.",
+        epilog="Run `kernels COMMAND --help` for a command's options. Docs: docs/hub.md.",
+    )
+    parser.add_argument("--version", action="version", version=f"kernels {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log more (-v: INFO, -vv: DEBUG)"
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        module = importlib.import_module(f"{__name__}.{name}")
+        sub = subparsers.add_parser(
+            name,
+            help=module.HELP,
+            description=getattr(module, "DESCRIPTION", module.HELP),
+            epilog=getattr(module, "EPILOG", None),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.configure(sub)
+        sub.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``kernels`` command with `argv` (default: ``sys.argv[1:]``); returns the exit status."""
+    from ..errors import KernelsError
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) or a usage error (2)
+        return int(exc.code or 0) if isinstance(exc.code, int) else EXIT_USAGE
+    _configure_logging(args.verbose)
+    try:
+        return int(args.run(args) or EXIT_OK)
+    except (KernelsError, CommandError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _configure_logging(verbosity: int) -> None:
+    """Log the `kernels` logger tree to stderr (never the root logger)."""
+    logger = logging.getLogger("kernels")
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logger.setLevel(level)
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is at the time of the record."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass

@@ -1,0 +1,274 @@
+"""``kernels check REPO_OR_PATH``: validate a kernel repository before publishing or using it."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import CommandError
+
+HELP = "validate a kernel repository (a folder or a Hub repo): layout, variants, imports, layers"
+DESCRIPTION = """\
+Check a kernel repository, a folder on disk or a repository on the Hub:
+
+  layout        build/<variant>/<package>/__init__.py (or build/<variant>/__init__.py)
+  variants      folder names follow the variant naming; one runs on this machine
+  imports       every variant this machine can run imports without error
+  layers        the `layers` module's kernel layers follow the rules kernelize enforces
+                (no __init__, no members besides forward / has_backward / can_torch_compile)
+  signatures    forward takes `self` first, and matches the layer given with --layer-of
+
+A Hub repository is downloaded whole (all variants) into the Hugging Face cache; its code is
+imported, so its organisation must be trusted (--trust-remote-code otherwise).
+Exit status 0 when nothing failed (warnings allowed), 1 otherwise."""
+EPILOG = """\
+examples:
+  kernels check ./my-kernel
+  kernels check kernels-community/activation --version '>=0.1,<0.2'
+  kernels check ./my-kernel --layer-of SiLU=torch.nn:SiLU"""
+
+_COMPILED_SHAPE = re.compile(
+    r"^torch\d{2,}-(?:(?:cxx11|cxx98)-(?:cu\d+|rocm\d+|xpu\d+|cpu|npu)-(?:x86_64|aarch64)-(?:linux|windows)"
+    r"|metal-aarch64-darwin)$"
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target", metavar="REPO_OR_PATH", help="a kernel repository folder, or a Hub repo id"
+    )
+    pin = parser.add_mutually_exclusive_group()
+    pin.add_argument("--revision", help="Hub repos: a branch, tag or commit")
+    pin.add_argument(
+        "--version", help="Hub repos: a version specifier such as '>=0.1,<0.2', or N for branch vN"
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="Hub repos: import code from an untrusted organisation",
+    )
+    parser.add_argument(
+        "--layer-of",
+        action="append",
+        default=[],
+        metavar="LAYER=MODULE:CLASS",
+        help="compare kernel layer LAYER's forward signature with that of MODULE:CLASS (repeatable)",
+    )
+
+
+@dataclass
+class Report:
+    lines: list[tuple[str, str]] = field(default_factory=list)
+
+    def ok(self, text: str) -> None:
+        self.lines.append(("ok", text))
+
+    def warn(self, text: str) -> None:
+        self.lines.append(("warn", text))
+
+    def fail(self, text: str) -> None:
+        self.lines.append(("FAIL", text))
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for status, _ in self.lines if status == "FAIL")
+
+
+def run(args: argparse.Namespace) -> int:
+    originals = [_parse_layer_of(spec) for spec in args.layer_of]
+    repo_dir, where = _repository_folder(args)
+    report = check_repository(repo_dir, where=where, originals=dict(originals))
+    for status, text in report.lines:
+        print(f"{status:<4}  {text}")
+    warnings = sum(1 for status, _ in report.lines if status == "warn")
+    print(f"{where}: {report.failed} failed, {warnings} warning(s)")
+    return 1 if report.failed else 0
+
+
+def _parse_layer_of(spec: str) -> tuple[str, type]:
+    name, _, target = spec.partition("=")
+    module_name, _, class_name = target.partition(":")
+    if not (name and module_name and class_name):
+        raise CommandError(
+            f"--layer-of {spec!r}: write LAYER=MODULE:CLASS, e.g. SiLU=torch.nn:SiLU"
+        )
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise CommandError(
+            f"--layer-of {spec!r}: cannot import {module_name}:{class_name} ({exc})"
+        ) from exc
+    return name, cls
+
+
+def _repository_folder(args: argparse.Namespace) -> tuple[Path, str]:
+    path = Path(args.target).expanduser()
+    if path.is_dir():
+        if args.revision or args.version:
+            raise CommandError("--revision and --version apply to Hub repositories, not folders")
+        return path, str(path.resolve())
+    if path.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", args.target):
+        raise CommandError(
+            f"{args.target} is neither a kernel repository folder nor a Hub repo id 'org/name'"
+        )
+    return _download_all_variants(args)
+
+
+def _download_all_variants(args: argparse.Namespace) -> tuple[Path, str]:
+    from huggingface_hub import snapshot_download
+
+    from ..repos.trust import require_trust
+    from ..repos.variants import PREFERENCE_FILE
+    from ..repos.versions import hub_error, resolve_revision
+
+    repo_id = args.target
+    require_trust(repo_id, bool(args.trust_remote_code))
+    version = int(args.version) if args.version and args.version.isdigit() else args.version
+    resolved = resolve_revision(repo_id, revision=args.revision, version=version)
+    try:
+        folder = snapshot_download(
+            repo_id,
+            revision=resolved.revision,
+            allow_patterns=["build/*", PREFERENCE_FILE, "README.md"],
+        )
+    except Exception as exc:
+        raise hub_error(exc, repo_id, f"download {repo_id} ({resolved.how})") from exc
+    return Path(folder), f"{repo_id} ({resolved.how})"
+
+
+def check_repository(
+    repo_dir: Path, *, where: str, originals: dict[str, type] | None = None
+) -> Report:
+    """Run every check on the repository folder `repo_dir`; nothing is raised, all is reported."""
+    from ..errors import KernelLoadError
+    from ..repos.layout import locate_package, read_preference
+    from ..repos.variants import VARIANT_PATTERN, choose_variant, machine_build
+
+    report = Report()
+    build = repo_dir / "build"
+    if not (repo_dir / "README.md").is_file():
+        report.warn("layout: no README.md (the Hub shows it as the kernel's card)")
+    if not build.is_dir():
+        report.fail(
+            f"layout: {build} does not exist; a kernel repository holds build/<variant>/<package>/"
+        )
+        return report
+
+    variants, packages = [], {}
+    for entry in sorted(build.iterdir()):
+        if not entry.is_dir():
+            report.warn(
+                f"layout: build/{entry.name} is a file; only variant folders belong in build/"
+            )
+        elif not VARIANT_PATTERN.match(entry.name):
+            report.warn(
+                f"variants: build/{entry.name} is not named like a build variant and is ignored"
+            )
+        else:
+            variants.append(entry.name)
+    if not variants:
+        report.fail(
+            "variants: build/ holds no build variants (torch-universal, torch28-cxx11-cu128-x86_64-linux, ...)"
+        )
+        return report
+    for variant in variants:
+        if variant.startswith("torch-"):
+            continue
+        if not _COMPILED_SHAPE.match(variant):
+            report.warn(
+                f"variants: {variant} does not look like torch<MM>-<abi>-<runtime>-<arch>-<os>"
+            )
+    try:
+        prefer = read_preference(repo_dir, where=where)
+    except KernelLoadError as exc:
+        report.fail(f"variants: {exc}")
+        prefer = "compiled"
+    for variant in variants:
+        try:
+            location = locate_package(repo_dir, None, where=where, variant=variant)
+        except KernelLoadError as exc:
+            report.fail(f"layout: {exc}")
+            continue
+        packages[variant] = location
+    if packages:
+        names = {loc.package_name for loc in packages.values()}
+        summary = ", ".join(f"{v} ({packages[v].package_name})" for v in sorted(packages))
+        (report.ok if len(names) == 1 else report.warn)(f"layout: packages in {summary}")
+
+    machine = machine_build()
+    try:
+        chosen = choose_variant(variants, where=where, prefer=prefer)
+        report.ok(f"variants: {len(variants)} variant(s); this machine loads {chosen}")
+    except KernelLoadError as exc:
+        report.warn(f"variants: {exc} Imports are not checked here.")
+        return report
+
+    runnable = [v for v in machine.acceptable_variants(prefer) if v in packages]
+    for variant in runnable:
+        _check_variant(report, packages[variant], variant, where, originals or {})
+    return report
+
+
+def _check_variant(
+    report: Report, location, variant: str, where: str, originals: dict[str, type]
+) -> None:
+    import torch.nn as nn
+
+    from ..errors import KernelLayerError, KernelLoadError
+    from ..layer.validation import signature_difference, validate_kernel_layer
+    from ..repos.loader import import_package
+
+    try:
+        module = import_package(location.package_dir, location.package_name)
+    except KernelLoadError as exc:
+        report.fail(f"imports: {variant}: {exc}")
+        return
+    report.ok(f"imports: {variant}: package {location.package_name} imports")
+
+    layers = getattr(module, "layers", None)
+    if layers is None:
+        report.warn(f"layers: {variant}: no `layers` module, so no kernel layers (functions only)")
+        return
+    found = {
+        name: value
+        for name, value in vars(layers).items()
+        if inspect.isclass(value)
+        and issubclass(value, nn.Module)
+        and value.__module__.startswith(module.__name__)
+    }
+    if not found:
+        report.warn(f"layers: {variant}: the `layers` module defines no torch.nn.Module classes")
+    for name, layer in sorted(found.items()):
+        source = f"{where}, {variant}"
+        try:
+            validate_kernel_layer(layer, layer, kernel_source=source, layer_name=name)
+        except KernelLayerError as exc:
+            report.fail(f"layers: {exc}")
+            continue
+        flags = f"has_backward={getattr(layer, 'has_backward', True)}, can_torch_compile={getattr(layer, 'can_torch_compile', False)}"
+        report.ok(f"layers: {variant}: {name} follows the kernel layer rules ({flags})")
+        params = list(inspect.signature(layer.forward).parameters)
+        if not params or params[0] != "self":
+            report.fail(
+                f"signatures: {variant}: {name}.forward must take `self` first, takes ({', '.join(params)})"
+            )
+        original = originals.get(name)
+        if original is not None:
+            difference = signature_difference(layer.forward, original.forward)
+            if difference is None:
+                report.ok(
+                    f"signatures: {variant}: {name}.forward matches {original.__module__}.{original.__qualname__}"
+                )
+            else:
+                report.fail(
+                    f"signatures: {variant}: {name}.forward differs from "
+                    f"{original.__module__}.{original.__qualname__}.forward: {difference}"
+                )
+    for name in sorted(set(originals) - set(found)):
+        report.fail(
+            f"signatures: {variant}: --layer-of names {name}, which `layers` does not define"
+        )

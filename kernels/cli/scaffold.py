@@ -1,0 +1,306 @@
+"""The files `kernels init` writes: a Triton kernel repository in our Hub layout.
+
+Templates use ``{repo_id}``, ``{name}``, ``{package}`` and ``{title}`` placeholders
+(``str.format``; literal braces are doubled).
+"""
+
+from __future__ import annotations
+
+README = """\
+# {repo_id}
+
+A Triton kernel repository, scaffolded with `kernels init`. It ships one example kernel, an
+element-wise SiLU with a backward pass, and a kernel layer that can replace `torch.nn.SiLU`'s
+`forward`. Replace it with your own kernel: keep the layout, the tests and the benchmark.
+
+## Layout
+
+```
+build/torch-universal/{package}/   the package the Hub serves (Triton: one build for every backend)
+    __init__.py                     the functions the package exports
+    silu.py                         Triton kernels -> launchers -> autograd.Function -> silu()
+    layers.py                       kernel layers for kernelize (stateless, forward only)
+tests/                              correctness against PyTorch (TRITON_INTERPRET=1 without a GPU)
+benchmarks/                         a triton.testing.perf_report benchmark to fill in
+```
+
+## Use
+
+```python
+from kernels import get_kernel, LayerRepository
+
+{package} = get_kernel("{repo_id}", version=">=0.1,<0.2")
+y = {package}.silu(x)
+
+mapping = {{"SiLU": {{"cuda": LayerRepository("{repo_id}", layer_name="SiLU", version=">=0.1,<0.2")}}}}
+```
+
+## Develop and publish
+
+```bash
+pytest tests                                  # on CPU, Triton runs through its interpreter
+kernels check .                               # layout, imports, layer rules, signatures
+python benchmarks/benchmark_{package}.py      # needs a CUDA GPU
+kernels upload . --repo-id {repo_id} --tag v0.1.0
+```
+
+Kernel layers must stay stateless: no `__init__`, no members besides `forward`,
+`has_backward` and `can_torch_compile`, and `forward` must take exactly the arguments of the
+layer it replaces. Inside the package, import only relatively (`from .silu import silu`):
+the package is loaded under a private module name.
+"""
+
+INIT = '''\
+"""{title}: Triton kernels (scaffolded by `kernels init`; replace the SiLU example with yours)."""
+
+from . import layers
+from .silu import silu
+
+__all__ = ["layers", "silu"]
+'''
+
+OP = '''\
+"""Element-wise SiLU, ``y = x * sigmoid(x)``, as an example to replace with your kernel.
+
+Read top to bottom: the Triton kernels, the launcher that picks block sizes, then the autograd
+wiring. Arithmetic is fp32 whatever the input dtype.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _silu_fwd_kernel(X, Y, n_elements, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements  # the last program may run past the end
+    x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
+    y = x * tl.sigmoid(x)
+    tl.store(Y + offsets, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_bwd_kernel(DY, X, DX, n_elements, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + offsets, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sigmoid(x)
+    tl.store(DX + offsets, (dy * s * (1.0 + x * (1.0 - s))).to(DX.dtype.element_ty), mask=mask)
+
+
+def _launch_config(n_elements: int) -> tuple[int, int]:
+    # Up to 4096 elements per program (small inputs shrink it to the next power of two, at
+    # least one warp's worth), with one warp per 512 elements, capped at 8.
+    block = min(4096, max(128, triton.next_power_of_2(n_elements)))
+    return block, max(1, min(8, block // 512))
+
+
+def silu_forward(x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        block, num_warps = _launch_config(n)
+        _silu_fwd_kernel[(triton.cdiv(n, block),)](x, y, n, BLOCK=block, num_warps=num_warps)
+    return y
+
+
+def silu_backward(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    x, dy = x.contiguous(), dy.contiguous()
+    dx = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        block, num_warps = _launch_config(n)
+        _silu_bwd_kernel[(triton.cdiv(n, block),)](dy, x, dx, n, BLOCK=block, num_warps=num_warps)
+    return dx
+
+
+class _SiLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return silu_forward(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return silu_backward(dy, x)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """SiLU of `x` (any shape; float32, float16 or bfloat16), differentiable."""
+    return _SiLUFunction.apply(x)
+'''
+
+LAYERS = '''\
+"""Kernel layers: each replaces the ``forward`` of a tagged module and keeps its signature.
+
+A kernel layer has no state and no ``__init__``: ``kernelize`` binds ``forward`` to the
+original module instance, so ``self`` is that module.
+"""
+
+import torch
+
+from .silu import silu
+
+
+class SiLU(torch.nn.Module):
+    """Replaces ``torch.nn.SiLU`` (and transformers' ``SiLUActivation``): ``forward(self, input)``."""
+
+    has_backward = True
+    # Calling a Triton kernel through autograd.Function is not declared torch.compile-safe;
+    # register the op with torch.library (triton_op) before setting this to True.
+    can_torch_compile = False
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return silu(input)
+'''
+
+CONFTEST = '''\
+"""Without a CUDA GPU, Triton kernels run through Triton's interpreter on CPU tensors.
+
+The variable must be set before anything imports triton.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+'''
+
+TEST = '''\
+"""{title} against PyTorch: forward, backward, and as a kernel layer through kernelize."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import (
+    LocalLayerRepository,
+    Mode,
+    get_local_kernel,
+    kernelize,
+    use_kernel_forward_from_hub,
+    use_kernel_mapping,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The interpreter computes in numpy, which has no bfloat16: low precision only on the GPU.
+DTYPES = [torch.float32] + ([torch.float16, torch.bfloat16] if DEVICE == "cuda" else [])
+TOLERANCE = {{torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}}
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return get_local_kernel(REPO, "{package}")
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 129), (2, 4, 1000)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_matches_pytorch(kernel, shape, dtype):
+    x = torch.randn(shape, device=DEVICE, dtype=dtype)
+    torch.testing.assert_close(
+        kernel.silu(x), F.silu(x.float()).to(dtype), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype]
+    )
+
+
+def test_backward_matches_pytorch(kernel):
+    x = torch.randn(4, 300, device=DEVICE, requires_grad=True)
+    dy = torch.randn_like(x)
+    kernel.silu(x).backward(dy)
+    ours, x.grad = x.grad, None
+    F.silu(x).backward(dy)
+    torch.testing.assert_close(ours, x.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_kernelize_swaps_the_layer_forward():
+    @use_kernel_forward_from_hub("SiLU")
+    class TaggedSiLU(torch.nn.SiLU):
+        pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), TaggedSiLU()).to(DEVICE)
+    x = torch.randn(3, 16, device=DEVICE)
+    expected = model(x)
+    repo = LocalLayerRepository(REPO, package_name="{package}", layer_name="SiLU")
+    with use_kernel_mapping({{"SiLU": {{DEVICE: repo}}}}, inherit_mapping=False):
+        kernelize(model, mode=Mode.TRAINING)
+    assert "forward" in vars(model[1])  # the instance now runs the kernel layer
+    torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
+'''
+
+BENCHMARK = '''\
+"""Benchmark stub for {title}: the kernel against PyTorch, in GB/s, with triton.testing.
+
+Fill in the shapes and the providers that matter for your kernel. Needs a CUDA GPU; the
+table is printed and the plot written to benchmarks/results/.
+"""
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from kernels import get_local_kernel
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@triton.testing.perf_report(
+    triton.testing.Benchmark(
+        x_names=["n"],
+        x_vals=[2**i for i in range(12, 27, 2)],
+        line_arg="provider",
+        line_vals=["triton", "torch"],
+        line_names=["Triton", "PyTorch"],
+        ylabel="GB/s",
+        plot_name="{package}-silu",
+        args={{"dtype": torch.bfloat16}},
+    )
+)
+def benchmark(n, provider, dtype):
+    kernel = get_local_kernel(REPO, "{package}")
+    x = torch.randn(n, device="cuda", dtype=dtype)
+    fn = (lambda: kernel.silu(x)) if provider == "triton" else (lambda: F.silu(x))
+    ms = triton.testing.do_bench(fn)
+    bytes_moved = 2 * x.numel() * x.element_size()  # read x, write y
+    return bytes_moved / ms * 1e-6
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        raise SystemExit("the benchmark needs a CUDA GPU")
+    results = Path(__file__).parent / "results"
+    results.mkdir(exist_ok=True)
+    benchmark.run(print_data=True, save_path=str(results))
+'''
+
+GITIGNORE = """\
+__pycache__/
+*.pyc
+.pytest_cache/
+benchmarks/results/
+"""
+
+
+def files(*, repo_id: str, name: str, package: str) -> dict[str, str]:
+    """Relative path -> contents of every file of a new kernel repository."""
+    values = {"repo_id": repo_id, "name": name, "package": package, "title": name}
+    base = f"build/torch-universal/{package}"
+    return {
+        "README.md": README.format(**values),
+        ".gitignore": GITIGNORE,
+        f"{base}/__init__.py": INIT.format(**values),
+        f"{base}/silu.py": OP,
+        f"{base}/layers.py": LAYERS,
+        "tests/conftest.py": CONFTEST,
+        f"tests/test_{package}.py": TEST.format(**values),
+        f"benchmarks/benchmark_{package}.py": BENCHMARK.format(**values),
+    }

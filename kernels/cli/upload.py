@@ -1,0 +1,149 @@
+"""``kernels upload PATH --repo-id ID [--tag vX.Y.Z]``: publish a kernel repository on the Hub."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import CommandError
+
+HELP = "publish a kernel repository folder on the Hub (optionally tagging a version)"
+DESCRIPTION = """\
+Check PATH as `kernels check` does, then upload it to the Hub repository ID with
+huggingface_hub (creating the repository if needed) in one commit, and with --tag create
+the version tag v<major>.<minor>.<patch> on that commit. Bytecode, caches, virtual
+environments and benchmark results are left out. Authenticate with `hf auth login` or HF_TOKEN;
+HF_ENDPOINT selects the server."""
+EPILOG = """\
+examples:
+  kernels upload . --repo-id my-org/fused-silu --dry-run
+  kernels upload . --repo-id my-org/fused-silu --tag v0.1.0"""
+
+IGNORE_PATTERNS = (
+    ".git/*",
+    "*/__pycache__/*",
+    "__pycache__/*",
+    "*.pyc",
+    ".pytest_cache/*",
+    ".ruff_cache/*",
+    ".venv*/*",
+    "benchmarks/results/*",
+    ".DS_Store",
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", metavar="PATH", type=Path, help="the kernel repository folder")
+    parser.add_argument(
+        "--repo-id", required=True, metavar="ID", help="the Hub repository, e.g. my-org/fused-silu"
+    )
+    parser.add_argument(
+        "--tag", metavar="vX.Y.Z", help="create this version tag on the uploaded commit"
+    )
+    parser.add_argument("--branch", metavar="BRANCH", help="upload to this branch (default: main)")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
+    parser.add_argument("--message", "-m", help="the commit message")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="check and list what would be uploaded; send nothing"
+    )
+
+
+@dataclass(frozen=True)
+class UploadPlan:
+    """Everything `kernels upload` will send, decided before any HTTP call."""
+
+    folder: Path
+    repo_id: str
+    files: tuple[str, ...]
+    tag: str | None
+    branch: str | None
+    message: str
+
+
+def plan_upload(
+    path: Path, repo_id: str, *, tag: str | None, branch: str | None, message: str | None
+) -> UploadPlan:
+    """Validate the arguments and the repository, and list the files to upload.
+
+    Raises:
+        CommandError: a bad repo id or tag, or a repository that fails `kernels check`.
+    """
+    import re
+
+    from ..repos.versions import parse_version_tag
+    from .check import check_repository
+
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
+        raise CommandError(f"--repo-id {repo_id!r}: write it as 'org/name'")
+    if tag is not None and (
+        not re.fullmatch(r"v\d+\.\d+\.\d+\S*", tag) or parse_version_tag(tag) is None
+    ):
+        raise CommandError(
+            f"--tag {tag!r} is not a version tag: write v<major>.<minor>.<patch> (e.g. v0.1.0, "
+            "v1.2.0rc1) so that version specifiers can select it"
+        )
+    if not path.is_dir():
+        raise CommandError(f"{path} is not a folder")
+    report = check_repository(path, where=str(path))
+    failures = [text for status, text in report.lines if status == "FAIL"]
+    if failures:
+        raise CommandError(
+            f"{path} fails `kernels check`; fix it first:\n  " + "\n  ".join(failures)
+        )
+    files = tuple(
+        sorted(
+            rel
+            for p in path.rglob("*")
+            if p.is_file() and not _ignored(rel := p.relative_to(path).as_posix())
+        )
+    )
+    default = f"Upload kernel {repo_id}" + (f" {tag}" if tag else "")
+    return UploadPlan(path, repo_id, files, tag, branch, message or default)
+
+
+def _ignored(relative: str) -> bool:
+    return any(fnmatch.fnmatch(relative, pattern) for pattern in IGNORE_PATTERNS)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_upload(
+        args.path, args.repo_id, tag=args.tag, branch=args.branch, message=args.message
+    )
+    target = f"{plan.repo_id}" + (f" (branch {plan.branch})" if plan.branch else "")
+    print(
+        f"{len(plan.files)} file(s) from {plan.folder} -> {target}"
+        + (f", tag {plan.tag}" if plan.tag else "")
+    )
+    for name in plan.files:
+        print(f"  {name}")
+    if args.dry_run:
+        print("dry run: nothing was uploaded")
+        return 0
+    commit = upload(plan, private=args.private)
+    print(f"uploaded commit {commit}" + (f", tagged {plan.tag}" if plan.tag else ""))
+    return 0
+
+
+def upload(plan: UploadPlan, *, private: bool = False) -> str:
+    """Send `plan` with huggingface_hub; returns the new commit."""
+    from ..repos import hubclient
+    from ..repos.versions import hub_error
+
+    api = hubclient.hub_api()
+    try:
+        api.create_repo(plan.repo_id, private=private, exist_ok=True)
+        info = api.upload_folder(
+            folder_path=plan.folder,
+            repo_id=plan.repo_id,
+            revision=plan.branch,
+            commit_message=plan.message,
+            allow_patterns=list(plan.files),
+        )
+        commit = getattr(info, "oid", None) or str(info)
+        if plan.tag:
+            api.create_tag(plan.repo_id, tag=plan.tag, revision=commit, tag_message=plan.message)
+    except Exception as exc:
+        raise hub_error(exc, plan.repo_id, f"upload {plan.folder} to {plan.repo_id}") from exc
+    return commit

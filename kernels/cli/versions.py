@@ -1,0 +1,109 @@
+"""``kernels versions REPO``: the versions and branches of a Hub kernel, and what each offers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "list a Hub kernel's versions and branches, with the build variants each offers"
+DESCRIPTION = """\
+List the version tags (v<major>.<minor>.<patch>, newest first) and branches of a kernel
+repository on the Hub, with each one's commit and build variants. The variant this machine
+would load is marked with *. Tags that are not versions are listed apart: version
+specifiers never select them."""
+EPILOG = """\
+examples:
+  kernels versions kernels-community/activation
+  kernels versions kernels-community/activation --json"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "repo_id", metavar="REPO", help="Hub repository id, e.g. kernels-community/activation"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import BuildVariantNotFoundError
+    from ..repos import hubclient
+    from ..repos.variants import PREFERENCE_FILE, choose_variant, parse_preference_file, variants_in
+    from ..repos.versions import hub_error, list_refs, parse_version_tag
+
+    repo_id = args.repo_id
+    refs = list_refs(repo_id)
+    api = hubclient.hub_api()
+    offers: dict[str, tuple[list[str], str | None]] = {}
+
+    def offered(commit: str) -> tuple[list[str], str | None]:
+        if commit not in offers:
+            try:
+                files = api.list_repo_files(repo_id, revision=commit)
+            except Exception as exc:
+                raise hub_error(exc, repo_id, f"list the files of {repo_id} at {commit}") from exc
+            variants = variants_in(
+                {f.split("/")[1] for f in files if f.startswith("build/") and f.count("/") >= 2}
+            )
+            prefer = "compiled"
+            if PREFERENCE_FILE in files:
+                from huggingface_hub import hf_hub_download
+
+                path = hf_hub_download(repo_id, PREFERENCE_FILE, revision=commit)
+                with open(path) as f:
+                    prefer = parse_preference_file(f.read(), where=repo_id)
+            try:
+                chosen = choose_variant(variants, where=repo_id, prefer=prefer)
+            except BuildVariantNotFoundError:
+                chosen = None
+            offers[commit] = (variants, chosen)
+        return offers[commit]
+
+    versions = sorted(refs.versions().items(), reverse=True)
+    rows = []
+    for version, tag in versions:
+        rows.append(("version", tag, str(version), refs.tags[tag], *offered(refs.tags[tag])))
+    for branch in sorted(refs.branches, key=lambda b: (b != "main", b)):
+        rows.append(
+            ("branch", branch, None, refs.branches[branch], *offered(refs.branches[branch]))
+        )
+    other_tags = sorted(t for t in refs.tags if parse_version_tag(t) is None)
+
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "repo_id": repo_id,
+                    "refs": [
+                        {
+                            "kind": kind,
+                            "name": name,
+                            "version": version,
+                            "commit": commit,
+                            "variants": variants,
+                            "variant_here": chosen,
+                        }
+                        for kind, name, version, commit, variants, chosen in rows
+                    ],
+                    "other_tags": other_tags,
+                },
+                indent=2,
+            )
+        )
+        return 0
+
+    print(repo_id)
+    width = max((len(name) for _, name, *_ in rows), default=4)
+    for title, kind in (("versions (newest first)", "version"), ("branches", "branch")):
+        print(f"{title}:")
+        selected = [r for r in rows if r[0] == kind]
+        if not selected:
+            print("  none")
+        for _, name, _version, commit, variants, chosen in selected:
+            shown = (
+                ", ".join(f"{v}*" if v == chosen else v for v in variants) or "no build variants"
+            )
+            print(f"  {name:<{width}}  {commit[:12]}  {shown}")
+    if other_tags:
+        print(f"other tags (not versions): {', '.join(other_tags)}")
+    print("* the variant this machine would load")
+    return 0

@@ -1,0 +1,155 @@
+"""Downloading kernels: only the chosen variant, into the session's HF cache, imported once per commit."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import kernels
+from kernels import BuildVariantNotFoundError
+from kernels.repos.variants import machine_build
+
+pytestmark = pytest.mark.hub
+
+COMPILED = machine_build().compiled_variant  # e.g. torch213-cxx11-cpu-x86_64-linux
+BACKEND = f"torch-{machine_build().backend}"
+OTHER_COMPILED = "torch27-cxx11-cu126-x86_64-linux"
+
+
+def snapshot_variants(module) -> list[str]:
+    """The variant folders the module's snapshot holds (what was downloaded)."""
+    from pathlib import Path
+
+    build = Path(module.__file__).parents[2]
+    assert build.name == "build"
+    return sorted(p.name for p in build.iterdir())
+
+
+def test_downloads_into_the_session_cache(released, hub):
+    repo = released("0.1.0")
+    module = kernels.get_kernel(repo.repo_id, version=">=0.1")
+    assert str(hub.cache) in module.__file__
+    assert "snapshots" in module.__file__
+
+
+def test_only_the_chosen_variant_is_downloaded(hub):
+    repo = hub.create_repo()
+    repo.release("0.1.0", variants=(OTHER_COMPILED, "torch-universal", COMPILED))
+    module = kernels.get_kernel(repo.repo_id, version="==0.1.0")
+    assert module.VARIANT == COMPILED  # the exact compiled match wins over universal
+    assert snapshot_variants(module) == [COMPILED]
+
+
+def test_backend_variant_beats_universal(hub):
+    repo = hub.create_repo()
+    repo.release("0.1.0", variants=("torch-universal", BACKEND))
+    assert kernels.get_kernel(repo.repo_id, version="==0.1.0").VARIANT == BACKEND
+
+
+def test_repository_can_prefer_noarch_over_compiled(hub):
+    repo = hub.create_repo()
+    repo.write_kernel(version="0.1.0", variants=(COMPILED, "torch-universal"))
+    repo.write("kernel-variants.json", '{"prefer": "noarch"}')
+    repo.commit()
+    repo.tag("v0.1.0")
+    module = kernels.get_kernel(repo.repo_id, version="==0.1.0")
+    assert module.VARIANT == "torch-universal"
+    assert snapshot_variants(module) == ["torch-universal"]
+
+
+def test_bad_preference_file_is_an_error(hub):
+    repo = hub.create_repo()
+    repo.write_kernel(version="0.1.0")
+    repo.write("kernel-variants.json", '{"prefer": "fastest"}')
+    repo.commit()
+    repo.tag("v0.1.0")
+    with pytest.raises(BuildVariantNotFoundError, match="prefer must be one of compiled, noarch"):
+        kernels.get_kernel(repo.repo_id, version="==0.1.0")
+
+
+def test_missing_variant_lists_what_the_repo_offers_and_what_this_machine_needs(hub):
+    repo = hub.create_repo()
+    repo.release(
+        "0.1.0",
+        variants=(OTHER_COMPILED, "torch-cuda" if BACKEND != "torch-cuda" else "torch-rocm"),
+    )
+    with pytest.raises(BuildVariantNotFoundError) as info:
+        kernels.get_kernel(repo.repo_id, version="==0.1.0")
+    message = str(info.value)
+    assert OTHER_COMPILED in message
+    assert COMPILED in message and "torch-universal" in message
+    assert repo.repo_id in message and "tag v0.1.0" in message
+    assert isinstance(info.value, FileNotFoundError)
+    assert not kernels.has_kernel(repo.repo_id, version="==0.1.0")
+
+
+def test_has_kernel(released):
+    repo = released("0.1.0")
+    assert kernels.has_kernel(repo.repo_id, version=">=0.1")
+    with pytest.raises(kernels.KernelRepositoryNotFoundError):
+        kernels.has_kernel("kernels-community/never-existed", version=">=0.1")
+
+
+def test_has_kernel_downloads_nothing(released, hub):
+    repo = released("0.1.0")
+    assert kernels.has_kernel(repo.repo_id, version=">=0.1")
+    from kernels.repos.hubclient import repo_cache_folder
+
+    assert not (repo_cache_folder(repo.repo_id) / "snapshots").exists()
+
+
+def test_same_commit_is_imported_once(released):
+    repo = released("0.1.0")
+    first = kernels.get_kernel(repo.repo_id, version=">=0.1")
+    again = kernels.get_kernel(repo.repo_id, revision="v0.1.0")
+    assert first is again
+
+
+def test_two_versions_of_one_kernel_in_one_process(released):
+    repo = released("0.1.0", "0.2.0")
+    old = kernels.get_kernel(repo.repo_id, version="<0.2")
+    new = kernels.get_kernel(repo.repo_id, version=">=0.2")
+    assert (old.VERSION, new.VERSION) == ("0.1.0", "0.2.0")
+    assert old.__name__ != new.__name__
+    assert sys.modules[old.__name__] is old and sys.modules[new.__name__] is new
+    # Each keeps its own submodules.
+    assert old.layers.SiluAndMul is not new.layers.SiluAndMul
+    x = torch.randn(2, 8)
+    assert torch.allclose(new.silu_and_mul(x) - old.silu_and_mul(x), torch.ones(2, 4))
+    # Neither took the bare package name.
+    package = repo.repo_id.split("/")[1].replace("-", "_")
+    assert package not in sys.modules
+
+
+def test_install_kernel_downloads_without_importing(released):
+    repo = released("0.1.0")
+    package, variant_dir = kernels.install_kernel(repo.repo_id, "v0.1.0")
+    assert variant_dir.name == "torch-universal"
+    assert (variant_dir / package / "__init__.py").is_file()
+    assert not any(
+        str(variant_dir) in str(getattr(m, "__file__", "")) for m in list(sys.modules.values())
+    )
+    # And from the cache only, afterwards.
+    assert kernels.install_kernel(repo.repo_id, "v0.1.0", local_files_only=True)[1] == variant_dir
+
+
+def test_variant_folder_as_package(hub):
+    """The newer layout: build/<variant>/__init__.py is the package itself."""
+    from hubtools import SILU_AND_MUL_LAYERS, kernel_init
+
+    repo = hub.create_repo()
+    repo.write("build/torch-universal/__init__.py", kernel_init("0.3.0", 3.0, "torch-universal"))
+    repo.write("build/torch-universal/layers.py", SILU_AND_MUL_LAYERS.format(offset=3.0))
+    repo.commit()
+    repo.tag("v0.3.0")
+    module = kernels.get_kernel(repo.repo_id, version="==0.3.0")
+    assert module.VERSION == "0.3.0"
+    assert module.layers.SiluAndMul.__name__ == "SiluAndMul"
+
+
+def test_package_name_differs_from_repo_name(hub):
+    repo = hub.create_repo()
+    repo.release("0.1.0", package="some_other_name")
+    assert kernels.get_kernel(repo.repo_id, version="==0.1.0").VERSION == "0.1.0"
