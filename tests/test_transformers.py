@@ -149,3 +149,47 @@ def test_scoped_mapping_with_transformers(clean_mapping):
     kernelize(model, mode=Mode.INFERENCE)  # outside the scope: transformers' own mapping only
     if DEVICE == "cpu":
         assert kernel_layer_of(model.model.norm) is None
+
+
+def test_transformers_default_mapping_falls_back_when_the_hub_is_unreachable(tmp_path):
+    """transformers registers Hub repositories for cuda; with no Hub, each layer keeps its
+    forward with a WARNING, and the model still loads and runs. In a subprocess, so the Hub
+    endpoint and cache are this test's own."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import logging, torch
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+from transformers import LlamaConfig, LlamaForCausalLM
+from kernels import Device, Mode, kernelize
+from kernels.layer.swap import kernel_layer_of
+config = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=1, vocab_size=64)
+model = LlamaForCausalLM(config)
+kernelize(model, device=Device(type="cuda"), mode=Mode.INFERENCE)   # what model.kernelize() does on a GPU
+assert all(kernel_layer_of(m) is None for m in model.modules())
+model(torch.randint(0, 64, (1, 5)))
+print("MODEL RAN")
+"""
+    for extra in ({"HF_ENDPOINT": "http://127.0.0.1:9"}, {"HF_HUB_OFFLINE": "1"}):
+        env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "cache"), **extra}
+        env.pop("TRITON_INTERPRET", None)
+        result = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, result.stderr
+        assert "MODEL RAN" in result.stdout
+        warnings = [
+            line
+            for line in result.stderr.splitlines()
+            if line.startswith("WARNING kernels.layer.kernelize")
+        ]
+        # One line per tagged module: 3 RMSNorms and 1 SiLU in a one-layer Llama.
+        assert len(warnings) == 4, result.stderr
+        assert any(
+            "input_layernorm (LlamaRMSNorm, 'RMSNorm') keeps its original forward: loading kernels-community/liger_kernels"
+            in w
+            for w in warnings
+        )
