@@ -1,0 +1,236 @@
+"""The `kernels` command without a Hub: help, exit codes, `check` on folders, `init`, `upload` planning.
+
+The commands that talk to the Hub are tested against the test server in tests/hub/test_cli_hub.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels.cli import COMMANDS, main
+from kernels.cli.upload import plan_upload
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+BAD_LAYER = """
+import torch
+
+
+class SiluAndMul(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = 2.0
+
+    def forward(self, input):
+        return input
+"""
+
+HELPER_LAYER = """
+import torch
+
+
+class SiluAndMul(torch.nn.Module):
+    def helper(self):
+        return 1
+
+    def forward(self, input):
+        return input
+"""
+
+
+def run(*argv: str) -> int:
+    return main(list(argv))
+
+
+def test_help_lists_every_command(capsys):
+    assert run("--help") == 0
+    out = capsys.readouterr().out
+    for command in COMMANDS:
+        assert command in out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_has_help_with_examples(command, capsys):
+    assert run(command, "--help") == 0
+    out = capsys.readouterr().out
+    assert f"usage: kernels {command}" in out
+    assert "examples:" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["bogus"],
+        ["versions"],
+        ["upload", "."],
+        ["check", "x", "--revision", "a", "--version", "1"],
+    ],
+)
+def test_usage_errors_exit_2(argv, capsys):
+    assert run(*argv) == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_python_dash_m_kernels():
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "kernels", "--version"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0 and result.stdout.startswith("kernels ")
+    result = subprocess.run(
+        [sys.executable, "-m", "kernels", "check", "/no/such/folder"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: /no/such/folder is neither")
+    assert "Traceback" not in result.stderr
+
+
+def test_check_a_good_repository(kernel_repo, capsys):
+    repo = kernel_repo("good")
+    (repo / "README.md").write_text("# good\n")
+    assert run("check", str(repo)) == 0
+    out = capsys.readouterr().out
+    assert "ok    imports: torch-universal: package activation imports" in out
+    assert "ok    layers: torch-universal: SiluAndMul follows the kernel layer rules" in out
+    assert "0 failed, 0 warning(s)" in out
+
+
+def test_check_reports_layer_rule_violations(kernel_repo, capsys):
+    repo = kernel_repo("stateful", layers_source=BAD_LAYER)
+    assert run("check", str(repo)) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  layers:" in out and "defines __init__" in out
+    repo = kernel_repo("helper", layers_source=HELPER_LAYER)
+    assert run("check", str(repo)) == 1
+    assert "class members helper" in capsys.readouterr().out
+
+
+def test_check_reports_import_errors(kernel_repo, capsys):
+    repo = kernel_repo("broken", init_source="from . import layers\nimport no_such_dependency\n")
+    assert run("check", str(repo)) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  imports: torch-universal" in out and "no_such_dependency" in out
+
+
+def test_check_reports_layout_problems(tmp_path, capsys):
+    assert run("check", str(tmp_path)) == 1
+    assert "build does not exist" in capsys.readouterr().out.replace(str(tmp_path) + "/", "")
+    (tmp_path / "build" / "misc").mkdir(parents=True)
+    assert run("check", str(tmp_path)) == 1
+    out = capsys.readouterr().out
+    assert (
+        "build/misc is not named like a build variant" in out and "holds no build variants" in out
+    )
+    (tmp_path / "build" / "torch-universal").mkdir()
+    assert run("check", str(tmp_path)) == 1
+    assert "FAIL  layout:" in capsys.readouterr().out
+
+
+def test_check_warns_when_no_variant_runs_here(kernel_repo, capsys):
+    repo = kernel_repo("cuda-only", variant="torch27-cxx11-cu126-x86_64-linux")
+    assert run("check", str(repo)) == 0
+    out = capsys.readouterr().out
+    assert "warn  variants:" in out and "no build variant for this machine" in out
+
+
+def test_check_compares_signatures_with_layer_of(kernel_repo, capsys):
+    repo = kernel_repo("sig")
+    assert run("check", str(repo), "--layer-of", "SiluAndMul=torch.nn:SiLU") == 0
+    assert "matches torch.nn.modules.activation.SiLU" in capsys.readouterr().out
+    assert run("check", str(repo), "--layer-of", "SiluAndMul=torch.nn:Bilinear") == 1
+    assert "FAIL  signatures:" in capsys.readouterr().out
+    assert run("check", str(repo), "--layer-of", "Missing=torch.nn:SiLU") == 1
+    assert "which `layers` does not define" in capsys.readouterr().out
+    assert run("check", str(repo), "--layer-of", "nonsense") == 1
+    assert "write LAYER=MODULE:CLASS" in capsys.readouterr().err
+
+
+def test_init_scaffolds_a_repository_whose_tests_pass(tmp_path, capsys):
+    assert run("init", "my-org/fused-silu", "--dir", str(tmp_path)) == 0
+    repo = tmp_path / "fused-silu"
+    for path in (
+        "README.md",
+        "build/torch-universal/fused_silu/__init__.py",
+        "build/torch-universal/fused_silu/layers.py",
+        "tests/test_fused_silu.py",
+        "benchmarks/benchmark_fused_silu.py",
+    ):
+        assert (repo / path).is_file(), path
+    assert "my-org/fused-silu" in (repo / "README.md").read_text()
+
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("TRITON_INTERPRET", None)  # the generated conftest must set it by itself
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "5 passed" in result.stdout
+
+    capsys.readouterr()
+    assert run("check", str(repo), "--layer-of", "SiLU=torch.nn:SiLU") == 0
+    assert "0 failed, 0 warning(s)" in capsys.readouterr().out
+
+
+def test_init_refuses_to_overwrite_and_bad_names(tmp_path, capsys):
+    assert run("init", "thing", "--dir", str(tmp_path)) == 0
+    assert run("init", "thing", "--dir", str(tmp_path)) == 1
+    assert "not empty" in capsys.readouterr().err
+    assert run("init", "thing", "--dir", str(tmp_path), "--force") == 0
+    for bad in ("1abc", "a b", "../escape", "org/name/extra"):
+        assert run("init", bad, "--dir", str(tmp_path)) == 1
+        assert "not a usable name" in capsys.readouterr().err
+
+
+def test_upload_plan_checks_the_repository_and_leaves_out_caches(kernel_repo, tmp_path, capsys):
+    repo = kernel_repo("up")
+    (repo / "README.md").write_text("# up\n")
+    (repo / "build" / "torch-universal" / "activation" / "__pycache__").mkdir()
+    (repo / "build" / "torch-universal" / "activation" / "__pycache__" / "x.pyc").write_bytes(b"0")
+    (repo / ".git").mkdir()
+    (repo / ".git" / "HEAD").write_text("ref")
+    plan = plan_upload(repo, "my-org/up", tag="v0.1.0", branch=None, message=None)
+    assert plan.files == (
+        "README.md",
+        "build/torch-universal/activation/__init__.py",
+        "build/torch-universal/activation/layers.py",
+    )
+    assert plan.message == "Upload kernel my-org/up v0.1.0"
+    assert run("upload", str(repo), "--repo-id", "my-org/up", "--tag", "v0.1.0", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "3 file(s)" in out and "tag v0.1.0" in out and "nothing was uploaded" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--repo-id", "no-org"], "write it as 'org/name'"),
+        (["--repo-id", "my-org/up", "--tag", "0.1.0"], "not a version tag"),
+        (["--repo-id", "my-org/up", "--tag", "v1.0"], "not a version tag"),
+        (["--repo-id", "my-org/up", "--tag", "latest"], "not a version tag"),
+    ],
+)
+def test_upload_rejects_bad_arguments_before_any_request(kernel_repo, argv, message, capsys):
+    repo = kernel_repo("up")
+    assert run("upload", str(repo), *argv, "--dry-run") == 1
+    assert message in capsys.readouterr().err
+
+
+def test_upload_refuses_a_repository_that_fails_check(kernel_repo, capsys):
+    repo = kernel_repo("bad", layers_source=BAD_LAYER)
+    assert run("upload", str(repo), "--repo-id", "my-org/bad", "--dry-run") == 1
+    err = capsys.readouterr().err
+    assert "fails `kernels check`" in err and "defines __init__" in err
