@@ -8,6 +8,8 @@ Both directions are single streaming passes: forward reads x and writes y; backw
 and dy and writes dx. All arithmetic is fp32.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -21,7 +23,7 @@ from ._functions import (
     activation,
     activation_and_grad,
 )
-from ._library import check_dtype, op_name, use_autograd_function
+from ._library import check_dtype, launch, op_name, use_autograd_function
 
 # --------------------------------------------------------------------------------------------
 # Kernels
@@ -53,6 +55,7 @@ def _activation_bwd_kernel(DY, X, DX, n_elements, ACT: tl.constexpr, BLOCK: tl.c
 # --------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1024)
 def _launch_config(n_elements: int) -> tuple[int, int]:
     # 4096 elements per program and 8 warps: 16 elements per thread, i.e. two 16-byte vectors of
     # bf16 in flight per load, which keeps enough bytes moving per SM to reach copy bandwidth;
@@ -75,9 +78,8 @@ def activation_forward(x: torch.Tensor, act: int) -> torch.Tensor:
     if n == 0:
         return y
     block, num_warps = _launch_config(n)
-    _activation_fwd_kernel[(triton.cdiv(n, block),)](
-        x, y, n, ACT=act, BLOCK=block, num_warps=num_warps
-    )
+    grid = (triton.cdiv(n, block),)
+    launch(_activation_fwd_kernel, grid, (x, y, n, act, block), num_warps, x.device)
     return y
 
 
@@ -89,9 +91,8 @@ def activation_backward(dy: torch.Tensor, x: torch.Tensor, act: int) -> torch.Te
     if n == 0:
         return dx
     block, num_warps = _launch_config(n)
-    _activation_bwd_kernel[(triton.cdiv(n, block),)](
-        dy, x, dx, n, ACT=act, BLOCK=block, num_warps=num_warps
-    )
+    grid = (triton.cdiv(n, block),)
+    launch(_activation_bwd_kernel, grid, (dy, x, dx, n, act, block), num_warps, x.device)
     return dx
 
 
@@ -170,29 +171,29 @@ def _apply(x: torch.Tensor, act: int) -> torch.Tensor:
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     """``F.silu(x)``: ``x * sigmoid(x)``."""
-    return _apply(x, int(SILU))
+    return _apply(x, SILU)
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """``F.gelu(x)`` (exact, with erf)."""
-    return _apply(x, int(GELU))
+    return _apply(x, GELU)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """``F.gelu(x, approximate="tanh")``; also transformers' ``NewGELUActivation``."""
-    return _apply(x, int(GELU_TANH))
+    return _apply(x, GELU_TANH)
 
 
 def new_gelu(x: torch.Tensor) -> torch.Tensor:
     """transformers' ``NewGELUActivation``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
-    return _apply(x, int(GELU_TANH))
+    return _apply(x, GELU_TANH)
 
 
 def fast_gelu(x: torch.Tensor) -> torch.Tensor:
     """transformers' ``FastGELUActivation``: ``0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2)))``."""
-    return _apply(x, int(FAST_GELU))
+    return _apply(x, FAST_GELU)
 
 
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     """transformers' ``QuickGELUActivation``: ``x * sigmoid(1.702 x)``."""
-    return _apply(x, int(QUICK_GELU))
+    return _apply(x, QUICK_GELU)

@@ -9,12 +9,14 @@ dy and writes the 2d-wide dx (``[dy * b * act'(a), dy * act(a)]``). Rows are add
 their stride, so a row-strided input (a slice of a wider buffer) is read in place.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from ._functions import GELU, GELU_TANH, SILU, activation, activation_and_grad
-from ._library import check_dtype, op_name, use_autograd_function
+from ._library import check_dtype, launch, op_name, use_autograd_function
 
 # --------------------------------------------------------------------------------------------
 # Kernels
@@ -77,6 +79,7 @@ def _gated_bwd_kernel(
 # --------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1024)
 def _launch_config(n_rows: int, d: int) -> tuple[int, int, int]:
     # Each program handles 2048 output elements (4096 loaded input elements in forward): with
     # 4 warps that is 16 input elements per thread, two 16-byte bf16 vectors per half. Narrow
@@ -114,18 +117,8 @@ def gated_forward(x: torch.Tensor, act: int) -> torch.Tensor:
     n_rows = x2.shape[0]
     rows, block_d, num_warps = _launch_config(n_rows, d)
     grid = (triton.cdiv(n_rows, rows), triton.cdiv(d, block_d))
-    _gated_fwd_kernel[grid](
-        x2,
-        y2,
-        n_rows,
-        d,
-        x2.stride(0),
-        y2.stride(0),
-        ACT=act,
-        ROWS=rows,
-        BLOCK_D=block_d,
-        num_warps=num_warps,
-    )
+    args = (x2, y2, n_rows, d, x2.stride(0), y2.stride(0), act, rows, block_d)
+    launch(_gated_fwd_kernel, grid, args, num_warps, x.device)
     return y
 
 
@@ -140,20 +133,8 @@ def gated_backward(dy: torch.Tensor, x: torch.Tensor, act: int) -> torch.Tensor:
     n_rows = x2.shape[0]
     rows, block_d, num_warps = _launch_config(n_rows, d)
     grid = (triton.cdiv(n_rows, rows), triton.cdiv(d, block_d))
-    _gated_bwd_kernel[grid](
-        dy2,
-        x2,
-        dx2,
-        n_rows,
-        d,
-        dy2.stride(0),
-        x2.stride(0),
-        dx2.stride(0),
-        ACT=act,
-        ROWS=rows,
-        BLOCK_D=block_d,
-        num_warps=num_warps,
-    )
+    args = (dy2, x2, dx2, n_rows, d, dy2.stride(0), x2.stride(0), dx2.stride(0), act, rows, block_d)
+    launch(_gated_bwd_kernel, grid, args, num_warps, x.device)
     return dx
 
 
@@ -231,14 +212,14 @@ def _apply(x: torch.Tensor, act: int) -> torch.Tensor:
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``F.silu(x[..., :d]) * x[..., d:]`` for ``x`` of shape ``[..., 2d]``."""
-    return _apply(x, int(SILU))
+    return _apply(x, SILU)
 
 
 def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``F.gelu(x[..., :d]) * x[..., d:]`` (exact gelu) for ``x`` of shape ``[..., 2d]``."""
-    return _apply(x, int(GELU))
+    return _apply(x, GELU)
 
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``F.gelu(x[..., :d], approximate="tanh") * x[..., d:]`` for ``x`` of shape ``[..., 2d]``."""
-    return _apply(x, int(GELU_TANH))
+    return _apply(x, GELU_TANH)

@@ -7,12 +7,29 @@ from the others.
 """
 
 import functools
+import hashlib
+import os
 import re
 
 import torch
 import triton
+import triton.language as tl
 
-NAMESPACE = "kernels_lib_" + re.sub(r"\W", "_", __package__)
+
+def _source_digest() -> str:
+    # A digest of this package's sources, so that a changed version loaded under the same module
+    # name (same folder) gets new op names, and no compiled-graph cache built for the old ops'
+    # schemas is reused for them.
+    digest = hashlib.sha256()
+    folder = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name), "rb") as f:
+                digest.update(name.encode() + b"\0" + f.read())
+    return digest.hexdigest()[:10]
+
+
+NAMESPACE = "kernels_lib_" + re.sub(r"\W", "_", __package__) + "_" + _source_digest()
 
 # The dtypes the kernels load and store; arithmetic is always fp32 inside the kernels.
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -65,17 +82,19 @@ def multiprocessors(device: torch.device) -> int:
     return 2
 
 
-def row_block(n_cols: int) -> tuple[bool, int, int, int]:
+@functools.cache
+def row_block(n_cols: int, elements: int = 4096) -> tuple[bool, int, int, int]:
     """(one_pass, block_n, rows_per_block, num_warps) for a row-wise kernel over ``n_cols`` columns.
 
-    A program's block holds about 4096 elements: short rows are packed several to a block (up to
-    64), a row of 4096..16384 gets a block of its own, wider rows are streamed in CHUNK pieces.
-    With 16 elements a thread (two 16-byte vectors of bf16 per load) that is 8 warps for 4096.
+    A program's block holds about ``elements`` elements: short rows are packed several to a block
+    (up to 64), a row as long or longer (up to MAX_ONE_PASS) gets a block of its own, wider rows
+    are streamed in CHUNK pieces. With 16 elements a thread (two 16-byte vectors of bf16 per
+    load) that is 8 warps for 4096 elements, 16 for 8192 and more.
     """
     if n_cols > MAX_ONE_PASS:
         return False, CHUNK, 1, 8
     block_n = triton.next_power_of_2(n_cols)
-    rows = max(1, min(64, 4096 // block_n))
+    rows = max(1, min(64, elements // block_n))
     num_warps = max(1, min(16, rows * block_n // 512))
     return True, block_n, rows, num_warps
 
@@ -87,7 +106,99 @@ def persistent_grid(n_rows: int, rows_per_block: int, device: torch.device, per_
     keeping its partial weight gradient in registers; the partials ([programs, n_cols] fp32)
     are summed afterwards. Fewer programs means fewer partial rows to write and reduce.
     """
+    return _persistent_grid(n_rows, rows_per_block, multiprocessors(device) * per_sm)
+
+
+@functools.lru_cache(maxsize=1024)
+def _persistent_grid(n_rows: int, rows_per_block: int, max_programs: int):
     blocks = triton.cdiv(n_rows, rows_per_block)
-    programs = max(1, min(blocks, multiprocessors(device) * per_sm))
+    programs = max(1, min(blocks, max_programs))
     rows_per_program = triton.cdiv(blocks, programs) * rows_per_block
     return triton.cdiv(n_rows, rows_per_program), rows_per_program
+
+
+# ---- launching ------------------------------------------------------------------------------
+#
+# Triton's launcher (``kernel[grid](...)``) binds arguments and builds a cache key in Python on
+# every call: on the GPU machines we measured (2026-11-23, Triton 3.6, H100 VM) that is ~34 us a
+# launch, more than the kernel takes at 4096 x 4096. ``launch`` keeps the compiled kernel that a
+# first ordinary launch returned, under a key made of exactly what Triton specialises on (tensor
+# dtypes and 16-byte alignment; integers equal to 1, divisible by 16, or past int32; the value of
+# every constexpr; num_warps; the device), and launches it directly afterwards (~13 us).
+# On the CPU (the interpreter) every launch is an ordinary one.
+
+_compiled: dict = {}
+_constexpr_masks: dict = {}
+
+
+def _constexpr_mask(kernel) -> tuple[bool, ...]:
+    mask = _constexpr_masks.get(kernel)
+    if mask is None:
+        mask = tuple(bool(p.is_constexpr) for p in kernel.params)
+        _constexpr_masks[kernel] = mask
+    return mask
+
+
+def _spec(value, is_constexpr: bool):
+    if is_constexpr:
+        return value
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, value.data_ptr() % 16 == 0)
+    if isinstance(value, bool):
+        return ("b", value)
+    if isinstance(value, int):
+        return (value == 1, value % 16 == 0, -(2**31) <= value < 2**31)
+    return type(value)
+
+
+def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.device) -> None:
+    """``kernel[grid](*args, num_warps=num_warps)`` on ``device``, with all arguments (constexprs
+    included) positional in the kernel's parameter order."""
+    if device.type != "cuda":
+        kernel[grid](*args, num_warps=num_warps)
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index != torch.cuda.current_device():
+        # A model split over GPUs calls layers with tensors on a device that is not the current
+        # one; Triton launches on the current device.
+        with torch.cuda.device(index):
+            launch(kernel, grid, args, num_warps, device)
+        return
+    key = (kernel, index, num_warps, *map(_spec, args, _constexpr_mask(kernel)))
+    compiled = _compiled.get(key)
+    if compiled is None:
+        compiled = kernel[grid](*args, num_warps=num_warps)
+        if callable(getattr(compiled, "__getitem__", None)):
+            _compiled[key] = compiled
+        return
+    compiled[grid + (1,) * (3 - len(grid))](*args)
+
+
+# ---- the weight-gradient reduction -----------------------------------------------------------
+
+
+@triton.jit
+def _sum_partials_kernel(P, OUT, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    # OUT[c] = sum over p of P[p, c], in fp32, cast to OUT's dtype. Each program owns BLOCK_N
+    # columns and walks the partial rows BLOCK_P at a time.
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for first in range(0, n_partials, BLOCK_P):
+        rows = first + tl.arange(0, BLOCK_P)
+        mask = (rows < n_partials)[:, None] & col_mask[None, :]
+        acc += tl.load(P + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
+    tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=col_mask)
+
+
+def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``partials.sum(0).to(dtype)`` for a contiguous fp32 [programs, n_cols] tensor, in one
+    launch. 64 columns a program (256-byte row segments) gives 64 programs for 4096 columns;
+    64 x 64 tiles (16 fp32 a thread with 4 warps) keep several rows' loads in flight."""
+    n_partials, n_cols = partials.shape
+    out = torch.empty(n_cols, dtype=dtype, device=partials.device)
+    grid = (triton.cdiv(n_cols, 64),)
+    launch(
+        _sum_partials_kernel, grid, (partials, out, n_partials, n_cols, 64, 64), 4, partials.device
+    )
+    return out

@@ -21,14 +21,20 @@ import triton.language as tl
 from ._library import (
     as_rows,
     check_dtype,
+    launch,
     op_name,
     persistent_grid,
     row_block,
+    sum_partials,
     use_autograd_function,
 )
 
-# Backward programs per multiprocessor (see _library.persistent_grid).
-BWD_PROGRAMS_PER_SM = 4
+# Backward programs per multiprocessor (see _library.persistent_grid). Measured on an H100
+# (benchmarks/NOTES.md): 1 beats 2-8 at 8192 x 8192, where two fp32 partial buffers (weight and
+# bias) are written and summed.
+BWD_PROGRAMS_PER_SM = 1
+# Elements a backward program handles per step (see rms_norm.BWD_BLOCK_ELEMENTS).
+BWD_BLOCK_ELEMENTS = 8192
 
 # --------------------------------------------------------------------------------------------
 # Kernels
@@ -253,79 +259,50 @@ def _forward(x, normalized_shape, weight, bias, eps):
     b = None if bias is None else bias.reshape(-1).contiguous()
     one_pass, block_n, rows, num_warps = row_block(n_cols)
     grid = (triton.cdiv(n_rows, rows),) if one_pass else (n_rows,)
-    _layer_norm_fwd_kernel[grid](
+    args = (
         x2,
         x2 if w is None else w,  # placeholders are never read: HAS_WEIGHT / HAS_BIAS are False
         x2 if b is None else b,
-        y,
-        mean,
-        rstd,
-        n_rows,
-        n_cols,
-        x2.stride(0),
-        eps,
-        HAS_WEIGHT=w is not None,
-        HAS_BIAS=b is not None,
-        ONE_PASS=one_pass,
-        ROWS=rows,
-        BLOCK_N=block_n,
-        num_warps=num_warps,
-    )
+        y, mean, rstd, n_rows, n_cols, x2.stride(0), eps,
+        w is not None, b is not None, one_pass, rows, block_n,
+    )  # fmt: skip
+    launch(_layer_norm_fwd_kernel, grid, args, num_warps, x.device)
     return y, mean, rstd
 
 
-def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db):
-    """(dx, dw, db); db is fp32; dw/db are empty tensors when not asked for."""
+def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db, db_dtype):
+    """(dx, dw, db); dw/db are empty tensors when not asked for."""
     n_cols = math.prod(tuple(normalized_shape))
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     param = weight if weight is not None else x  # dtype/device template when there is no weight
-    dw = param.new_empty((0,)) if not compute_dw else None
-    db = param.new_empty((0,)) if not compute_db else None
+    dw = param.new_empty((0,))
+    db = param.new_empty((0,))
     if x.numel() == 0:
         if compute_dw:
             dw = torch.zeros_like(weight)
         if compute_db:
-            db = x.new_zeros(tuple(normalized_shape), dtype=torch.float32)
+            db = x.new_zeros(tuple(normalized_shape), dtype=db_dtype)
         return dx, dw, db
     x2 = as_rows(x, n_cols)
     dy2 = as_rows(dy, n_cols)
     n_rows = x2.shape[0]
-    one_pass, block_n, rows, num_warps = row_block(n_cols)
+    one_pass, block_n, rows, num_warps = row_block(n_cols, BWD_BLOCK_ELEMENTS)
     programs, rows_per_program = persistent_grid(n_rows, rows, x.device, BWD_PROGRAMS_PER_SM)
+    # One fp32 buffer for both partial sums: [0] weight, [1] bias.
     alloc = torch.empty if one_pass else torch.zeros
-    dw_partial = (
-        alloc((programs, n_cols), dtype=torch.float32, device=x.device) if compute_dw else rstd
-    )
-    db_partial = (
-        alloc((programs, n_cols), dtype=torch.float32, device=x.device) if compute_db else rstd
-    )
-    _layer_norm_bwd_kernel[(programs,)](
-        dy2,
-        x2,
-        x2 if weight is None else weight.reshape(-1).contiguous(),
-        mean,
-        rstd,
-        dx,
-        dw_partial,
-        db_partial,
-        n_rows,
-        n_cols,
-        rows_per_program,
-        dy2.stride(0),
-        x2.stride(0),
-        HAS_WEIGHT=weight is not None,
-        COMPUTE_DW=compute_dw,
-        COMPUTE_DB=compute_db,
-        ONE_PASS=one_pass,
-        ROWS=rows,
-        BLOCK_N=block_n,
-        num_warps=num_warps,
-    )
+    partials = (rstd, rstd)  # placeholders, never touched when no parameter gradient is wanted
+    if compute_dw or compute_db:
+        partials = alloc((2, programs, n_cols), dtype=torch.float32, device=x.device)
+    args = (
+        dy2, x2, x2 if weight is None else weight.reshape(-1).contiguous(), mean, rstd, dx,
+        partials[0], partials[1], n_rows, n_cols, rows_per_program, dy2.stride(0), x2.stride(0),
+        weight is not None, compute_dw, compute_db, one_pass, rows, block_n,
+    )  # fmt: skip
+    launch(_layer_norm_bwd_kernel, (programs,), args, num_warps, x.device)
     if compute_dw:
-        dw = dw_partial.sum(0).to(weight.dtype).view(weight.shape)
+        dw = sum_partials(partials[0], weight.dtype).view(weight.shape)
     if compute_db:
-        # fp32: the autograd formula casts it to the bias dtype, which the op does not see.
-        db = db_partial.sum(0).view(tuple(normalized_shape))
+        db = sum_partials(partials[1], db_dtype).view(tuple(normalized_shape))
     return dx, dw, db
 
 
@@ -340,7 +317,7 @@ class _LayerNormFunction(torch.autograd.Function):
         y, mean, rstd = _forward(x, normalized_shape, weight, bias, eps)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.normalized_shape = normalized_shape
-        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.bias_dtype = x.dtype if bias is None else bias.dtype
         return y
 
     @staticmethod
@@ -349,15 +326,9 @@ class _LayerNormFunction(torch.autograd.Function):
         compute_dw = ctx.needs_input_grad[2]
         compute_db = ctx.needs_input_grad[3]
         dx, dw, db = _backward(
-            dy, x, ctx.normalized_shape, weight, mean, rstd, compute_dw, compute_db
+            dy, x, ctx.normalized_shape, weight, mean, rstd, compute_dw, compute_db, ctx.bias_dtype
         )
-        return (
-            dx,
-            None,
-            dw if compute_dw else None,
-            db.to(ctx.bias_dtype) if compute_db else None,
-            None,
-        )
+        return dx, None, dw if compute_dw else None, db if compute_db else None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -397,16 +368,17 @@ def layer_norm_backward_op(
     rstd: torch.Tensor,
     compute_dw: bool,
     compute_db: bool,
+    db_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db)
+    return _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db, db_dtype)
 
 
 @layer_norm_backward_op.register_fake
-def _(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db):
+def _(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db, db_dtype):
     param = weight if weight is not None else x
     dw = weight.new_empty(weight.shape) if compute_dw else param.new_empty((0,))
     db = (
-        dy.new_empty(tuple(normalized_shape), dtype=torch.float32)
+        x.new_empty(tuple(normalized_shape), dtype=db_dtype)
         if compute_db
         else param.new_empty((0,))
     )
@@ -418,7 +390,7 @@ def _setup_context(ctx, inputs, output):
     _, mean, rstd = output
     ctx.save_for_backward(x, weight, mean, rstd)
     ctx.normalized_shape = normalized_shape
-    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.bias_dtype = x.dtype if bias is None else bias.dtype
     ctx.mark_non_differentiable(mean, rstd)
 
 
@@ -427,15 +399,9 @@ def _backward_formula(ctx, dy, _dmean, _drstd):
     compute_dw = ctx.needs_input_grad[2]
     compute_db = ctx.needs_input_grad[3]
     dx, dw, db = layer_norm_backward_op(
-        dy, x, ctx.normalized_shape, weight, mean, rstd, compute_dw, compute_db
+        dy, x, ctx.normalized_shape, weight, mean, rstd, compute_dw, compute_db, ctx.bias_dtype
     )
-    return (
-        dx,
-        None,
-        dw if compute_dw else None,
-        db.to(ctx.bias_dtype) if compute_db else None,
-        None,
-    )
+    return dx, None, dw if compute_dw else None, db if compute_db else None, None
 
 
 layer_norm_op.register_autograd(_backward_formula, setup_context=_setup_context)

@@ -23,18 +23,27 @@ import triton.language as tl
 from ._library import (
     as_rows,
     check_dtype,
+    launch,
     op_name,
     persistent_grid,
     row_block,
+    sum_partials,
     use_autograd_function,
 )
 
-LLAMA = tl.constexpr(0)
-GEMMA = tl.constexpr(1)
+# Semantics: plain ints for Python (the custom ops take an int), constexpr copies for kernels.
+LLAMA = 0
+GEMMA = 1
+_LLAMA = tl.constexpr(LLAMA)
+_GEMMA = tl.constexpr(GEMMA)
 
-# Backward programs per multiprocessor (see _library.persistent_grid): enough to cover memory
-# latency, few enough that the fp32 partial weight gradients stay small next to the rows.
-BWD_PROGRAMS_PER_SM = 4
+# Backward programs per multiprocessor (see _library.persistent_grid). Measured on an H100
+# (benchmarks/NOTES.md): 2 beats 1 (too few rows in flight) and 4-8 (more fp32 partial rows to
+# write and sum) at 16384 x 4096.
+BWD_PROGRAMS_PER_SM = 2
+# Elements a backward program handles per step: two rows of 4096 (16 warps), so that each
+# program has 32 KB of x and dy loads in flight.
+BWD_BLOCK_ELEMENTS = 8192
 
 # --------------------------------------------------------------------------------------------
 # Kernels
@@ -45,7 +54,7 @@ BWD_PROGRAMS_PER_SM = 4
 def _scale(xhat, w, MODE: tl.constexpr, IN_DTYPE: tl.constexpr):
     # y before the final cast. Llama rounds the normalised row to the input dtype before the
     # weight multiply (which PyTorch computes in fp32 and rounds once, as here); Gemma stays fp32.
-    if MODE == LLAMA:  # noqa: SIM108 (a constexpr branch: one side is compiled, not a select)
+    if MODE == _LLAMA:  # noqa: SIM108 (a constexpr branch: one side is compiled, not a select)
         y = xhat.to(IN_DTYPE).to(tl.float32) * w
     else:
         y = xhat * (w + 1.0)
@@ -199,7 +208,7 @@ def _rms_norm_bwd_kernel(
         cols = tl.arange(0, BLOCK_N)
         col_mask = cols < n_cols
         w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
-        if MODE == GEMMA:
+        if MODE == _GEMMA:
             w = w + 1.0
         dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for first in range(row_start, row_end, ROWS):
@@ -224,7 +233,7 @@ def _rms_norm_bwd_kernel(
                 mask=mask,
             )
             if COMPUTE_DW:
-                if MODE == LLAMA:
+                if MODE == _LLAMA:
                     xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
                 dw_acc += tl.sum(dy * xhat, axis=0)
         if COMPUTE_DW:
@@ -241,7 +250,7 @@ def _rms_norm_bwd_kernel(
                 x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
                 dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
                 w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-                if MODE == GEMMA:
+                if MODE == _GEMMA:
                     w = w + 1.0
                 acc += dy * w * x * rstd
             c = tl.sum(acc, axis=0) / n_cols
@@ -251,7 +260,7 @@ def _rms_norm_bwd_kernel(
                 x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
                 dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
                 w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-                if MODE == GEMMA:
+                if MODE == _GEMMA:
                     w = w + 1.0
                 xhat = x * rstd
                 dx = (dy * w - xhat * c) * rstd
@@ -260,7 +269,7 @@ def _rms_norm_bwd_kernel(
                     dx += ds.to(tl.float32)
                 tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
                 if COMPUTE_DW:
-                    if MODE == LLAMA:
+                    if MODE == _LLAMA:
                         xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
                     partial = DW_PARTIAL + pid.to(tl.int64) * n_cols + cols
                     tl.store(partial, tl.load(partial, mask=mask) + dy * xhat, mask=mask)
@@ -273,7 +282,7 @@ def _rms_norm_bwd_kernel(
 
 def _output_dtype(in_dtype: torch.dtype, weight: torch.Tensor, mode: int) -> torch.dtype:
     # Llama multiplies in the promoted dtype of weight and input; Gemma casts back to the input's.
-    return torch.promote_types(weight.dtype, in_dtype) if mode == int(LLAMA) else in_dtype
+    return torch.promote_types(weight.dtype, in_dtype) if mode == LLAMA else in_dtype
 
 
 def _check(what: str, x: torch.Tensor, weight: torch.Tensor) -> int:
@@ -308,25 +317,12 @@ def _forward(x, residual, weight, eps, mode):
     n_rows = x2.shape[0]
     one_pass, block_n, rows, num_warps = row_block(n_cols)
     grid = (triton.cdiv(n_rows, rows),) if one_pass else (n_rows,)
-    _rms_norm_fwd_kernel[grid](
-        x2,
-        r2,
-        weight.contiguous(),
-        y,
-        x2 if s is None else s,
-        rstd,
-        n_rows,
-        n_cols,
-        x2.stride(0),
-        r2.stride(0),
-        eps,
-        MODE=mode,
-        HAS_RESIDUAL=residual is not None,
-        ONE_PASS=one_pass,
-        ROWS=rows,
-        BLOCK_N=block_n,
-        num_warps=num_warps,
-    )
+    args = (
+        x2, r2, weight.contiguous(), y, x2 if s is None else s, rstd,
+        n_rows, n_cols, x2.stride(0), r2.stride(0), eps,
+        mode, residual is not None, one_pass, rows, block_n,
+    )  # fmt: skip
+    launch(_rms_norm_fwd_kernel, grid, args, num_warps, x.device)
     return y, s, rstd
 
 
@@ -341,37 +337,20 @@ def _backward(dy, dsum, x, weight, rstd, mode, compute_dw):
     dy2 = as_rows(dy, n_cols)
     ds2 = dy2 if dsum is None else as_rows(dsum, n_cols)
     n_rows = x2.shape[0]
-    one_pass, block_n, rows, num_warps = row_block(n_cols)
+    one_pass, block_n, rows, num_warps = row_block(n_cols, BWD_BLOCK_ELEMENTS)
     programs, rows_per_program = persistent_grid(n_rows, rows, x.device, BWD_PROGRAMS_PER_SM)
     if compute_dw:
         alloc = torch.empty if one_pass else torch.zeros
         partial = alloc((programs, n_cols), dtype=torch.float32, device=x.device)
     else:
         partial = rstd  # never read or written: COMPUTE_DW is False
-    _rms_norm_bwd_kernel[(programs,)](
-        dy2,
-        ds2,
-        x2,
-        weight.contiguous(),
-        rstd,
-        dx,
-        partial,
-        n_rows,
-        n_cols,
-        rows_per_program,
-        dy2.stride(0),
-        ds2.stride(0),
-        x2.stride(0),
-        n_cols,
-        MODE=mode,
-        HAS_DSUM=dsum is not None,
-        COMPUTE_DW=compute_dw,
-        ONE_PASS=one_pass,
-        ROWS=rows,
-        BLOCK_N=block_n,
-        num_warps=num_warps,
-    )
-    dw = partial.sum(0).to(weight.dtype) if compute_dw else weight.new_empty((0,))
+    args = (
+        dy2, ds2, x2, weight.contiguous(), rstd, dx, partial,
+        n_rows, n_cols, rows_per_program, dy2.stride(0), ds2.stride(0), x2.stride(0), n_cols,
+        mode, dsum is not None, compute_dw, one_pass, rows, block_n,
+    )  # fmt: skip
+    launch(_rms_norm_bwd_kernel, (programs,), args, num_warps, x.device)
+    dw = sum_partials(partial, weight.dtype) if compute_dw else weight.new_empty((0,))
     return dx, dw
 
 
@@ -398,7 +377,7 @@ class _RMSNormFunction(torch.autograd.Function):
 class _FusedAddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, eps):
-        y, s, rstd = _forward(x, residual, weight, eps, int(LLAMA))
+        y, s, rstd = _forward(x, residual, weight, eps, LLAMA)
         ctx.save_for_backward(s, weight, rstd)
         ctx.dtypes = (x.dtype, residual.dtype)
         return y, s
@@ -406,7 +385,7 @@ class _FusedAddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dsum):
         s, weight, rstd = ctx.saved_tensors
-        ds, dw = _backward(dy, dsum, s, weight, rstd, int(LLAMA), ctx.needs_input_grad[2])
+        ds, dw = _backward(dy, dsum, s, weight, rstd, LLAMA, ctx.needs_input_grad[2])
         # d(x + r)/dx = d(x + r)/dr = 1: both get the same gradient, as torch.add's backward
         # gives (the same tensor when the dtypes agree).
         x_dtype, r_dtype = ctx.dtypes
@@ -474,14 +453,14 @@ rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_
 def fused_add_rms_norm_op(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _forward(x, residual, weight, eps, int(LLAMA))
+    return _forward(x, residual, weight, eps, LLAMA)
 
 
 @fused_add_rms_norm_op.register_fake
 def _(x, residual, weight, eps):
     _check("fused_add_rms_norm", x, weight)
     s = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype))
-    y = x.new_empty(x.shape, dtype=_output_dtype(s.dtype, weight, int(LLAMA)))
+    y = x.new_empty(x.shape, dtype=_output_dtype(s.dtype, weight, LLAMA))
     return y, s, x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
@@ -496,7 +475,7 @@ def _fused_setup_context(ctx, inputs, output):
 def _fused_backward(ctx, dy, dsum, _drstd):
     s, weight, rstd = ctx.saved_tensors
     compute_dw = ctx.needs_input_grad[2]
-    ds, dw = rms_norm_backward_op(dy, dsum, s, weight, rstd, int(LLAMA), compute_dw)
+    ds, dw = rms_norm_backward_op(dy, dsum, s, weight, rstd, LLAMA, compute_dw)
     x_dtype, r_dtype = ctx.dtypes
     return ds.to(x_dtype), ds.to(r_dtype), (dw if compute_dw else None), None
 
@@ -522,12 +501,12 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: int) -> t
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' ``LlamaRMSNorm``: ``weight * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype)``."""
-    return _rms_norm(x, weight, float(eps), int(LLAMA))
+    return _rms_norm(x, weight, float(eps), LLAMA)
 
 
 def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' ``GemmaRMSNorm``: ``(x.float() * rsqrt(mean(x^2) + eps) * (1 + weight.float())).type_as(x)``."""
-    return _rms_norm(x, weight, float(eps), int(GEMMA))
+    return _rms_norm(x, weight, float(eps), GEMMA)
 
 
 def fused_add_rms_norm(
@@ -540,5 +519,5 @@ def fused_add_rms_norm(
         return y, s
     if use_autograd_function(hidden_states, residual, weight):
         return _FusedAddRMSNormFunction.apply(hidden_states, residual, weight, eps)
-    y, s, _ = _forward(hidden_states, residual, weight, eps, int(LLAMA))
+    y, s, _ = _forward(hidden_states, residual, weight, eps, LLAMA)
     return y, s

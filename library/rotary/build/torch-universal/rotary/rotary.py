@@ -15,11 +15,13 @@ transposed view of a (batch, seq, heads, head_dim) buffer); head_dim must be con
 The backward is the same kernel with the transposed rotation.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from ._library import op_name, use_autograd_function
+from ._library import launch, op_name, use_autograd_function
 
 # --------------------------------------------------------------------------------------------
 # Kernels
@@ -27,45 +29,25 @@ from ._library import op_name, use_autograd_function
 
 
 @triton.jit
-def _rotate_heads(
-    X,
-    XO,
-    b,
-    s,
-    n_heads,
-    sx_b,
-    sx_h,
-    sx_s,
-    so_b,
-    so_h,
-    so_s,
-    c1,
-    c2,
-    s1,
-    s2,
-    cols,
-    col_mask,
-    HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BACKWARD: tl.constexpr,
-):
-    for h0 in range(0, n_heads, BLOCK_H):
-        heads = h0 + tl.arange(0, BLOCK_H)
-        mask = (heads < n_heads)[:, None] & col_mask[None, :]
-        x_ptr = X + b * sx_b + s * sx_s + heads[:, None] * sx_h + cols[None, :]
-        x1 = tl.load(x_ptr, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(x_ptr + HALF, mask=mask, other=0.0).to(tl.float32)
-        if BACKWARD:
-            # Transpose of the forward map: dx1 = g1 c1 + g2 s2, dx2 = g2 c2 - g1 s1.
-            o1 = x1 * c1[None, :] + x2 * s2[None, :]
-            o2 = x2 * c2[None, :] - x1 * s1[None, :]
-        else:
-            # out1 = x1 c1 - x2 s1, out2 = x2 c2 + x1 s2 (rotate_half(x) = [-x2, x1]).
-            o1 = x1 * c1[None, :] - x2 * s1[None, :]
-            o2 = x2 * c2[None, :] + x1 * s2[None, :]
-        o_ptr = XO + b * so_b + s * so_s + heads[:, None] * so_h + cols[None, :]
-        tl.store(o_ptr, o1.to(XO.dtype.element_ty), mask=mask)
-        tl.store(o_ptr + HALF, o2.to(XO.dtype.element_ty), mask=mask)
+def _rotate_block(X, XO, x_base, o_base, h0, n_heads, sx_h, so_h, c1, c2, s1, s2, cols, col_mask,
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, BACKWARD: tl.constexpr):  # fmt: skip
+    # Heads [h0, h0 + BLOCK_H) at one (batch, position): x is [heads, head_dim] as two halves.
+    heads = h0 + tl.arange(0, BLOCK_H)
+    mask = (heads < n_heads)[:, None] & col_mask[None, :]
+    x_ptr = X + x_base + heads[:, None] * sx_h + cols[None, :]
+    x1 = tl.load(x_ptr, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+    if BACKWARD:
+        # Transpose of the forward map: dx1 = g1 c1 + g2 s2, dx2 = g2 c2 - g1 s1.
+        o1 = x1 * c1[None, :] + x2 * s2[None, :]
+        o2 = x2 * c2[None, :] - x1 * s1[None, :]
+    else:
+        # out1 = x1 c1 - x2 s1, out2 = x2 c2 + x1 s2 (rotate_half(x) = [-x2, x1]).
+        o1 = x1 * c1[None, :] - x2 * s1[None, :]
+        o2 = x2 * c2[None, :] + x1 * s2[None, :]
+    o_ptr = XO + o_base + heads[:, None] * so_h + cols[None, :]
+    tl.store(o_ptr, o1.to(XO.dtype.element_ty), mask=mask)
+    tl.store(o_ptr + HALF, o2.to(XO.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -99,6 +81,7 @@ def _rotary_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
     BACKWARD: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
@@ -112,10 +95,24 @@ def _rotary_kernel(
     c2 = tl.load(cos_ptr + HALF, mask=col_mask, other=0.0).to(tl.float32)
     s1 = tl.load(sin_ptr, mask=col_mask, other=0.0).to(tl.float32)
     s2 = tl.load(sin_ptr + HALF, mask=col_mask, other=0.0).to(tl.float32)
-    _rotate_heads(Q, QO, b, s, n_q_heads, sq_b, sq_h, sq_s, sqo_b, sqo_h, sqo_s,
-                  c1, c2, s1, s2, cols, col_mask, HALF, BLOCK_HQ, BACKWARD)  # fmt: skip
-    _rotate_heads(K, KO, b, s, n_k_heads, sk_b, sk_h, sk_s, sko_b, sko_h, sko_s,
-                  c1, c2, s1, s2, cols, col_mask, HALF, BLOCK_HK, BACKWARD)  # fmt: skip
+    q_base = b * sq_b + s * sq_s
+    qo_base = b * sqo_b + s * sqo_s
+    k_base = b * sk_b + s * sk_s
+    ko_base = b * sko_b + s * sko_s
+    if ONE_BLOCK:
+        # Every head in one block (the usual case): straight-line code, so the q and k loads
+        # are all in flight together.
+        _rotate_block(Q, QO, q_base, qo_base, 0, n_q_heads, sq_h, sqo_h, c1, c2, s1, s2,
+                      cols, col_mask, HALF, BLOCK_HQ, BACKWARD)  # fmt: skip
+        _rotate_block(K, KO, k_base, ko_base, 0, n_k_heads, sk_h, sko_h, c1, c2, s1, s2,
+                      cols, col_mask, HALF, BLOCK_HK, BACKWARD)  # fmt: skip
+    else:
+        for h0 in range(0, n_q_heads, BLOCK_HQ):
+            _rotate_block(Q, QO, q_base, qo_base, h0, n_q_heads, sq_h, sqo_h, c1, c2, s1, s2,
+                          cols, col_mask, HALF, BLOCK_HQ, BACKWARD)  # fmt: skip
+        for h0 in range(0, n_k_heads, BLOCK_HK):
+            _rotate_block(K, KO, k_base, ko_base, h0, n_k_heads, sk_h, sko_h, c1, c2, s1, s2,
+                          cols, col_mask, HALF, BLOCK_HK, BACKWARD)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,39 +155,38 @@ def _bsd(t: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
     return t.expand(batch, seq, t.shape[-1])
 
 
+@functools.lru_cache(maxsize=256)
+def _launch_config(n_q_heads: int, n_k_heads: int, d: int):
+    """(block_half, block_hq, block_hk, one_block, num_warps)."""
+    block_half = triton.next_power_of_2(d // 2)
+    # Heads per block: a [heads, head_dim/2] tile of up to 2048 elements per half, so one
+    # program covers all 32 heads of 128 at once (8 KB of bf16 per half-tile pair), 16 values a
+    # thread with 8 warps. More heads than that loop over blocks.
+    max_heads = max(1, 2048 // block_half)
+    block_hq = min(triton.next_power_of_2(n_q_heads), max_heads)
+    block_hk = min(triton.next_power_of_2(max(n_k_heads, 1)), max_heads)
+    one_block = n_q_heads <= block_hq and n_k_heads <= block_hk
+    num_warps = max(1, min(8, block_hq * block_half // 256))
+    return block_half, block_hq, block_hk, one_block, num_warps
+
+
 def _launch(q, k, cos, sin, qo, ko, axis, backward):
     qv, kv = _bhsd(q, axis), _bhsd(k, axis)
-    qov, kov = (o if axis == 1 else o.transpose(1, 2) for o in (qo, ko))
+    qov, kov = (qo, ko) if axis == 1 else (qo.transpose(1, 2), ko.transpose(1, 2))
     batch, n_q_heads, seq, d = qv.shape
     n_k_heads = kv.shape[1]
     if batch * seq == 0 or d == 0:
         return
     cv, sv = _bsd(cos, batch, seq), _bsd(sin, batch, seq)
-    half = d // 2
-    block_half = triton.next_power_of_2(half)
-    # Heads per iteration: a [heads, head_dim/2] tile of about 2048 elements per half, so a
-    # program moves 8 KB of bf16 per load pair (all 32 heads of 128 at once), 16 values a thread
-    # with 8 warps.
-    max_heads = max(1, 2048 // block_half)
-    block_hq = min(triton.next_power_of_2(n_q_heads), max_heads)
-    block_hk = min(triton.next_power_of_2(max(n_k_heads, 1)), max_heads)
-    num_warps = max(1, min(8, block_hq * block_half // 256))
-    _rotary_kernel[(batch * seq,)](
+    block_half, block_hq, block_hk, one_block, num_warps = _launch_config(n_q_heads, n_k_heads, d)
+    args = (
         qv, kv, cv, sv, qov, kov,
         seq, n_q_heads, n_k_heads,
-        qv.stride(0), qv.stride(1), qv.stride(2),
-        kv.stride(0), kv.stride(1), kv.stride(2),
-        qov.stride(0), qov.stride(1), qov.stride(2),
-        kov.stride(0), kov.stride(1), kov.stride(2),
-        cv.stride(0), cv.stride(1),
-        sv.stride(0), sv.stride(1),
-        HALF=half,
-        BLOCK_HALF=block_half,
-        BLOCK_HQ=block_hq,
-        BLOCK_HK=block_hk,
-        BACKWARD=backward,
-        num_warps=num_warps,
+        *qv.stride()[:3], *kv.stride()[:3], *qov.stride()[:3], *kov.stride()[:3],
+        *cv.stride()[:2], *sv.stride()[:2],
+        d // 2, block_half, block_hq, block_hk, one_block, backward,
     )  # fmt: skip
+    launch(_rotary_kernel, (batch * seq,), args, num_warps, q.device)
 
 
 def _out_dtype(x, cos, sin) -> torch.dtype:
@@ -211,6 +207,10 @@ def rotary_forward(q, k, cos, sin, unsqueeze_dim):
             f"unsqueeze_dim 1 or 2; got q {tuple(q.shape)}, k {tuple(k.shape)}, cos "
             f"{tuple(cos.shape)}, unsqueeze_dim {unsqueeze_dim}"
         )
+    return _forward(q, k, cos, sin, axis)
+
+
+def _forward(q, k, cos, sin, axis):
     qo = _new_like(q, _out_dtype(q, cos, sin))
     ko = _new_like(k, _out_dtype(k, cos, sin))
     _launch(q, k, cos, sin, qo, ko, axis, False)
@@ -261,8 +261,8 @@ def _cos_sin_grads(gq, gk, q, k, cos, sin, unsqueeze_dim, needs_cos, needs_sin):
 
 class _RotaryFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, unsqueeze_dim):
-        qo, ko = rotary_forward(q, k, cos, sin, unsqueeze_dim)
+    def forward(ctx, q, k, cos, sin, unsqueeze_dim, axis):
+        qo, ko = _forward(q, k, cos, sin, axis)
         # q and k are kept only when cos or sin need a gradient.
         keep = cos.requires_grad or sin.requires_grad
         ctx.save_for_backward(cos, sin, *((q, k) if keep else ()))
@@ -278,7 +278,7 @@ class _RotaryFunction(torch.autograd.Function):
         if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
             dcos, dsin = _cos_sin_grads(gq, gk, *qk, cos, sin, ctx.unsqueeze_dim,
                                         ctx.needs_input_grad[2], ctx.needs_input_grad[3])  # fmt: skip
-        return dq, dk, dcos, dsin, None
+        return dq, dk, dcos, dsin, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,10 +351,11 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     Gradients flow to q and k through the kernel, and to cos and sin (in PyTorch) if they
     require grad. Other layouts fall back to the PyTorch formula.
     """
-    if _head_axis(q, k, cos, sin, unsqueeze_dim) is None:
+    axis = _head_axis(q, k, cos, sin, unsqueeze_dim)
+    if axis is None:
         return reference(q, k, cos, sin, unsqueeze_dim)
     if torch.compiler.is_compiling():
         return rotary_op(q, k, cos, sin, unsqueeze_dim)
     if use_autograd_function(q, k, cos, sin):
-        return _RotaryFunction.apply(q, k, cos, sin, unsqueeze_dim)
-    return rotary_forward(q, k, cos, sin, unsqueeze_dim)
+        return _RotaryFunction.apply(q, k, cos, sin, unsqueeze_dim, axis)
+    return _forward(q, k, cos, sin, axis)
