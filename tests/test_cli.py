@@ -78,7 +78,10 @@ def test_usage_errors_exit_2(argv, capsys):
 
 
 def test_python_dash_m_kernels():
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH")))),
+    }
     result = subprocess.run(
         [sys.executable, "-m", "kernels", "--version"], env=env, capture_output=True, text=True
     )
@@ -167,7 +170,10 @@ def test_init_scaffolds_a_repository_whose_tests_pass(tmp_path, capsys):
         assert (repo / path).is_file(), path
     assert "my-org/fused-silu" in (repo / "README.md").read_text()
 
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH")))),
+    }
     env.pop("TRITON_INTERPRET", None)  # the generated conftest must set it by itself
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],

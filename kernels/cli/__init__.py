@@ -12,10 +12,11 @@ traceback when it is one `kernels` expects, such as a missing repository), 2 a u
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 #: Subcommands, in the order ``kernels --help`` lists them: module names in this package.
 COMMANDS: tuple[str, ...] = ("versions", "lock", "download", "check", "init", "upload")
@@ -63,26 +64,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version (0) or a usage error (2)
         return int(exc.code or 0) if isinstance(exc.code, int) else EXIT_USAGE
-    _configure_logging(args.verbose)
-    try:
-        return int(args.run(args) or EXIT_OK)
-    except (KernelsError, CommandError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    with _logging_to_stderr(args.verbose):
+        try:
+            return int(args.run(args) or EXIT_OK)
+        except (KernelsError, CommandError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
 
 
-def _configure_logging(verbosity: int) -> None:
-    """Log the `kernels` logger tree to stderr (never the root logger)."""
+@contextlib.contextmanager
+def _logging_to_stderr(verbosity: int) -> Iterator[None]:
+    """Log the `kernels` logger tree to stderr while a command runs (never the root logger).
+
+    The logger's level and handlers are restored afterwards, so calling `main()` from Python
+    leaves the caller's logging configuration as it was.
+    """
     logger = logging.getLogger("kernels")
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    logger.setLevel(level)
-    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
-        logger.addHandler(handler)
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    handler.setLevel(level)
+    saved = logger.level
+    if logger.getEffectiveLevel() > level:
+        logger.setLevel(level)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved)
 
 
 class _StderrHandler(logging.StreamHandler):

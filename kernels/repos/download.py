@@ -99,6 +99,7 @@ def get_kernel(
     version: str | int | None = None,
     *,
     trust_remote_code: bool | list[str] = False,
+    user_agent: str | dict | None = None,
 ) -> ModuleType:
     """Download (if needed) and import a kernel from the Hub.
 
@@ -113,6 +114,8 @@ def get_kernel(
             (the branch ``vN``). With neither, ``main`` is loaded and a WARNING says so.
         trust_remote_code: allow code from organisations that are not trusted by default or
             configuration: True for any, or a list of organisations / repository ids.
+        user_agent: extra user-agent information for the download requests (as
+            huggingface_hub's ``snapshot_download`` takes it).
 
     Raises:
         UntrustedKernelError, KernelRepositoryNotFoundError, KernelRevisionError,
@@ -128,7 +131,11 @@ def get_kernel(
         ```
     """
     return load_hub_kernel(
-        repo_id, revision=revision, version=version, trust_remote_code=trust_remote_code
+        repo_id,
+        revision=revision,
+        version=version,
+        trust_remote_code=trust_remote_code,
+        user_agent=user_agent,
     ).module
 
 
@@ -138,12 +145,13 @@ def load_hub_kernel(
     revision: str | None = None,
     version: str | int | None = None,
     trust_remote_code: TrustArgument | list[str] = False,
+    user_agent: str | dict | None = None,
 ) -> LoadedKernel:
     """`get_kernel`, returning what was resolved, downloaded and trusted along with the module."""
     _check_repo_id(repo_id)
     trust = require_trust(repo_id, normalize_trust(trust_remote_code))
     resolved = resolve_revision(repo_id, revision=revision, version=version)
-    fetched = fetch_kernel(resolved)
+    fetched = fetch_kernel(resolved, user_agent=user_agent)
     module = import_package(fetched.location.package_dir, fetched.location.package_name)
     loaded = LoadedKernel(module, fetched, trust)
     logger.info("Loaded kernel %s; %s", loaded.describe(), trust.reason)
@@ -207,7 +215,11 @@ def install_kernel(
 
 
 def fetch_kernel(
-    resolved: ResolvedRevision, *, variant: str | None = None, local_files_only: bool = False
+    resolved: ResolvedRevision,
+    *,
+    variant: str | None = None,
+    local_files_only: bool = False,
+    user_agent: str | dict | None = None,
 ) -> FetchedKernel:
     """Make the variant of `resolved` for this machine (or `variant`) present in the cache."""
     if local_files_only or hubclient.is_offline():
@@ -223,7 +235,7 @@ def fetch_kernel(
     except KernelOfflineError as exc:
         logger.warning("%s; trying the cache", exc)
         return _fetch_from_cache(resolved, variant=variant, reason=str(exc))
-    return _download(resolved, chosen, files)
+    return _download(resolved, chosen, files, user_agent=user_agent)
 
 
 def _choose_remote_variant(
@@ -285,7 +297,13 @@ def _revision_error(exc: BaseException, resolved: ResolvedRevision, doing: str) 
     return hub_error(exc, resolved.repo_id, doing)
 
 
-def _download(resolved: ResolvedRevision, variant: str, files: tuple[str, ...]) -> FetchedKernel:
+def _download(
+    resolved: ResolvedRevision,
+    variant: str,
+    files: tuple[str, ...],
+    *,
+    user_agent: str | dict | None = None,
+) -> FetchedKernel:
     from huggingface_hub import snapshot_download
 
     repo_id = resolved.repo_id
@@ -298,7 +316,10 @@ def _download(resolved: ResolvedRevision, variant: str, files: tuple[str, ...]) 
     try:
         snapshot = Path(
             snapshot_download(
-                repo_id, revision=resolved.revision, allow_patterns=allow_patterns([variant])
+                repo_id,
+                revision=resolved.revision,
+                allow_patterns=allow_patterns([variant]),
+                user_agent=user_agent,
             )
         )
     except Exception as exc:

@@ -373,9 +373,16 @@ def released(hub):
     return make
 
 
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This session's environment for a child interpreter: our package first on the path,
+    then whatever PYTHONPATH already holds (e.g. another huggingface_hub under test)."""
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float = 120):
     """Run `code` in a fresh interpreter with this session's Hub settings; returns the result."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+    full_env = {**subprocess_env(), **(env or {})}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=full_env,
@@ -388,7 +395,7 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
     """Run ``python -m kernels ARGS`` in a fresh interpreter with this session's Hub settings."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+    full_env = {**subprocess_env(), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "kernels", *args],
         env=full_env,

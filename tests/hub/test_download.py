@@ -153,3 +153,21 @@ def test_package_name_differs_from_repo_name(hub):
     repo = hub.create_repo()
     repo.release("0.1.0", package="some_other_name")
     assert kernels.get_kernel(repo.repo_id, version="==0.1.0").VERSION == "0.1.0"
+
+
+def test_user_agent_is_accepted(released):
+    repo = released("0.1.0")
+    module = kernels.get_kernel(repo.repo_id, version=">=0.1", user_agent={"app": "kernels-tests"})
+    assert module.VERSION == "0.1.0"
+
+
+def test_the_cache_stays_readable_by_huggingface_hub(released, hub):
+    """Our file lists live inside the repository's cache folder; `hf cache scan` must not mind."""
+    from huggingface_hub import scan_cache_dir
+
+    repo = released("0.1.0")
+    kernels.get_kernel(repo.repo_id, version=">=0.1")
+    info = scan_cache_dir(hub.cache)
+    assert not [w for w in info.warnings if repo.repo_id.split("/")[1] in str(w)]
+    (cached,) = [r for r in info.repos if r.repo_id == repo.repo_id]
+    assert {ref for revision in cached.revisions for ref in revision.refs} == {"v0.1.0"}

@@ -320,7 +320,11 @@ def test_lock_download_then_kernelize_offline(hub, released, tmp_path, capsys):
     cache = tmp_path / "ci-cache"  # a fresh cache, as on a CI machine
     env = {
         **os.environ,
-        "PYTHONPATH": str(Path(kernels.__file__).parents[1]),
+        "PYTHONPATH": os.pathsep.join(
+            p
+            for p in (str(Path(kernels.__file__).parents[1]), os.environ.get("PYTHONPATH", ""))
+            if p
+        ),
         "HF_HUB_CACHE": str(cache),
     }
     download = subprocess.run(

@@ -157,7 +157,11 @@ def test_two_processes_download_the_same_kernel_at_once(hub, tmp_path):
     )
     env = {
         **os.environ,
-        "PYTHONPATH": str(Path(kernels.__file__).parents[1]),
+        "PYTHONPATH": os.pathsep.join(
+            p
+            for p in (str(Path(kernels.__file__).parents[1]), os.environ.get("PYTHONPATH", ""))
+            if p
+        ),
         "HF_HUB_CACHE": str(tmp_path / "shared-cache"),  # empty: both must download
     }
     go = tmp_path / "go"
