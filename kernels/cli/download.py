@@ -28,12 +28,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="download every locked build variant, not only this machine's",
     )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow kernels from untrusted organisations whose lock entry records no trust decision",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from ..repos.lock import download_locked
 
-    for lock, fetched in download_locked(args.project_dir, all_variants=args.all_variants):
+    locked = download_locked(
+        args.project_dir,
+        all_variants=args.all_variants,
+        trust_remote_code=bool(args.trust_remote_code),
+    )
+    for lock, fetched in locked:
         variants = ", ".join(f.variant for f in fetched)
         print(f"downloaded {lock.repo_id} at {lock.sha[:12]} ({variants}), verified")
     return 0

@@ -83,8 +83,8 @@ class LoadedKernel:
     def describe(self) -> str:
         fetched = self.fetched
         return (
-            f"{fetched.repo_id} {fetched.resolved.how}, commit {fetched.commit[:12]}, variant "
-            f"{fetched.variant}"
+            f"{fetched.repo_id} ({fetched.resolved.how}) at commit {fetched.commit[:12]}, "
+            f"variant {fetched.variant}"
         )
 
 

@@ -9,7 +9,6 @@ into the few cases `kernels` reports differently.
 from __future__ import annotations
 
 import enum
-import os
 import re
 from pathlib import Path
 
@@ -161,7 +160,7 @@ def describe(exc: BaseException) -> str:
 
 def offline_hint() -> str:
     """What to tell a user whose cache lacks something while the Hub is off limits."""
-    if os.environ.get("HF_HUB_OFFLINE") or is_offline():
+    if is_offline():
         how = "unset HF_HUB_OFFLINE (or set it to 0) and run once online"
     else:
         how = f"check that {endpoint()} can be reached and run again"

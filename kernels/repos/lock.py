@@ -514,18 +514,20 @@ def get_locked_kernel(
 
 
 def download_locked(
-    project_dir: Path, *, all_variants: bool = False
+    project_dir: Path, *, all_variants: bool = False, trust_remote_code: TrustArgument = False
 ) -> list[tuple[KernelLock, list[FetchedKernel]]]:
     """Download and verify every kernel in ``PROJECT_DIR/kernels.lock``.
 
     Args:
         all_variants: download every locked variant, not only the one this machine runs.
+        trust_remote_code: for kernels whose lock entry records no trust decision (locks
+            written by other tools), as for `get_kernel`.
     """
     path = Path(project_dir) / LOCK_FILE
     source = LockSource(f"lock file {path}", tuple(read_lockfile(path)))
     done = []
     for lock in source.locks:
-        trust = _locked_trust(lock, source, False)
+        trust = _locked_trust(lock, source, trust_remote_code)
         resolved = ResolvedRevision(
             lock.repo_id, lock.sha, lock.sha, f"locked commit {lock.sha[:12]}"
         )

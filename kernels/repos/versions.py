@@ -218,15 +218,21 @@ def resolve_revision(
         # A commit is immutable: nothing to resolve, and no Hub call needed.
         return ResolvedRevision(repo_id, revision, revision, f"commit {revision}")
 
+    # Messages quote the specifier as the caller wrote it (SpecifierSet reorders it).
+    shown = version.strip() if isinstance(version, str) else str(wanted)
     try:
         refs = list_refs(repo_id)
     except KernelOfflineError as offline:
-        return _resolve_from_cache(repo_id, revision, wanted, offline)
-    return _resolve(repo_id, revision, wanted, refs)
+        return _resolve_from_cache(repo_id, revision, wanted, offline, shown)
+    return _resolve(repo_id, revision, wanted, refs, shown)
 
 
 def _resolve(
-    repo_id: str, revision: str | None, wanted: SpecifierSet | int | None, refs: RepoRefs
+    repo_id: str,
+    revision: str | None,
+    wanted: SpecifierSet | int | None,
+    refs: RepoRefs,
+    shown: str,
 ) -> ResolvedRevision:
     if revision is not None:
         if revision in refs.branches:
@@ -253,12 +259,12 @@ def _resolve(
     best = best_version(versions, wanted)
     if best is None:
         raise KernelRevisionError(
-            f"No version of {repo_id} satisfies {str(wanted)!r}. {_what_exists(refs)}"
+            f"No version of {repo_id} satisfies {shown!r}. {_what_exists(refs)}"
             + _prerelease_hint(versions, wanted)
         )
     tag = versions[best]
     return ResolvedRevision(
-        repo_id, tag, refs.tags[tag], f"tag {tag}, the highest version satisfying {str(wanted)!r}"
+        repo_id, tag, refs.tags[tag], f"tag {tag}, the highest version satisfying {shown!r}"
     )
 
 
@@ -291,6 +297,7 @@ def _resolve_from_cache(
     revision: str | None,
     wanted: SpecifierSet | int | None,
     offline: KernelOfflineError,
+    shown: str,
 ) -> ResolvedRevision:
     """Answer from the refs huggingface_hub cached, when the Hub is off limits."""
     cached = hubclient.cached_refs(repo_id)
@@ -317,7 +324,7 @@ def _resolve_from_cache(
     best = best_version(versions, wanted)
     if best is None:
         raise KernelOfflineError(
-            f"{reason} No version of {repo_id} satisfying {str(wanted)!r} is in "
+            f"{reason} No version of {repo_id} satisfying {shown!r} is in "
             f"the cache{_cached_names(cached)}. {hubclient.offline_hint()}"
         )
     tag = versions[best]
@@ -326,13 +333,13 @@ def _resolve_from_cache(
         "(a newer one may exist on the Hub)",
         repo_id,
         tag,
-        str(wanted),
+        shown,
     )
     return ResolvedRevision(
         repo_id,
         tag,
         cached[tag],
-        f"tag {tag}, the highest cached version satisfying {str(wanted)!r}",
+        f"tag {tag}, the highest cached version satisfying {shown!r}",
         from_cache=True,
     )
 

@@ -135,6 +135,11 @@ def test_locked_repository_loads_the_locked_commit_after_newer_releases(released
     locked = LockedLayerRepository(
         repo.repo_id, layer_name="SiluAndMul", lockfile=project / "kernels.lock"
     )
+    assert hash(locked) == hash(
+        LockedLayerRepository(
+            repo.repo_id, layer_name="SiluAndMul", lockfile=str(project / "kernels.lock")
+        )
+    )
     assert locked.load().VERSION == "0.1.1"
     assert "verified" in str(locked) and "commit" in str(locked)
     assert (
@@ -237,8 +242,13 @@ def test_untrusted_kernel_in_a_foreign_lock_needs_trust(released, tmp_path, caps
     )
     entry = lock(project, capsys)[0]
     del entry["trust"]  # as if written by a tool that does not record trust
-    lockfile = tmp_path / "no-trust.lock"
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    lockfile = foreign / "kernels.lock"
     lockfile.write_text(json.dumps([entry]))
+    assert main(["download", str(foreign)]) == 1
+    assert "trust_remote_code" in capsys.readouterr().err
+    assert main(["download", str(foreign), "--trust-remote-code"]) == 0
     with pytest.raises(UntrustedKernelError):
         kernels.get_locked_kernel(stranger.repo_id, lockfile=lockfile)
     module = kernels.get_locked_kernel(
