@@ -12,6 +12,7 @@ file is imported, before anything imports huggingface_hub, which reads them once
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -40,6 +41,7 @@ def _free_port() -> int:
 
 
 SESSION_DIR = Path(tempfile.mkdtemp(prefix="kernels-hub-tests-"))
+atexit.register(shutil.rmtree, SESSION_DIR, ignore_errors=True)
 MIRRORS = SESSION_DIR / "mirrors"
 HF_CACHE = SESSION_DIR / "hf-cache"
 OLAH_PORT = _free_port()
@@ -342,12 +344,11 @@ def hub_server():
             pytrace=False,
         )
     server = HubServer(olah, Proxy(PROXY_PORT, OLAH_PORT))
-    server.start()
     try:
+        server.start()
         yield server
     finally:
         server.stop()
-        shutil.rmtree(SESSION_DIR, ignore_errors=True)
 
 
 @pytest.fixture
