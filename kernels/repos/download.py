@@ -169,7 +169,10 @@ def has_kernel(repo_id: str, revision: str | None = None, version: str | int | N
     resolved = resolve_revision(repo_id, revision=revision, version=version)
     try:
         if hubclient.is_offline() or resolved.from_cache:
-            _fetch_from_cache(resolved, reason="HF_HUB_OFFLINE is set")
+            reason = (
+                "HF_HUB_OFFLINE is set" if hubclient.is_offline() else "the Hub cannot be reached"
+            )
+            _fetch_from_cache(resolved, reason=reason)
         else:
             _choose_remote_variant(resolved)
     except BuildVariantNotFoundError:
@@ -233,8 +236,9 @@ def fetch_kernel(
     try:
         chosen, files = _choose_remote_variant(resolved, variant=variant)
     except KernelOfflineError as exc:
-        logger.warning("%s; trying the cache", exc)
-        return _fetch_from_cache(resolved, variant=variant, reason=str(exc))
+        reason = getattr(exc, "reason", str(exc))
+        logger.warning("%s: %s Trying the cache.", resolved.repo_id, reason)
+        return _fetch_from_cache(resolved, variant=variant, reason=reason)
     return _download(resolved, chosen, files, user_agent=user_agent)
 
 
@@ -373,6 +377,8 @@ def _fetch_from_cache(
     """Find the variant of `resolved` in the cache, without any Hub call."""
     from huggingface_hub import snapshot_download
 
+    reason = reason.rstrip(".")
+
     repo_id = resolved.repo_id
     revision = resolved.commit or resolved.revision
     where = f"{repo_id} ({resolved.how})"
@@ -438,6 +444,7 @@ def _check_complete(resolved: ResolvedRevision, snapshot: Path, variant: str, re
 
     repo_id = resolved.repo_id
     where = f"{repo_id} ({resolved.how})"
+    reason = reason.rstrip(".")
     advice = (
         f"The download of {where} did not finish; variant {variant} in the cache is incomplete "
         f"and the Hub cannot be asked ({reason}). {hubclient.offline_hint()}"

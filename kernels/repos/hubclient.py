@@ -152,9 +152,18 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
 
 
 def describe(exc: BaseException) -> str:
-    """A one-line description of a huggingface_hub exception (its first line, with its type)."""
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
+    """A short description of a huggingface_hub exception: its type and first line.
+
+    Connection errors of requests/urllib3 nest several reprs; only the OS error is kept
+    ("ConnectionError: Connection refused").
+    """
+    text = str(exc).strip()
+    os_error = re.search(r"\[Errno -?\d+\] ([^\"')\]]+)", text)
+    if os_error:
+        text = os_error.group(1).strip()
+    first = text.splitlines()[0] if text else ""
+    if len(first) > 300:
+        first = first[:297] + "..."
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
