@@ -233,8 +233,24 @@ def _outputs(out):
     return out if isinstance(out, (tuple, list)) else (out,)
 
 
-def time_case(inputs, params, fn, rep_ms):
-    """(forward ms, forward+backward ms) medians."""
+def _graph_ms(call, rep_ms):
+    """Median device time of ``call`` captured in a CUDA graph and replayed: no host overhead."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    ms = do_bench(graph.replay, warmup=25, rep=rep_ms, return_mode="median")
+    del graph
+    return ms
+
+
+def time_case(inputs, params, fn, rep_ms, graphs=True):
+    """(forward ms, forward+backward ms, graphed forward ms, graphed forward+backward ms)."""
 
     def fwd():
         with torch.no_grad():
@@ -253,7 +269,15 @@ def time_case(inputs, params, fn, rep_ms):
     fwd()
     t_fwd = do_bench(fwd, warmup=25, rep=rep_ms, return_mode="median")
     t_fb = do_bench(fwd_bwd, warmup=25, rep=rep_ms, return_mode="median")
-    return t_fwd, t_fb
+    g_fwd = g_fb = None
+    if graphs:
+        try:
+            g_fwd = _graph_ms(fwd, rep_ms)
+            g_fb = _graph_ms(fwd_bwd, rep_ms)
+        except Exception as exc:  # noqa: BLE001  (a peer that cannot be captured: no graph time)
+            print(f"    CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:200]}")
+            torch.cuda.synchronize()
+    return t_fwd, t_fb, g_fwd, g_fb
 
 
 def copy_bandwidth():
@@ -303,22 +327,27 @@ def run(ops, rep_ms):
             for impl in IMPLS:
                 if impl not in fns:
                     continue
-                t_fwd, t_fb = time_case(inputs, params, fns[impl], rep_ms)
-                row = {
-                    "op": op,
-                    "shape": list(shape),
-                    "impl": impl,
-                    "fwd_ms": t_fwd,
-                    "fwd_bwd_ms": t_fb,
-                    "fwd_gbs": b_fwd / (t_fwd * 1e-3) / 1e9,
-                    "fwd_bwd_gbs": (b_fwd + b_bwd) / (t_fb * 1e-3) / 1e9,
-                }
-                row["fwd_pct"] = 100 * row["fwd_gbs"] / copy_gbs
-                row["fwd_bwd_pct"] = 100 * row["fwd_bwd_gbs"] / copy_gbs
+                times = time_case(inputs, params, fns[impl], rep_ms)
+                row = {"op": op, "shape": list(shape), "impl": impl}
+                for key, t, moved in zip(
+                    ("fwd", "fwd_bwd", "graph_fwd", "graph_fwd_bwd"),
+                    times,
+                    (b_fwd, b_fwd + b_bwd, b_fwd, b_fwd + b_bwd),
+                    strict=True,
+                ):
+                    if t is None:
+                        continue
+                    row[key + "_ms"] = t
+                    row[key + "_gbs"] = moved / (t * 1e-3) / 1e9
+                    row[key + "_pct"] = 100 * row[key + "_gbs"] / copy_gbs
                 results.append(row)
                 print(
-                    f"{op:10s} {str(shape):14s} {impl:8s} fwd {t_fwd * 1e3:8.1f} us "
-                    f"{row['fwd_pct']:5.1f}%   fwd+bwd {t_fb * 1e3:8.1f} us {row['fwd_bwd_pct']:5.1f}%",
+                    f"{op:10s} {str(shape):14s} {impl:8s} "
+                    + "  ".join(
+                        f"{k} {row[k + '_ms'] * 1e3:7.1f} us {row[k + '_pct']:5.1f}%"
+                        for k in ("fwd", "fwd_bwd", "graph_fwd", "graph_fwd_bwd")
+                        if k + "_ms" in row
+                    ),
                     flush=True,
                 )
             del inputs, params, fns
@@ -331,7 +360,9 @@ def run(ops, rep_ms):
         "liger": liger.version if liger else None,
         "copy_gbs": copy_gbs,
         "dtype": "bfloat16",
-        "timing": "triton.testing.do_bench median, L2 cleared before each repetition",
+        "timing": "triton.testing.do_bench median, L2 cleared before each repetition; "
+        "'eager' tables time Python calls (host overhead included), 'CUDA graph' tables replay "
+        "the same calls captured in a graph (device time only)",
     }
     return meta, results
 
@@ -363,7 +394,12 @@ def write_markdown(meta, results, path):
         rows = [r for r in results if r["op"] == op]
         shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
         impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
-        for phase, key in (("forward", "fwd"), ("forward+backward", "fwd_bwd")):
+        for phase, key in (
+            ("forward, eager calls", "fwd"),
+            ("forward+backward, eager calls", "fwd_bwd"),
+            ("forward, CUDA graph", "graph_fwd"),
+            ("forward+backward, CUDA graph", "graph_fwd_bwd"),
+        ):
             lines.append(f"## {op}: {phase}")
             lines.append("")
             head = ["shape"] + [f"{i} GB/s (%)" for i in impls]
@@ -375,12 +411,14 @@ def write_markdown(meta, results, path):
                 cells = [_shape_str(op, shape)]
                 for i in impls:
                     r = by.get(i)
-                    cells.append(f"{r[key + '_gbs']:.0f} ({r[key + '_pct']:.0f}%)" if r else "-")
+                    ok = r is not None and key + "_ms" in r
+                    cells.append(f"{r[key + '_gbs']:.0f} ({r[key + '_pct']:.0f}%)" if ok else "-")
                 for i in impls:
                     if i == "ours":
                         continue
                     r, o = by.get(i), by.get("ours")
-                    cells.append(f"{r[key + '_ms'] / o[key + '_ms']:.2f}x" if r and o else "-")
+                    ok = r and o and key + "_ms" in r and key + "_ms" in o
+                    cells.append(f"{r[key + '_ms'] / o[key + '_ms']:.2f}x" if ok else "-")
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
     with open(path, "w") as f:
@@ -400,14 +438,25 @@ def write_plots(meta, results, out):
         rows = [r for r in results if r["op"] == op]
         shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
         impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+        fig, axes = plt.subplots(2, 2, figsize=(13, 8), sharey=True)
         width = 0.8 / len(impls)
-        for ax, (phase, key) in zip(
-            axes, (("forward", "fwd_pct"), ("forward+backward", "fwd_bwd_pct")), strict=False
-        ):
+        panels = (
+            ("forward, eager", "fwd_pct"),
+            ("forward+backward, eager", "fwd_bwd_pct"),
+            ("forward, CUDA graph", "graph_fwd_pct"),
+            ("forward+backward, CUDA graph", "graph_fwd_bwd_pct"),
+        )
+        for ax, (phase, key) in zip(axes.flat, panels, strict=True):
             for j, impl in enumerate(impls):
                 vals = [
-                    next((r[key] for r in rows if r["impl"] == impl and tuple(r["shape"]) == s), 0)
+                    next(
+                        (
+                            r.get(key, 0)
+                            for r in rows
+                            if r["impl"] == impl and tuple(r["shape"]) == s
+                        ),
+                        0,
+                    )
                     for s in shapes
                 ]
                 ax.bar([i + j * width for i in range(len(shapes))], vals, width, label=impl)
@@ -416,7 +465,7 @@ def write_plots(meta, results, out):
             ax.axhline(100, color="grey", lw=0.8, ls="--")
             ax.set_title(f"{op} {phase}")
             ax.set_ylabel("% of copy bandwidth")
-        axes[0].legend()
+        axes.flat[0].legend()
         fig.suptitle(f"{meta['device']}, bf16, {meta['date']} (copy {meta['copy_gbs']:.0f} GB/s)")
         fig.tight_layout()
         fig.savefig(os.path.join(out, f"{op}.png"), dpi=110)
@@ -433,7 +482,7 @@ def sweep(rep_ms):
             inputs, params, fns, _, _ = norm_case(op, lib, None, *shape)
             for per_sm in (1, 2, 4, 8, 16):
                 module.BWD_PROGRAMS_PER_SM = per_sm
-                _, t = time_case(inputs, params, fns["ours"], rep_ms)
+                _, t, _, _ = time_case(inputs, params, fns["ours"], rep_ms, graphs=False)
                 print(
                     f"sweep {op} {shape} programs/SM {per_sm}: fwd+bwd {t * 1e3:.1f} us", flush=True
                 )
