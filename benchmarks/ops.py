@@ -233,16 +233,17 @@ def _outputs(out):
     return out if isinstance(out, (tuple, list)) else (out,)
 
 
-def _graph_ms(call, rep_ms):
-    """Median device time of ``call`` captured in a CUDA graph and replayed: no host overhead."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
+def _graph_ms(call, stream, rep_ms):
+    """Median device time of ``call`` captured in a CUDA graph and replayed: no host overhead.
+
+    Warm-up and capture run on ``stream``, the stream the eager timing used, so that autograd's
+    leaf nodes (created by the eager runs) need no cross-stream synchronisation, which capture
+    forbids.
+    """
+    for _ in range(3):
+        call()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         call()
     ms = do_bench(graph.replay, warmup=25, rep=rep_ms, return_mode="median")
     del graph
@@ -250,8 +251,21 @@ def _graph_ms(call, rep_ms):
 
 
 def time_case(inputs, params, fn, rep_ms, graphs=True):
-    """(forward ms, forward+backward ms, graphed forward ms, graphed forward+backward ms)."""
+    """(forward ms, forward+backward ms, graphed forward ms, graphed forward+backward ms).
 
+    Everything runs on one side stream (CUDA graphs cannot be captured on the default one);
+    the gradient seeds are drawn before any capture, since a capture must not draw random
+    numbers outside the graph.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        times = _time_case_on(stream, inputs, params, fn, rep_ms, graphs)
+    torch.cuda.current_stream().wait_stream(stream)
+    return times
+
+
+def _time_case_on(stream, inputs, params, fn, rep_ms, graphs):
     def fwd():
         with torch.no_grad():
             fn(*inputs)
@@ -261,6 +275,7 @@ def time_case(inputs, params, fn, rep_ms, graphs=True):
     wrt = [*inputs, *params]
     out = _outputs(fn(*inputs))
     seeds = [torch.randn_like(o) for o in out]
+    del out
 
     def fwd_bwd():
         torch.autograd.grad(_outputs(fn(*inputs)), wrt, seeds)
@@ -271,12 +286,21 @@ def time_case(inputs, params, fn, rep_ms, graphs=True):
     t_fb = do_bench(fwd_bwd, warmup=25, rep=rep_ms, return_mode="median")
     g_fwd = g_fb = None
     if graphs:
-        try:
-            g_fwd = _graph_ms(fwd, rep_ms)
-            g_fb = _graph_ms(fwd_bwd, rep_ms)
-        except Exception as exc:  # noqa: BLE001  (a peer that cannot be captured: no graph time)
-            print(f"    CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:200]}")
-            torch.cuda.synchronize()
+        for name, call in (("forward", fwd), ("forward+backward", fwd_bwd)):
+            try:
+                ms = _graph_ms(call, stream, rep_ms)
+            except Exception as exc:  # noqa: BLE001  (a peer that cannot be captured: no graph time)
+                print(
+                    f"    CUDA graph capture of the {name} failed: {type(exc).__name__}: {exc}"[
+                        :300
+                    ]
+                )
+                torch.cuda.synchronize()
+                break
+            if name == "forward":
+                g_fwd = ms
+            else:
+                g_fb = ms
     return t_fwd, t_fb, g_fwd, g_fb
 
 

@@ -134,7 +134,9 @@ def test_from_pretrained_with_use_kernels(our_kernels, tmp_path):
     from transformers import AutoModelForCausalLM
 
     plain = AutoModelForCausalLM.from_pretrained(tmp_path).to(DEVICE)
-    model = AutoModelForCausalLM.from_pretrained(tmp_path, use_kernels=True).to(DEVICE)
+    # transformers kernelizes for the device the weights are loaded on.
+    placement = {} if DEVICE == "cpu" else {"device_map": DEVICE}
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, use_kernels=True, **placement)
     assert all(kernel_layer_of(m) is not None for m in tagged(model).values())
     tokens = torch.randint(0, 128, (1, 7), device=DEVICE)
     with torch.no_grad():

@@ -29,6 +29,8 @@ def torch_capability(device_type: str, index: int | None) -> int | None:
         return None
     if index is None:
         index = torch.cuda.current_device()
+    elif not 0 <= index < torch.cuda.device_count():
+        return None  # e.g. a model meant for cuda:1 explained on a one-GPU machine
     major, minor = torch.cuda.get_device_capability(index)
     return 10 * major + minor
 

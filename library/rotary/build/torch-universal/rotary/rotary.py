@@ -359,3 +359,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     if use_autograd_function(q, k, cos, sin):
         return _RotaryFunction.apply(q, k, cos, sin, unsqueeze_dim, axis)
     return _forward(q, k, cos, sin, axis)
+
+
+# Function kernels declare what they support as attributes (layers do it as class members).
+apply_rotary_pos_emb.has_backward = True
+apply_rotary_pos_emb.can_torch_compile = True
