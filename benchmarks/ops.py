@@ -33,6 +33,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import sys
 import types
 
@@ -250,22 +251,13 @@ def _graph_ms(call, stream, rep_ms):
     return ms
 
 
-def time_case(inputs, params, fn, rep_ms, graphs=True):
-    """(forward ms, forward+backward ms, graphed forward ms, graphed forward+backward ms).
+def _calls(inputs, params, fn):
+    """(forward, forward+backward) closures for ``fn``, compiled and warmed up.
 
-    Everything runs on one side stream (CUDA graphs cannot be captured on the default one);
-    the gradient seeds are drawn before any capture, since a capture must not draw random
-    numbers outside the graph.
+    The gradient seeds are drawn here, before any CUDA-graph capture: a capture must not draw
+    random numbers outside the graph.
     """
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        times = _time_case_on(stream, inputs, params, fn, rep_ms, graphs)
-    torch.cuda.current_stream().wait_stream(stream)
-    return times
 
-
-def _time_case_on(stream, inputs, params, fn, rep_ms, graphs):
     def fwd():
         with torch.no_grad():
             fn(*inputs)
@@ -280,28 +272,71 @@ def _time_case_on(stream, inputs, params, fn, rep_ms, graphs):
     def fwd_bwd():
         torch.autograd.grad(_outputs(fn(*inputs)), wrt, seeds)
 
-    fwd_bwd()  # compile / warm up the backward
-    fwd()
-    t_fwd = do_bench(fwd, warmup=25, rep=rep_ms, return_mode="median")
-    t_fb = do_bench(fwd_bwd, warmup=25, rep=rep_ms, return_mode="median")
-    g_fwd = g_fb = None
-    if graphs:
-        for name, call in (("forward", fwd), ("forward+backward", fwd_bwd)):
-            try:
-                ms = _graph_ms(call, stream, rep_ms)
-            except Exception as exc:  # noqa: BLE001  (a peer that cannot be captured: no graph time)
-                print(
-                    f"    CUDA graph capture of the {name} failed: {type(exc).__name__}: {exc}"[
-                        :300
-                    ]
-                )
-                torch.cuda.synchronize()
-                break
-            if name == "forward":
-                g_fwd = ms
-            else:
-                g_fb = ms
-    return t_fwd, t_fb, g_fwd, g_fb
+    for _ in range(3):
+        fwd_bwd()
+        fwd()
+    return fwd, fwd_bwd
+
+
+_flush = None
+
+
+def interleaved_ms(calls: dict, rep_ms: float) -> dict:
+    """Median milliseconds of each call, timed in rounds that run every contender once.
+
+    Host-bound calls are at the mercy of the host's state (other tenants of a VM, clock
+    changes); timing the contenders one after another lets such phases favour one of them.
+    Each round runs all of them (the order rotating), each after clearing L2 and between two
+    CUDA events, as ``triton.testing.do_bench`` does for one.
+    """
+    global _flush
+    if _flush is None:
+        _flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    names = list(calls)
+    estimate = {
+        name: do_bench(calls[name], warmup=5, rep=10, return_mode="median") for name in names
+    }
+    rounds = int(min(1000, max(30, rep_ms / max(sum(estimate.values()), 1e-3) * len(names))))
+    events = {name: [] for name in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            _flush.zero_()
+            start.record()
+            calls[name]()
+            end.record()
+            events[name].append((start, end))
+    torch.cuda.synchronize()
+    return {
+        name: statistics.median(s.elapsed_time(e) for s, e in pairs)
+        for name, pairs in events.items()
+    }
+
+
+def time_cases(inputs, params, fns: dict, rep_ms, graphs=True) -> dict:
+    """{impl: (forward ms, forward+backward ms, graphed forward ms, graphed forward+backward ms)}.
+
+    Everything runs on one side stream: CUDA graphs cannot be captured on the default one, and
+    autograd's leaf nodes (made by the eager runs) must live on the capturing stream.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        calls = {impl: _calls(inputs, params, fn) for impl, fn in fns.items()}
+        t_fwd = interleaved_ms({impl: c[0] for impl, c in calls.items()}, rep_ms)
+        t_fb = interleaved_ms({impl: c[1] for impl, c in calls.items()}, rep_ms)
+        times = {impl: [t_fwd[impl], t_fb[impl], None, None] for impl in fns}
+        for impl, (fwd, fwd_bwd) in calls.items() if graphs else ():
+            for slot, (name, call) in enumerate((("forward", fwd), ("forward+backward", fwd_bwd))):
+                try:
+                    times[impl][2 + slot] = _graph_ms(call, stream, rep_ms)
+                except Exception as exc:  # noqa: BLE001  (a peer that cannot be captured)
+                    print(f"    {impl}: CUDA graph capture of the {name} failed: {exc}"[:300])
+                    torch.cuda.synchronize()
+                    break
+    torch.cuda.current_stream().wait_stream(stream)
+    return {impl: tuple(t) for impl, t in times.items()}
 
 
 def copy_bandwidth():
@@ -348,10 +383,8 @@ def run(ops, rep_ms):
             else:
                 inputs, params, fns, b_fwd, b_bwd = rotary_case(lib, liger, *shape)
             spot_check(f"{op} {shape}", inputs, fns)
-            for impl in IMPLS:
-                if impl not in fns:
-                    continue
-                times = time_case(inputs, params, fns[impl], rep_ms)
+            timed = time_cases(inputs, params, {i: fns[i] for i in IMPLS if i in fns}, rep_ms)
+            for impl, times in timed.items():
                 row = {"op": op, "shape": list(shape), "impl": impl}
                 for key, t, moved in zip(
                     ("fwd", "fwd_bwd", "graph_fwd", "graph_fwd_bwd"),
@@ -384,9 +417,10 @@ def run(ops, rep_ms):
         "liger": liger.version if liger else None,
         "copy_gbs": copy_gbs,
         "dtype": "bfloat16",
-        "timing": "triton.testing.do_bench median, L2 cleared before each repetition; "
-        "'eager' tables time Python calls (host overhead included), 'CUDA graph' tables replay "
-        "the same calls captured in a graph (device time only)",
+        "timing": "median of CUDA-event timings, L2 cleared before each call; 'eager calls' "
+        "tables time Python calls (host overhead included) in rounds that run every contender "
+        "once, in rotating order; 'CUDA graph' tables replay the same calls captured in a graph "
+        "(device time only, triton.testing.do_bench)",
     }
     return meta, results
 
@@ -506,7 +540,9 @@ def sweep(rep_ms):
             inputs, params, fns, _, _ = norm_case(op, lib, None, *shape)
             for per_sm in (1, 2, 4, 8, 16):
                 module.BWD_PROGRAMS_PER_SM = per_sm
-                _, t, _, _ = time_case(inputs, params, fns["ours"], rep_ms, graphs=False)
+                _, t, _, _ = time_cases(
+                    inputs, params, {"ours": fns["ours"]}, rep_ms, graphs=False
+                )["ours"]
                 print(
                     f"sweep {op} {shape} programs/SM {per_sm}: fwd+bwd {t * 1e3:.1f} us", flush=True
                 )

@@ -11,6 +11,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 from library_helpers import (
     LIBRARY,
     FusedAddRMSNorm,
@@ -246,3 +247,33 @@ def test_compile_inference_mode(activation, norm, dtype):
     x64 = x.double()
     h = module.weight.double() * x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
     assert_close(y, F.silu(h[..., :24]) * h[..., 24:], dtype, "compiled inference")
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="launches run through Triton's interpreter on the CPU"
+)
+@pytest.mark.parametrize("repo", ["activation", "norm", "rotary"])
+def test_repeated_launches_skip_tritons_runner(repo, activation, norm, rotary):
+    """After the first launch, each kernel is launched through its compiled launcher directly,
+    with the results of an ordinary launch."""
+    package = {"activation": activation, "norm": norm, "rotary": rotary}[repo]
+    library = sys.modules[f"{package.__name__}._library"]
+    x = torch.randn(37, 1000, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(2, 4, 9, 64, device="cuda", dtype=torch.bfloat16)
+    cos, sin = torch.randn(2, 2, 9, 64, device="cuda", dtype=torch.bfloat16).unbind(1)
+
+    def call():
+        if repo == "activation":
+            return (package.silu_and_mul(x),)
+        if repo == "norm":
+            return (package.rms_norm(x, w, 1e-6),)
+        return package.apply_rotary_pos_emb(q, q[:, :2], cos, sin)
+
+    first = call()  # an ordinary launch, which caches the compiled kernel
+    entries = list(library._compiled.values())
+    assert entries and all(direct is not None for _, direct in entries), (
+        f"Triton {triton.__version__}'s launcher signature is not the one launch() expects"
+    )
+    for a, b in zip(first, call(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -57,19 +57,42 @@ def use_autograd_function(*tensors: torch.Tensor) -> bool:
 # launch, more than the kernel takes at 4096 x 4096. ``launch`` keeps the compiled kernel that a
 # first ordinary launch returned, under a key made of exactly what Triton specialises on (tensor
 # dtypes and 16-byte alignment; integers equal to 1, divisible by 16, or past int32; the value of
-# every constexpr; num_warps; the device), and launches it directly afterwards (~13 us).
-# On the CPU (the interpreter) every launch is an ordinary one.
+# every constexpr; num_warps; the device), and afterwards calls the compiled kernel's launcher
+# itself, skipping the per-call closure, device and stream lookups and launch-metadata hooks of
+# ``CompiledKernel.__getitem__`` (the hooks are honoured: when a profiler installs one, launches
+# go through Triton's own runner). On the CPU (the interpreter) every launch is an ordinary one.
 
 _compiled: dict = {}
-_constexpr_masks: dict = {}
+_kernel_shapes: dict = {}
+
+# What ``CompiledKernel.__getitem__``'s runner passes to ``CompiledKernel.run`` (Triton 3.3 to
+# 3.9); a Triton whose launcher takes anything else is launched through its runner.
+_LAUNCHER_PARAMS = (
+    "gridX", "gridY", "gridZ", "stream", "function", "kernel_metadata", "launch_metadata",
+    "launch_enter_hook", "launch_exit_hook",
+)  # fmt: skip
+
+try:
+    from torch._C import _cuda_getCurrentRawStream as _current_stream
+except ImportError:  # pragma: no cover - older torch
+
+    def _current_stream(index: int) -> int:
+        return torch.cuda.current_stream(index).cuda_stream
 
 
-def _constexpr_mask(kernel) -> tuple[bool, ...]:
-    mask = _constexpr_masks.get(kernel)
-    if mask is None:
-        mask = tuple(bool(p.is_constexpr) for p in kernel.params)
-        _constexpr_masks[kernel] = mask
-    return mask
+try:
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover - Triton before 3.4 has no knobs
+    _knobs = None
+
+
+def _kernel_shape(kernel) -> tuple[bool, ...]:
+    """Which of ``kernel``'s parameters are constexprs (their value is part of the key)."""
+    shape = _kernel_shapes.get(kernel)
+    if shape is None:
+        shape = tuple(bool(p.is_constexpr) for p in kernel.params)
+        _kernel_shapes[kernel] = shape
+    return shape
 
 
 def _spec(value, is_constexpr: bool):
@@ -84,24 +107,52 @@ def _spec(value, is_constexpr: bool):
     return type(value)
 
 
+def _direct_launcher(compiled):
+    """``(run, function, metadata)`` to call the compiled kernel's launcher with, or None when
+    this Triton's launcher does not take the arguments we pass (then use its runner)."""
+    import inspect
+
+    try:
+        run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+        params = list(inspect.signature(type(run).__call__).parameters.values())[1:]
+    except (AttributeError, TypeError, ValueError):
+        return None
+    names = tuple(p.name for p in params[: len(_LAUNCHER_PARAMS)])
+    if names != _LAUNCHER_PARAMS or params[-1].kind is not inspect.Parameter.VAR_POSITIONAL:
+        return None
+    return run, function, metadata
+
+
+def _hooks_installed() -> bool:
+    runtime = getattr(_knobs, "runtime", None)
+    return runtime is None or runtime.launch_enter_hook is not None
+
+
 def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.device) -> None:
     """``kernel[grid](*args, num_warps=num_warps)`` on ``device``, with all arguments (constexprs
     included) positional in the kernel's parameter order."""
     if device.type != "cuda":
         kernel[grid](*args, num_warps=num_warps)
         return
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index != torch.cuda.current_device():
+    current = torch.cuda.current_device()
+    index = current if device.index is None else device.index
+    if index != current:
         # A model split over GPUs calls layers with tensors on a device that is not the current
         # one; Triton launches on the current device.
         with torch.cuda.device(index):
             launch(kernel, grid, args, num_warps, device)
         return
-    key = (kernel, index, num_warps, *map(_spec, args, _constexpr_mask(kernel)))
-    compiled = _compiled.get(key)
-    if compiled is None:
+    key = (kernel, index, num_warps, *map(_spec, args, _kernel_shape(kernel)))
+    entry = _compiled.get(key)
+    if entry is None:
         compiled = kernel[grid](*args, num_warps=num_warps)
         if callable(getattr(compiled, "__getitem__", None)):
-            _compiled[key] = compiled
+            _compiled[key] = (compiled, _direct_launcher(compiled))
         return
-    compiled[grid + (1,) * (3 - len(grid))](*args)
+    compiled, direct = entry
+    grid = grid + (1,) * (3 - len(grid))
+    if direct is None or _hooks_installed():
+        compiled[grid](*args)
+        return
+    run, function, metadata = direct
+    run(*grid, _current_stream(index), function, metadata, None, None, None, *args)
