@@ -39,7 +39,7 @@ $(HUB_VENV)/bin/olah-cli:
 hub-server: $(HUB_VENV)/bin/olah-cli
 
 demo: install
-	$(BIN)/python -m kernels.demo
+	$(BIN)/kernels demo
 
 test: install-test hub-server
 	KERNELS_TEST_OLAH=$(abspath $(HUB_VENV))/bin/olah-cli $(BIN)/python -m pytest $(PYTEST_ARGS)

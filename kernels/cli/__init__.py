@@ -19,7 +19,16 @@ import sys
 from collections.abc import Iterator, Sequence
 
 #: Subcommands, in the order ``kernels --help`` lists them: module names in this package.
-COMMANDS: tuple[str, ...] = ("versions", "lock", "download", "check", "init", "upload")
+COMMANDS: tuple[str, ...] = (
+    "demo",
+    "explain",
+    "versions",
+    "lock",
+    "download",
+    "check",
+    "init",
+    "upload",
+)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -33,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="kernels",
-        description="Find, lock, download, check, scaffold and publish kernel repositories.",
+        description="Run the demo, explain what kernelize would do with a model, and find, "
+        "lock, download, check, scaffold and publish kernel repositories.",
         epilog="Run `kernels COMMAND --help` for a command's options. Docs: docs/hub.md.",
     )
     parser.add_argument("--version", action="version", version=f"kernels {__version__}")

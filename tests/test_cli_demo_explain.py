@@ -1,0 +1,166 @@
+"""`kernels demo` and `kernels explain`, run in-process through `kernels.cli.main`.
+
+explain builds its models on the meta device, so it runs no kernel and costs little beyond
+importing transformers. The demo on the CPU is its tiny model through the Triton
+interpreter: a few seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.cli import COMMANDS, main
+
+transformers = pytest.importorskip("transformers")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+def run(*argv: str) -> int:
+    return main(list(argv))
+
+
+def test_help_lists_demo_and_explain_first(capsys):
+    assert COMMANDS[:2] == ("demo", "explain")
+    assert run("--help") == 0
+    out = capsys.readouterr().out
+    assert "demo " in out and "explain " in out
+
+
+def test_demo_help_wires_the_demo_arguments(capsys):
+    assert run("demo", "--help") == 0
+    out = capsys.readouterr().out
+    assert "usage: kernels demo" in out
+    for option in ("--device", "--seed", "--no-timing"):
+        assert option in out
+    assert "Llama-style" in out  # the description comes from kernels.demo's docstring
+
+
+def test_python_dash_m_kernels_demo_still_works():
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH")))),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "kernels.demo", "--help"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "usage: kernels demo" in result.stdout
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the error on a machine without a GPU")
+def test_demo_on_cuda_without_a_gpu_is_an_error(capsys):
+    assert run("demo", "--device", "cuda") == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: --device cuda, but torch sees no CUDA GPU")
+
+
+@pytest.mark.slow
+def test_demo_runs_and_its_checks_pass(capsys):
+    # On the CPU: the tiny model through the Triton interpreter (tests/conftest.py sets it),
+    # about 5 s. On a GPU: the bf16 model, correctness only.
+    assert run("demo", "--device", DEVICE, "--no-timing") == 0
+    out = capsys.readouterr().out
+    assert "kernels for mode TRAINING" in out
+    assert "correctness" in out and "FAILED" not in out
+
+
+def test_explain_model_type_inference(capsys):
+    assert run("explain", "llama", "--device", "cpu", "--mode", "inference") == 0
+    out = capsys.readouterr().out
+    assert "LlamaForCausalLM" in out
+    assert "kernelize plan for mode INFERENCE on cpu" in out
+    assert "- RMSNorm (LlamaRMSNorm) at model.layers.0.input_layernorm" in out
+    assert "- SiLU (SiLUActivation) at model.layers.0.mlp.act_fn" in out
+    assert "uses kernel layer RMSNorm from local repository" in out
+    assert "uses kernel layer SiLU from local repository" in out
+
+
+def test_explain_training_compile(capsys):
+    assert run("explain", "qwen3", "--device", "cpu", "--mode", "Training+Compile") == 0
+    out = capsys.readouterr().out
+    assert "mode TRAINING | TORCH_COMPILE on cpu" in out
+    assert "- RMSNorm (Qwen3RMSNorm)" in out
+    assert "uses kernel layer RMSNorm" in out and "uses kernel layer SiLU" in out
+
+
+def test_explain_saved_folder_reads_it_and_changes_nothing(tmp_path, capsys):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+    )
+    folder = tmp_path / "tiny-llama"
+    LlamaForCausalLM(config).save_pretrained(folder)
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+
+    assert run("explain", str(folder), "--device", "cpu", "--mode", "training") == 0
+    out = capsys.readouterr().out
+    assert f"LlamaForCausalLM from {folder}" in out
+    assert "mode TRAINING on cpu" in out
+    assert "uses kernel layer RMSNorm" in out and "uses kernel layer SiLU" in out
+    after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+    assert after == before
+
+
+def test_explain_demo_model_as_json(capsys):
+    assert run("explain", "demo", "--device", "cpu", "--json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["device_type"] == "cpu" and data["mode"] == "INFERENCE"
+    layers = {layer["layer_name"]: layer for layer in data["layers"]}
+    assert set(layers) == {"RMSNorm", "SiLU"}
+    assert all(layer["outcome"] == "kernel" for layer in layers.values())
+    assert layers["RMSNorm"]["candidates"][0]["why"] == "chosen"
+    assert "model.norm" in layers["RMSNorm"]["paths"]
+
+
+def test_explain_without_kernels_lists_the_tagged_layers(capsys):
+    assert run("explain", "mistral", "--device", "cpu", "--mapping", "none") == 0
+    out = capsys.readouterr().out
+    assert "keeps its own forward: no kernel is registered for layer name 'RMSNorm'" in out
+
+
+def test_explain_unknown_model_type_is_an_error(capsys):
+    assert run("explain", "notamodel", "--device", "cpu") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: 'notamodel' is neither a folder nor a transformers model type")
+
+
+def test_explain_missing_folder_is_an_error(tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    assert run("explain", str(missing), "--device", "cpu") == 1
+    assert capsys.readouterr().err.startswith(f"error: {missing}: no such folder")
+
+
+def test_explain_folder_without_config_is_an_error(tmp_path, capsys):
+    assert run("explain", str(tmp_path), "--device", "cpu") == 1
+    assert "has no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--mode", "fast"], "invalid mode 'fast'; choose from inference, training,"),
+        (["--mapping", "library,hub"], "invalid mapping 'library,hub'"),
+        (["--mapping", "none,library"], "--mapping none cannot be combined"),
+    ],
+)
+def test_explain_bad_options_are_usage_errors(argv, message, capsys):
+    assert run("explain", "llama", *argv) == 2
+    err = capsys.readouterr().err
+    assert "usage: kernels explain" in err and message in err
