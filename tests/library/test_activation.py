@@ -170,3 +170,24 @@ def test_large_gated_row_strided_view(activation):
     y = activation.silu_and_mul(x)
     ref = F.silu(x[..., :4096].double()) * x[..., 4096:].double()
     assert_close(y, ref, torch.bfloat16, "strided view")
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
+def test_elementwise_under_compile_matches_the_reference(activation, name):
+    """Under torch.compile the element-wise activations hand inductor the kernel's formula (so it
+    can fuse them): forward and gradient still match the float64 reference, with no graph break."""
+    fn_name, _, reference = ELEMENTWISE[name]
+    fn = getattr(activation, fn_name)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: fn(t) * 2.0, fullgraph=True)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _input((3, 37), "slice" if dtype == torch.float32 else None, dtype)
+        y = compiled(x)
+        x64 = x.detach().double().requires_grad_()
+        y_ref = reference(x64) * 2.0
+        assert y.dtype == dtype
+        assert_close(y, y_ref, dtype, f"{name} compiled forward")
+        dy = randn(*y.shape, dtype=dtype)
+        (got,) = grads(y, (x,), dy)
+        (want,) = grads(y_ref, (x64,), dy.double())
+        assert_close(got, want, dtype, f"{name} compiled gradient")

@@ -11,6 +11,7 @@ and dy and writes dx. All arithmetic is fp32.
 import functools
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -158,12 +159,33 @@ activation_op.register_autograd(_backward, setup_context=_setup_context)
 # --------------------------------------------------------------------------------------------
 
 
+def _torch_activation(x: torch.Tensor, act: int) -> torch.Tensor:
+    """The kernel's formula in PyTorch ops, for inductor to fuse (computed in fp32, as the
+    kernel does, and rounded once)."""
+    check_dtype("activation", x)
+    h = x.float()
+    if act == SILU:
+        y = F.silu(h)
+    elif act == GELU:
+        y = F.gelu(h)
+    elif act == GELU_TANH:
+        y = F.gelu(h, approximate="tanh")
+    elif act == FAST_GELU:
+        y = 0.5 * h * (1.0 + torch.tanh(0.7978845608 * h * (1.0 + 0.044715 * h * h)))
+    else:
+        y = h * torch.sigmoid(1.702 * h)
+    return y.to(x.dtype)
+
+
 def _apply(x: torch.Tensor, act: int) -> torch.Tensor:
-    # Under torch.compile the custom op is traced as one opaque node; eagerly, the op's dispatcher
-    # round trip costs more than the kernel at small sizes, so a plain autograd.Function (or the
-    # bare launcher, when no backward is needed) runs the same launchers.
+    # Under torch.compile an element-wise activation is left to inductor as PyTorch ops: it fuses
+    # them into the neighbouring ops (the multiply of a gated MLP, a bias add), which no
+    # standalone kernel can match, as each costs a round trip of the tensor through memory.
+    # (``activation_op`` is the same kernel as a custom op, for graphs that want it as a node.)
+    # Eagerly, the op's dispatcher round trip costs more than the kernel at small sizes, so a
+    # plain autograd.Function (or the bare launcher, when no backward is needed) runs it.
     if torch.compiler.is_compiling():
-        return activation_op(x, act)
+        return _torch_activation(x, act)
     if use_autograd_function(x):
         return _ActivationFunction.apply(x, act)
     return activation_forward(x, act)

@@ -31,13 +31,17 @@ def _gated_fwd_kernel(
     d,
     stride_x,
     stride_y,
+    col_blocks,
     ACT: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    # Program (i, j) covers rows [i*ROWS, (i+1)*ROWS) and output columns [j*BLOCK_D, ...).
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    # Program p covers rows [i*ROWS, (i+1)*ROWS) and output columns [j*BLOCK_D, ...) with
+    # (i, j) = divmod(p, col_blocks): programs launched together read neighbouring parts of
+    # the same rows, as a program-per-row kernel does.
+    pid = tl.program_id(0)
+    rows = (pid // col_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = (pid % col_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
     x_row = X + rows[:, None] * stride_x + cols[None, :]
     a = tl.load(x_row, mask=mask, other=0.0).to(tl.float32)
@@ -56,12 +60,14 @@ def _gated_bwd_kernel(
     stride_dy,
     stride_x,
     stride_dx,
+    col_blocks,
     ACT: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    pid = tl.program_id(0)
+    rows = (pid // col_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = (pid % col_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
     x_row = X + rows[:, None] * stride_x + cols[None, :]
     a = tl.load(x_row, mask=mask, other=0.0).to(tl.float32)
@@ -116,8 +122,9 @@ def gated_forward(x: torch.Tensor, act: int) -> torch.Tensor:
     y2 = y.view(-1, d)
     n_rows = x2.shape[0]
     rows, block_d, num_warps = _launch_config(n_rows, d)
-    grid = (triton.cdiv(n_rows, rows), triton.cdiv(d, block_d))
-    args = (x2, y2, n_rows, d, x2.stride(0), y2.stride(0), act, rows, block_d)
+    col_blocks = triton.cdiv(d, block_d)
+    grid = (triton.cdiv(n_rows, rows) * col_blocks,)
+    args = (x2, y2, n_rows, d, x2.stride(0), y2.stride(0), col_blocks, act, rows, block_d)
     launch(_gated_fwd_kernel, grid, args, num_warps, x.device)
     return y
 
@@ -132,8 +139,12 @@ def gated_backward(dy: torch.Tensor, x: torch.Tensor, act: int) -> torch.Tensor:
     dx2 = dx.view(-1, 2 * d)
     n_rows = x2.shape[0]
     rows, block_d, num_warps = _launch_config(n_rows, d)
-    grid = (triton.cdiv(n_rows, rows), triton.cdiv(d, block_d))
-    args = (dy2, x2, dx2, n_rows, d, dy2.stride(0), x2.stride(0), dx2.stride(0), act, rows, block_d)
+    col_blocks = triton.cdiv(d, block_d)
+    grid = (triton.cdiv(n_rows, rows) * col_blocks,)
+    args = (
+        dy2, x2, dx2, n_rows, d, dy2.stride(0), x2.stride(0), dx2.stride(0), col_blocks,
+        act, rows, block_d,
+    )  # fmt: skip
     launch(_gated_bwd_kernel, grid, args, num_warps, x.device)
     return dx
 

@@ -59,18 +59,20 @@ def use_autograd_function(*tensors: torch.Tensor) -> bool:
 # dtypes and 16-byte alignment; integers equal to 1, divisible by 16, or past int32; the value of
 # every constexpr; num_warps; the device), and afterwards calls the compiled kernel's launcher
 # itself, skipping the per-call closure, device and stream lookups and launch-metadata hooks of
-# ``CompiledKernel.__getitem__`` (the hooks are honoured: when a profiler installs one, launches
-# go through Triton's own runner). On the CPU (the interpreter) every launch is an ordinary one.
+# ``CompiledKernel.__getitem__`` (launch hooks are honoured: when a profiler installs an enter
+# hook, launches go through Triton's own runner). On the CPU (the interpreter) every launch is
+# an ordinary one.
 
 _compiled: dict = {}
 _kernel_shapes: dict = {}
 
-# What ``CompiledKernel.__getitem__``'s runner passes to ``CompiledKernel.run`` (Triton 3.3 to
-# 3.9); a Triton whose launcher takes anything else is launched through its runner.
-_LAUNCHER_PARAMS = (
-    "gridX", "gridY", "gridZ", "stream", "function", "kernel_metadata", "launch_metadata",
-    "launch_enter_hook", "launch_exit_hook",
-)  # fmt: skip
+# The call ``CompiledKernel.__getitem__``'s runner makes (Triton 3.9, whitespace aside);
+# we make the same call. A Triton whose runner calls its launcher otherwise is launched through
+# its runner.
+_RUNNER_CALL = (
+    "self.run(grid[0],grid[1],grid[2],stream,self.function,self.packed_metadata,launch_metadata,"
+    "knobs.runtime.launch_enter_hook,knobs.runtime.launch_exit_hook,*args)"
+)
 
 try:
     from torch._C import _cuda_getCurrentRawStream as _current_stream
@@ -108,22 +110,21 @@ def _spec(value, is_constexpr: bool):
 
 
 def _direct_launcher(compiled):
-    """``(run, function, metadata)`` to call the compiled kernel's launcher with, or None when
-    this Triton's launcher does not take the arguments we pass (then use its runner)."""
+    """``(run, function, metadata)`` to launch ``compiled`` with, or None when this Triton's
+    runner calls its launcher in a way we do not know (then launches go through the runner)."""
     import inspect
 
     try:
+        source = inspect.getsource(type(compiled).__getitem__)
         run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
-        params = list(inspect.signature(type(run).__call__).parameters.values())[1:]
-    except (AttributeError, TypeError, ValueError):
+    except (AttributeError, OSError, TypeError):
         return None
-    names = tuple(p.name for p in params[: len(_LAUNCHER_PARAMS)])
-    if names != _LAUNCHER_PARAMS or params[-1].kind is not inspect.Parameter.VAR_POSITIONAL:
+    if _RUNNER_CALL not in "".join(source.split()):
         return None
     return run, function, metadata
 
 
-def _hooks_installed() -> bool:
+def _enter_hook_installed() -> bool:
     runtime = getattr(_knobs, "runtime", None)
     return runtime is None or runtime.launch_enter_hook is not None
 
@@ -151,8 +152,9 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.devic
         return
     compiled, direct = entry
     grid = grid + (1,) * (3 - len(grid))
-    if direct is None or _hooks_installed():
-        compiled[grid](*args)
+    if direct is None or _enter_hook_installed():
+        compiled[grid](*args)  # also where a profiler wants launch metadata
         return
     run, function, metadata = direct
-    run(*grid, _current_stream(index), function, metadata, None, None, None, *args)
+    exit_hook = _knobs.runtime.launch_exit_hook
+    run(*grid, _current_stream(index), function, metadata, None, None, exit_hook, *args)
