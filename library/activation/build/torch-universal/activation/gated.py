@@ -38,7 +38,8 @@ def _gated_fwd_kernel(
 ):
     # Program p covers rows [i*ROWS, (i+1)*ROWS) and output columns [j*BLOCK_D, ...) with
     # (i, j) = divmod(p, col_blocks): programs launched together read neighbouring parts of
-    # the same rows, as a program-per-row kernel does.
+    # the same rows. A grid with rows on its first axis ran 2-4% slower on the H100 at 4096 and
+    # 8192 wide (forward+backward, CUDA-graph timing, 2026-11-23).
     pid = tl.program_id(0)
     rows = (pid // col_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = (pid % col_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
