@@ -2,6 +2,9 @@
 
     python benchmarks/e2e.py --shape 8x512 --out benchmarks/results/e2e-<date>-<device>
 
+Liger-Kernel 0.8 needs transformers 5; with transformers 4.57 use Liger-Kernel 0.7.0
+(benchmarks/README.md).
+
 One process per shape; inside it every contender runs on the same weights and inputs:
 eager transformers, torch.compile(model), ours kernelized (our Triton kernels through
 `kernelize`), ours kernelized with Mode.TORCH_COMPILE and then compiled, and Liger-Kernel's
