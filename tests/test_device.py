@@ -12,8 +12,14 @@ def test_supported_device_types(device_type):
 
 
 def test_other_types_torch_knows_are_accepted():
-    assert validate_device_type("meta") == "meta"
     assert validate_device_type("hpu") == "hpu"
+
+
+def test_meta_is_refused_with_the_fix():
+    # torch knows "meta", but no kernel runs there: a meta model is kernelized for the device
+    # it will run on.
+    with pytest.raises(KernelMappingError, match="'meta' is not a device kernels run on.*cuda"):
+        Device("meta")
 
 
 @pytest.mark.parametrize(

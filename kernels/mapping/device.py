@@ -102,6 +102,13 @@ def validate_device_type(device_type: object) -> str:
         )
     if device_type in _PROPERTIES_OF_TYPE:
         return device_type
+    if device_type == "meta":
+        # torch knows it, but nothing runs there: a meta model is kernelized (or explained)
+        # for the device it will be moved to.
+        raise KernelMappingError(
+            "'meta' is not a device kernels run on: name the device the model will run on, "
+            "e.g. device='cuda'."
+        )
     # Checked before torch's own types: torch knows "hip", but reports ROCm GPUs as "cuda",
     # so kernels registered for "hip" would never be chosen.
     hint = _ALIASES.get(device_type.lower())
