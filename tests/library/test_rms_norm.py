@@ -157,3 +157,10 @@ def test_weight_without_grad(norm):
 def test_mismatched_weight_is_a_clear_error(norm):
     with pytest.raises(ValueError, match="does not match the last dimension"):
         norm.rms_norm(randn(3, 8), randn(9), EPS)
+
+
+def test_unsupported_residual_dtype_is_a_clear_error(norm):
+    # A float64 residual would otherwise be summed in fp32 and come back as float64.
+    x = randn(3, 8)
+    with pytest.raises(TypeError, match="fused_add_rms_norm residual: dtype torch.float64"):
+        norm.fused_add_rms_norm(x, x.double(), randn(8), EPS)

@@ -37,9 +37,10 @@ GEMMA = 1
 _LLAMA = tl.constexpr(LLAMA)
 _GEMMA = tl.constexpr(GEMMA)
 
-# Backward programs per multiprocessor (see _library.persistent_grid). Measured on an H100
-# (benchmarks/NOTES.md): 2 beats 1 (too few rows in flight) and 4-8 (more fp32 partial rows to
-# write and sum) at 16384 x 4096.
+# Backward programs per multiprocessor (see _library.persistent_grid). Measured on an H100 with
+# benchmarks/diagnose.py's backward sweep (sweep_backward) and `python benchmarks/ops.py --sweep`:
+# 2 beats 1 (too few rows in flight) and 4-8 (more fp32 partial rows to write and sum) at
+# 16384 x 4096.
 BWD_PROGRAMS_PER_SM = 2
 # Elements a backward program handles per step: two rows of 4096 (16 warps), so that each
 # program has 32 KB of x and dy loads in flight.
@@ -301,6 +302,8 @@ def _forward(x, residual, weight, eps, mode):
     """(y, sum or None, rstd); the sum is computed and returned only when residual is given."""
     what = "rms_norm" if residual is None else "fused_add_rms_norm"
     n_cols = _check(what, x, weight)
+    if residual is not None:
+        check_dtype(f"{what} residual", residual)
     if residual is not None and residual.shape != x.shape:
         raise ValueError(
             f"{what}: hidden_states {tuple(x.shape)} and residual {tuple(residual.shape)} must "
@@ -459,6 +462,7 @@ def fused_add_rms_norm_op(
 @fused_add_rms_norm_op.register_fake
 def _(x, residual, weight, eps):
     _check("fused_add_rms_norm", x, weight)
+    check_dtype("fused_add_rms_norm residual", residual)
     s = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype))
     y = x.new_empty(x.shape, dtype=_output_dtype(s.dtype, weight, LLAMA))
     return y, s, x.new_empty(x.shape[:-1], dtype=torch.float32)
