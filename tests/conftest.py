@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return
     skip_gpu = pytest.mark.skip(
-        reason="needs a CUDA GPU; run on the GPU machine (see docs/testing.md)"
+        reason="needs a CUDA GPU; .ci/gpu runs these on the GPU machine (docs/writing-kernels.md, Testing)"
     )
     for item in items:
         if "gpu" in item.keywords:
