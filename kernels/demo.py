@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -34,6 +35,27 @@ CPU_SHAPE = DemoShape(
 GPU_SHAPE = DemoShape(
     hidden=2048, intermediate=8192, layers=4, heads=32, kv_heads=8, vocab=32000, batch=4, seq=2048
 )
+
+
+def shape_for(device: str) -> DemoShape:
+    """The demo's sizes on a device of type `device` ("cpu" or a GPU type)."""
+    return CPU_SHAPE if device.split(":")[0] == "cpu" else GPU_SHAPE
+
+
+def demo_config(shape: DemoShape):
+    """The transformers ``LlamaConfig`` of the demo's model at `shape`."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        vocab_size=shape.vocab,
+        max_position_embeddings=max(shape.seq, 128),
+        attn_implementation="sdpa",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,31 +86,32 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda, but torch sees no CUDA GPU", flush=True)
+        print("error: --device cuda, but torch sees no CUDA GPU", file=sys.stderr)
         return 1
     try:
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers.utils import logging as transformers_logging
     except ImportError:
-        print("error: the demo needs transformers: pip install 'kernels[demo]'", flush=True)
+        print("error: the demo needs transformers: pip install 'kernels[demo]'", file=sys.stderr)
         return 1
-    from transformers.utils import logging as transformers_logging
+    # transformers' load-time notices would drown the demo's table; the caller's level is
+    # restored afterwards (the demo also runs inside other programs, such as tests).
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        return _run(args, device, torch)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+
+
+def _run(args: argparse.Namespace, device: str, torch) -> int:
+    from transformers import LlamaForCausalLM
 
     from . import Mode, explain, kernelize, library_mapping, use_kernel_mapping
 
-    transformers_logging.set_verbosity_error()
-    shape = GPU_SHAPE if device == "cuda" else CPU_SHAPE
+    shape = shape_for(device)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(args.seed)
-    config = LlamaConfig(
-        hidden_size=shape.hidden,
-        intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        vocab_size=shape.vocab,
-        max_position_embeddings=max(shape.seq, 128),
-        attn_implementation="sdpa",
-    )
+    config = demo_config(shape)
     original = LlamaForCausalLM(config).to(device=device, dtype=dtype)
     model = LlamaForCausalLM(config).to(device=device, dtype=dtype)
     model.load_state_dict(original.state_dict())

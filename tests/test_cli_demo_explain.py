@@ -69,7 +69,15 @@ def test_demo_on_cuda_without_a_gpu_is_an_error(capsys):
 def test_demo_runs_and_its_checks_pass(capsys):
     # On the CPU: the tiny model through the Triton interpreter (tests/conftest.py sets it),
     # about 5 s. On a GPU: the bf16 model, correctness only.
-    assert run("demo", "--device", DEVICE, "--no-timing") == 0
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_info()
+    try:
+        assert run("demo", "--device", DEVICE, "--no-timing") == 0
+        # The demo quiets transformers while it runs and gives the caller its level back.
+        assert transformers_logging.get_verbosity() == transformers_logging.INFO
+    finally:
+        transformers_logging.set_verbosity_warning()
     out = capsys.readouterr().out
     assert "kernels for mode TRAINING" in out
     assert "correctness" in out and "FAILED" not in out

@@ -281,22 +281,10 @@ def _from_folder(path: Path, spec: str) -> BuiltModel:
 
 
 def _demo_model(device: str) -> BuiltModel:
-    from transformers import LlamaConfig
+    from ..demo import demo_config, shape_for
 
-    from ..demo import CPU_SHAPE, GPU_SHAPE
-
-    # The same config as kernels/demo.py builds for the device.
-    shape = CPU_SHAPE if device.split(":")[0] == "cpu" else GPU_SHAPE
-    config = LlamaConfig(
-        hidden_size=shape.hidden,
-        intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        vocab_size=shape.vocab,
-        max_position_embeddings=max(shape.seq, 128),
-        attn_implementation="sdpa",
-    )
+    shape = shape_for(device)
+    config = demo_config(shape)
     model = _on_meta(config, "the demo's model")
     return BuiltModel(
         model,
