@@ -280,3 +280,22 @@ def test_repeated_launches_skip_tritons_runner(repo, activation, norm, rotary):
     )
     for a, b in zip(first, call(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_the_repositories_share_one_launch_helper():
+    """Each kernel repository stands alone on the Hub, so each carries its own copy of the launch
+    helper (``_library.py``, section "launching"); the copies must not drift apart."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "library")
+
+    def launching_section(repo):
+        path = os.path.join(root, repo, "build", "torch-universal", repo, "_library.py")
+        with open(path) as f:
+            text = f.read()
+        start = text.index("# ---- launching")
+        end = text.find("\n# ----", start + 1)
+        return text[start : end if end != -1 else len(text)].strip()
+
+    norm_copy = launching_section("norm")
+    assert "def launch(" in norm_copy
+    for repo in ("activation", "rotary"):
+        assert launching_section(repo) == norm_copy, f"{repo}/_library.py's launch helper differs"
