@@ -33,7 +33,7 @@ from .mapping.device import CUDAProperties, Device, ROCMProperties
 from .mapping.mode import Mode
 from .mapping.registry import register_kernel_mapping, use_kernel_mapping
 from .repos.download import get_kernel, has_kernel, install_kernel
-from .repos.hub import LayerRepository
+from .repos.hub import FuncRepository, LayerRepository
 from .repos.local import LocalFuncRepository, LocalLayerRepository, get_local_kernel
 from .repos.lock import LockedLayerRepository, get_locked_kernel, load_kernel
 
@@ -55,6 +55,7 @@ __all__ = [
     "KernelsError",
     "KernelVerificationError",
     "KernelVersionSpecError",
+    "FuncRepository",
     "LayerRepository",
     "LocalFuncRepository",
     "LocalLayerRepository",

@@ -123,3 +123,80 @@ def _rebuild(repo_id, layer_name, revision, version, trust_remote_code) -> Layer
         version=version,
         trust_remote_code=trust_remote_code,
     )
+
+
+@dataclass(frozen=True)
+class FuncRepository:
+    """A function kernel from a kernel repository on the Hugging Face Hub.
+
+    The kernel is the function `func_name` at the top level of the kernel package; it
+    replaces a function made kernelizable with `use_kernel_func_from_hub` (newer transformers
+    tag ``apply_rotary_pos_emb`` as ``"rotary_pos_emb"``). Versions, revisions, trust and
+    caching are those of `LayerRepository`.
+
+    Example:
+        ```python
+        from kernels import FuncRepository
+
+        repo = FuncRepository(
+            "kernels-triton/rotary", func_name="apply_rotary_pos_emb", version=">=0.1,<0.2"
+        )
+        ```
+    """
+
+    repo_id: str
+    func_name: str = field(kw_only=True)
+    revision: str | None = field(default=None, kw_only=True)
+    version: str | int | None = field(default=None, kw_only=True)
+    trust_remote_code: bool | tuple[str, ...] = field(default=False, kw_only=True)
+    # The package source: resolution, download and import are LayerRepository's.
+    _package: LayerRepository = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        package = LayerRepository(
+            self.repo_id,
+            layer_name=self.func_name,
+            revision=self.revision,
+            version=self.version,
+            trust_remote_code=self.trust_remote_code,
+        )
+        object.__setattr__(self, "trust_remote_code", package.trust_remote_code)
+        object.__setattr__(self, "_package", package)
+
+    @property
+    def layer_name(self) -> str:
+        return self.func_name
+
+    def load(self) -> type:
+        """Download (if needed) and import the kernel package; its function as a kernel layer."""
+        from .local import function_kernel
+
+        return function_kernel(self._package.load(), self.func_name, self)
+
+    @property
+    def commit(self) -> str | None:
+        """The commit the first `load()` resolved to, or None before it."""
+        return self._package.commit
+
+    def __deepcopy__(self, memo: dict) -> FuncRepository:
+        return self
+
+    def __reduce__(self):
+        return (
+            _rebuild_func,
+            (self.repo_id, self.func_name, self.revision, self.version, self.trust_remote_code),
+        )
+
+    def __str__(self) -> str:
+        described = str(self._package)
+        return described[: described.rindex(", layer ")] + f", function {self.func_name}"
+
+
+def _rebuild_func(repo_id, func_name, revision, version, trust_remote_code) -> FuncRepository:
+    return FuncRepository(
+        repo_id,
+        func_name=func_name,
+        revision=revision,
+        version=version,
+        trust_remote_code=trust_remote_code,
+    )
