@@ -29,9 +29,10 @@ from ._library import (
     use_autograd_function,
 )
 
-# Backward programs per multiprocessor (see _library.persistent_grid). Measured on an H100
-# (benchmarks/NOTES.md): 1 beats 2-8 at 8192 x 8192, where two fp32 partial buffers (weight and
-# bias) are written and summed.
+# Backward programs per multiprocessor (see _library.persistent_grid). Measured on an H100 with
+# benchmarks/diagnose.py's backward sweep (sweep_backward): 1 beats 2-8 at 8192 x 8192, where two
+# fp32 partial buffers (weight and bias) are written and summed. (`python benchmarks/ops.py
+# --sweep` times forward+backward over 1-16 programs per SM at other shapes.)
 BWD_PROGRAMS_PER_SM = 1
 # Elements a backward program handles per step (see rms_norm.BWD_BLOCK_ELEMENTS).
 BWD_BLOCK_ELEMENTS = 8192
