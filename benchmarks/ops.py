@@ -1,6 +1,6 @@
 """Benchmark our library kernels beside eager PyTorch, torch.compile and Liger-Kernel.
 
-    python benchmarks/ops.py --out benchmarks/results/<YYYY-MM-DD>-<device>
+    python benchmarks/ops.py --out benchmarks/results/ops-<YYYY-MM-DD>-<device>
 
 Runs, in one process on one CUDA GPU: a device-to-device copy (the bandwidth ceiling), then for
 each op and shape, forward and forward+backward of
@@ -11,10 +11,12 @@ each op and shape, forward and forward+backward of
 - ``liger``: Liger-Kernel's op, where it has one (carried as a wheel; optional);
 - ``ours``: our kernel layer bound to the same module instance, as kernelize binds it.
 
-Timing: ``triton.testing.do_bench``, median, which clears the L2 cache (256 MB) before every
-repetition, so inputs smaller than L2 are not served from it. Forward is timed under
-``torch.no_grad()`` (inference); forward+backward uses ``torch.autograd.grad`` for the input
-and parameters (no gradient accumulation).
+Timing, L2 cleared (256 MB written) before every timed call so that inputs smaller than L2 are
+not served from it: "eager calls" time the Python calls between CUDA events, in rounds that run
+every contender once in rotating order (``interleaved_ms``), median over the rounds; "CUDA graph"
+replays the same calls captured in a graph (``triton.testing.do_bench``, median): device time
+without host overhead. Forward is timed under ``torch.no_grad()`` (inference); forward+backward
+uses ``torch.autograd.grad`` for the input and parameters (no gradient accumulation).
 
 Bytes counted ("bytes that must move"): every input of the pass read once, every output
 written once. Forward: x (+ weight, bias) read, y written. Backward: the saved input and the

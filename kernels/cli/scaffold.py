@@ -7,6 +7,14 @@ Templates use ``{repo_id}``, ``{name}``, ``{package}`` and ``{title}`` placehold
 from __future__ import annotations
 
 README = """\
+---
+license: apache-2.0
+library_name: kernels
+tags:
+  - kernels
+  - triton
+---
+
 # {repo_id}
 
 A Triton kernel repository, scaffolded with `kernels init`. It ships one example kernel, an
@@ -151,7 +159,8 @@ class SiLU(torch.nn.Module):
 
     has_backward = True
     # Calling a Triton kernel through autograd.Function is not declared torch.compile-safe;
-    # register the op with torch.library (triton_op) before setting this to True.
+    # register the op with torch.library (custom_op with register_fake and register_autograd,
+    # see docs/writing-kernels.md) before setting this to True.
     can_torch_compile = False
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -192,8 +201,8 @@ from kernels import (
 
 REPO = Path(__file__).resolve().parents[1]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# The interpreter computes in numpy, which has no bfloat16: low precision only on the GPU.
-DTYPES = [torch.float32] + ([torch.float16, torch.bfloat16] if DEVICE == "cuda" else [])
+# The interpreter runs all three dtypes too (bfloat16 emulated), so the CPU checks them all.
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOLERANCE = {{torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}}
 
 

@@ -1,9 +1,12 @@
 """Op registration and launch helpers shared by this package's ops.
 
 Two versions of this repository can be loaded into one process, each under its own module name
-(for example ``kernels._loaded.<hash>.rotary``). ``torch.library`` ops live in one global
-registry, so the namespace is derived from the package's own name: each loaded copy registers
-its ops apart from the others.
+(``_kernels_rotary_<hash of the package folder>`` when ``kernels`` loads it). ``torch.library`` ops
+live in one global registry, so the namespace is derived from that module name and a digest of
+this package's sources: each loaded copy registers its ops apart from the others.
+
+Each kernel repository stands alone (on the Hub it cannot import another), so each carries its
+own copy of the launch helper below; a test in the ``kernels`` project keeps the copies equal.
 """
 
 import hashlib
