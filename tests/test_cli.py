@@ -146,6 +146,25 @@ def test_check_warns_when_no_variant_runs_here(kernel_repo, capsys):
     assert "warn  variants:" in out and "no build variant for this machine" in out
 
 
+def test_check_knows_the_variant_names_of_every_platform(kernel_repo, capsys):
+    """Linux names carry the C++ ABI; macOS (Metal or CPU) and Windows names do not."""
+    for variant in (
+        "torch28-cxx11-cu128-x86_64-linux",
+        "torch28-cxx11-xpu20251-x86_64-linux",
+        "torch28-metal-aarch64-darwin",
+        "torch28-cpu-aarch64-darwin",
+        "torch28-cu128-x86_64-windows",
+    ):
+        repo = kernel_repo("platforms", variant=variant)
+    run("check", str(repo))
+    out = capsys.readouterr().out
+    assert "does not look like" not in out, out
+    kernel_repo("platforms", variant="torch28-cu128-x86_64-linux")  # Linux without its ABI
+    run("check", str(repo))
+    out = capsys.readouterr().out
+    assert "torch28-cu128-x86_64-linux does not look like" in out
+
+
 def test_check_compares_signatures_with_layer_of(kernel_repo, capsys):
     repo = kernel_repo("sig")
     assert run("check", str(repo), "--layer-of", "SiluAndMul=torch.nn:SiLU") == 0

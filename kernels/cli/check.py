@@ -31,9 +31,12 @@ examples:
   kernels check kernels-community/activation --version '>=0.1,<0.2'
   kernels check ./my-kernel --layer-of SiLU=torch.nn:SiLU"""
 
+# Compiled variant names as kernel-builder publishes them: Linux builds name their C++ ABI,
+# macOS and Windows builds do not.
 _COMPILED_SHAPE = re.compile(
-    r"^torch\d{2,}-(?:(?:cxx11|cxx98)-(?:cu\d+|rocm\d+|xpu\d+|cpu|npu)-(?:x86_64|aarch64)-(?:linux|windows)"
-    r"|metal-aarch64-darwin)$"
+    r"^torch\d{2,}-(?:(?:cxx11|cxx98)-(?:cu\d+|rocm\d+|xpu\d+|cpu|npu|cann\d+)-(?:x86_64|aarch64)-linux"
+    r"|(?:cu\d+|xpu\d+|cpu)-(?:x86_64|aarch64)-windows"
+    r"|(?:metal|cpu)-(?:aarch64|x86_64)-darwin)$"
 )
 
 

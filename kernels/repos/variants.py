@@ -3,7 +3,8 @@
 A compiled variant is named for what its binaries need, e.g.
 ``torch28-cxx11-cu128-x86_64-linux`` (torch 2.8, C++11 ABI, CUDA 12.8, x86-64 Linux),
 ``torch27-cxx11-rocm63-x86_64-linux``, ``torch28-cxx11-xpu20251-x86_64-linux``,
-``torch28-cxx11-cpu-aarch64-linux`` or ``torch27-metal-aarch64-darwin``. Pure-Python kernels
+``torch28-cxx11-cpu-aarch64-linux``, ``torch27-metal-aarch64-darwin`` or
+``torch28-cu128-x86_64-windows`` (macOS and Windows builds name no C++ ABI). Pure-Python kernels
 (Triton, for instance) use ``torch-universal``, or ``torch-<backend>`` (``torch-cuda``,
 ``torch-rocm``, ``torch-xpu``, ``torch-metal``, ``torch-cpu``) when they only run on one backend.
 
@@ -44,7 +45,7 @@ class MachineBuild:
     """What a compiled kernel must match to run in this process."""
 
     torch: str  # "torch28"
-    cxx_abi: str | None  # "cxx11" / "cxx98"; None on macOS, where variants omit it
+    cxx_abi: str | None  # "cxx11" / "cxx98"; None on macOS and Windows, whose variants omit it
     backend: str  # "cuda", "rocm", "xpu", "metal", "npu" or "cpu"
     runtime: str  # "cu128", "rocm63", "xpu20251", "metal", "npu" or "cpu"
     arch: str  # "x86_64", "aarch64"
@@ -72,13 +73,26 @@ def machine_build() -> MachineBuild:
     """Describe the running torch, accelerator runtime, C++ ABI, CPU architecture and OS."""
     import torch
 
+    return describe_machine(torch, system=platform.system(), machine=platform.machine())
+
+
+def describe_machine(torch, *, system: str, machine: str) -> MachineBuild:
+    """The `MachineBuild` of a torch module on an OS and CPU as `platform` names them.
+
+    Names follow the build variants that Hugging Face's kernel-builder publishes, so that
+    their compiled kernels are found: ``torch28-cxx11-cu128-x86_64-linux``,
+    ``torch28-cxx11-rocm63-x86_64-linux``, ``torch28-cxx11-xpu20251-x86_64-linux``,
+    ``torch28-metal-aarch64-darwin`` (``torch28-cpu-aarch64-darwin`` without MPS) and
+    ``torch28-cu128-x86_64-windows``.
+    """
     version = Version(torch.__version__.split("+")[0])
     backend, runtime = _backend_and_runtime(torch)
-    system = platform.system().lower()
-    arch = platform.machine().lower()
+    system = system.lower()
+    arch = machine.lower()
     arch = {"arm64": "aarch64", "amd64": "x86_64"}.get(arch, arch)
     cxx_abi = None
-    if system != "darwin":
+    # Only Linux builds name their C++ ABI; macOS and Windows variants have no ABI part.
+    if system not in ("darwin", "windows"):
         cxx_abi = "cxx11" if torch.compiled_with_cxx11_abi() else "cxx98"
     return MachineBuild(
         torch=f"torch{version.major}{version.minor}",
@@ -91,17 +105,22 @@ def machine_build() -> MachineBuild:
 
 
 def _backend_and_runtime(torch) -> tuple[str, str]:
+    # The order is kernel-builder's: a CUDA or ROCm build wins, then MPS, then XPU.
     if torch.version.cuda is not None:
         v = Version(torch.version.cuda)
         return "cuda", f"cu{v.major}{v.minor}"
     if torch.version.hip is not None:
         v = Version(torch.version.hip.split("-")[0])
         return "rocm", f"rocm{v.major}{v.minor}"
+    mps = getattr(getattr(torch, "backends", None), "mps", None)
+    if mps is not None and mps.is_available():
+        # Metal only where MPS runs: an Intel Mac, or torch without MPS, loads CPU builds.
+        return "metal", "metal"
     xpu_version = getattr(torch.version, "xpu", None)
     if xpu_version is not None:
-        return "xpu", f"xpu{xpu_version}"
-    if platform.system() == "Darwin":
-        return "metal", "metal"
+        # torch.version.xpu is oneAPI's build date ("20250101" for 2025.1); variants carry
+        # the year and the minor release: xpu20251.
+        return "xpu", f"xpu{xpu_version[0:4]}{xpu_version[5:6]}"
     if hasattr(torch, "npu"):
         return "npu", "npu"
     return "cpu", "cpu"
