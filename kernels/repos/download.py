@@ -174,7 +174,11 @@ def has_kernel(repo_id: str, revision: str | None = None, version: str | int | N
             )
             _fetch_from_cache(resolved, reason=reason)
         else:
-            _choose_remote_variant(resolved)
+            try:
+                _choose_remote_variant(resolved)
+            except KernelOfflineError as exc:
+                # As get_kernel does: an unreachable Hub is answered from the cache if it can.
+                _fetch_from_cache(resolved, reason=getattr(exc, "reason", str(exc)))
     except BuildVariantNotFoundError:
         return False
     return True

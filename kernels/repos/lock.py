@@ -296,7 +296,9 @@ def lock_dependency(dependency: Dependency) -> KernelLock:
     """
     repo_id = dependency.repo_id
     trust = require_trust(repo_id, dependency.trust_remote_code)
-    resolved = resolve_revision(repo_id, revision=dependency.revision, version=dependency.version)
+    resolved = resolve_revision(
+        repo_id, revision=dependency.revision, version=dependency.version, from_cache=False
+    )
     commit = resolved.commit
     api = hubclient.hub_api()
     try:

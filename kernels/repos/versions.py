@@ -140,10 +140,12 @@ def list_refs(repo_id: str) -> RepoRefs:
         KernelDownloadError: any other failure.
     """
     if hubclient.is_offline():
+        reason = "HF_HUB_OFFLINE is set, so the Hub is not asked."
         error = KernelOfflineError(
-            f"Cannot list the versions of {repo_id}: HF_HUB_OFFLINE is set. {hubclient.offline_hint()}"
+            f"Cannot list the versions of {repo_id}: {reason} Unset HF_HUB_OFFLINE (or set it "
+            "to 0) and run again."
         )
-        error.reason = "HF_HUB_OFFLINE is set, so the Hub is not asked."
+        error.reason = reason
         raise error
     try:
         refs = hubclient.hub_api().list_repo_refs(repo_id)
@@ -176,20 +178,32 @@ def hub_error(exc: BaseException, repo_id: str, doing: str) -> Exception:
             f"a token that may read it. ({hubclient.describe(exc)})"
         )
     if failure is Failure.UNREACHABLE:
-        reason = f"{where} cannot be reached ({hubclient.describe(exc)})."
-        error = KernelOfflineError(
-            f"Could not {doing}: {reason} The cache cannot answer either. "
-            f"{hubclient.offline_hint()}"
-        )
+        # Only the Hub can answer here (the loaders catch this error and ask the cache
+        # themselves), so the fix is reaching the Hub, not prefetching.
+        if hubclient.is_offline():
+            reason = "HF_HUB_OFFLINE is set, so the Hub is not asked."
+            fix = "Unset HF_HUB_OFFLINE (or set it to 0) and run again."
+        else:
+            reason = f"{where} cannot be reached ({hubclient.describe(exc)})."
+            fix = f"Check the connection to {where} (HF_ENDPOINT) and run again."
+        error = KernelOfflineError(f"Could not {doing}: {reason} {fix}")
         error.reason = reason
         return error
     return KernelDownloadError(f"Could not {doing} on {where}: {hubclient.describe(exc)}")
 
 
 def resolve_revision(
-    repo_id: str, *, revision: str | None = None, version: str | int | None = None
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    version: str | int | None = None,
+    from_cache: bool = True,
 ) -> ResolvedRevision:
     """Decide which branch, tag or commit of `repo_id` to load.
+
+    With `from_cache` (the default), offline or with the Hub unreachable the refs in the
+    cache answer; without it, only the Hub does (`kernels lock` must not pin what an old
+    cache remembers).
 
     Raises:
         KernelVersionSpecError: both `revision` and `version`, or a malformed `version`.
@@ -223,6 +237,8 @@ def resolve_revision(
     try:
         refs = list_refs(repo_id)
     except KernelOfflineError as offline:
+        if not from_cache:
+            raise
         return _resolve_from_cache(repo_id, revision, wanted, offline, shown)
     return _resolve(repo_id, revision, wanted, refs, shown)
 

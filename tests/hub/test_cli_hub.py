@@ -100,3 +100,12 @@ def test_upload_reaches_the_server_and_reports_its_refusal(hub, kernel_repo, cli
     assert "3 file(s)" in result.stdout or "2 file(s)" in result.stdout
     assert result.stderr.startswith("error: Could not upload")
     assert "405" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_upload_with_the_hub_unreachable(hub, kernel_repo, capsys):
+    repo = kernel_repo("to-upload")
+    hub.proxy.stop()
+    assert main(["upload", str(repo), "--repo-id", "my-org/to-upload"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: Could not upload") and "cannot be reached" in err
+    assert "Check the connection" in err and "kernels download" not in err

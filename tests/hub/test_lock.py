@@ -109,6 +109,26 @@ def test_lock_refuses_untrusted_kernels(released, tmp_path, capsys):
     assert not (project / "kernels.lock").exists()
 
 
+def test_lock_asks_the_hub_never_the_cache(released, hub, tmp_path, capsys, cli):
+    """A lock pins what the Hub serves now: with the Hub down or HF_HUB_OFFLINE set, a version
+    the cache remembers is not locked, and the error says how to reach the Hub."""
+    repo = released("0.1.0")
+    kernels.get_kernel(repo.repo_id, version=">=0.1")  # the cache can resolve >=0.1
+    project = write_project(tmp_path / "p", {repo.repo_id: '">=0.1"'})
+    hub.proxy.stop()
+    assert main(["lock", str(project)]) == 1
+    err = capsys.readouterr().err
+    assert f"Could not list the branches and tags of {repo.repo_id}" in err
+    assert "cannot be reached" in err and "Check the connection" in err
+    assert "cache" not in err and "kernels download" not in err
+    assert not (project / "kernels.lock").exists()
+    hub.proxy.start()
+    result = cli("lock", str(project), env={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 1
+    assert "HF_HUB_OFFLINE is set" in result.stderr and "Unset HF_HUB_OFFLINE" in result.stderr
+    assert "kernels download" not in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("pyproject", "message"),
     [

@@ -101,6 +101,30 @@ def test_unreachable_hub_uses_the_cache_and_reports_what_it_cannot_answer(releas
     assert kernels.get_kernel(never_fetched.repo_id, version="<0.2").VERSION == "0.1.0"
 
 
+def test_unreachable_hub_loads_a_cached_commit_and_a_locked_kernel(released, hub, tmp_path):
+    """A commit needs no resolving: with the Hub down (and HF_HUB_OFFLINE unset) the cache
+    answers get_kernel, has_kernel and the lock loaders alike."""
+    from kernels.repos.lock import lock_project
+
+    repo = released("0.1.0")
+    never_fetched = released("0.1.0")
+    (tmp_path / "pyproject.toml").write_text(
+        f'[tool.kernels.dependencies]\n"{repo.repo_id}" = ">=0.1"\n'
+    )
+    lockfile, _ = lock_project(tmp_path)
+    sha = repo.git("rev-parse", "v0.1.0")
+    module = kernels.get_locked_kernel(repo.repo_id, lockfile=lockfile)
+    hub.proxy.stop()
+    assert kernels.get_locked_kernel(repo.repo_id, lockfile=lockfile) is module
+    assert kernels.get_kernel(repo.repo_id, revision=sha) is module
+    assert kernels.has_kernel(repo.repo_id, revision=sha)
+    other_sha = never_fetched.git("rev-parse", "v0.1.0")
+    with pytest.raises(KernelOfflineError) as info:
+        kernels.has_kernel(never_fetched.repo_id, revision=other_sha)
+    message = str(info.value)
+    assert "is not in the cache" in message and "cannot be reached" in message
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
