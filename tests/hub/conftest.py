@@ -79,6 +79,8 @@ class Proxy:
     `stop()` closes the port and every open connection (the server is gone), `start()`
     opens it again, and `cut_after(n)` lets the next responses through until one
     connection has relayed `n` bytes from the server, then stops as if the server died.
+    `sent` keeps what clients sent (request lines and headers), so tests can check what
+    huggingface_hub put on the wire (the token, the user agent).
     """
 
     def __init__(self, port: int, upstream_port: int):
@@ -89,6 +91,7 @@ class Proxy:
         self._lock = threading.Lock()
         self._cut_after: int | None = None
         self.cuts = 0
+        self.sent = bytearray()
 
     @property
     def running(self) -> bool:
@@ -150,6 +153,9 @@ class Proxy:
                 data = source.recv(65536)
                 if not data:
                     break
+                if not from_server and len(self.sent) < 1 << 22:
+                    with self._lock:
+                        self.sent += data
                 limit = self._cut_after if from_server else None
                 if limit is not None and relayed + len(data) > limit:
                     sink.sendall(data[: max(0, limit - relayed)])
@@ -356,6 +362,7 @@ def hub(hub_server):
     """The test server, with the proxy up and no fault pending after each test."""
     hub_server.proxy.cut_after(None)
     hub_server.proxy.start()
+    hub_server.proxy.sent.clear()
     yield hub_server
     hub_server.proxy.cut_after(None)
     hub_server.proxy.start()
@@ -381,9 +388,15 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float = 120):
+def _child_env(env: dict[str, str | None] | None) -> dict[str, str]:
+    """This session's environment with `env` applied; a None value unsets the variable."""
+    merged = {**subprocess_env(), **(env or {})}
+    return {name: value for name, value in merged.items() if value is not None}
+
+
+def run_python(code: str, *, env: dict[str, str | None] | None = None, timeout: float = 120):
     """Run `code` in a fresh interpreter with this session's Hub settings; returns the result."""
-    full_env = {**subprocess_env(), **(env or {})}
+    full_env = _child_env(env)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=full_env,
@@ -394,9 +407,9 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
     )
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
+def run_cli(*args: str, env: dict[str, str | None] | None = None, timeout: float = 120):
     """Run ``python -m kernels ARGS`` in a fresh interpreter with this session's Hub settings."""
-    full_env = {**subprocess_env(), **(env or {})}
+    full_env = _child_env(env)
     return subprocess.run(
         [sys.executable, "-m", "kernels", *args],
         env=full_env,

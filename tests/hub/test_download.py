@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -155,10 +156,30 @@ def test_package_name_differs_from_repo_name(hub):
     assert kernels.get_kernel(repo.repo_id, version="==0.1.0").VERSION == "0.1.0"
 
 
-def test_user_agent_is_accepted(released):
+def test_user_agent_reaches_the_server(released, hub):
     repo = released("0.1.0")
     module = kernels.get_kernel(repo.repo_id, version=">=0.1", user_agent={"app": "kernels-tests"})
     assert module.VERSION == "0.1.0"
+    assert b"app/kernels-tests" in hub.proxy.sent
+
+
+def test_hf_home_and_hf_token_are_honoured(released, hub, python, tmp_path):
+    """Without HF_HUB_CACHE the cache is HF_HOME/hub, and HF_TOKEN goes with every request."""
+    repo = released("0.1.0")
+    home = tmp_path / "hf-home"
+    result = python(
+        f"""
+        import kernels
+        print(kernels.get_kernel({repo.repo_id!r}, version=">=0.1").__file__)
+        """,
+        env={"HF_HOME": str(home), "HF_HUB_CACHE": None, "HF_TOKEN": "hf_kernels_test_token"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith(str(home / "hub" / "models--"))
+    sent = bytes(hub.proxy.sent)
+    requests = re.findall(rb"(?m)^(?:GET|HEAD|POST) \S+ HTTP/1\.1\r$", sent)
+    tokens = re.findall(rb"(?im)^authorization: bearer hf_kernels_test_token\r$", sent)
+    assert len(requests) >= 3 and len(tokens) == len(requests), sent.decode(errors="replace")
 
 
 def test_the_cache_stays_readable_by_huggingface_hub(released, hub):
