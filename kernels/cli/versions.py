@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 HELP = "list a Hub kernel's versions and branches, with the build variants each offers"
@@ -33,9 +34,10 @@ def run(args: argparse.Namespace) -> int:
     repo_id = args.repo_id
     refs = list_refs(repo_id)
     api = hubclient.hub_api()
-    offers: dict[str, tuple[list[str], str | None]] = {}
+    offers: dict[str, tuple[list[str], str | None, str | None]] = {}
 
-    def offered(commit: str) -> tuple[list[str], str | None]:
+    def offered(commit: str) -> tuple[list[str], str | None, str | None]:
+        """The variants at `commit`, the one this machine would load, and why none would."""
         if commit not in offers:
             try:
                 files = api.list_repo_files(repo_id, revision=commit)
@@ -44,18 +46,30 @@ def run(args: argparse.Namespace) -> int:
             variants = variants_in(
                 {f.split("/")[1] for f in files if f.startswith("build/") and f.count("/") >= 2}
             )
-            prefer = "compiled"
+            chosen, problem = None, None
+            prefer: str | None = "compiled"
             if PREFERENCE_FILE in files:
                 from huggingface_hub import hf_hub_download
 
-                path = hf_hub_download(repo_id, PREFERENCE_FILE, revision=commit)
+                try:
+                    path = hf_hub_download(repo_id, PREFERENCE_FILE, revision=commit)
+                except Exception as exc:
+                    raise hub_error(
+                        exc, repo_id, f"download {PREFERENCE_FILE} of {repo_id} at {commit}"
+                    ) from exc
                 with open(path) as f:
-                    prefer = parse_preference_file(f.read(), where=repo_id)
-            try:
-                chosen = choose_variant(variants, where=repo_id, prefer=prefer)
-            except BuildVariantNotFoundError:
-                chosen = None
-            offers[commit] = (variants, chosen)
+                    text = f.read()
+                try:
+                    prefer = parse_preference_file(text, where=f"{repo_id} at {commit[:12]}")
+                except BuildVariantNotFoundError as exc:
+                    # One ref's broken preference file must not hide the other refs; it is
+                    # shown on its row, and nothing there would load.
+                    problem, prefer = str(exc), None
+            # No variant at this ref runs on this machine: chosen stays None.
+            if prefer is not None:
+                with contextlib.suppress(BuildVariantNotFoundError):
+                    chosen = choose_variant(variants, where=repo_id, prefer=prefer)
+            offers[commit] = (variants, chosen, problem)
         return offers[commit]
 
     versions = sorted(refs.versions().items(), reverse=True)
@@ -81,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
                             "commit": commit,
                             "variants": variants,
                             "variant_here": chosen,
+                            "problem": problem,
                         }
-                        for kind, name, version, commit, variants, chosen in rows
+                        for kind, name, version, commit, variants, chosen, problem in rows
                     ],
                     "other_tags": other_tags,
                 },
@@ -98,11 +113,13 @@ def run(args: argparse.Namespace) -> int:
         selected = [r for r in rows if r[0] == kind]
         if not selected:
             print("  none")
-        for _, name, _version, commit, variants, chosen in selected:
+        for _, name, _version, commit, variants, chosen, problem in selected:
             shown = (
                 ", ".join(f"{v}*" if v == chosen else v for v in variants) or "no build variants"
             )
             print(f"  {name:<{width}}  {commit[:12]}  {shown}")
+            if problem:
+                print(f"  {'':<{width}}  ! {problem}")
     if other_tags:
         print(f"other tags (not versions): {', '.join(other_tags)}")
     print("* the variant this machine would load")

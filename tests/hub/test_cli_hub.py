@@ -42,6 +42,27 @@ def test_versions_json(hub, capsys):
     assert v010["variant_here"] is None  # nothing in it runs on this machine
 
 
+def test_versions_shows_a_broken_preference_file_on_its_row(hub, capsys):
+    repo = hub.create_repo()
+    repo.write_kernel(version="0.1.0")
+    repo.write("kernel-variants.json", '{"prefer": "fastest"}')
+    repo.commit()
+    repo.tag("v0.1.0")
+    repo.write("kernel-variants.json", '{"prefer": "noarch"}')
+    repo.commit()
+    repo.tag("v0.2.0")
+    assert main(["versions", repo.repo_id]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    v010 = next(i for i, line in enumerate(lines) if "v0.1.0" in line)
+    assert "torch-universal" in lines[v010] and "*" not in lines[v010]
+    assert "prefer must be one of compiled, noarch, got 'fastest'" in lines[v010 + 1]
+    assert any("v0.2.0" in line and "torch-universal*" in line for line in lines)
+    assert main(["versions", repo.repo_id, "--json"]) == 0
+    refs = {r["name"]: r for r in json.loads(capsys.readouterr().out)["refs"]}
+    assert refs["v0.1.0"]["variant_here"] is None and "fastest" in refs["v0.1.0"]["problem"]
+    assert refs["v0.2.0"]["problem"] is None
+
+
 def test_versions_of_a_missing_repository(hub, cli):
     result = cli("versions", "kernels-community/no-such-kernel")
     assert result.returncode == 1
