@@ -134,6 +134,10 @@ def upload(plan: UploadPlan, *, private: bool = False) -> str:
     api = hubclient.hub_api()
     try:
         api.create_repo(plan.repo_id, private=private, exist_ok=True)
+        if plan.branch:
+            # The Hub commits only onto a branch that exists (a new vN branch, for int
+            # versions, would otherwise be "revision not found"); it starts at main.
+            api.create_branch(plan.repo_id, branch=plan.branch, exist_ok=True)
         info = api.upload_folder(
             folder_path=plan.folder,
             repo_id=plan.repo_id,
