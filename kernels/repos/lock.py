@@ -34,6 +34,7 @@ import inspect
 import json
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterable, Mapping
@@ -101,6 +102,14 @@ class KernelLock:
                     f"{where}: {repo_id} variant {name} has hash_type {lock.hash_type!r}; this "
                     f"version of kernels knows {HASH_TYPE!r}."
                 )
+        files = data.get("files") or {}
+        if not _valid_file_digests(files):
+            # Checked here so that a hand-edited lock fails as a lock error, not mid-verification.
+            raise KernelLockError(
+                f"{where}: the per-file digests of {repo_id} are malformed; 'files' maps each "
+                "variant to {path: 'git-sha1:<40 hex>' or 'sha256:<64 hex>'}. Re-create the lock "
+                "with `kernels lock PROJECT_DIR`."
+            )
         return cls(
             repo_id=repo_id,
             sha=sha,
@@ -108,7 +117,7 @@ class KernelLock:
             version=data.get("version"),
             ref=data.get("ref"),
             trust=data.get("trust"),
-            files=data.get("files") or {},
+            files=files,
         )
 
     def to_json(self) -> dict:
@@ -126,6 +135,18 @@ class KernelLock:
         if self.files:
             data["files"] = {v: dict(sorted(f.items())) for v, f in sorted(self.files.items())}
         return data
+
+
+_FILE_DIGEST = re.compile(r"^(?:git-sha1:[0-9a-f]{40}|sha256:[0-9a-f]{64})$")
+
+
+def _valid_file_digests(files: object) -> bool:
+    """Whether a lock entry's ``files`` is variant -> path -> a digest `file_digest` writes."""
+    return isinstance(files, dict) and all(
+        isinstance(paths, dict)
+        and all(isinstance(d, str) and _FILE_DIGEST.match(d) for d in paths.values())
+        for paths in files.values()
+    )
 
 
 # --- hashing -------------------------------------------------------------------------------

@@ -408,6 +408,29 @@ def test_download_of_a_bad_lock_fails_cleanly(tmp_path, cli):
     assert result.returncode == 1 and "kernels lock" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "files",
+    [
+        ["oops"],
+        {"torch-universal": "oops"},
+        {"torch-universal": {"x/__init__.py": "md5:1234"}},
+        {"torch-universal": {"x/__init__.py": "git-sha1:not-hex"}},
+    ],
+)
+def test_malformed_file_digests_are_a_lock_error(tmp_path, capsys, files):
+    entry = {
+        "repo_id": "kernels-community/x",
+        "sha": "a" * 40,
+        "variants": {"torch-universal": {"hash": "sha256-" + "0" * 64}},
+        "files": files,
+    }
+    (tmp_path / "kernels.lock").write_text(json.dumps([entry]))
+    assert main(["download", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "per-file digests of kernels-community/x are malformed" in err
+    assert "kernels lock" in err and "Traceback" not in err
+
+
 def test_download_all_variants(hub, tmp_path, capsys):
     repo = hub.create_repo()
     repo.release("0.1.0", variants=("torch-universal", "torch28-cxx11-cu128-x86_64-linux"))
