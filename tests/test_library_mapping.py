@@ -47,7 +47,11 @@ def reference_classes():
     """The layer classes model code tags with each name (transformers 4.57 where it has one)."""
     from transformers import activations
     from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+    from transformers.models.llama.modeling_llama import (
+        LlamaMLP,
+        LlamaRMSNorm,
+        apply_rotary_pos_emb,
+    )
 
     class SiluAndMul(nn.Module):
         def forward(self, x):
@@ -67,6 +71,7 @@ def reference_classes():
         "SiluAndMul": SiluAndMul,
         "GeluAndMul": SiluAndMul,
         "GeluTanhAndMul": SiluAndMul,
+        "SwiGLUMLP": LlamaMLP,
         "RMSNorm": LlamaRMSNorm,
         "GemmaRMSNorm": GemmaRMSNorm,
         "FusedAddRMSNorm": FusedAddRMSNorm,

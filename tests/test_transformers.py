@@ -143,6 +143,29 @@ def test_from_pretrained_with_use_kernels(our_kernels, tmp_path):
         torch.testing.assert_close(model(tokens).logits, plain(tokens).logits, rtol=1e-4, atol=1e-4)
 
 
+def test_tagged_gated_mlps_are_kernelized_by_model_kernelize(our_kernels):
+    """transformers tags no MLP; after `tag_gated_mlps` its own `model.kernelize()` swaps them."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP
+
+    from kernels.library import tag_gated_mlps
+
+    model = make_model("qwen3").eval()
+    tokens = torch.randint(0, 128, (2, 9), device=DEVICE)
+    with torch.no_grad():
+        expected = model(tokens).logits
+    try:
+        assert tag_gated_mlps(model) == ["Qwen3MLP"]
+        model.kernelize()
+        mlps = [m for m in model.modules() if isinstance(m, Qwen3MLP)]
+        assert mlps and all(kernel_layer_of(m).__name__ == "SwiGLUMLP" for m in mlps)
+        with torch.no_grad():
+            got = model(tokens).logits
+    finally:
+        if "kernel_layer_name" in vars(Qwen3MLP):  # tags are process-wide
+            del Qwen3MLP.kernel_layer_name
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_scoped_mapping_with_transformers(clean_mapping):
     model = make_model("mistral")
     with use_kernel_mapping(library_mapping(devices=[DEVICE])):

@@ -144,6 +144,78 @@ def test_gated(activation, name, dtype, shape, layout):
     assert torch.equal(getattr(activation, fn_name)(x.detach()), y.detach())
 
 
+# function name -> float64 reference of the activation, for act(gate) * up on two tensors
+GATED_PAIR = {
+    "silu_mul": F.silu,
+    "gelu_mul": F.gelu,
+    "gelu_tanh_mul": lambda a: F.gelu(a, approximate="tanh"),
+}
+
+
+def _pair_inputs(shape, layout, dtype, scale=3.0):
+    """(leaves, split): the tensors gradients are taken for, and how gate and up come out of
+    them. "halves": gate and up are the two halves of one tensor's last dimension (a fused
+    gate-up projection), so their gradients meet in that tensor's."""
+    if layout == "halves":
+        base = randn(*shape[:-1], 2 * shape[-1], dtype=dtype, scale=scale).requires_grad_()
+        d = shape[-1]
+        return [base], lambda b: (b[..., :d], b[..., d:])
+    if shape == ():
+        gate, up = (randn(1, dtype=dtype, scale=scale).reshape(()).requires_grad_() for _ in "gu")
+    elif layout == "mixed":
+        gate, up = _input(shape, None, dtype, scale), _input(shape, "transpose", dtype, scale)
+    else:
+        gate, up = _input(shape, layout, dtype, scale), _input(shape, layout, dtype, scale)
+    return [gate, up], lambda g, u: (g, u)
+
+
+@pytest.mark.parametrize("fn_name", sorted(GATED_PAIR))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape,layout",
+    [
+        ((3, 37), None),
+        ((2, 3, 65), None),
+        ((0, 16), None),
+        ((1000,), None),
+        ((), None),
+        ((4, 50), "halves"),
+        ((2, 3, 24), "halves"),
+        ((37, 6), "transpose"),
+        ((6, 37), "mixed"),
+        pytest.param((4096, 14336), "halves", marks=pytest.mark.gpu),
+        pytest.param((2, 1000, 11008), None, marks=pytest.mark.gpu),
+    ],
+)
+def test_gated_pair(activation, fn_name, dtype, shape, layout):
+    act = GATED_PAIR[fn_name]
+    leaves, split = _pair_inputs(shape, layout, dtype)
+    gate, up = split(*leaves)
+    y = getattr(activation, fn_name)(gate, up)
+    assert y.dtype == dtype and y.shape == gate.shape
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    gate64, up64 = split(*leaves64)
+    y64 = act(gate64) * up64
+    floor = max((t.detach().abs().max().item() ** 2 for t in leaves if t.numel()), default=0.0)
+    assert_close(y, y64, dtype, f"{fn_name} forward", floor)
+    dy = randn(y.numel(), dtype=dtype).reshape(y.shape)
+    got = grads(y, leaves, dy)
+    want = grads(y64, leaves64, dy.double())
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_close(g, w, dtype, f"{fn_name} grad {i}", floor)
+    with torch.no_grad():  # the launcher alone, without autograd, computes the same
+        assert torch.equal(getattr(activation, fn_name)(gate, up), y.detach())
+
+
+def test_gated_pair_rejects_mismatched_inputs(activation):
+    with pytest.raises(ValueError, match="same shape"):
+        activation.silu_mul(randn(3, 8), randn(1, 8))
+    with pytest.raises(TypeError, match="one dtype"):
+        activation.silu_mul(randn(3, 8), randn(3, 8, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="float64"):
+        activation.silu_mul(randn(3, 8, dtype=torch.float64), randn(3, 8, dtype=torch.float64))
+
+
 def test_gated_rejects_odd_width(activation):
     with pytest.raises(ValueError, match="even"):
         activation.silu_and_mul(randn(3, 7))

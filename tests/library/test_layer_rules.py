@@ -14,7 +14,7 @@ from library_helpers import (
     transformers_activation,
 )
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from kernels.layer.validation import validate_kernel_layer
 
@@ -29,6 +29,7 @@ REPLACES = {
     ("activation", "SiluAndMul"): SiluAndMul,
     ("activation", "GeluAndMul"): GeluAndMul,
     ("activation", "GeluTanhAndMul"): GeluTanhAndMul,
+    ("activation", "SwiGLUMLP"): LlamaMLP,
     ("norm", "RMSNorm"): LlamaRMSNorm,
     ("norm", "GemmaRMSNorm"): GemmaRMSNorm,
     ("norm", "FusedAddRMSNorm"): FusedAddRMSNorm,

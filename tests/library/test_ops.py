@@ -21,8 +21,9 @@ from library_helpers import (
     grads,
     randn,
 )
+from transformers import LlamaConfig
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rotary
 
 
@@ -59,6 +60,16 @@ def _op_cases(activation, norm, rotary):
         "activation_backward": (el.activation_backward_op, (randn(3, 37), x.detach(), 2)),
         "gated_activation": (ga.gated_op, (_p(2, 3, 74), 0)),
         "gated_activation_backward": (ga.gated_backward_op, (randn(3, 37), randn(3, 74), 1)),
+        "gated_pair_activation": (ga.gated_pair_op, (_p(2, 3, 37), _p(2, 3, 37), 0)),
+        # gate and up as the two halves of one fused projection output (row-strided views)
+        "gated_pair_activation_halves": (
+            ga.gated_pair_op,
+            (*_p(5, 2, 2 * 19, dtype=torch.bfloat16).split(19, dim=-1), 2),
+        ),
+        "gated_pair_activation_backward": (
+            ga.gated_pair_backward_op,
+            (randn(3, 37), randn(3, 37), randn(3, 37), 1),
+        ),
         "rms_norm": (rms.rms_norm_op, (x, w, 1e-6, 0)),
         "rms_norm_gemma": (rms.rms_norm_op, (_p(2, 2, 37), w, 1e-6, 1)),
         "rms_norm_backward": (
@@ -90,6 +101,9 @@ CASES = [
     "activation_backward",
     "gated_activation",
     "gated_activation_backward",
+    "gated_pair_activation",
+    "gated_pair_activation_halves",
+    "gated_pair_activation_backward",
     "rms_norm",
     "rms_norm_gemma",
     "rms_norm_backward",
@@ -227,6 +241,55 @@ def test_compile_fullgraph_matches_eager(activation, norm, rotary):
     # The eager kernelized model agrees too.
     y_eager = fast(x, cos, sin)
     assert_close(y_eager, y_ref.double(), torch.float32, "eager forward")
+
+
+class _MLPStack(torch.nn.Module):
+    """Two pre-norm residual Llama MLPs (odd intermediate size, with biases)."""
+
+    def __init__(self, hidden=40):
+        super().__init__()
+        config = LlamaConfig(hidden_size=hidden, intermediate_size=67, mlp_bias=True)
+        self.norms = torch.nn.ModuleList(LlamaRMSNorm(hidden) for _ in range(2))
+        self.mlps = torch.nn.ModuleList(LlamaMLP(config) for _ in range(2))
+
+    def forward(self, x):
+        for norm, mlp in zip(self.norms, self.mlps, strict=True):
+            x = x + mlp(norm(x))
+        return x
+
+
+def test_compile_fullgraph_swiglu_mlp_matches_eager(activation, norm):
+    """SwiGLUMLP bound to transformers' LlamaMLP (its act_fn kernelized too, in the first layer)
+    compiles with fullgraph=True, keeps the fused op in the graph, and matches eager PyTorch."""
+    torch.manual_seed(0)
+    device = randn(1).device
+    model = _MLPStack().to(device)
+    fast = _MLPStack().to(device)
+    fast.load_state_dict(model.state_dict())
+    for n, mlp in zip(fast.norms, fast.mlps, strict=True):
+        n.forward = types.MethodType(norm.layers.RMSNorm.forward, n)
+        mlp.forward = types.MethodType(activation.layers.SwiGLUMLP.forward, mlp)
+    fast.mlps[0].act_fn.forward = types.MethodType(
+        activation.layers.SiLU.forward, fast.mlps[0].act_fn
+    )
+    x = randn(2, 5, 40).requires_grad_()
+
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    backend = CompileCounterWithBackend("inductor")  # inductor, keeping dynamo's graphs
+    y = torch.compile(fast, backend=backend, fullgraph=True)(x)
+    code = "\n".join(g.code for g in backend.graphs)
+    assert code.count(".gated_pair_activation.default(") == 2, code
+    y_ref = model(x)
+    assert_close(y, y_ref.double(), torch.float32, "compiled forward")
+    dy = randn(*y.shape)
+    params = [p for _, p in sorted(fast.named_parameters())]
+    ref_params = [p for _, p in sorted(model.named_parameters())]
+    got = grads(y, (x, *params), dy)
+    want = grads(y_ref, (x, *ref_params), dy)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w.double(), torch.float32, "compiled grad")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16], ids=str)

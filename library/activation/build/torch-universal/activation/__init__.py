@@ -1,4 +1,5 @@
-"""Triton activation kernels: SiLU and the GELU family, element-wise and gated (vLLM style).
+"""Triton activation kernels: SiLU and the GELU family, element-wise and gated (vLLM style
+``[..., 2d] -> [..., d]``, and ``act(gate) * up`` on two tensors).
 
 Functions take and return tensors of float32, float16 or bfloat16, compute in fp32, and have
 backward passes; kernel layers for ``kernelize`` are in ``layers``.
@@ -6,17 +7,27 @@ backward passes; kernel layers for ``kernelize`` are in ``layers``.
 
 from . import layers
 from .elementwise import fast_gelu, gelu, gelu_tanh, new_gelu, quick_gelu, silu
-from .gated import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+from .gated import (
+    gelu_and_mul,
+    gelu_mul,
+    gelu_tanh_and_mul,
+    gelu_tanh_mul,
+    silu_and_mul,
+    silu_mul,
+)
 
 __all__ = [
     "fast_gelu",
     "gelu",
     "gelu_and_mul",
+    "gelu_mul",
     "gelu_tanh",
     "gelu_tanh_and_mul",
+    "gelu_tanh_mul",
     "layers",
     "new_gelu",
     "quick_gelu",
     "silu",
     "silu_and_mul",
+    "silu_mul",
 ]

@@ -1,12 +1,17 @@
-"""Gated activations ``[..., 2d] -> [..., d]``, vLLM style: ``act(x[..., :d]) * x[..., d:]``.
+"""Gated activations: ``act(a) * b`` with ``a`` and ``b`` read from one ``[..., 2d]`` tensor
+(vLLM style, ``act(x[..., :d]) * x[..., d:]``) or from two tensors of equal shape (the gate and
+up projections of a Llama-style MLP, ``act(gate) * up``).
 
 Read top to bottom: the Triton kernels, the launchers that pick block sizes, then the autograd
-wiring (a ``torch.autograd.Function`` for eager calls, and ``torch.library`` custom ops with fake
+wiring (``torch.autograd.Function``s for eager calls, and ``torch.library`` custom ops with fake
 implementations and registered autograd for ``torch.compile``).
 
-Forward reads the 2d-wide input once and writes the d-wide output; backward reads the input and
-dy and writes the 2d-wide dx (``[dy * b * act'(a), dy * act(a)]``). Rows are addressed through
-their stride, so a row-strided input (a slice of a wider buffer) is read in place.
+Both forms run the same two kernels, which take ``a``, ``b`` and the outputs as separate row
+pointers with their own row strides: the ``[..., 2d]`` form passes the two halves of each row.
+Forward reads a and b once and writes y; backward reads a, b and dy and writes
+``da = dy * b * act'(a)`` and ``db = dy * act(a)``, recomputing ``act(a)`` (nothing but the
+inputs is saved). Rows are addressed through their stride, so a row-strided input (a slice of a
+wider buffer, such as one half of a fused gate-up projection) is read in place.
 """
 
 import functools
@@ -25,11 +30,13 @@ from ._library import check_dtype, launch, op_name, use_autograd_function
 
 @triton.jit
 def _gated_fwd_kernel(
-    X,
+    A,
+    B,
     Y,
     n_rows,
     d,
-    stride_x,
+    stride_a,
+    stride_b,
     stride_y,
     col_blocks,
     ACT: tl.constexpr,
@@ -44,23 +51,26 @@ def _gated_fwd_kernel(
     rows = (pid // col_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = (pid % col_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
-    x_row = X + rows[:, None] * stride_x + cols[None, :]
-    a = tl.load(x_row, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(x_row + d, mask=mask, other=0.0).to(tl.float32)
-    y = activation(a, ACT) * b
+    a = tl.load(A + rows[:, None] * stride_a + cols[None, :], mask=mask, other=0.0)
+    b = tl.load(B + rows[:, None] * stride_b + cols[None, :], mask=mask, other=0.0)
+    y = activation(a.to(tl.float32), ACT) * b.to(tl.float32)
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _gated_bwd_kernel(
     DY,
-    X,
-    DX,
+    A,
+    B,
+    DA,
+    DB,
     n_rows,
     d,
     stride_dy,
-    stride_x,
-    stride_dx,
+    stride_a,
+    stride_b,
+    stride_da,
+    stride_db,
     col_blocks,
     ACT: tl.constexpr,
     ROWS: tl.constexpr,
@@ -70,15 +80,15 @@ def _gated_bwd_kernel(
     rows = (pid // col_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = (pid % col_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
-    x_row = X + rows[:, None] * stride_x + cols[None, :]
-    a = tl.load(x_row, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(x_row + d, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(A + rows[:, None] * stride_a + cols[None, :], mask=mask, other=0.0)
+    b = tl.load(B + rows[:, None] * stride_b + cols[None, :], mask=mask, other=0.0)
     dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
     dy = dy.to(tl.float32)
-    act_a, dact_a = activation_and_grad(a, ACT)
-    dx_row = DX + rows[:, None] * stride_dx + cols[None, :]
-    tl.store(dx_row, (dy * b * dact_a).to(DX.dtype.element_ty), mask=mask)
-    tl.store(dx_row + d, (dy * act_a).to(DX.dtype.element_ty), mask=mask)
+    act_a, dact_a = activation_and_grad(a.to(tl.float32), ACT)
+    da = dy * b.to(tl.float32) * dact_a
+    tl.store(DA + rows[:, None] * stride_da + cols[None, :], da.to(DA.dtype.element_ty), mask=mask)
+    db = dy * act_a
+    tl.store(DB + rows[:, None] * stride_db + cols[None, :], db.to(DB.dtype.element_ty), mask=mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,10 +108,42 @@ def _launch_config(n_rows: int, d: int) -> tuple[int, int, int]:
 
 def _as_rows(x: torch.Tensor) -> torch.Tensor:
     """``x`` as a 2-D (rows, width) view whose last dimension is contiguous (copying only if needed)."""
-    x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    width = x.shape[-1] if x.dim() else 1
+    x2 = x.reshape(-1, width) if x.dim() != 2 else x
     if x2.shape[-1] > 1 and x2.stride(-1) != 1:
         x2 = x2.contiguous()
     return x2
+
+
+def _grid(n_rows: int, d: int) -> tuple[tuple[int], int, int, int, int]:
+    """(grid, col_blocks, ROWS, BLOCK_D, num_warps) for an ``n_rows`` x ``d`` output."""
+    rows, block_d, num_warps = _launch_config(n_rows, d)
+    col_blocks = triton.cdiv(d, block_d)
+    return (triton.cdiv(n_rows, rows) * col_blocks,), col_blocks, rows, block_d, num_warps
+
+
+def _forward_rows(a: torch.Tensor, b: torch.Tensor, y: torch.Tensor, act: int) -> None:
+    """``y = act(a) * b`` for 2-D (rows, d) tensors whose last dimension is contiguous."""
+    n_rows, d = y.shape
+    grid, col_blocks, rows, block_d, num_warps = _grid(n_rows, d)
+    args = (
+        a, b, y, n_rows, d, a.stride(0), b.stride(0), y.stride(0), col_blocks, act, rows, block_d,
+    )  # fmt: skip
+    launch(_gated_fwd_kernel, grid, args, num_warps, y.device)
+
+
+def _backward_rows(dy, a, b, da, db, act: int) -> None:
+    """``da = dy * b * act'(a)``, ``db = dy * act(a)`` for 2-D tensors as in `_forward_rows`."""
+    n_rows, d = dy.shape
+    grid, col_blocks, rows, block_d, num_warps = _grid(n_rows, d)
+    args = (
+        dy, a, b, da, db, n_rows, d, dy.stride(0), a.stride(0), b.stride(0), da.stride(0),
+        db.stride(0), col_blocks, act, rows, block_d,
+    )  # fmt: skip
+    launch(_gated_bwd_kernel, grid, args, num_warps, dy.device)
+
+
+# ---- one [..., 2d] input -------------------------------------------------------------------
 
 
 def _check(x: torch.Tensor) -> int:
@@ -120,13 +162,7 @@ def gated_forward(x: torch.Tensor, act: int) -> torch.Tensor:
     if y.numel() == 0:
         return y
     x2 = _as_rows(x)
-    y2 = y.view(-1, d)
-    n_rows = x2.shape[0]
-    rows, block_d, num_warps = _launch_config(n_rows, d)
-    col_blocks = triton.cdiv(d, block_d)
-    grid = (triton.cdiv(n_rows, rows) * col_blocks,)
-    args = (x2, y2, n_rows, d, x2.stride(0), y2.stride(0), col_blocks, act, rows, block_d)
-    launch(_gated_fwd_kernel, grid, args, num_warps, x.device)
+    _forward_rows(x2[:, :d], x2[:, d:], y.view(-1, d), act)
     return y
 
 
@@ -136,18 +172,53 @@ def gated_backward(dy: torch.Tensor, x: torch.Tensor, act: int) -> torch.Tensor:
     if dx.numel() == 0:
         return dx
     x2 = _as_rows(x)
-    dy2 = _as_rows(dy)
     dx2 = dx.view(-1, 2 * d)
-    n_rows = x2.shape[0]
-    rows, block_d, num_warps = _launch_config(n_rows, d)
-    col_blocks = triton.cdiv(d, block_d)
-    grid = (triton.cdiv(n_rows, rows) * col_blocks,)
-    args = (
-        dy2, x2, dx2, n_rows, d, dy2.stride(0), x2.stride(0), dx2.stride(0), col_blocks,
-        act, rows, block_d,
-    )  # fmt: skip
-    launch(_gated_bwd_kernel, grid, args, num_warps, x.device)
+    _backward_rows(_as_rows(dy), x2[:, :d], x2[:, d:], dx2[:, :d], dx2[:, d:], act)
     return dx
+
+
+# ---- two inputs of equal shape -------------------------------------------------------------
+
+
+def _check_pair(gate: torch.Tensor, up: torch.Tensor) -> None:
+    check_dtype("gated activation (gate)", gate)
+    check_dtype("gated activation (up)", up)
+    if gate.dtype != up.dtype:
+        raise TypeError(
+            f"gated activation: gate and up must have one dtype; got {gate.dtype} and {up.dtype}"
+        )
+    if gate.shape != up.shape:
+        raise ValueError(
+            f"gated activation: gate and up must have the same shape (no broadcasting); got "
+            f"{tuple(gate.shape)} and {tuple(up.shape)}"
+        )
+    if gate.device != up.device:
+        raise ValueError(
+            f"gated activation: gate and up must be on one device; got {gate.device} and "
+            f"{up.device}"
+        )
+
+
+def gated_pair_forward(gate: torch.Tensor, up: torch.Tensor, act: int) -> torch.Tensor:
+    _check_pair(gate, up)
+    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if y.numel() == 0:
+        return y
+    y2 = _as_rows(y)
+    _forward_rows(_as_rows(gate), _as_rows(up), y2, act)
+    return y
+
+
+def gated_pair_backward(
+    dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    d_gate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    d_up = torch.empty(up.shape, dtype=up.dtype, device=up.device)
+    if d_gate.numel() == 0:
+        return d_gate, d_up
+    rows = (_as_rows(t) for t in (dy, gate, up, d_gate, d_up))
+    _backward_rows(*rows, act)
+    return d_gate, d_up
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,6 +237,19 @@ class _GatedFunction(torch.autograd.Function):
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         return gated_backward(dy, x, ctx.act), None
+
+
+class _GatedPairFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, act):
+        ctx.save_for_backward(gate, up)
+        ctx.act = act
+        return gated_pair_forward(gate, up, act)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        return *gated_pair_backward(dy, gate, up, ctx.act), None
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,6 +292,43 @@ def _backward(ctx, dy):
 gated_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op(op_name("gated_pair_activation"), mutates_args=())
+def gated_pair_op(gate: torch.Tensor, up: torch.Tensor, act: int) -> torch.Tensor:
+    return gated_pair_forward(gate, up, act)
+
+
+@gated_pair_op.register_fake
+def _(gate, up, act):
+    _check_pair(gate, up)
+    return gate.new_empty(gate.shape)
+
+
+@torch.library.custom_op(op_name("gated_pair_activation_backward"), mutates_args=())
+def gated_pair_backward_op(
+    dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return gated_pair_backward(dy, gate, up, act)
+
+
+@gated_pair_backward_op.register_fake
+def _(dy, gate, up, act):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+def _setup_pair_context(ctx, inputs, output):
+    gate, up, act = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.act = act
+
+
+def _pair_backward(ctx, dy):
+    gate, up = ctx.saved_tensors
+    return *gated_pair_backward_op(dy, gate, up, ctx.act), None
+
+
+gated_pair_op.register_autograd(_pair_backward, setup_context=_setup_pair_context)
+
+
 # --------------------------------------------------------------------------------------------
 # Public functions
 # --------------------------------------------------------------------------------------------
@@ -220,6 +341,14 @@ def _apply(x: torch.Tensor, act: int) -> torch.Tensor:
     if use_autograd_function(x):
         return _GatedFunction.apply(x, act)
     return gated_forward(x, act)
+
+
+def _apply_pair(gate: torch.Tensor, up: torch.Tensor, act: int) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return gated_pair_op(gate, up, act)
+    if use_autograd_function(gate, up):
+        return _GatedPairFunction.apply(gate, up, act)
+    return gated_pair_forward(gate, up, act)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -235,3 +364,18 @@ def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``F.gelu(x[..., :d], approximate="tanh") * x[..., d:]`` for ``x`` of shape ``[..., 2d]``."""
     return _apply(x, GELU_TANH)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``F.silu(gate) * up`` for ``gate`` and ``up`` of one shape and dtype (any strides)."""
+    return _apply_pair(gate, up, SILU)
+
+
+def gelu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``F.gelu(gate) * up`` (exact gelu) for ``gate`` and ``up`` of one shape and dtype."""
+    return _apply_pair(gate, up, GELU)
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``F.gelu(gate, approximate="tanh") * up`` for ``gate`` and ``up`` of one shape and dtype."""
+    return _apply_pair(gate, up, GELU_TANH)

@@ -2,14 +2,15 @@
 
 A kernel layer has no state and no ``__init__``: ``kernelize`` binds ``forward`` to the original
 module instance. The element-wise layers replace transformers' activation modules (parameter
-``input``); the gated ones replace vLLM-style ``SiluAndMul``-like modules (parameter ``x``).
+``input``); the gated ones replace vLLM-style ``SiluAndMul``-like modules (parameter ``x``);
+``SwiGLUMLP`` replaces the whole gated MLP of Llama-family models (parameter ``x``).
 """
 
 import torch
 from torch import Tensor
 
 from .elementwise import fast_gelu, gelu, gelu_tanh, new_gelu, quick_gelu, silu
-from .gated import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+from .gated import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul, silu_mul
 
 
 class SiLU(torch.nn.Module):
@@ -100,3 +101,41 @@ class GeluTanhAndMul(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu_tanh_and_mul(x)
+
+
+def _is_plain_silu(act: torch.nn.Module) -> bool:
+    """Whether calling ``act`` is exactly ``F.silu``: a ``torch.nn.SiLU`` or transformers'
+    ``SiLUActivation`` (what ``ACT2FN["silu"]`` gives; ``"swish"`` gives ``nn.SiLU``), not a
+    subclass, with no hooks, and running its own ``forward`` or our ``SiLU`` kernel layer's
+    (which ``kernelize`` binds to it when it serves the ``"SiLU"`` layer too)."""
+    cls = type(act)
+    if not (
+        cls is torch.nn.SiLU
+        or (cls.__name__ == "SiLUActivation" and cls.__module__ == "transformers.activations")
+    ):
+        return False
+    if (
+        act._forward_hooks
+        or act._forward_pre_hooks
+        or act._backward_hooks
+        or act._backward_pre_hooks
+    ):
+        return False
+    own = act.__dict__.get("forward")
+    return own is None or getattr(own, "__func__", None) is SiLU.forward
+
+
+class SwiGLUMLP(torch.nn.Module):
+    """The gated MLP of transformers' Llama, Mistral, Qwen2, Qwen3 (``LlamaMLP`` & co.):
+    ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, with ``act_fn(gate) * up`` fused into
+    one kernel (``silu_mul``) when ``act_fn`` is SiLU. Any other ``act_fn`` (or a SiLU module
+    with hooks) is called as the module would call it, so the result never changes; the
+    projections are always called as modules (their hooks, LoRA wrappers etc. still run)."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _is_plain_silu(self.act_fn):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))

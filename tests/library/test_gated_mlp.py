@@ -1,0 +1,336 @@
+"""The SwiGLUMLP kernel layer (library/activation) bound to transformers' gated MLP modules, and
+``kernels.library.tag_gated_mlps``, which tags those modules so that ``kernelize`` reaches them."""
+
+import copy
+import importlib
+import logging
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from library_helpers import DEVICE, DTYPES, assert_close, grads, randn
+from torch import nn
+
+from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
+from kernels.layer.swap import kernel_layer_of
+from kernels.layer.tagging import TAG_ATTRIBUTE, replace_kernel_forward_from_hub
+from kernels.library import tag_gated_mlps
+
+# family -> (modelling module, config class, MLP class, extra config)
+FAMILIES = {
+    "llama": ("llama", "LlamaConfig", "LlamaMLP", {"mlp_bias": True}),
+    "mistral": ("mistral", "MistralConfig", "MistralMLP", {}),
+    "qwen2": ("qwen2", "Qwen2Config", "Qwen2MLP", {}),
+    "qwen3": ("qwen3", "Qwen3Config", "Qwen3MLP", {}),
+}
+
+HIDDEN, INTERMEDIATE = 24, 37
+
+
+def _mlp(family: str, dtype=torch.float32, **config):
+    name, config_name, class_name, extra = FAMILIES[family]
+    modeling = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    config_class = getattr(importlib.import_module("transformers"), config_name)
+    torch.manual_seed(0)
+    mlp = getattr(modeling, class_name)(
+        config_class(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, **{**extra, **config})
+    )
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.mul_(4.0)  # default init is small; make the activation's nonlinearity matter
+    return mlp.to(DEVICE, dtype)
+
+
+def _bind(mlp, activation):
+    fast = copy.deepcopy(mlp)
+    fast.forward = types.MethodType(activation.layers.SwiGLUMLP.forward, fast)
+    return fast
+
+
+@pytest.fixture
+def fused_calls(activation, monkeypatch):
+    """How many times the layer called the fused ``silu_mul``."""
+    calls = []
+    fused = activation.layers.silu_mul
+
+    def counting(gate, up):
+        calls.append(gate.shape)
+        return fused(gate, up)
+
+    monkeypatch.setattr(activation.layers, "silu_mul", counting)
+    return calls
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", [None, "transpose"])
+def test_swiglu_mlp_matches_the_module(activation, fused_calls, family, dtype, layout):
+    mlp = _mlp(family, dtype)
+    fast = _bind(mlp, activation)
+    reference = copy.deepcopy(mlp).double()  # the module's own forward, in float64
+    if layout == "transpose":
+        x = randn(5, 2, HIDDEN, dtype=dtype).transpose(0, 1).requires_grad_()
+    else:
+        x = randn(2, 5, HIDDEN, dtype=dtype).requires_grad_()
+    y = fast(x)
+    assert len(fused_calls) == 1, "the SiLU MLP did not take the fused path"
+    assert y.dtype == dtype and y.shape == x.shape
+    x64 = x.detach().double().requires_grad_()
+    y64 = reference(x64)
+    assert_close(y, y64, dtype, f"{family} forward")
+    dy = randn(*y.shape, dtype=dtype)
+    names = [n for n, _ in fast.named_parameters()]
+    got = grads(y, (x, *fast.parameters()), dy)
+    want = grads(y64, (x64, *reference.parameters()), dy.double())
+    for name, g, w in zip(["x", *names], got, want, strict=True):
+        assert_close(g, w, dtype, f"{family} grad {name}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16], ids=str)
+def test_swiglu_mlp_model_sized(activation, fused_calls, dtype):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    torch.manual_seed(0)
+    mlp = LlamaMLP(LlamaConfig(hidden_size=4096, intermediate_size=14336)).to(DEVICE, dtype)
+    fast = _bind(mlp, activation)
+    x = randn(2, 2048, 4096, dtype=dtype).requires_grad_()
+    y = fast(x)
+    assert len(fused_calls) == 1
+    with torch.no_grad():
+        gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+        ref = mlp.down_proj((F.silu(gate.float()) * up.float()).to(dtype))
+    assert_close(y, ref.double(), dtype, "model-sized forward")
+    (dx,) = grads(y, (x,), torch.randn_like(y))
+    assert torch.isfinite(dx).all()
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "gelu_pytorch_tanh", "relu"])
+def test_other_activations_run_the_modules_own_formula(activation, fused_calls, hidden_act):
+    mlp = _mlp("llama", hidden_act=hidden_act)
+    fast = _bind(mlp, activation)
+    x = randn(3, HIDDEN).requires_grad_()
+    y, y_ref = fast(x), mlp(x)
+    assert not fused_calls
+    assert torch.equal(y, y_ref)
+    dy = randn(*y.shape)
+    got = grads(y, (x, *fast.parameters()), dy)
+    want = grads(y_ref, (x, *mlp.parameters()), dy)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_torch_silu_module_is_fused(activation, fused_calls):
+    mlp = _mlp("llama", hidden_act="swish")  # transformers' ACT2FN["swish"] is torch.nn.SiLU
+    assert type(mlp.act_fn) is nn.SiLU
+    x = randn(4, HIDDEN)
+    assert_close(_bind(mlp, activation)(x), mlp.double()(x.double()), torch.float32, "swish")
+    assert len(fused_calls) == 1
+
+
+def test_kernelized_silu_act_fn_is_still_fused(activation, fused_calls):
+    # With library_mapping(), kernelize gives act_fn our "SiLU" kernel as well as the MLP its own.
+    mlp = _mlp("qwen3")
+    fast = _bind(mlp, activation)
+    fast.act_fn.forward = types.MethodType(activation.layers.SiLU.forward, fast.act_fn)
+    x = randn(4, HIDDEN)
+    assert_close(fast(x), mlp.double()(x.double()), torch.float32, "kernelized act_fn")
+    assert len(fused_calls) == 1
+
+
+def test_act_fn_with_a_hook_or_its_own_forward_is_called(activation, fused_calls):
+    mlp = _mlp("llama")
+    seen = []
+    hooked = _bind(mlp, activation)
+    hooked.act_fn.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    x = randn(4, HIDDEN)
+    assert torch.equal(hooked(x), mlp(x))
+    assert seen == [(4, INTERMEDIATE)] and not fused_calls
+
+    replaced = _bind(mlp, activation)
+    replaced.act_fn.forward = lambda t: torch.relu(t)  # someone else's forward on the instance
+    assert torch.equal(replaced(x), mlp.down_proj(torch.relu(mlp.gate_proj(x)) * mlp.up_proj(x)))
+    assert not fused_calls
+
+
+# ---- tag_gated_mlps ------------------------------------------------------------------------
+
+
+def _module_classes():
+    todo, seen = [nn.Module], set()
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+    return seen
+
+
+@pytest.fixture
+def restore_tags():
+    """Tags are set on classes, for the whole process: remove those a test added."""
+    before = {cls for cls in _module_classes() if TAG_ATTRIBUTE in vars(cls)}
+    yield
+    for cls in _module_classes():
+        if TAG_ATTRIBUTE in vars(cls) and cls not in before:
+            delattr(cls, TAG_ATTRIBUTE)
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=45,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config).to(DEVICE)
+
+
+def test_tag_gated_mlps_then_kernelize(restore_tags, monkeypatch):
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    model = _tiny_llama()
+    reference = copy.deepcopy(model)
+    assert TAG_ATTRIBUTE not in vars(LlamaMLP)
+    assert tag_gated_mlps(model) == ["LlamaMLP"]
+    assert LlamaMLP.kernel_layer_name == "SwiGLUMLP"
+    assert tag_gated_mlps(model) == []  # already tagged
+    mlps = [m for m in model.modules() if isinstance(m, LlamaMLP)]
+    assert len(mlps) == 2 and all(
+        kernel_layer_of(m) is None for m in mlps
+    )  # nothing until kernelize
+
+    with use_kernel_mapping(library_mapping(devices=[DEVICE])):
+        kernelize(model, mode=Mode.TRAINING, device=DEVICE)
+    assert all(kernel_layer_of(m).__name__ == "SwiGLUMLP" for m in mlps)
+    # Count the fused calls in the repository copy kernelize loaded.
+    layers = importlib.import_module(kernel_layer_of(mlps[0]).__module__)
+    calls = []
+    fused = layers.silu_mul
+    monkeypatch.setattr(layers, "silu_mul", lambda g, u: calls.append(1) or fused(g, u))
+
+    tokens = torch.randint(0, 64, (2, 7), device=DEVICE)
+    out, expected = model(tokens, labels=tokens), reference(tokens, labels=tokens)
+    assert len(calls) == 2
+    torch.testing.assert_close(out.logits, expected.logits, rtol=1e-4, atol=1e-4)
+    out.loss.backward()
+    expected.loss.backward()
+    for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_tag_gated_mlps_then_kernelize_with_verify(restore_tags):
+    model = _tiny_llama()
+    tag_gated_mlps(model)
+    tokens = torch.randint(0, 64, (1, 5), device=DEVICE)
+    with use_kernel_mapping(library_mapping(devices=[DEVICE], layers=["SwiGLUMLP"])):
+        kernelize(model, mode=Mode.INFERENCE, device=DEVICE, verify=tokens)
+    # A kernel that failed verification would have been left out.
+    assert all(
+        kernel_layer_of(m).__name__ == "SwiGLUMLP"
+        for m in model.modules()
+        if type(m).__name__ == "LlamaMLP"
+    )
+
+
+def _gated_mlp_class(forward):
+    """A module class with a Llama MLP's attributes and the given forward."""
+
+    def __init__(self):
+        nn.Module.__init__(self)
+        self.gate_proj, self.up_proj = nn.Linear(8, 12), nn.Linear(8, 12)
+        self.down_proj, self.act_fn = nn.Linear(12, 8), nn.SiLU()
+
+    return type("CustomMLP", (nn.Module,), {"__init__": __init__, "forward": forward})
+
+
+def _plain(self, x):
+    """A docstring does not matter."""
+    # nor do comments, spacing or the local variable's name
+    out = self.down_proj(self.act_fn(self.gate_proj(x))  *  self.up_proj(x))  # fmt: skip
+    return out
+
+
+def _direct(self, x):
+    return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _with_dropout(self, x):
+    return self.down_proj(F.dropout(self.act_fn(self.gate_proj(x)) * self.up_proj(x), 0.1))
+
+
+def _swapped(self, x):
+    return self.down_proj(self.act_fn(self.up_proj(x)) * self.gate_proj(x))
+
+
+def _other_name(self, hidden_states):
+    return self.down_proj(self.act_fn(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))
+
+
+def _two_steps(self, x):
+    h = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+    return self.down_proj(h)
+
+
+@pytest.mark.parametrize(
+    "forward,tagged",
+    [
+        (_plain, True),
+        (_direct, True),
+        (_with_dropout, False),
+        (_swapped, False),
+        (_other_name, False),
+        (_two_steps, False),  # computes the same, but only the two known forms are recognised
+    ],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_tag_gated_mlps_reads_the_forward(restore_tags, caplog, forward, tagged):
+    cls = _gated_mlp_class(forward)
+    model = nn.Sequential(cls(), cls())
+    with caplog.at_level(logging.INFO, logger="kernels.library"):
+        names = tag_gated_mlps(model)
+    assert names == (["CustomMLP"] if tagged else [])
+    assert getattr(cls, TAG_ATTRIBUTE, None) == ("SwiGLUMLP" if tagged else None)
+    if not tagged:
+        assert "its forward is not down_proj(act_fn(gate_proj(x)) * up_proj(x))" in caplog.text
+
+
+def test_tag_gated_mlps_leaves_tagged_classes_alone(restore_tags):
+    cls = _gated_mlp_class(_direct)
+    replace_kernel_forward_from_hub(cls, "MyMLP")
+    assert tag_gated_mlps(nn.Sequential(cls())) == []
+    assert cls.kernel_layer_name == "MyMLP"
+
+
+@pytest.mark.parametrize(
+    "model_type,class_name,recognised",
+    [
+        ("llama", "LlamaMLP", True),
+        ("mistral", "MistralMLP", True),
+        ("qwen2", "Qwen2MLP", True),
+        ("qwen3", "Qwen3MLP", True),
+        ("bitnet", "BitNetMLP", False),  # a norm before down_proj
+        ("falcon_h1", "FalconH1MLP", False),  # multipliers
+        ("t5gemma", "T5GemmaMLP", False),  # dropout
+        ("seed_oss", "SeedOssMLP", False),  # dropout after down_proj
+    ],
+)
+def test_transformers_mlps_recognised(model_type, class_name, recognised):
+    from kernels.library import _computes_gated_mlp
+
+    try:
+        modeling = importlib.import_module(
+            f"transformers.models.{model_type}.modeling_{model_type}"
+        )
+        cls = getattr(modeling, class_name)
+    except (ImportError, AttributeError):
+        pytest.skip(f"this transformers has no {class_name}")
+    assert _computes_gated_mlp(cls) is recognised
