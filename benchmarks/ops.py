@@ -7,9 +7,11 @@ each op and shape, forward and forward+backward of
 
 - ``eager``: the module code the kernel replaces (transformers' LlamaRMSNorm, torch.nn.LayerNorm,
   a vLLM-style SiluAndMul, transformers' GELUTanh and apply_rotary_pos_emb), in PyTorch;
+  for ``SwiGLU``, the middle of transformers' LlamaMLP: ``F.silu(gate) * up`` on two tensors;
 - ``compile``: ``torch.compile`` of that same code;
 - ``liger``: Liger-Kernel's op, where it has one (carried as a wheel; optional);
-- ``ours``: our kernel layer bound to the same module instance, as kernelize binds it.
+- ``ours``: our kernel layer bound to the same module instance, as kernelize binds it (for
+  ``SwiGLU``, our ``silu_mul``, which the ``SwiGLUMLP`` layer calls between the projections).
 
 Timing, L2 cleared (256 MB written) before every timed call so that inputs smaller than L2 are
 not served from it: "eager calls" time the Python calls between CUDA events, in rounds that run
@@ -22,8 +24,9 @@ Bytes counted ("bytes that must move"): every input of the pass read once, every
 written once. Forward: x (+ weight, bias) read, y written. Backward: the saved input and the
 output gradient read (+ weight), the input gradient (+ weight, bias gradients) written;
 forward+backward counts both passes. Rotary: q, k, cos, sin read and the two outputs written;
-backward reads the two output gradients and cos, sin and writes dq, dk. Per-row statistics
-(rstd, mean: 4 bytes a row) are not counted.
+backward reads the two output gradients and cos, sin and writes dq, dk. SwiGLU: forward reads
+gate and up and writes y; backward reads gate, up and dy and writes d_gate and d_up. Per-row
+statistics (rstd, mean: 4 bytes a row) are not counted.
 
 Writes ``results.md`` (tables: GB/s, % of copy bandwidth, ours vs each peer), ``results.json``
 and one PNG per op into ``--out``.
@@ -75,6 +78,7 @@ def load_liger():
             LigerLayerNormFunction,
             LigerRMSNormFunction,
             LigerRopeFunction,
+            LigerSiLUMulFunction,
         )
     except Exception as exc:  # noqa: BLE001  (report and go on without the peer)
         print(f"Liger-Kernel unavailable: {type(exc).__name__}: {exc}")
@@ -89,6 +93,7 @@ def load_liger():
         rms_norm=LigerRMSNormFunction,
         layer_norm=LigerLayerNormFunction,
         silu_mul=LigerFusedGateUpSiLUMulFunction,
+        swiglu=LigerSiLUMulFunction,
         rope=LigerRopeFunction,
     )
 
@@ -192,6 +197,28 @@ def silu_mul_case(lib, liger, rows, cols):
         fns["liger"] = lambda t: liger.silu_mul.apply(t, False)
     n = rows * cols * e
     return [x], [], fns, 3 * n, 5 * n
+
+
+def silu_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``act_fn(gate_proj(x)) * up_proj(x)`` of transformers' LlamaMLP, with SiLU."""
+    return F.silu(gate) * up
+
+
+def swiglu_case(lib, liger, rows, cols):
+    e = 2
+    gate = torch.randn(rows, cols, device="cuda", dtype=DTYPE)
+    up = torch.randn(rows, cols, device="cuda", dtype=DTYPE)
+    fns = {
+        "eager": silu_times,
+        "compile": torch.compile(silu_times, dynamic=False),
+        "ours": lib["activation"].silu_mul,
+    }
+    if liger:
+        # Liger's backward writes d_gate and d_up into the tensors it saved, here gate and up
+        # themselves: their values change while it is timed, the bytes it moves do not.
+        fns["liger"] = lambda g, u: liger.swiglu.apply(g, u)
+    n = rows * cols * e
+    return [gate, up], [], fns, 3 * n, 5 * n
 
 
 def gelu_tanh_case(lib, liger, rows, cols):
@@ -380,6 +407,8 @@ def run(ops, rep_ms):
                 inputs, params, fns, b_fwd, b_bwd = norm_case(op, lib, liger, *shape)
             elif op == "SiluAndMul":
                 inputs, params, fns, b_fwd, b_bwd = silu_mul_case(lib, liger, *shape)
+            elif op == "SwiGLU":
+                inputs, params, fns, b_fwd, b_bwd = swiglu_case(lib, liger, *shape)
             elif op == "GeluTanh":
                 inputs, params, fns, b_fwd, b_bwd = gelu_tanh_case(lib, liger, *shape)
             else:
@@ -432,6 +461,8 @@ def _shape_str(op, shape):
         return f"{shape[0]}x{shape[1]} (b x s)"
     if op == "SiluAndMul":
         return f"{shape[0]}x{shape[1]} (in {shape[0]}x{2 * shape[1]})"
+    if op == "SwiGLU":
+        return f"{shape[0]}x{shape[1]} (gate, up)"
     return f"{shape[0]}x{shape[1]}"
 
 
@@ -556,8 +587,8 @@ def main():
     parser.add_argument("--out", required=True, help="folder for results.md, results.json, PNGs")
     parser.add_argument(
         "--ops",
-        default="RMSNorm,LayerNorm,SiluAndMul,GeluTanh,rotary",
-        help="comma-separated subset of RMSNorm,LayerNorm,SiluAndMul,GeluTanh,rotary",
+        default="RMSNorm,LayerNorm,SiluAndMul,SwiGLU,GeluTanh,rotary",
+        help="comma-separated subset of RMSNorm,LayerNorm,SiluAndMul,SwiGLU,GeluTanh,rotary",
     )
     parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time")
     parser.add_argument("--sweep", action="store_true", help="also sweep norm backward grid sizes")
