@@ -103,6 +103,7 @@ def run(shape: str, out: Path, skip: set[str]) -> None:
     import transformers
 
     from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
+    from kernels.library import tag_gated_mlps
 
     batch, seq = (int(v) for v in shape.split("x"))
     torch.manual_seed(0)
@@ -123,6 +124,9 @@ def run(shape: str, out: Path, skip: set[str]) -> None:
 
     def ours(compile_mode: bool):
         model = build(state)
+        # transformers 4.57 leaves LlamaMLP untagged; our SwiGLUMLP layer fuses SiLU and the
+        # multiply once the class is tagged (kernels.library.tag_gated_mlps).
+        tag_gated_mlps(model)
         mode = Mode.TRAINING | Mode.TORCH_COMPILE if compile_mode else Mode.TRAINING
         with use_kernel_mapping(library_mapping(devices=["cuda"])):
             kernelize(model, mode=mode)
