@@ -7,7 +7,6 @@ import json
 import pytest
 
 from kernels.cli import main
-from kernels.repos.variants import machine_build
 
 pytestmark = pytest.mark.hub
 
@@ -107,8 +106,7 @@ def test_check_downloads_every_variant_of_a_hub_repository(hub, capsys):
     assert main(["check", repo.repo_id, "--version", "==0.1.0"]) == 0
     out = capsys.readouterr().out
     assert "torch27-cxx11-cu126-x86_64-linux (" in out and "torch-universal (" in out
-    assert f"this machine loads {'torch-universal'}" in out
-    assert machine_build() is not None
+    assert "this machine loads torch-universal" in out
 
 
 def test_upload_reaches_the_server_and_reports_its_refusal(hub, kernel_repo, cli):
