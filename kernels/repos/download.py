@@ -255,16 +255,6 @@ def _choose_remote_variant(
     where = f"{repo_id} ({resolved.how})"
     api = hubclient.hub_api()
     try:
-        if COMMIT_PATTERN.match(resolved.revision):
-            # A commit was resolved without asking the Hub. huggingface_hub >= 1 retries a
-            # file listing for ~25 s when the Hub is down, but repo_info fails at once: ask
-            # it first, so that an unreachable Hub falls back to the cache without the wait.
-            try:
-                api.repo_info(repo_id, revision=revision)
-            except Exception as exc:
-                if hubclient.no_answer(exc):
-                    raise
-                # The server answered (an error): the listing below reports what it means.
         repo_files = api.list_repo_files(repo_id, revision=revision)
     except Exception as exc:
         raise _revision_error(exc, resolved, f"list the files of {where}") from exc

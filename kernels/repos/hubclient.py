@@ -122,11 +122,6 @@ def classify(exc: BaseException) -> Failure:
     return Failure.OTHER
 
 
-def no_answer(exc: BaseException) -> bool:
-    """Whether a Hub call failed without any HTTP answer (no connection, timeout, offline)."""
-    return _status(exc) is None and classify(exc) is Failure.UNREACHABLE
-
-
 def _status(exc: BaseException) -> int | None:
     response = getattr(exc, "response", None)
     return getattr(response, "status_code", None)

@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -116,7 +115,6 @@ def test_unreachable_hub_loads_a_cached_commit_and_a_locked_kernel(released, hub
     sha = repo.git("rev-parse", "v0.1.0")
     module = kernels.get_locked_kernel(repo.repo_id, lockfile=lockfile)
     hub.proxy.stop()
-    started = time.monotonic()
     assert kernels.get_locked_kernel(repo.repo_id, lockfile=lockfile) is module
     assert kernels.get_kernel(repo.repo_id, revision=sha) is module
     assert kernels.has_kernel(repo.repo_id, revision=sha)
@@ -125,8 +123,6 @@ def test_unreachable_hub_loads_a_cached_commit_and_a_locked_kernel(released, hub
         kernels.has_kernel(never_fetched.repo_id, revision=other_sha)
     message = str(info.value)
     assert "is not in the cache" in message and "cannot be reached" in message
-    # Without waiting out huggingface_hub's retries (1.x and 2.x retry file listings ~25 s).
-    assert time.monotonic() - started < 10
 
 
 def _sha256(path: Path) -> str:
