@@ -25,7 +25,7 @@ from .errors import (
     UntrustedKernelError,
 )
 from .layer.explain import explain
-from .layer.func import use_kernel_func_from_hub
+from .layer.func import use_kernel_func_from_hub, use_kernelized_func
 from .layer.kernelize import kernelize
 from .layer.tagging import replace_kernel_forward_from_hub, use_kernel_forward_from_hub
 from .library import library_mapping
@@ -79,4 +79,5 @@ __all__ = [
     "use_kernel_forward_from_hub",
     "use_kernel_func_from_hub",
     "use_kernel_mapping",
+    "use_kernelized_func",
 ]

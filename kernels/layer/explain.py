@@ -20,8 +20,9 @@ class LayerExplanation:
     paths: tuple[str, ...]
     module_class: str
     layer_name: str
-    #: "kernel" (the module would run a kernel), "fallback" (its own forward), or "invalid"
-    #: (the chosen kernel breaks the kernel layer rules; kernelize would raise).
+    #: "kernel" (the module would run a kernel), "fallback" (its own forward), "skipped" (the
+    #: layer's condition returned False for the instance, so it keeps its own forward), or
+    #: "invalid" (the chosen kernel breaks the kernel layer rules; kernelize would raise).
     outcome: str
     #: The kernel layer and where it comes from, when one was chosen.
     kernel: str | None
@@ -52,6 +53,8 @@ class Explanation:
             lines.append(f"- {layer.layer_name} ({layer.module_class}) at {where}")
             if layer.outcome == "kernel":
                 lines.append(f"    uses {layer.kernel}: {layer.reason}")
+            elif layer.outcome == "skipped":
+                lines.append(f"    kernelization skipped: {layer.reason}")
             elif layer.outcome == "invalid":
                 lines.append(f"    INVALID kernel, kernelize would raise: {layer.reason}")
             else:
@@ -67,7 +70,9 @@ def explain(model: nn.Module, *, mode: Mode, device: DeviceSpec | None = None) -
     For each tagged layer it lists the candidates registered for the device, which one won
     (by capability range and mode) and why the others were passed over, and whether the
     winner would run or the layer would keep its own forward (kernel not loadable, lacking
-    backward or torch.compile support, or breaking the kernel layer rules). Kernels are
+    backward or torch.compile support, or breaking the kernel layer rules), or whether the
+    layer's condition skips the instance. Functions attached with `use_kernelized_func`
+    appear as ``"<owner path>:<name>"``. Kernels are
     loaded (and downloaded if needed) to answer that, but the model is not touched.
 
     Example:
@@ -85,6 +90,8 @@ def explain(model: nn.Module, *, mode: Mode, device: DeviceSpec | None = None) -
             chosen = decision.resolution.chosen
             kernel = f"kernel layer {decision.kernel.__name__} from {chosen.repository}"
             reason = decision.resolution.reason
+        elif decision.skipped_by_condition:
+            outcome, kernel, reason = "skipped", None, decision.fallback_reason
         else:
             outcome = "invalid" if decision.fallback_level >= logging.ERROR else "fallback"
             kernel, reason = None, decision.fallback_reason

@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .tagging import replace_kernel_forward_from_hub
+from .tagging import Condition, _tag, replace_kernel_forward_from_hub
 
 if TYPE_CHECKING:
     from torch import nn
@@ -77,10 +77,93 @@ def use_kernel_func_from_hub(func_name: str) -> Callable[[Callable], nn.Module]:
     """
 
     def decorator(func: Callable) -> nn.Module:
-        layer = type(function_layer(func).__name__, (function_layer(func),), {})
-        replace_kernel_forward_from_hub(layer, func_name)
-        instance = layer()
-        instance.__wrapped__ = func
-        return instance
+        return _function_module(func, func_name, None)
 
     return decorator
+
+
+def _function_module(func: Callable, name: str, condition: Condition | None) -> nn.Module:
+    """The module instance that stands for `func`, tagged `name` (with `condition`)."""
+    layer = type(function_layer(func).__name__, (function_layer(func),), {})
+    replace_kernel_forward_from_hub(layer, name)  # checks the name
+    _tag(layer, name, condition)
+    instance = layer()
+    instance.__wrapped__ = func
+    return instance
+
+
+#: The class attribute `use_kernelized_func` fills: attached name -> function module.
+ATTACHED_ATTRIBUTE = "_kernelized_funcs"
+#: Where transformers 5.x's own `use_kernelized_func` keeps them, on each instance.
+_TRANSFORMERS_ATTRIBUTE = "_hidden_kernels"
+
+
+def use_kernelized_func(*funcs: Callable | list[Callable] | tuple[Callable, ...]):
+    """Class decorator (kernels 0.16): attach kernelizable functions to a layer class.
+
+    Each function should be one decorated with `use_kernel_forward_from_hub(name)` or
+    `use_kernel_func_from_hub(name)` (so it is a module instance standing for the function).
+    `kernelize` then finds it through every module of the decorated class, as if it were a
+    submodule, and swaps its forward like any tagged layer; the layer keeps calling the
+    function by its global name. The functions are not submodules and not instance
+    attributes: ``state_dict``, ``named_modules`` and ``repr`` of the layer are unchanged, and
+    the class's ``__init__`` is not wrapped. Functions may be passed as several arguments or as
+    one list (transformers uses both spellings); undecorated plain functions are accepted
+    and ignored, since there is nothing to kernelize. Subclasses inherit the attachments.
+
+    Example:
+        ```python
+        import torch
+        import torch.nn as nn
+        from kernels import use_kernel_forward_from_hub, use_kernelized_func
+
+        @use_kernel_forward_from_hub("rotary_pos_emb")
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            ...
+
+        @use_kernelized_func(apply_rotary_pos_emb)
+        class Attention(nn.Module):
+            def forward(self, q, k, cos, sin):
+                return apply_rotary_pos_emb(q, k, cos, sin)  # swapped by kernelize
+        ```
+    """
+    flat: list[Callable] = []
+    for item in funcs:
+        flat.extend(item if isinstance(item, (list, tuple)) else [item])
+    for fn in flat:
+        if not callable(fn):
+            raise TypeError(f"use_kernelized_func takes functions, got {fn!r}.")
+
+    def decorator(cls: type) -> type:
+        attached = dict(getattr(cls, ATTACHED_ATTRIBUTE, None) or {})
+        for fn in flat:
+            attached[_attached_name(fn)] = fn
+        setattr(cls, ATTACHED_ATTRIBUTE, attached)
+        return cls
+
+    return decorator
+
+
+def _attached_name(fn: Callable) -> str:
+    wrapped = getattr(fn, "__wrapped__", None)
+    for source in (wrapped, fn):
+        name = getattr(source, "__name__", None)
+        if isinstance(name, str):
+            return name
+    name = getattr(fn, "kernel_layer_name", None)
+    return name if isinstance(name, str) else type(fn).__name__
+
+
+def attached_functions(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The function modules attached to `module` that `kernelize` can swap, with their names.
+
+    Reads what our `use_kernelized_func` attached to the module's class and what
+    transformers 5.x's own decorator keeps on the instance (``_hidden_kernels``).
+    """
+    from torch import nn
+
+    found: dict[str, object] = dict(getattr(type(module), ATTACHED_ATTRIBUTE, None) or {})
+    hidden = module.__dict__.get(_TRANSFORMERS_ATTRIBUTE)
+    if isinstance(hidden, dict):
+        found.update({str(k): v for k, v in hidden.items()})
+    return [(name, fn) for name, fn in found.items() if isinstance(fn, nn.Module)]

@@ -12,9 +12,10 @@ from ..mapping.device import Device, validate_device_type
 from ..mapping.mode import Mode, validate_kernelize_mode
 from ..mapping.registry import current_mapping
 from ..mapping.resolve import Candidate, Resolution, resolve
+from .func import attached_functions
 from .loading import load_kernel_layer
 from .swap import use_kernel_forward, use_original_forward
-from .tagging import tag_of
+from .tagging import condition_of, tag_of
 from .validation import validate_kernel_layer
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ class Decision:
     fallback_reason: str | None = None
     #: How loudly to log the fallback: a kernel that failed to load is a WARNING.
     fallback_level: int = logging.INFO
+    #: True when the layer's condition (`use_kernel_forward_from_hub(..., condition=)`)
+    #: returned False for this instance, so kernelization was skipped for it.
+    skipped_by_condition: bool = False
 
 
 def kernelize(
@@ -150,10 +154,8 @@ def plan(
     decisions: list[Decision] = []
     resolutions: dict[str, Resolution] = {}
     loaded: dict[int, type | KernelLoadError] = {}
-    for path, module in model.named_modules():
+    for path, module in _kernelizable_modules(model):
         layer_name = tag_of(type(module))
-        if layer_name is None:
-            continue
         resolution = resolutions.get(layer_name)
         if resolution is None:
             resolution = resolve(
@@ -164,10 +166,45 @@ def plan(
                 mode=mode,
             )
             resolutions[layer_name] = resolution
+        skip = _condition_skip(module, path)
+        if skip is not None:
+            decisions.append(
+                Decision(
+                    path, module, layer_name, resolution, None, skip, skipped_by_condition=True
+                )
+            )
+            continue
         decisions.append(
             _decide(path, module, layer_name, resolution, mode, use_fallback, loaded, raise_invalid)
         )
     return Plan(mode, target, tuple(decisions))
+
+
+def _kernelizable_modules(model: nn.Module):
+    """(path, module) for every tagged module of `model`, and for every tagged function module
+    attached to one of its modules with `use_kernelized_func` (path ``"<owner path>:<name>"``).
+
+    Each module object comes once, at its first path: a function attached to every attention
+    layer is one module, swapped once for all of them.
+    """
+    seen: set[int] = set()
+    for path, module in model.named_modules():
+        if tag_of(type(module)) is not None and id(module) not in seen:
+            seen.add(id(module))
+            yield path, module
+        for name, fn in attached_functions(module):
+            if tag_of(type(fn)) is not None and id(fn) not in seen:
+                seen.add(id(fn))
+                yield f"{path or '<model>'}:{name}", fn
+
+
+def _condition_skip(module: nn.Module, path: str) -> str | None:
+    """Why the layer's condition skips `module`, or None when it has none or it holds."""
+    condition = condition_of(type(module))
+    if condition is None or condition(module):
+        return None
+    name = getattr(condition, "__qualname__", None) or repr(condition)
+    return f"its condition {name} returned False for this instance, so kernelization is skipped"
 
 
 def _decide(
