@@ -103,7 +103,7 @@ def run(shape: str, out: Path, skip: set[str]) -> None:
     import transformers
 
     from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
-    from kernels.library import tag_gated_mlps
+    from kernels.library import tag_gated_mlps, tag_rotary_embeddings, untag
 
     batch, seq = (int(v) for v in shape.split("x"))
     torch.manual_seed(0)
@@ -124,9 +124,13 @@ def run(shape: str, out: Path, skip: set[str]) -> None:
 
     def ours(compile_mode: bool):
         model = build(state)
-        # transformers 4.57 leaves LlamaMLP untagged; our SwiGLUMLP layer fuses SiLU and the
-        # multiply once the class is tagged (kernels.library.tag_gated_mlps).
+        # transformers 4.57 leaves LlamaMLP and apply_rotary_pos_emb untagged: tag them, so that
+        # kernelize reaches them (SwiGLUMLP fuses SiLU and the multiply; rotary_pos_emb rotates
+        # q and k in one kernel). The rotary tag replaces a module global: untag() puts it
+        # back before the next contender.
+        untag()
         tag_gated_mlps(model)
+        tag_rotary_embeddings(model)
         mode = Mode.TRAINING | Mode.TORCH_COMPILE if compile_mode else Mode.TRAINING
         with use_kernel_mapping(library_mapping(devices=["cuda"])):
             kernelize(model, mode=mode)
@@ -137,6 +141,7 @@ def run(shape: str, out: Path, skip: set[str]) -> None:
     contender("torch.compile", lambda: torch.compile(build(state)), compiled=True)
     contender("ours (kernelized)", lambda: ours(False))
     contender("ours (kernelized + compile)", lambda: ours(True), compiled=True)
+    untag()
 
     from liger_kernel.transformers import apply_liger_kernel_to_llama
 

@@ -8,6 +8,7 @@ and runs our Triton kernels through Triton's interpreter, which checks correctne
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -107,6 +108,7 @@ def _run(args: argparse.Namespace, device: str, torch) -> int:
     from transformers import LlamaForCausalLM
 
     from . import Mode, explain, kernelize, library_mapping, use_kernel_mapping
+    from .library import tag_gated_mlps, tag_rotary_embeddings, untag
 
     shape = shape_for(device)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -123,19 +125,33 @@ def _run(args: argparse.Namespace, device: str, torch) -> int:
     if device == "cpu":
         print("No GPU: our Triton kernels run through Triton's interpreter (correct, not fast).")
     tokens = torch.randint(0, shape.vocab, (shape.batch, shape.seq), device=device)
+    timing = device == "cuda" and not args.no_timing
 
-    with use_kernel_mapping(library_mapping(devices=[device])):
-        print_plan(explain(model, mode=Mode.TRAINING))
-        started = time.perf_counter()
-        kernelize(model, mode=Mode.TRAINING, verify=(tokens,))
+    # The original's results and times come first: tagging the rotary embedding replaces a
+    # function of transformers' modelling module, which the original calls too.
+    expected = reference_results(original, tokens)
+    times = time_original(original, tokens) if timing else {}
+    del original
+
+    try:
+        tagged = tag_gated_mlps(model) + tag_rotary_embeddings(model)
         print(
-            f"\nkernelized and verified every kernel on the model's real inputs in {time.perf_counter() - started:.1f} s"
+            f"\ntagged what transformers 4.57 leaves untagged: {', '.join(tagged)} "
+            "(kernels.library.tag_gated_mlps, tag_rotary_embeddings)"
         )
-
-    failures = check(original, model, tokens, dtype)
-    if device == "cuda" and not args.no_timing:
-        time_models(original, model, tokens)
-    elif device == "cpu":
+        with use_kernel_mapping(library_mapping(devices=[device])):
+            print_plan(explain(model, mode=Mode.TRAINING))
+            started = time.perf_counter()
+            kernelize(model, mode=Mode.TRAINING, verify=(tokens,))
+            print(
+                f"\nkernelized and verified every kernel on the model's real inputs in {time.perf_counter() - started:.1f} s"
+            )
+        failures = check(expected, model, tokens, dtype)
+        if timing:
+            time_kernelized(model, tokens, times)
+    finally:
+        untag()  # the demo also runs inside other programs, such as tests
+    if device == "cpu":
         print(
             "\nTimings need a CUDA GPU (run `kernels demo` there); on the CPU the interpreter is slow by design."
         )
@@ -163,65 +179,95 @@ def print_plan(explanation) -> None:
         )
 
 
-def check(original, model, tokens, dtype) -> int:
-    """Compare logits and training gradients of the kernelized model with the original."""
+# The gradients the demo compares: a few named parameters, one of each kind.
+_CHECKED_GRADS = (
+    "model.embed_tokens.weight",
+    "model.layers.0.mlp.down_proj.weight",
+    "model.norm.weight",
+)
+
+
+def _logits_and_grads(model, tokens):
+    model.zero_grad(set_to_none=True)
+    logits = model(tokens).logits
+    logits.float().logsumexp(-1).mean().backward()
+    params = dict(model.named_parameters())
+    grads = {name: params[name].grad.detach().clone() for name in _CHECKED_GRADS}
+    model.zero_grad(set_to_none=True)
+    return logits.detach(), grads
+
+
+def reference_results(original, tokens) -> dict:
+    """The original model's logits and a few gradients, to check the kernelized one against."""
+    logits, grads = _logits_and_grads(original, tokens)
+    return {"logits": logits, **{f"grad {name}": g for name, g in grads.items()}}
+
+
+def check(expected: dict, model, tokens, dtype) -> int:
+    """Compare logits and training gradients of the kernelized model with the original's."""
     import torch
 
     tolerance = 1e-4 if dtype == torch.float32 else 3e-2
     failures = 0
     print("\ncorrectness (relative error, kernelized vs original):")
-    for m in (original, model):
-        m.zero_grad(set_to_none=True)
-        logits = m(tokens).logits
-        logits.float().logsumexp(-1).mean().backward()
-        m._demo_logits = logits.detach()
-    rows = [("logits", original._demo_logits, model._demo_logits)]
-    rows += [
-        (f"grad {name}", p.grad, dict(model.named_parameters())[name].grad)
-        for name, p in original.named_parameters()
-        if name.endswith(("norm.weight", "embed_tokens.weight", "layers.0.mlp.down_proj.weight"))
-    ][:4]
-    for label, expected, got in rows:
+    logits, grads = _logits_and_grads(model, tokens)
+    got = {"logits": logits, **{f"grad {name}": g for name, g in grads.items()}}
+    for label, want in expected.items():
         error = (
-            (got.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-30)
+            (got[label].double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)
         ).item()
         ok = error <= tolerance
         failures += not ok
         print(f"  {label:48s} {error:.2e}  {'ok' if ok else f'FAILED (tolerance {tolerance:g})'}")
-    for m in (original, model):
-        del m._demo_logits
-        m.zero_grad(set_to_none=True)
     return failures
 
 
-def time_models(original, model, tokens) -> None:
-    """Prefill and training-step times: eager, kernelized, torch.compile, kernelized + compile."""
+def _prefill(model, tokens):
+    import torch
+
+    with torch.no_grad():
+        return model(tokens, logits_to_keep=1).logits
+
+
+def _train_step(model, tokens):
+    model(tokens).logits.float().logsumexp(-1).mean().backward()
+
+
+_STEPS = {"prefill": _prefill, "training step": _train_step}
+
+
+def _time_steps(model, tokens) -> dict:
+    return {
+        label: _median_ms(functools.partial(step, model, tokens)) for label, step in _STEPS.items()
+    }
+
+
+def time_original(original, tokens) -> dict:
+    """{contender: {step: median ms}} for eager and torch.compile of the original model."""
+    import torch
+
+    times = {"eager": _time_steps(original, tokens)}
+    times["torch.compile"] = _time_steps(torch.compile(original), tokens)
+    original.zero_grad(set_to_none=True)
+    return times
+
+
+def time_kernelized(model, tokens, times: dict) -> None:
+    """Time the kernelized model, eagerly and compiled, and print all timings against eager."""
     import torch
 
     from . import Mode, kernelize, library_mapping, use_kernel_mapping
 
-    def prefill(m):
-        with torch.no_grad():
-            return m(tokens, logits_to_keep=1).logits
-
-    def train_step(m):
-        m(tokens).logits.float().logsumexp(-1).mean().backward()
-
-    compiled_original = torch.compile(original)
+    times["kernelized"] = _time_steps(model, tokens)
     with use_kernel_mapping(library_mapping(devices=["cuda"])):
         kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE)
-    compiled_kernelized = torch.compile(model)
-    contenders = {
-        "eager": original,
-        "kernelized": model,
-        "torch.compile": compiled_original,
-        "kernelized + compile": compiled_kernelized,
-    }
+    times["kernelized + compile"] = _time_steps(torch.compile(model), tokens)
     print("\ntimings (median ms, CUDA events):")
-    for label, step in (("prefill", prefill), ("training step", train_step)):
-        times = {name: _median_ms(lambda m=m, step=step: step(m)) for name, m in contenders.items()}
-        base = times["eager"]
-        summary = ", ".join(f"{name} {t:.1f} ms ({base / t:.2f}x)" for name, t in times.items())
+    for label in _STEPS:
+        base = times["eager"][label]
+        summary = ", ".join(
+            f"{name} {t[label]:.1f} ms ({base / t[label]:.2f}x)" for name, t in times.items()
+        )
         print(f"  {label}: {summary}")
 
 

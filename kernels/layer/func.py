@@ -40,6 +40,7 @@ def function_layer(func: Callable) -> type[nn.Module]:
         parameters=[self_parameter, *signature.parameters.values()]
     )
     forward.__doc__ = func.__doc__
+    forward.__wrapped__ = func  # what it calls, for introspection (its signature is set above)
     name = getattr(func, "__name__", "function")
     forward.__qualname__ = f"{name}.forward"
     # A function declares what it supports the way a kernel layer does, as attributes.

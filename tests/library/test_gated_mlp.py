@@ -324,7 +324,7 @@ def test_tag_gated_mlps_leaves_tagged_classes_alone(restore_tags):
     ],
 )
 def test_transformers_mlps_recognised(model_type, class_name, recognised):
-    from kernels.library import _computes_gated_mlp
+    from kernels.library.transformers_tags import _computes_gated_mlp
 
     try:
         modeling = importlib.import_module(

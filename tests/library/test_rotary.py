@@ -2,6 +2,7 @@
 layouts, broadcast cos/sin, odd head counts and head dims; gradients to q and k (and to cos and
 sin when they require grad)."""
 
+import importlib
 import inspect
 
 import pytest
@@ -15,6 +16,8 @@ SIZES = [
     (1, 7, 4, 2, 80),
     (3, 1, 2, 2, 6),
     (0, 4, 2, 1, 8),
+    # More heads than one block holds (32 of 128): the kernel loops over blocks of heads.
+    (1, 3, 40, 5, 128),
     pytest.param(2, 512, 32, 8, 128, marks=pytest.mark.gpu),
     pytest.param(1, 4096, 32, 8, 128, marks=pytest.mark.gpu),
 ]
@@ -100,6 +103,19 @@ def test_other_layouts_fall_back_to_pytorch(rotary):
     cos, sin = _cos_sin(2, 5, 8, torch.float32)
     qo, ko = rotary.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
     qr, kr = reference(q, k, cos, sin, unsqueeze_dim=0)
+    assert torch.equal(qo, qr) and torch.equal(ko, kr)
+
+
+def test_cpu_tensors_without_the_interpreter_take_pytorch(rotary, monkeypatch):
+    # A kernelized rotary function stands for a module global shared by every model of that
+    # modelling module, some of which may run on the CPU: there it must not launch Triton.
+    module = importlib.import_module(rotary.__name__ + ".rotary")
+    monkeypatch.setattr(module, "_CPU_RUNS_KERNELS", False)
+    monkeypatch.setattr(module, "_launch", lambda *a: pytest.fail("launched a kernel on the CPU"))
+    q, k = randn(1, 2, 3, 8, device="cpu"), randn(1, 1, 3, 8, device="cpu")
+    cos, sin = (t.cpu() for t in _cos_sin(1, 3, 8, torch.float32))
+    qo, ko = rotary.apply_rotary_pos_emb(q, k, cos, sin)
+    qr, kr = reference(q, k, cos, sin)
     assert torch.equal(qo, qr) and torch.equal(ko, kr)
 
 

@@ -16,6 +16,7 @@ The backward is the same kernel with the transposed rotation.
 """
 
 import functools
+import os
 
 import torch
 import triton
@@ -29,14 +30,30 @@ from ._library import launch, op_name, use_autograd_function
 
 
 @triton.jit
-def _rotate_block(X, XO, x_base, o_base, h0, n_heads, sx_h, so_h, c1, c2, s1, s2, cols, col_mask,
-                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, BACKWARD: tl.constexpr):  # fmt: skip
-    # Heads [h0, h0 + BLOCK_H) at one (batch, position): x is [heads, head_dim] as two halves.
+def _load_halves(X, base, h0, n_heads, s_h, cols, col_mask, HALF: tl.constexpr,
+                 BLOCK_H: tl.constexpr):  # fmt: skip
+    # Heads [h0, h0 + BLOCK_H) at one (batch, position), as two [heads, head_dim / 2] halves.
     heads = h0 + tl.arange(0, BLOCK_H)
     mask = (heads < n_heads)[:, None] & col_mask[None, :]
-    x_ptr = X + x_base + heads[:, None] * sx_h + cols[None, :]
-    x1 = tl.load(x_ptr, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+    ptr = X + base + heads[:, None] * s_h + cols[None, :]
+    x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+    return x1, x2, mask
+
+
+@triton.jit
+def _load_cos_sin(COS, SIN, c_base, s_base, cols, col_mask, HALF: tl.constexpr):
+    # Both halves of cos and sin: transformers duplicates them, but a caller need not.
+    c1 = tl.load(COS + c_base + cols, mask=col_mask, other=0.0).to(tl.float32)
+    c2 = tl.load(COS + c_base + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)
+    s1 = tl.load(SIN + s_base + cols, mask=col_mask, other=0.0).to(tl.float32)
+    s2 = tl.load(SIN + s_base + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)
+    return c1, c2, s1, s2
+
+
+@triton.jit
+def _rotate_store(XO, base, h0, s_h, x1, x2, mask, c1, c2, s1, s2, cols, HALF: tl.constexpr,
+                  BLOCK_H: tl.constexpr, BACKWARD: tl.constexpr):  # fmt: skip
     if BACKWARD:
         # Transpose of the forward map: dx1 = g1 c1 + g2 s2, dx2 = g2 c2 - g1 s1.
         o1 = x1 * c1[None, :] + x2 * s2[None, :]
@@ -45,9 +62,10 @@ def _rotate_block(X, XO, x_base, o_base, h0, n_heads, sx_h, so_h, c1, c2, s1, s2
         # out1 = x1 c1 - x2 s1, out2 = x2 c2 + x1 s2 (rotate_half(x) = [-x2, x1]).
         o1 = x1 * c1[None, :] - x2 * s1[None, :]
         o2 = x2 * c2[None, :] + x1 * s2[None, :]
-    o_ptr = XO + o_base + heads[:, None] * so_h + cols[None, :]
-    tl.store(o_ptr, o1.to(XO.dtype.element_ty), mask=mask)
-    tl.store(o_ptr + HALF, o2.to(XO.dtype.element_ty), mask=mask)
+    heads = h0 + tl.arange(0, BLOCK_H)
+    ptr = XO + base + heads[:, None] * s_h + cols[None, :]
+    tl.store(ptr, o1.to(XO.dtype.element_ty), mask=mask)
+    tl.store(ptr + HALF, o2.to(XO.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -89,30 +107,35 @@ def _rotary_kernel(
     s = pid % seq_len
     cols = tl.arange(0, BLOCK_HALF)
     col_mask = cols < HALF
-    cos_ptr = COS + b * sc_b + s * sc_s + cols
-    sin_ptr = SIN + b * ss_b + s * ss_s + cols
-    c1 = tl.load(cos_ptr, mask=col_mask, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + HALF, mask=col_mask, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr, mask=col_mask, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + HALF, mask=col_mask, other=0.0).to(tl.float32)
     q_base = b * sq_b + s * sq_s
     qo_base = b * sqo_b + s * sqo_s
     k_base = b * sk_b + s * sk_s
     ko_base = b * sko_b + s * sko_s
     if ONE_BLOCK:
-        # Every head in one block (the usual case): straight-line code, so the q and k loads
-        # are all in flight together.
-        _rotate_block(Q, QO, q_base, qo_base, 0, n_q_heads, sq_h, sqo_h, c1, c2, s1, s2,
-                      cols, col_mask, HALF, BLOCK_HQ, BACKWARD)  # fmt: skip
-        _rotate_block(K, KO, k_base, ko_base, 0, n_k_heads, sk_h, sko_h, c1, c2, s1, s2,
-                      cols, col_mask, HALF, BLOCK_HK, BACKWARD)  # fmt: skip
+        # Every head in one block (the usual case). All loads are issued before the first store:
+        # the compiler cannot move a load past a store that may alias it, and with q stored
+        # before k is loaded the two round trips to memory would not overlap.
+        q1, q2, q_mask = _load_halves(Q, q_base, 0, n_q_heads, sq_h, cols, col_mask, HALF, BLOCK_HQ)
+        k1, k2, k_mask = _load_halves(K, k_base, 0, n_k_heads, sk_h, cols, col_mask, HALF, BLOCK_HK)
+        c1, c2, s1, s2 = _load_cos_sin(COS, SIN, b * sc_b + s * sc_s, b * ss_b + s * ss_s, cols,
+                                       col_mask, HALF)  # fmt: skip
+        _rotate_store(QO, qo_base, 0, sqo_h, q1, q2, q_mask, c1, c2, s1, s2, cols, HALF,
+                      BLOCK_HQ, BACKWARD)  # fmt: skip
+        _rotate_store(KO, ko_base, 0, sko_h, k1, k2, k_mask, c1, c2, s1, s2, cols, HALF,
+                      BLOCK_HK, BACKWARD)  # fmt: skip
     else:
+        c1, c2, s1, s2 = _load_cos_sin(COS, SIN, b * sc_b + s * sc_s, b * ss_b + s * ss_s, cols,
+                                       col_mask, HALF)  # fmt: skip
         for h0 in range(0, n_q_heads, BLOCK_HQ):
-            _rotate_block(Q, QO, q_base, qo_base, h0, n_q_heads, sq_h, sqo_h, c1, c2, s1, s2,
-                          cols, col_mask, HALF, BLOCK_HQ, BACKWARD)  # fmt: skip
+            x1, x2, mask = _load_halves(Q, q_base, h0, n_q_heads, sq_h, cols, col_mask, HALF,
+                                        BLOCK_HQ)  # fmt: skip
+            _rotate_store(QO, qo_base, h0, sqo_h, x1, x2, mask, c1, c2, s1, s2, cols, HALF,
+                          BLOCK_HQ, BACKWARD)  # fmt: skip
         for h0 in range(0, n_k_heads, BLOCK_HK):
-            _rotate_block(K, KO, k_base, ko_base, h0, n_k_heads, sk_h, sko_h, c1, c2, s1, s2,
-                          cols, col_mask, HALF, BLOCK_HK, BACKWARD)  # fmt: skip
+            x1, x2, mask = _load_halves(K, k_base, h0, n_k_heads, sk_h, cols, col_mask, HALF,
+                                        BLOCK_HK)  # fmt: skip
+            _rotate_store(KO, ko_base, h0, sko_h, x1, x2, mask, c1, c2, s1, s2, cols, HALF,
+                          BLOCK_HK, BACKWARD)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,8 +143,16 @@ def _rotary_kernel(
 # --------------------------------------------------------------------------------------------
 
 
+# Triton runs CPU tensors only through its interpreter. One kernelized rotary function can serve
+# models on several devices (it stands for a module global), so CPU tensors take the PyTorch
+# formula unless the interpreter is on.
+_CPU_RUNS_KERNELS = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _head_axis(q, k, cos, sin, unsqueeze_dim) -> int | None:
     """The heads axis (1 or 2) when the kernel covers this call, else None (PyTorch fallback)."""
+    if q.device.type == "cpu" and not _CPU_RUNS_KERNELS:
+        return None
     if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3:
         return None
     if not -4 <= unsqueeze_dim <= 3:
