@@ -6,6 +6,8 @@ module instance. The element-wise layers replace transformers' activation module
 ``SwiGLUMLP`` replaces the whole gated MLP of Llama-family models (parameter ``x``).
 """
 
+import types
+
 import torch
 from torch import Tensor
 
@@ -121,8 +123,12 @@ def _is_plain_silu(act: torch.nn.Module) -> bool:
         or act._backward_pre_hooks
     ):
         return False
-    own = act.__dict__.get("forward")
-    return own is None or getattr(own, "__func__", None) is SiLU.forward
+    if "forward" not in act.__dict__:
+        return True
+    # Spelled as attribute reads, not ``__dict__.get`` or ``getattr`` with a default: this is
+    # the form torch.compile (dynamo, torch 2.11 and 2.13 tried) evaluates as Python does.
+    forward = act.forward
+    return isinstance(forward, types.MethodType) and forward.__func__ is SiLU.forward
 
 
 class SwiGLUMLP(torch.nn.Module):
