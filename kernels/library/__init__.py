@@ -20,6 +20,15 @@ from ..errors import KernelMappingError
 from ..mapping.device import validate_device_type
 from ..repos.local import LocalFuncRepository, LocalLayerRepository
 
+# Tagging what transformers 4.57 leaves untagged, re-exported where users look first.
+from .transformers_tags import (
+    GATED_MLP_LAYER_NAME,
+    ROTARY_FUNCTION_NAME,
+    tag_gated_mlps,
+    tag_rotary_embeddings,
+    untag,
+)
+
 #: The Hub organisation our kernel repositories are published under.
 HUB_ORGANISATION = "kernels-triton"
 
@@ -120,15 +129,6 @@ def library_mapping(
         mapping[kernel.layer_name] = {device: repository for device in devices}
     return mapping
 
-
-# Tagging what transformers 4.57 leaves untagged; re-exported here, where users look first.
-from .transformers_tags import (  # noqa: E402
-    GATED_MLP_LAYER_NAME,
-    ROTARY_FUNCTION_NAME,
-    tag_gated_mlps,
-    tag_rotary_embeddings,
-    untag,
-)
 
 __all__ = [
     "GATED_MLP_LAYER_NAME",
