@@ -179,7 +179,7 @@ def _modeling_file(tmp_path, name, *parts):
     ids=["llama", "partial-rotary", "interleaved"],
 )
 def test_only_the_rotate_half_formula_is_tagged(tmp_path, caplog, parts, tagged):
-    name = f"modeling_rotary_probe_{len(list(tmp_path.iterdir()))}_{id(parts)}"
+    name = f"modeling_rotary_probe_{tmp_path.name}"  # tmp_path is unique to the test
     modeling = _modeling_file(tmp_path, name, *parts, _ATTENTION)
     try:
         original = modeling.apply_rotary_pos_emb

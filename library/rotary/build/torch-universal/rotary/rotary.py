@@ -111,21 +111,21 @@ def _rotary_kernel(
     qo_base = b * sqo_b + s * sqo_s
     k_base = b * sk_b + s * sk_s
     ko_base = b * sko_b + s * sko_s
+    c_base = b * sc_b + s * sc_s
+    s_base = b * ss_b + s * ss_s
     if ONE_BLOCK:
         # Every head in one block (the usual case). All loads are issued before the first store:
         # the compiler cannot move a load past a store that may alias it, and with q stored
         # before k is loaded the two round trips to memory would not overlap.
         q1, q2, q_mask = _load_halves(Q, q_base, 0, n_q_heads, sq_h, cols, col_mask, HALF, BLOCK_HQ)
         k1, k2, k_mask = _load_halves(K, k_base, 0, n_k_heads, sk_h, cols, col_mask, HALF, BLOCK_HK)
-        c1, c2, s1, s2 = _load_cos_sin(COS, SIN, b * sc_b + s * sc_s, b * ss_b + s * ss_s, cols,
-                                       col_mask, HALF)  # fmt: skip
+        c1, c2, s1, s2 = _load_cos_sin(COS, SIN, c_base, s_base, cols, col_mask, HALF)
         _rotate_store(QO, qo_base, 0, sqo_h, q1, q2, q_mask, c1, c2, s1, s2, cols, HALF,
                       BLOCK_HQ, BACKWARD)  # fmt: skip
         _rotate_store(KO, ko_base, 0, sko_h, k1, k2, k_mask, c1, c2, s1, s2, cols, HALF,
                       BLOCK_HK, BACKWARD)  # fmt: skip
     else:
-        c1, c2, s1, s2 = _load_cos_sin(COS, SIN, b * sc_b + s * sc_s, b * ss_b + s * ss_s, cols,
-                                       col_mask, HALF)  # fmt: skip
+        c1, c2, s1, s2 = _load_cos_sin(COS, SIN, c_base, s_base, cols, col_mask, HALF)
         for h0 in range(0, n_q_heads, BLOCK_HQ):
             x1, x2, mask = _load_halves(Q, q_base, h0, n_q_heads, sq_h, cols, col_mask, HALF,
                                         BLOCK_HQ)  # fmt: skip
