@@ -315,13 +315,8 @@ def test_compile_inference_mode(activation, norm, dtype):
     assert_close(y, F.silu(h[..., :24]) * h[..., 24:], dtype, "compiled inference")
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="launches run through Triton's interpreter on the CPU"
-)
-@pytest.mark.parametrize("repo", ["activation", "norm", "rotary"])
-def test_repeated_launches_skip_tritons_runner(repo, activation, norm, rotary):
-    """After the first launch, each kernel is launched through its compiled launcher directly,
-    with the results of an ordinary launch."""
+def _launch_call(repo, activation, norm, rotary):
+    """(the package's _library module, a call of one of its ops on fixed CUDA inputs)."""
     package = {"activation": activation, "norm": norm, "rotary": rotary}[repo]
     library = sys.modules[f"{package.__name__}._library"]
     x = torch.randn(37, 1000, device="cuda", dtype=torch.bfloat16)
@@ -336,6 +331,21 @@ def test_repeated_launches_skip_tritons_runner(repo, activation, norm, rotary):
             return (package.rms_norm(x, w, 1e-6),)
         return package.apply_rotary_pos_emb(q, q[:, :2], cos, sin)
 
+    return library, call
+
+
+_needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="launches run through Triton's interpreter on the CPU"
+)
+
+
+@_needs_cuda
+@pytest.mark.parametrize("repo", ["activation", "norm", "rotary"])
+def test_repeated_launches_skip_tritons_runner(repo, activation, norm, rotary, monkeypatch):
+    """After the first launch, each kernel is launched through its compiled launcher directly
+    (Triton's runner, ``CompiledKernel.__getitem__``, is not called), with the results of an
+    ordinary launch."""
+    library, call = _launch_call(repo, activation, norm, rotary)
     first = call()  # an ordinary launch, which caches the compiled kernel
     entries = list(library._compiled.values())
     runner = inspect.getsource(type(entries[0][0]).__getitem__) if entries else ""
@@ -343,8 +353,87 @@ def test_repeated_launches_skip_tritons_runner(repo, activation, norm, rotary):
         f"Triton {triton.__version__}'s runner calls its launcher in a way launch() does not "
         f"know:\n{runner}"
     )
-    for a, b in zip(first, call(), strict=True):
+
+    def no_runner(self, grid):
+        pytest.fail("a repeated launch went through Triton's runner")
+
+    monkeypatch.setattr(type(entries[0][0]), "__getitem__", no_runner)
+    again = call()
+    torch.cuda.synchronize()
+    for a, b in zip(first, again, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@_needs_cuda
+@pytest.mark.parametrize("repo", ["activation", "norm", "rotary"])
+def test_launch_hooks_see_every_launch(repo, activation, norm, rotary):
+    """A profiler's launch hooks (Triton's ``knobs.runtime``) are called for repeated launches
+    too, with the launch metadata Triton's runner gives them."""
+    from triton import knobs
+
+    library, call = _launch_call(repo, activation, norm, rotary)
+    call()
+    call()  # cached now: the direct path, unless a hook is installed
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata.get()["name"])
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        call()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    torch.cuda.synchronize()
+    assert seen and all(name.startswith("_") and name.endswith("_kernel") for name in seen), seen
+    count = len(seen)
+    call()  # the hook is gone: nothing more is recorded
+    assert len(seen) == count
+
+
+@pytest.mark.parametrize("repo", ["activation", "norm", "rotary"])
+def test_launch_cache_key_tells_specialisations_apart(repo, activation, norm, rotary):
+    """The launch cache's key changes exactly where Triton compiles another kernel: tensor dtype
+    and 16-byte alignment, integers equal to 1, divisible by 16 or past int32, constexpr values
+    and num_warps; not for other integer values or tensor addresses."""
+    package = {"activation": activation, "norm": norm, "rotary": rotary}[repo]
+    library = sys.modules[f"{package.__name__}._library"]
+
+    class Kernel:  # what _key reads of a JITFunction: its parameters
+        params = [types.SimpleNamespace(is_constexpr=c) for c in (False, False, False, True)]
+
+    kernel = Kernel()
+    buf = torch.zeros(64, dtype=torch.float32)
+
+    def key(t, n, flag, c, num_warps=4):
+        return library._key(kernel, 0, num_warps, (t, n, flag, c))
+
+    base = key(buf, 37, True, 128)
+    assert key(buf[4:], 37, True, 128) == base  # 16 bytes on: still aligned
+    assert key(buf[8:], 53, True, 128) == base  # another odd integer
+    assert key(buf[1:], 37, True, 128) != base  # 4 bytes on: not 16-byte aligned
+    assert key(buf.double(), 37, True, 128) != base
+    assert key(buf, 1, True, 128) != base
+    assert key(buf, 48, True, 128) != base
+    assert key(buf, 2**31 + 1, True, 128) != base
+    assert key(buf, 37, False, 128) != base
+    assert key(buf, 37, True, 256) != base
+    assert key(buf, 37, True, 128, num_warps=8) != base
+    assert key(buf, 37.0, True, 128) != base  # a float where an int was
+
+
+def test_launch_hooks_count_as_installed_only_with_functions(norm):
+    """Triton 3.4+ keeps each launch hook as an always-present ``HookChain``: an empty chain is
+    no hook (repeated launches take the direct path), one with a function is."""
+    from triton import knobs
+
+    library = sys.modules[f"{norm.__name__}._library"]
+    chain = type(knobs.runtime.launch_enter_hook)()
+    assert not library._hook_installed(None)
+    assert not library._hook_installed(chain)
+    chain.add(print)
+    assert library._hook_installed(chain)
+    assert library._hook_installed(print)  # Tritons before 3.4 hold the function itself
 
 
 def test_the_repositories_share_one_launch_helper():

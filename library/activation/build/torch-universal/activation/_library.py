@@ -62,20 +62,21 @@ def use_autograd_function(*tensors: torch.Tensor) -> bool:
 # dtypes and 16-byte alignment; integers equal to 1, divisible by 16, or past int32; the value of
 # every constexpr; num_warps; the device), and afterwards calls the compiled kernel's launcher
 # itself, skipping the per-call closure, device and stream lookups and launch-metadata hooks of
-# ``CompiledKernel.__getitem__`` (launch hooks are honoured: when a profiler installs an enter
-# hook, launches go through Triton's own runner). On the CPU (the interpreter) every launch is
-# an ordinary one.
+# ``CompiledKernel.__getitem__``. Launch hooks are honoured: while a profiler has a hook
+# installed, launches go through Triton's own runner. On the CPU (the interpreter) every launch
+# is an ordinary one.
 
 _compiled: dict = {}
 _kernel_shapes: dict = {}
 
-# The call ``CompiledKernel.__getitem__``'s runner makes (Triton 3.9, whitespace aside);
+# The call ``CompiledKernel.__getitem__``'s runner makes (Triton 3.6 to 3.9, whitespace aside);
 # we make the same call. A Triton whose runner calls its launcher otherwise is launched through
 # its runner.
 _RUNNER_CALL = (
     "self.run(grid[0],grid[1],grid[2],stream,self.function,self.packed_metadata,launch_metadata,"
     "knobs.runtime.launch_enter_hook,knobs.runtime.launch_exit_hook,*args)"
 )
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 try:
     from torch._C import _cuda_getCurrentRawStream as _current_stream
@@ -100,16 +101,27 @@ def _kernel_shape(kernel) -> tuple[bool, ...]:
     return shape
 
 
-def _spec(value, is_constexpr: bool):
-    if is_constexpr:
-        return value
-    if isinstance(value, torch.Tensor):
-        return (value.dtype, value.data_ptr() % 16 == 0)
-    if isinstance(value, bool):
-        return ("b", value)
-    if isinstance(value, int):
-        return (value == 1, value % 16 == 0, -(2**31) <= value < 2**31)
-    return type(value)
+def _key(kernel, index: int, num_warps: int, args: tuple) -> tuple:
+    # One expression rather than a function call per argument: this runs on every launch (up
+    # to 31 arguments, for rotary), and a call per argument was about a fifth of a launch's
+    # host time under cProfile (H100 VM, 2026-11-23).
+    return (
+        kernel,
+        index,
+        num_warps,
+        *[
+            arg
+            if is_constexpr
+            else (arg.dtype, not arg.data_ptr() & 15)
+            if isinstance(arg, torch.Tensor)
+            else (arg == 1, not arg & 15, _INT32_MIN <= arg <= _INT32_MAX)
+            if type(arg) is int
+            else (bool, arg)
+            if type(arg) is bool
+            else type(arg)
+            for arg, is_constexpr in zip(args, _kernel_shape(kernel), strict=False)
+        ],
+    )
 
 
 def _direct_launcher(compiled):
@@ -127,9 +139,20 @@ def _direct_launcher(compiled):
     return run, function, metadata
 
 
-def _enter_hook_installed() -> bool:
+def _hook_installed(hook) -> bool:
+    # Triton 3.4 and later keep each launch hook as a ``HookChain`` (never None) whose ``calls``
+    # lists the installed functions; earlier ones hold a function or None.
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return calls is None or len(calls) > 0
+
+
+def _hooks_installed() -> bool:
     runtime = getattr(_knobs, "runtime", None)
-    return runtime is None or runtime.launch_enter_hook is not None
+    if runtime is None:
+        return True
+    return _hook_installed(runtime.launch_enter_hook) or _hook_installed(runtime.launch_exit_hook)
 
 
 def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.device) -> None:
@@ -146,7 +169,7 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.devic
         with torch.cuda.device(index):
             launch(kernel, grid, args, num_warps, device)
         return
-    key = (kernel, index, num_warps, *map(_spec, args, _kernel_shape(kernel)))
+    key = _key(kernel, index, num_warps, args)
     entry = _compiled.get(key)
     if entry is None:
         compiled = kernel[grid](*args, num_warps=num_warps)
@@ -155,9 +178,8 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.devic
         return
     compiled, direct = entry
     grid = grid + (1,) * (3 - len(grid))
-    if direct is None or _enter_hook_installed():
+    if direct is None or _hooks_installed():
         compiled[grid](*args)  # also where a profiler wants launch metadata
         return
     run, function, metadata = direct
-    exit_hook = _knobs.runtime.launch_exit_hook
-    run(*grid, _current_stream(index), function, metadata, None, None, exit_hook, *args)
+    run(*grid, _current_stream(index), function, metadata, None, None, None, *args)
