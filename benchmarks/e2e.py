@@ -9,8 +9,9 @@ One process per shape; inside it every contender runs on the same weights and in
 eager transformers, torch.compile(model), ours kernelized (our Triton kernels through
 `kernelize`), ours kernelized with Mode.TORCH_COMPILE and then compiled, and Liger-Kernel's
 own transformers patching (rope, rms_norm, swiglu) without and with its fused linear
-cross-entropy. Liger patches transformers' module-level functions (rope) for the whole
-process, so its contenders run last.
+cross-entropy. All are built first and then timed in interleaved rounds (see `run`); ours and
+Liger patch transformers' modelling module for the whole process, so each contender's module
+state is put back before its steps (`ModuleState`).
 
 Measured: a training step (forward + backward of the causal-LM loss, no optimizer) and
 prefill (forward without grad, logits of the last position only); median of CUDA-event
@@ -53,52 +54,73 @@ def build(state_dict=None):
     return model
 
 
-def median_ms(fn, warmup: int, repeat: int) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+_MISSING = object()
 
 
-def measure(name: str, model, tokens, *, compiled: bool) -> dict:
-    import torch
+class ModuleState:
+    """The attributes of transformers' Llama modelling module and of its classes, so that each
+    contender runs with the module state its set-up left.
 
-    warmup = 5 if compiled else 3
+    Both ours (``tag_rotary_embeddings``) and Liger (``apply_liger_kernel_to_llama``) patch
+    that module for the whole process: its ``apply_rotary_pos_emb`` global, and for Liger's
+    fused cross-entropy ``LlamaForCausalLM.forward``. Contenders run in interleaved rounds, so
+    each one's state is captured after its set-up and put back before each of its steps.
+    """
 
-    def train_step():
-        model(input_ids=tokens, labels=tokens).loss.backward()
-        model.zero_grad(set_to_none=True)
+    def __init__(self):
+        import transformers.models.llama.modeling_llama as modeling
 
-    def prefill():
-        with torch.no_grad():
-            model(input_ids=tokens, logits_to_keep=1)
+        self.owners = [modeling] + [
+            v
+            for v in vars(modeling).values()
+            if isinstance(v, type) and v.__module__ == modeling.__name__
+        ]
+        self.baseline = self._attributes()
+        # (owner index, name) of every attribute some set-up changed: only these are put back,
+        # so that what transformers or dynamo set at run time is left alone.
+        self.patched: set[tuple[int, str]] = set()
 
-    model.train()
-    train_step()  # first call (compilation) before the peak-memory window
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    train = median_ms(train_step, warmup, 10)
-    peak = torch.cuda.max_memory_allocated() / 2**30
-    model.eval()
-    pre = median_ms(prefill, warmup, 10)
-    print(
-        f"  {name:34s} train {train:8.2f} ms  prefill {pre:8.2f} ms  peak {peak:5.1f} GiB",
-        flush=True,
-    )
-    return {"contender": name, "train_ms": train, "prefill_ms": pre, "train_peak_gib": peak}
+    def _attributes(self) -> list[dict]:
+        return [dict(vars(owner)) for owner in self.owners]
+
+    def capture(self) -> list[dict]:
+        """The state now; remembers which attributes differ from the state at construction."""
+        state = self._attributes()
+        for i, (before, after) in enumerate(zip(self.baseline, state, strict=True)):
+            for name in set(before) | set(after):
+                if before.get(name, _MISSING) is not after.get(name, _MISSING):
+                    self.patched.add((i, name))
+        return state
+
+    def restore(self, state: list[dict] | None = None) -> None:
+        """Put back ``state`` (by default the state at construction) for the patched attributes."""
+        state = self.baseline if state is None else state
+        for i, name in self.patched:
+            owner, value = self.owners[i], state[i].get(name, _MISSING)
+            if vars(owner).get(name, _MISSING) is value:
+                continue
+            if value is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
 
 
-def run(shape: str, out: Path, skip: set[str]) -> None:
+def own_bytes(model) -> int:
+    """Bytes of the model's parameters and buffers (what it holds between steps)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def run(shape: str, out: Path, skip: set[str], rounds: int = 12, warmup: int = 3) -> None:
+    """Build every contender, then time them in interleaved rounds.
+
+    On the VM we measure on, host-bound steps vary by up to a third from minute to minute;
+    contenders timed one after another drew different phases (the same code measured 15.8 and
+    21.1 ms in two calls). Each round runs every contender once, in rotating order, so phases hit
+    all alike; the median over the rounds after warm-up is reported. Peak memory of a training
+    step is the contender's own weights plus the most the step allocated beyond what was
+    resident when it started (the other contenders' weights are resident too).
+    """
     import torch
     import transformers
 
@@ -111,24 +133,13 @@ def run(shape: str, out: Path, skip: set[str]) -> None:
     reference = build()
     state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
     del reference
-    results = []
-
-    def contender(name, make, compiled=False):
-        if name in skip:
-            return
-        model = make()
-        results.append(measure(name, model, tokens, compiled=compiled))
-        del model
-        torch._dynamo.reset()
-        torch.cuda.empty_cache()
+    module_state = ModuleState()
 
     def ours(compile_mode: bool):
         model = build(state)
         # transformers 4.57 leaves LlamaMLP and apply_rotary_pos_emb untagged: tag them, so that
         # kernelize reaches them (SwiGLUMLP fuses SiLU and the multiply; rotary_pos_emb rotates
-        # q and k in one kernel). The rotary tag replaces a module global: untag() puts it
-        # back before the next contender.
-        untag()
+        # q and k in one kernel).
         tag_gated_mlps(model)
         tag_rotary_embeddings(model)
         mode = Mode.TRAINING | Mode.TORCH_COMPILE if compile_mode else Mode.TRAINING
@@ -136,16 +147,9 @@ def run(shape: str, out: Path, skip: set[str]) -> None:
             kernelize(model, mode=mode)
         return torch.compile(model) if compile_mode else model
 
-    print(f"shape {shape}:", flush=True)
-    contender("eager", lambda: build(state))
-    contender("torch.compile", lambda: torch.compile(build(state)), compiled=True)
-    contender("ours (kernelized)", lambda: ours(False))
-    contender("ours (kernelized + compile)", lambda: ours(True), compiled=True)
-    untag()
-
-    from liger_kernel.transformers import apply_liger_kernel_to_llama
-
     def liger(flce: bool):
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+
         model = build(state)
         apply_liger_kernel_to_llama(
             rope=True,
@@ -157,8 +161,73 @@ def run(shape: str, out: Path, skip: set[str]) -> None:
         )
         return model
 
-    contender("liger (no fused CE)", lambda: liger(False))
-    contender("liger (fused linear CE)", lambda: liger(True))
+    makers = {
+        "eager": lambda: build(state),
+        "torch.compile": lambda: torch.compile(build(state)),
+        "ours (kernelized)": lambda: ours(False),
+        "ours (kernelized + compile)": lambda: ours(True),
+        "liger (no fused CE)": lambda: liger(False),
+        "liger (fused linear CE)": lambda: liger(True),
+    }
+    contenders = {}  # name -> (model, module state)
+    print(f"shape {shape}:", flush=True)
+    for name, make in makers.items():
+        if name in skip:
+            continue
+        module_state.restore()
+        untag()
+        model = make()
+        contenders[name] = (model, module_state.capture())
+    module_state.restore()
+
+    def train_step(model):
+        model(input_ids=tokens, labels=tokens).loss.backward()
+
+    def prefill(model):
+        with torch.no_grad():
+            model(input_ids=tokens, logits_to_keep=1)
+
+    times = {name: {"train_ms": [], "prefill_ms": []} for name in contenders}
+    peaks = {name: 0.0 for name in contenders}
+    names = list(contenders)
+    for key, step in (("train_ms", train_step), ("prefill_ms", prefill)):
+        for r in range(warmup + rounds):
+            for i in range(len(names)):
+                name = names[(r + i) % len(names)]
+                model, own_state = contenders[name]
+                module_state.restore(own_state)
+                model.train(key == "train_ms")
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                resident = torch.cuda.memory_allocated()
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                step(model)
+                end.record()
+                torch.cuda.synchronize()
+                if key == "train_ms":
+                    model.zero_grad(set_to_none=True)
+                if r < warmup:  # compilation and first-call allocations
+                    continue
+                times[name][key].append(start.elapsed_time(end))
+                if key == "train_ms":
+                    peak = torch.cuda.max_memory_allocated() - resident + own_bytes(model)
+                    peaks[name] = max(peaks[name], peak / 2**30)
+    module_state.restore()
+    untag()
+
+    results = []
+    for name in names:
+        train = statistics.median(times[name]["train_ms"])
+        pre = statistics.median(times[name]["prefill_ms"])
+        print(
+            f"  {name:34s} train {train:8.2f} ms  prefill {pre:8.2f} ms  peak {peaks[name]:5.1f} GiB",
+            flush=True,
+        )
+        results.append(
+            {"contender": name, "train_ms": train, "prefill_ms": pre, "train_peak_gib": peaks[name]}
+        )
 
     from importlib.metadata import version
 
@@ -172,6 +241,7 @@ def run(shape: str, out: Path, skip: set[str]) -> None:
         "liger_kernel": version("liger-kernel"),
         "python": platform.python_version(),
         "config": CONFIG,
+        "timing": f"interleaved rounds: {warmup} warm-up, median of {rounds}",
     }
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "e2e.jsonl", "a") as f:
@@ -192,7 +262,8 @@ def report(out: Path) -> None:
         f"{meta['device']}, {meta['date']}; torch {meta['torch']}, transformers {meta['transformers']}, "
         f"triton {meta['triton']}, liger-kernel {meta['liger_kernel']}. Config: {meta['config']}, SDPA attention.",
         "Training step: forward + backward of the causal-LM loss, no optimizer. Prefill: forward without grad,",
-        "logits of the last position only. Median of 10 CUDA-event timings after warm-up; speedup over eager.",
+        "logits of the last position only. Each contender's step between CUDA events, in rounds that run every",
+        f"contender once in rotating order ({meta.get('timing', 'median of 10 after warm-up')}); speedup over eager.",
         "",
         "| contender | "
         + " | ".join(f"train {s}" for s in shapes)
