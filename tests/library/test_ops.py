@@ -213,6 +213,19 @@ def _kernelized(block, activation, norm, rotary):
     return fast
 
 
+def _assert_matches_reference(y, y_ref, x, fast, reference):
+    """The compiled output ``y`` of ``fast`` and its gradients (input and every parameter, in
+    name order) match ``reference``'s fp32 PyTorch output ``y_ref``."""
+    assert_close(y, y_ref.double(), torch.float32, "compiled forward")
+    dy = randn(*y.shape)
+    params = [p for _, p in sorted(fast.named_parameters())]
+    ref_params = [p for _, p in sorted(reference.named_parameters())]
+    got = grads(y, (x, *params), dy)
+    want = grads(y_ref, (x, *ref_params), dy)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w.double(), torch.float32, "compiled grad")
+
+
 def test_compile_fullgraph_matches_eager(activation, norm, rotary):
     torch.manual_seed(0)
     device = randn(1).device
@@ -230,14 +243,7 @@ def test_compile_fullgraph_matches_eager(activation, norm, rotary):
     compiled = torch.compile(fast, fullgraph=True)
     y = compiled(x, cos, sin)
     y_ref = block(x, cos, sin)
-    assert_close(y, y_ref.double(), torch.float32, "compiled forward")
-    dy = randn(*y.shape)
-    params = [p for _, p in sorted(fast.named_parameters())]
-    ref_params = [p for _, p in sorted(block.named_parameters())]
-    got = grads(y, (x, *params), dy)
-    want = grads(y_ref, (x, *ref_params), dy)
-    for g, w in zip(got, want, strict=False):
-        assert_close(g, w.double(), torch.float32, "compiled grad")
+    _assert_matches_reference(y, y_ref, x, fast, block)
     # The eager kernelized model agrees too.
     y_eager = fast(x, cos, sin)
     assert_close(y_eager, y_ref.double(), torch.float32, "eager forward")
@@ -283,15 +289,7 @@ def test_compile_fullgraph_swiglu_mlp_matches_eager(activation, norm):
     assert code.count(".gated_pair_activation.default(") == 2, code
     # RMSNorm hands inductor its formula under compile (it fuses it with what surrounds it).
     assert ".rms_norm.default(" not in code and "rsqrt" in code, code
-    y_ref = model(x)
-    assert_close(y, y_ref.double(), torch.float32, "compiled forward")
-    dy = randn(*y.shape)
-    params = [p for _, p in sorted(fast.named_parameters())]
-    ref_params = [p for _, p in sorted(model.named_parameters())]
-    got = grads(y, (x, *params), dy)
-    want = grads(y_ref, (x, *ref_params), dy)
-    for g, w in zip(got, want, strict=True):
-        assert_close(g, w.double(), torch.float32, "compiled grad")
+    _assert_matches_reference(y, model(x), x, fast, model)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16], ids=str)
