@@ -132,3 +132,30 @@ def test_half_q_fp32_tables_gpu(rotary):
     assert_close(
         qo, reference(q.double(), k.double(), cos.double(), sin.double())[0], torch.float32
     )
+
+
+@pytest.mark.parametrize("layout", ["bshd-view", "bshd"])
+def test_under_compile_matches_the_reference(rotary, layout):
+    """Under torch.compile rotary hands inductor its formula (fp32, rounded once to the kernel's
+    output dtypes) rather than the custom op: outputs, dtypes and gradients match float64, also
+    with fp32 tables and bf16 q and k (which promote, as in PyTorch), with no graph break."""
+    unsqueeze_dim = 2 if layout == "bshd" else 1
+    torch._dynamo.reset()
+    compiled = torch.compile(rotary.apply_rotary_pos_emb, fullgraph=True)
+    for dtype, table_dtype in ((torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)):
+        q = _qk(2, 5, 3, 12, layout, dtype)
+        k = _qk(2, 5, 1, 12, layout, dtype)
+        cos, sin = _cos_sin(2, 5, 12, table_dtype)
+        qo, ko = compiled(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        out_dtype = torch.promote_types(dtype, table_dtype)
+        assert qo.dtype == out_dtype and ko.dtype == out_dtype
+        q64, k64 = (t.detach().double().requires_grad_() for t in (q, k))
+        qo64, ko64 = reference(q64, k64, cos.double(), sin.double(), unsqueeze_dim=unsqueeze_dim)
+        assert_close(qo, qo64, dtype, "compiled q_embed")
+        assert_close(ko, ko64, dtype, "compiled k_embed")
+        gq, gk = randn(*qo.shape, dtype=out_dtype), randn(*ko.shape, dtype=out_dtype)
+        dq, dk = grads((qo, ko), (q, k), (gq, gk))
+        dq64, dk64 = grads((qo64, ko64), (q64, k64), (gq.double(), gk.double()))
+        assert dq.dtype == dtype and dk.dtype == dtype
+        assert_close(dq, dq64, dtype, "compiled grad q")
+        assert_close(dk, dk64, dtype, "compiled grad k")

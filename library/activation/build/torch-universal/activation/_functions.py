@@ -1,9 +1,12 @@
-"""The activation functions and their derivatives, as Triton device functions.
+"""The activation functions and their derivatives, as Triton device functions, and the same
+functions in PyTorch ops (what inductor gets under ``torch.compile``).
 
 Each takes and returns fp32 values; callers load, convert with ``.to(tl.float32)``, and cast
 only when storing. ``ACT`` is a compile-time constant, so each kernel specialises to one function.
 """
 
+import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -75,3 +78,16 @@ def activation_and_grad(x, ACT: tl.constexpr):
         y = x * s
         dydx = s + 1.702 * x * s * (1.0 - s)
     return y, dydx
+
+
+def torch_activation(h: torch.Tensor, act: int) -> torch.Tensor:
+    """act(h) in PyTorch ops for fp32 ``h``: the kernels' functions, for inductor to fuse."""
+    if act == SILU:
+        return F.silu(h)
+    if act == GELU:
+        return F.gelu(h)
+    if act == GELU_TANH:
+        return F.gelu(h, approximate="tanh")
+    if act == FAST_GELU:
+        return 0.5 * h * (1.0 + torch.tanh(0.7978845608 * h * (1.0 + 0.044715 * h * h)))
+    return h * torch.sigmoid(1.702 * h)

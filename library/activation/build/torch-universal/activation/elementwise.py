@@ -2,7 +2,8 @@
 
 Read top to bottom: the Triton kernels, the launchers that pick block sizes, then the autograd
 wiring (a ``torch.autograd.Function`` for eager calls, and ``torch.library`` custom ops with fake
-implementations and registered autograd for ``torch.compile``).
+implementations and registered autograd, for graphs that hold them as nodes; under
+``torch.compile`` the public functions hand inductor the formula in PyTorch ops instead).
 
 Both directions are single streaming passes: forward reads x and writes y; backward reads x
 and dy and writes dx. All arithmetic is fp32.
@@ -11,7 +12,6 @@ and dy and writes dx. All arithmetic is fp32.
 import functools
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -23,6 +23,7 @@ from ._functions import (
     SILU,
     activation,
     activation_and_grad,
+    torch_activation,
 )
 from ._library import check_dtype, launch, op_name, use_autograd_function
 
@@ -116,7 +117,7 @@ class _ActivationFunction(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------------------------
-# Autograd: torch.library ops (what torch.compile sees)
+# Autograd: torch.library ops (graph nodes, opcheck'd)
 # --------------------------------------------------------------------------------------------
 
 
@@ -163,18 +164,7 @@ def _torch_activation(x: torch.Tensor, act: int) -> torch.Tensor:
     """The kernel's formula in PyTorch ops, for inductor to fuse (computed in fp32, as the
     kernel does, and rounded once)."""
     check_dtype("activation", x)
-    h = x.float()
-    if act == SILU:
-        y = F.silu(h)
-    elif act == GELU:
-        y = F.gelu(h)
-    elif act == GELU_TANH:
-        y = F.gelu(h, approximate="tanh")
-    elif act == FAST_GELU:
-        y = 0.5 * h * (1.0 + torch.tanh(0.7978845608 * h * (1.0 + 0.044715 * h * h)))
-    else:
-        y = h * torch.sigmoid(1.702 * h)
-    return y.to(x.dtype)
+    return torch_activation(x.float(), act).to(x.dtype)
 
 
 def _apply(x: torch.Tensor, act: int) -> torch.Tensor:

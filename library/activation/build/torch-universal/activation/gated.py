@@ -4,14 +4,16 @@ up projections of a Llama-style MLP, ``act(gate) * up``).
 
 Read top to bottom: the Triton kernels, the launchers that pick block sizes, then the autograd
 wiring (``torch.autograd.Function``s for eager calls, and ``torch.library`` custom ops with fake
-implementations and registered autograd for ``torch.compile``).
+implementations and registered autograd, for graphs that hold them as nodes; under
+``torch.compile`` the public functions hand inductor the formula in PyTorch ops instead).
 
-Both forms run the same two kernels, which take ``a``, ``b`` and the outputs as separate row
+Eagerly, both forms run the same two kernels, which take ``a``, ``b`` and the outputs as separate row
 pointers with their own row strides: the ``[..., 2d]`` form passes the two halves of each row.
 Forward reads a and b once and writes y; backward reads a, b and dy and writes
 ``da = dy * b * act'(a)`` and ``db = dy * act(a)``, recomputing ``act(a)`` (nothing but the
 inputs is saved). Rows are addressed through their stride, so a row-strided input (a slice of a
-wider buffer, such as one half of a fused gate-up projection) is read in place.
+wider buffer, such as one half of a fused gate-up projection) is read in place. Under
+``torch.compile`` the public functions return the same formula in PyTorch ops (see ``_apply``).
 """
 
 import functools
@@ -20,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._functions import GELU, GELU_TANH, SILU, activation, activation_and_grad
+from ._functions import GELU, GELU_TANH, SILU, activation, activation_and_grad, torch_activation
 from ._library import check_dtype, launch, op_name, use_autograd_function
 
 # --------------------------------------------------------------------------------------------
@@ -253,7 +255,7 @@ class _GatedPairFunction(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------------------------
-# Autograd: torch.library ops (what torch.compile sees)
+# Autograd: torch.library ops (graph nodes, opcheck'd)
 # --------------------------------------------------------------------------------------------
 
 
@@ -334,10 +336,27 @@ gated_pair_op.register_autograd(_pair_backward, setup_context=_setup_pair_contex
 # --------------------------------------------------------------------------------------------
 
 
+def _torch_gated_pair(gate: torch.Tensor, up: torch.Tensor, act: int) -> torch.Tensor:
+    """The kernel's formula in PyTorch ops, for inductor to fuse: fp32, rounded once."""
+    _check_pair(gate, up)
+    return (torch_activation(gate.float(), act) * up.float()).to(gate.dtype)
+
+
+def _torch_gated(x: torch.Tensor, act: int) -> torch.Tensor:
+    d = _check(x)
+    return _torch_gated_pair(x[..., :d], x[..., d:], act)
+
+
 def _apply(x: torch.Tensor, act: int) -> torch.Tensor:
-    # See elementwise._apply: the custom op under torch.compile, the cheaper paths eagerly.
+    # Under torch.compile inductor gets the formula: it fuses the activation and multiply into
+    # the projections' neighbours, forward and backward, and its partitioner chooses what to
+    # save; an opaque op prevents both. Measured on an H100 (2026-11-23, 1.1B Llama, 8x512
+    # training step, compiled): with this op in the graph the gated MLP cost ~3.4 ms more
+    # than compile's own code. (``gated_op`` stays registered, and opcheck'd, for graphs that
+    # want it as a node.) Eagerly, a plain autograd.Function, or the bare launcher when no
+    # backward is needed, skips the op's dispatcher round trip.
     if torch.compiler.is_compiling():
-        return gated_op(x, act)
+        return _torch_gated(x, act)
     if use_autograd_function(x):
         return _GatedFunction.apply(x, act)
     return gated_forward(x, act)
@@ -345,7 +364,7 @@ def _apply(x: torch.Tensor, act: int) -> torch.Tensor:
 
 def _apply_pair(gate: torch.Tensor, up: torch.Tensor, act: int) -> torch.Tensor:
     if torch.compiler.is_compiling():
-        return gated_pair_op(gate, up, act)
+        return _torch_gated_pair(gate, up, act)
     if use_autograd_function(gate, up):
         return _GatedPairFunction.apply(gate, up, act)
     return gated_pair_forward(gate, up, act)

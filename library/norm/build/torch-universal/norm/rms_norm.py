@@ -8,7 +8,8 @@
 
 Read top to bottom: the Triton kernels, the launchers that pick block sizes, then the autograd
 wiring (``torch.autograd.Function`` for eager calls; ``torch.library`` custom ops with fake
-implementations and registered autograd for ``torch.compile``).
+implementations and registered autograd: under ``torch.compile`` the fused add is traced as its
+op, while the plain norms hand inductor their formula in PyTorch ops).
 
 Forward: one pass, reads x (and the residual), writes y (and the sum) and one fp32 rstd per row.
 Backward: a persistent grid; each program walks a contiguous run of rows, writes dx, and keeps
