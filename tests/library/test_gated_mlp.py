@@ -50,15 +50,17 @@ def _bind(mlp, activation):
 
 @pytest.fixture
 def fused_calls(activation, monkeypatch):
-    """How many times the layer called the fused ``silu_mul``."""
+    """The fused functions the layer called: ``("silu_mul", shape)`` for the fused activation
+    between module calls, ``("swiglu_mlp", shape)`` for the whole MLP as one function."""
     calls = []
-    fused = activation.layers.silu_mul
+    for name in ("silu_mul", "swiglu_mlp"):
+        fused = getattr(activation.layers, name)
 
-    def counting(gate, up):
-        calls.append(gate.shape)
-        return fused(gate, up)
+        def counting(first, *rest, name=name, fused=fused):
+            calls.append((name, first.shape))
+            return fused(first, *rest)
 
-    monkeypatch.setattr(activation.layers, "silu_mul", counting)
+        monkeypatch.setattr(activation.layers, name, counting)
     return calls
 
 
@@ -74,7 +76,7 @@ def test_swiglu_mlp_matches_the_module(activation, fused_calls, family, dtype, l
     else:
         x = randn(2, 5, HIDDEN, dtype=dtype).requires_grad_()
     y = fast(x)
-    assert len(fused_calls) == 1, "the SiLU MLP did not take the fused path"
+    assert [c[0] for c in fused_calls] == ["swiglu_mlp"], "training did not take the fused MLP"
     assert y.dtype == dtype and y.shape == x.shape
     x64 = x.detach().double().requires_grad_()
     y64 = reference(x64)
@@ -154,6 +156,148 @@ def test_act_fn_with_a_hook_or_its_own_forward_is_called(activation, fused_calls
     assert not fused_calls
 
 
+# ---- the whole MLP as one function (training) ----------------------------------------------
+
+
+def test_backward_kernel_recomputes_the_forward_output_exactly(activation):
+    """swiglu_mlp's backward takes silu(gate) * up from the backward kernel: it must be the very
+    bits the forward kernel wrote, or down_proj's weight gradient would drift from eager."""
+    gated = importlib.import_module(f"{activation.__name__}.gated")
+    for dtype in DTYPES:
+        gate = randn(37, 6, dtype=dtype, scale=3.0).t()  # strided, as a view can come
+        up, dy = randn(6, 37, dtype=dtype, scale=3.0), randn(6, 37, dtype=dtype)
+        y = gated.gated_pair_forward(gate, up, 0)
+        d_gate, d_up, y_again = gated.gated_pair_backward(dy, gate, up, 0, recompute_output=True)
+        assert torch.equal(y_again, y), dtype
+        assert all(torch.equal(a, b) for a, b in zip(
+            (d_gate, d_up), gated.gated_pair_backward(dy, gate, up, 0), strict=True))  # fmt: skip
+
+
+def _saved_products(run, params, rows):
+    """How many [rows, INTERMEDIATE] tensors (storages) autograd keeps for backward while
+    ``run()`` records its graph; parameters (and views of them) are not counted."""
+    param_storages = {p.untyped_storage().data_ptr() for p in params}
+    storages = set()
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if t.numel() == rows * INTERMEDIATE and ptr not in param_storages:
+            storages.add(ptr)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()
+    return len(storages), out
+
+
+def test_training_keeps_gate_and_up_but_not_their_product(activation, fused_calls):
+    mlp = _mlp("llama")
+    fast = _bind(mlp, activation)
+    x = randn(7, HIDDEN).requires_grad_()
+    fused, y = _saved_products(lambda: fast(x), list(fast.parameters()), 7)
+    assert [c[0] for c in fused_calls] == ["swiglu_mlp"]
+    # The module calls with the fused activation keep gate, up and the product (down_proj's input).
+    unfused, y_ref = _saved_products(
+        lambda: mlp.down_proj(activation.silu_mul(mlp.gate_proj(x), mlp.up_proj(x))),
+        list(mlp.parameters()),
+        7,
+    )
+    assert (fused, unfused) == (2, 3)
+    assert_close(y, y_ref.double(), torch.float32, "fused MLP forward")
+
+
+def test_fused_mlp_with_frozen_weights_and_no_input_grad(activation, fused_calls):
+    """Only the gradients asked for are computed (a frozen down_proj, an input that needs none),
+    and they match float64; zero tokens give an empty output and zero weight gradients."""
+    mlp = _mlp("llama")  # with biases
+    fast = _bind(mlp, activation)
+    fast.down_proj.weight.requires_grad_(False)
+    fast.gate_proj.bias.requires_grad_(False)
+    reference = copy.deepcopy(mlp).double()
+    x = randn(2, 3, HIDDEN)
+    y = fast(x)
+    assert [c[0] for c in fused_calls] == ["swiglu_mlp"]
+    y64 = reference(x.double())
+    assert_close(y, y64, torch.float32, "forward")
+    trained = [(n, p) for n, p in fast.named_parameters() if p.requires_grad]
+    assert [n for n, _ in trained] == ["gate_proj.weight", "up_proj.weight", "up_proj.bias",
+                                       "down_proj.bias"]  # fmt: skip
+    dy = randn(*y.shape)
+    got = grads(y, [p for _, p in trained], dy)
+    ref_params = dict(reference.named_parameters())
+    want = grads(y64, [ref_params[n] for n, _ in trained], dy.double())
+    for (name, _), g, w in zip(trained, got, want, strict=True):
+        assert_close(g, w, torch.float32, f"grad {name}")
+
+    empty = fast(randn(0, HIDDEN).requires_grad_())
+    assert empty.shape == (0, HIDDEN)
+    (dw,) = grads(empty, (fast.up_proj.weight,), randn(0, HIDDEN))
+    assert torch.equal(dw, torch.zeros_like(dw))
+
+
+class _LoRALinear(nn.Linear):
+    """A stand-in for a LoRA or quantized wrapper: a Linear subclass with its own forward."""
+
+    def forward(self, x):
+        return super().forward(x) * 2.0
+
+
+@pytest.mark.parametrize(
+    "case", ["no_grad", "hook_on_up_proj", "subclassed_down_proj", "global_hook", "autocast"]
+)
+def test_fused_mlp_only_where_it_computes_what_the_modules_would(
+    activation, fused_calls, case, monkeypatch
+):
+    mlp = _mlp("llama")
+    fast = _bind(mlp, activation)
+    x = randn(3, HIDDEN, scale=0.5)
+    seen = []
+    if case == "hook_on_up_proj":
+        for m in (mlp, fast):
+            m.up_proj.register_forward_hook(lambda mod, args, out: seen.append(1))
+    elif case == "subclassed_down_proj":
+        for m in (mlp, fast):
+            lora = _LoRALinear(INTERMEDIATE, HIDDEN).to(DEVICE)
+            lora.load_state_dict(m.down_proj.state_dict())
+            m.down_proj = lora
+    elif case == "global_hook":
+        handle = nn.modules.module.register_module_forward_hook(lambda *a: seen.append(1))
+        monkeypatch.setattr(handle, "__del__", None, raising=False)
+    if case == "no_grad":
+        with torch.no_grad():
+            y, y_ref = fast(x), mlp(x)
+    elif case == "autocast":
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            y, y_ref = fast(x), mlp(x)
+        assert y.dtype == torch.bfloat16
+    else:
+        y, y_ref = fast(x), mlp(x)
+    if case == "global_hook":
+        handle.remove()
+    assert [c[0] for c in fused_calls] == ["silu_mul"], case
+    if case in ("hook_on_up_proj", "global_hook"):
+        assert seen, "the hook did not run"
+    dtype = torch.bfloat16 if case == "autocast" else torch.float32
+    assert_close(y, y_ref.double(), dtype, case)
+
+
+def test_swiglu_mlp_under_compile_matches_the_reference(activation):
+    mlp = _mlp("qwen3")
+    x = randn(2, 3, HIDDEN).requires_grad_()
+    weights = (mlp.gate_proj.weight, None, mlp.up_proj.weight, None, mlp.down_proj.weight, None)
+    torch._dynamo.reset()
+    y = torch.compile(activation.swiglu_mlp, fullgraph=True)(x, *weights)
+    reference = copy.deepcopy(mlp).double()
+    x64 = x.detach().double().requires_grad_()
+    y64 = reference(x64)
+    assert_close(y, y64, torch.float32, "compiled swiglu_mlp")
+    dy = randn(*y.shape)
+    got = grads(y, (x, *mlp.parameters()), dy)
+    want = grads(y64, (x64, *reference.parameters()), dy.double())
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_close(g, w, torch.float32, f"compiled grad {i}")
+
+
 # ---- tag_gated_mlps ------------------------------------------------------------------------
 
 
@@ -214,8 +358,8 @@ def test_tag_gated_mlps_then_kernelize(restore_tags, monkeypatch):
     # Count the fused calls in the repository copy kernelize loaded.
     layers = importlib.import_module(kernel_layer_of(mlps[0]).__module__)
     calls = []
-    fused = layers.silu_mul
-    monkeypatch.setattr(layers, "silu_mul", lambda g, u: calls.append(1) or fused(g, u))
+    fused = layers.swiglu_mlp  # training: the whole MLP as one function
+    monkeypatch.setattr(layers, "swiglu_mlp", lambda *a: calls.append(1) or fused(*a))
 
     tokens = torch.randint(0, 64, (2, 7), device=DEVICE)
     out, expected = model(tokens, labels=tokens), reference(tokens, labels=tokens)

@@ -1,5 +1,6 @@
 """Triton activation kernels: SiLU and the GELU family, element-wise and gated (vLLM style
-``[..., 2d] -> [..., d]``, and ``act(gate) * up`` on two tensors).
+``[..., 2d] -> [..., d]``, and ``act(gate) * up`` on two tensors), and the whole SiLU-gated MLP
+of Llama-family models (``swiglu_mlp``).
 
 Functions take and return tensors of float32, float16 or bfloat16, compute in fp32, and have
 backward passes; kernel layers for ``kernelize`` are in ``layers``.
@@ -15,6 +16,7 @@ from .gated import (
     silu_and_mul,
     silu_mul,
 )
+from .mlp import swiglu_mlp
 
 __all__ = [
     "fast_gelu",
@@ -30,4 +32,5 @@ __all__ = [
     "silu",
     "silu_and_mul",
     "silu_mul",
+    "swiglu_mlp",
 ]

@@ -66,6 +66,7 @@ def _gated_bwd_kernel(
     B,
     DA,
     DB,
+    Y,
     n_rows,
     d,
     stride_dy,
@@ -73,11 +74,15 @@ def _gated_bwd_kernel(
     stride_b,
     stride_da,
     stride_db,
+    stride_y,
     col_blocks,
     ACT: tl.constexpr,
+    STORE_Y: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    # With STORE_Y it also writes the forward's output act(a) * b, computed as the forward
+    # kernel computes it (the same bits), for a caller that did not keep it (``mlp.py``).
     pid = tl.program_id(0)
     rows = (pid // col_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = (pid % col_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -91,6 +96,9 @@ def _gated_bwd_kernel(
     tl.store(DA + rows[:, None] * stride_da + cols[None, :], da.to(DA.dtype.element_ty), mask=mask)
     db = dy * act_a
     tl.store(DB + rows[:, None] * stride_db + cols[None, :], db.to(DB.dtype.element_ty), mask=mask)
+    if STORE_Y:
+        y = act_a * b.to(tl.float32)
+        tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,13 +142,15 @@ def _forward_rows(a: torch.Tensor, b: torch.Tensor, y: torch.Tensor, act: int) -
     launch(_gated_fwd_kernel, grid, args, num_warps, y.device)
 
 
-def _backward_rows(dy, a, b, da, db, act: int) -> None:
-    """``da = dy * b * act'(a)``, ``db = dy * act(a)`` for 2-D tensors as in `_forward_rows`."""
+def _backward_rows(dy, a, b, da, db, act: int, y=None) -> None:
+    """``da = dy * b * act'(a)``, ``db = dy * act(a)`` for 2-D tensors as in `_forward_rows`;
+    also ``y = act(a) * b`` when ``y`` is given."""
     n_rows, d = dy.shape
     grid, col_blocks, rows, block_d, num_warps = _grid(n_rows, d)
+    y_rows = da if y is None else y  # never written without STORE_Y
     args = (
-        dy, a, b, da, db, n_rows, d, dy.stride(0), a.stride(0), b.stride(0), da.stride(0),
-        db.stride(0), col_blocks, act, rows, block_d,
+        dy, a, b, da, db, y_rows, n_rows, d, dy.stride(0), a.stride(0), b.stride(0), da.stride(0),
+        db.stride(0), y_rows.stride(0), col_blocks, act, y is not None, rows, block_d,
     )  # fmt: skip
     launch(_gated_bwd_kernel, grid, args, num_warps, dy.device)
 
@@ -211,16 +221,16 @@ def gated_pair_forward(gate: torch.Tensor, up: torch.Tensor, act: int) -> torch.
     return y
 
 
-def gated_pair_backward(
-    dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def gated_pair_backward(dy, gate, up, act: int, recompute_output: bool = False):
+    """``(d_gate, d_up)``, or with ``recompute_output`` ``(d_gate, d_up, act(gate) * up)``:
+    the forward's output again, from the same pass over gate and up."""
     d_gate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     d_up = torch.empty(up.shape, dtype=up.dtype, device=up.device)
-    if d_gate.numel() == 0:
-        return d_gate, d_up
-    rows = (_as_rows(t) for t in (dy, gate, up, d_gate, d_up))
-    _backward_rows(*rows, act)
-    return d_gate, d_up
+    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) if recompute_output else None
+    if d_gate.numel() != 0:
+        rows = [_as_rows(t) for t in (dy, gate, up, d_gate, d_up)]
+        _backward_rows(*rows, act, None if y is None else _as_rows(y))
+    return (d_gate, d_up) if y is None else (d_gate, d_up, y)
 
 
 # --------------------------------------------------------------------------------------------

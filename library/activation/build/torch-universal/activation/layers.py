@@ -13,6 +13,7 @@ from torch import Tensor
 
 from .elementwise import fast_gelu, gelu, gelu_tanh, new_gelu, quick_gelu, silu
 from .gated import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul, silu_mul
+from .mlp import swiglu_mlp
 
 
 class SiLU(torch.nn.Module):
@@ -116,12 +117,7 @@ def _is_plain_silu(act: torch.nn.Module) -> bool:
         or (cls.__name__ == "SiLUActivation" and cls.__module__ == "transformers.activations")
     ):
         return False
-    if (
-        act._forward_hooks
-        or act._forward_pre_hooks
-        or act._backward_hooks
-        or act._backward_pre_hooks
-    ):
+    if _has_hooks(act):
         return False
     if "forward" not in act.__dict__:
         return True
@@ -131,12 +127,57 @@ def _is_plain_silu(act: torch.nn.Module) -> bool:
     return isinstance(forward, types.MethodType) and forward.__func__ is SiLU.forward
 
 
+def _has_hooks(module: torch.nn.Module) -> bool:
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+    )
+
+
+def _is_plain_linear(module: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether calling ``module`` is exactly ``F.linear(x, weight, bias)`` with plain tensors of
+    ``dtype`` on ``device``: a ``torch.nn.Linear`` (not a subclass, LoRA or quantized wrapper),
+    with no hooks and its own ``forward``."""
+    if type(module) is not torch.nn.Linear or _has_hooks(module) or "forward" in module.__dict__:
+        return False
+    return all(
+        t is None or (type(t) is torch.nn.Parameter and t.dtype == dtype and t.device == device)
+        for t in (module.weight, module.bias)
+    )
+
+
+def _takes_fused_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``swiglu_mlp`` computes exactly what the module calls would, and is worth it:
+    an eager call that records a backward (``swiglu_mlp`` saves less for it), plain Linear
+    projections, no global module hooks, no autocast (which would cast inside the matmuls)."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return False
+    if type(x) is not torch.Tensor or torch.is_autocast_enabled(x.device.type):
+        return False
+    module = torch.nn.modules.module
+    if (
+        module._global_forward_hooks
+        or module._global_forward_pre_hooks
+        or module._global_backward_hooks
+        or module._global_backward_pre_hooks
+    ):
+        return False
+    projections = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    return all(_is_plain_linear(p, x.dtype, x.device) for p in projections)
+
+
 class SwiGLUMLP(torch.nn.Module):
     """The gated MLP of transformers' Llama, Mistral, Qwen2, Qwen3 (``LlamaMLP`` & co.):
     ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, with ``act_fn(gate) * up`` fused into
     one kernel (``silu_mul``) when ``act_fn`` is SiLU. Any other ``act_fn`` (or a SiLU module
-    with hooks) is called as the module would call it, so the result never changes; the
-    projections are always called as modules (their hooks, LoRA wrappers etc. still run)."""
+    with hooks) is called as the module would call it, so the result never changes.
+
+    When training eagerly with plain ``torch.nn.Linear`` projections, the whole MLP runs as
+    ``swiglu_mlp``, which keeps ``gate`` and ``up`` for backward but not their product (the
+    backward kernel recomputes it): a third less of the MLP's activation memory. Otherwise the
+    projections are called as modules (their hooks, LoRA wrappers etc. still run)."""
 
     has_backward = True
     can_torch_compile = True
@@ -144,4 +185,7 @@ class SwiGLUMLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _is_plain_silu(self.act_fn):
             return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        if _takes_fused_mlp(self, x):
+            gate, up, down = self.gate_proj, self.up_proj, self.down_proj
+            return swiglu_mlp(x, gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias)
         return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
