@@ -45,6 +45,22 @@ def _cos_sin(batch, seq, dim, dtype):
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def _assert_matches_reference(qo, ko, q, k, cos, sin, unsqueeze_dim, what=""):
+    """(qo, ko) = rotary(q, k, cos, sin) and the gradients of q and k match transformers'
+    formula in float64, within the tolerance of q's dtype; the gradients keep q's and k's dtype."""
+    dtype = q.dtype
+    q64, k64 = (t.detach().double().requires_grad_() for t in (q, k))
+    qo64, ko64 = reference(q64, k64, cos.double(), sin.double(), unsqueeze_dim=unsqueeze_dim)
+    assert_close(qo, qo64, dtype, f"{what}q_embed")
+    assert_close(ko, ko64, dtype, f"{what}k_embed")
+    gq, gk = randn(*qo.shape, dtype=qo.dtype), randn(*ko.shape, dtype=ko.dtype)
+    dq, dk = grads((qo, ko), (q, k), (gq, gk))
+    dq64, dk64 = grads((qo64, ko64), (q64, k64), (gq.double(), gk.double()))
+    assert dq.dtype == dtype and dk.dtype == k.dtype
+    assert_close(dq, dq64, dtype, f"{what}grad q")
+    assert_close(dk, dk64, dtype, f"{what}grad k")
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("batch,seq,hq,hk,dim", SIZES)
@@ -55,15 +71,7 @@ def test_rotary(rotary, batch, seq, hq, hk, dim, dtype, layout):
     cos, sin = _cos_sin(batch, seq, dim, dtype)
     qo, ko = rotary.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
     assert qo.dtype == dtype and ko.dtype == dtype
-    q64, k64 = (t.detach().double().requires_grad_() for t in (q, k))
-    qo64, ko64 = reference(q64, k64, cos.double(), sin.double(), unsqueeze_dim=unsqueeze_dim)
-    assert_close(qo, qo64, dtype, "q_embed")
-    assert_close(ko, ko64, dtype, "k_embed")
-    gq, gk = randn(*qo.shape, dtype=dtype), randn(*ko.shape, dtype=dtype)
-    dq, dk = grads((qo, ko), (q, k), (gq, gk))
-    dq64, dk64 = grads((qo64, ko64), (q64, k64), (gq.double(), gk.double()))
-    assert_close(dq, dq64, dtype, "grad q")
-    assert_close(dk, dk64, dtype, "grad k")
+    _assert_matches_reference(qo, ko, q, k, cos, sin, unsqueeze_dim)
 
 
 def test_cos_sin_broadcast_over_batch_and_requiring_grad(rotary):
@@ -149,13 +157,4 @@ def test_under_compile_matches_the_reference(rotary, layout):
         qo, ko = compiled(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
         out_dtype = torch.promote_types(dtype, table_dtype)
         assert qo.dtype == out_dtype and ko.dtype == out_dtype
-        q64, k64 = (t.detach().double().requires_grad_() for t in (q, k))
-        qo64, ko64 = reference(q64, k64, cos.double(), sin.double(), unsqueeze_dim=unsqueeze_dim)
-        assert_close(qo, qo64, dtype, "compiled q_embed")
-        assert_close(ko, ko64, dtype, "compiled k_embed")
-        gq, gk = randn(*qo.shape, dtype=out_dtype), randn(*ko.shape, dtype=out_dtype)
-        dq, dk = grads((qo, ko), (q, k), (gq, gk))
-        dq64, dk64 = grads((qo64, ko64), (q64, k64), (gq.double(), gk.double()))
-        assert dq.dtype == dtype and dk.dtype == dtype
-        assert_close(dq, dq64, dtype, "compiled grad q")
-        assert_close(dk, dk64, dtype, "compiled grad k")
+        _assert_matches_reference(qo, ko, q, k, cos, sin, unsqueeze_dim, "compiled ")
