@@ -22,13 +22,19 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def _mlp(x, gate_w, gate_b, up_w, up_b, down_w, down_b, product):
+    """(gate, up, output) with ``output = down(product(gate, up))``."""
+    gate = F.linear(x, gate_w, gate_b)
+    up = F.linear(x, up_w, up_b)
+    return gate, up, F.linear(product(gate, up, SILU), down_w, down_b)
+
+
 class _SwiGLUMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gate_w, gate_b, up_w, up_b, down_w, down_b):
         x2 = _rows(x)
-        gate = F.linear(x2, gate_w, gate_b)
-        up = F.linear(x2, up_w, up_b)
-        out = F.linear(gated_pair_forward(gate, up, SILU), down_w, down_b)
+        weights = (gate_w, gate_b, up_w, up_b, down_w, down_b)
+        gate, up, out = _mlp(x2, *weights, gated_pair_forward)
         ctx.save_for_backward(x2, gate, up, gate_w, up_w, down_w)
         ctx.x_shape = x.shape
         return out.view(*x.shape[:-1], out.shape[-1])
@@ -39,9 +45,13 @@ class _SwiGLUMLPFunction(torch.autograd.Function):
         need = ctx.needs_input_grad
         d_out2 = _rows(d_out)
         d_act = d_out2 @ down_w
-        d_gate, d_up, *act = gated_pair_backward(d_act, gate, up, SILU, recompute_output=need[5])
-        del d_act
-        d_down_w = d_out2.t() @ act.pop() if act else None
+        if need[5]:
+            d_gate, d_up, act = gated_pair_backward(d_act, gate, up, SILU, recompute_output=True)
+        else:
+            (d_gate, d_up), act = gated_pair_backward(d_act, gate, up, SILU), None
+        del d_act  # before the weight gradient's matmul: one [tokens, intermediate] fewer alive
+        d_down_w = None if act is None else d_out2.t() @ act
+        del act
         d_down_b = d_out2.sum(0) if need[6] else None
         d_x = None
         if need[0]:
@@ -71,13 +81,9 @@ def swiglu_mlp(
     (see the module docstring). Under ``torch.compile`` it is the same formula in PyTorch ops,
     for inductor to fuse.
     """
-    if torch.compiler.is_compiling():
-        gate = F.linear(x, gate_weight, gate_bias)
-        up = F.linear(x, up_weight, up_bias)
-        return F.linear(_torch_gated_pair(gate, up, SILU), down_weight, down_bias)
     tensors = (x, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias)
+    if torch.compiler.is_compiling():
+        return _mlp(*tensors, _torch_gated_pair)[2]
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return _SwiGLUMLPFunction.apply(*tensors)
-    gate = F.linear(x, gate_weight, gate_bias)
-    up = F.linear(x, up_weight, up_bias)
-    return F.linear(gated_pair_forward(gate, up, SILU), down_weight, down_bias)
+    return _mlp(*tensors, gated_pair_forward)[2]

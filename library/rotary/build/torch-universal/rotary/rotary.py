@@ -272,11 +272,7 @@ def reference(q, k, cos, sin, unsqueeze_dim=1):
 def _torch_rotary(q, k, cos, sin, unsqueeze_dim):
     """The kernel's formula in PyTorch ops, for inductor to fuse: fp32, rounded once to the
     kernel's output dtypes."""
-    c = cos.float().unsqueeze(unsqueeze_dim)
-    s = sin.float().unsqueeze(unsqueeze_dim)
-    qf, kf = q.float(), k.float()
-    qo = qf * c + _rotate_half(qf) * s
-    ko = kf * c + _rotate_half(kf) * s
+    qo, ko = reference(q.float(), k.float(), cos.float(), sin.float(), unsqueeze_dim)
     return qo.to(_out_dtype(q, cos, sin)), ko.to(_out_dtype(k, cos, sin))
 
 
