@@ -5,12 +5,17 @@
 1. Host cost: microseconds of CPU per call at a tiny shape (the GPU work is negligible), for a
    bare Triton launch, a launch through the cached compiled kernel, our functions, our layers
    bound to a module, the custom op, forward+backward through autograd, and the peers.
-2. Device time: ``torch.profiler`` over a few forward+backward iterations per case, listing each
+2. Backward sweep of the norms: device time (CUDA graphs) of the backward launchers over
+   elements per step, programs per SM and warps, beside Liger's backward.
+3. Device time: ``torch.profiler`` over a few forward+backward iterations per case, listing each
    kernel's mean device time, so the kernels can be compared with the bytes they must move.
+
+    python benchmarks/diagnose.py sweep       # one part: host, sweep or profile
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -125,65 +130,94 @@ def profile(label, inputs, params, fn, iters=10):
         print(f"    {e.device_time_total / iters:9.1f} us  x{e.count // iters:<3d} {e.key[:90]}")
 
 
-class _Launch:
-    """A Triton kernel stand-in that adds launch options (num_warps, num_stages)."""
-
-    def __init__(self, kernel, **options):
-        self.kernel, self.options = kernel, options
-
-    def __getitem__(self, grid):
-        run = self.kernel[grid]
-        return lambda *args, **kwargs: run(*args, **{**kwargs, **self.options})
+SWEEP_SHAPES = ((4096, 2048), (4096, 4096), (16384, 4096), (8192, 8192), (32768, 8192))
 
 
-def sweep_backward(lib):
-    """Device time of the norm backward launchers alone, over launch options."""
-    from triton.testing import do_bench
+def _norm_backward_call(op, module, liger, rows, cols):
+    """(ours, liger): closures that run one backward of the norm at (rows, cols); ours is the
+    launcher alone (kernel and partial sums), Liger's goes through its autograd function."""
+    x = torch.randn(rows, cols, device="cuda", dtype=DT)
+    dy = torch.randn_like(x)
+    w = torch.randn(cols, device="cuda", dtype=DT)
+    xl, wl = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    if op == "RMSNorm":
+        _, _, rstd = module._forward(x, None, w, 1e-6, 0)
 
-    norm = lib["norm"]
-    for op, mod, kname, shape in (
-        ("RMSNorm", "rms_norm", "_rms_norm_bwd_kernel", (16384, 4096)),
-        ("RMSNorm", "rms_norm", "_rms_norm_bwd_kernel", (4096, 4096)),
-        ("LayerNorm", "layer_norm", "_layer_norm_bwd_kernel", (8192, 8192)),
-    ):
-        m = sys.modules[f"{norm.__name__}.{mod}"]
-        rows, cols = shape
-        x = torch.randn(rows, cols, device="cuda", dtype=DT)
-        dy = torch.randn_like(x)
-        w = torch.randn(cols, device="cuda", dtype=DT)
-        if op == "RMSNorm":
-            _, _, rstd = m._forward(x, None, w, 1e-6, 0)
+        def ours():
+            module._backward(dy, None, x, w, rstd, 0, True)
 
-            def call():
-                m._backward(dy, None, x, w, rstd, 0, True)  # noqa: B023 (used in this iteration)
-        else:
-            _, mean, rstd = m._forward(x, [cols], w, w, 1e-5)
+        wrt = (xl, wl)
+        out = liger.rms_norm.apply(xl, wl, 1e-6, 0.0, "llama", True) if liger else None
+    else:
+        _, mean, rstd = module._forward(x, [cols], w, w, 1e-5)
 
-            def call():
-                m._backward(dy, x, [cols], w, mean, rstd, True, True)  # noqa: B023
+        def ours():
+            module._backward(dy, x, [cols], w, mean, rstd, True, True, DT)
 
-        kernel, row_block, per_sm0 = getattr(m, kname), m.row_block, m.BWD_PROGRAMS_PER_SM
-        moved = 3 * rows * cols * 2
-        for warps in (4, 8, 16):
-            for stages in (1, 2, 3):
-                for per_sm in (1, 2, 4, 8):
-                    setattr(m, kname, _Launch(kernel, num_warps=warps, num_stages=stages))
-                    m.BWD_PROGRAMS_PER_SM = per_sm
-                    ms = do_bench(call, warmup=10, rep=30, return_mode="median")
-                    print(
-                        f"bwd {op} {shape} warps {warps:2d} stages {stages} programs/SM {per_sm}: "
-                        f"{ms * 1e3:7.1f} us {moved / ms / 1e6:6.0f} GB/s",
-                        flush=True,
-                    )
-        setattr(m, kname, kernel)
-        m.row_block, m.BWD_PROGRAMS_PER_SM = row_block, per_sm0
+        wrt = (xl, wl, w.clone().requires_grad_(True))
+        out = liger.layer_norm.apply(xl, wl, wrt[2], 1e-5) if liger else None
+    if out is None:
+        return ours, None
+
+    def peer():
+        torch.autograd.grad(out, wrt, dy, retain_graph=True)
+
+    return ours, peer
 
 
-def main():
-    lib = ops.load_library()
-    liger = ops.load_liger()
-    host_costs(lib, liger)
-    sweep_backward(lib)
+def _sweep_shape(op, m, liger, rows, cols):
+    """Time one norm's backward at (rows, cols): Liger's, ours as configured, and ours over the
+    configurations (on the current stream, which must not be the default one)."""
+    import itertools
+
+    from triton.testing import do_bench_cudagraph
+
+    moved = 3 * rows * cols * DT.itemsize  # x, dy read; dx written
+
+    def report(label, ms):
+        print(f"{op} {rows}x{cols} {label}: {ms * 1e3:7.1f} us {moved / ms / 1e6:6.0f} GB/s")
+
+    ours, peer = _norm_backward_call(op, m, liger, rows, cols)
+    for label, call in (("liger", peer), ("ours as configured", ours)):
+        if call is not None:
+            call()
+            report(label, do_bench_cudagraph(call, rep=30))
+    bwd_block, per_sm0 = m._bwd_block, m.BWD_PROGRAMS_PER_SM
+    timed = []
+    for elements, per_sm, warps in itertools.product((4096, 8192, 16384), (1, 2), (8, 16)):
+
+        def block(n, elements=elements, warps=warps):
+            one_pass, block_n, n_rows, _ = m.row_block(n, elements)
+            return one_pass, block_n, n_rows, warps
+
+        m._bwd_block, m.BWD_PROGRAMS_PER_SM = block, per_sm
+        try:
+            ours()
+            timed.append((do_bench_cudagraph(ours, rep=20), elements, per_sm, warps))
+        finally:
+            m._bwd_block, m.BWD_PROGRAMS_PER_SM = bwd_block, per_sm0
+    for ms, elements, per_sm, warps in sorted(timed)[:4]:
+        report(f"  elements {elements:5d}, {per_sm}/SM, {warps:2d} warps", ms)
+
+
+def sweep_backward(lib, liger):
+    """Device time of the norm backward launchers over their launch configuration: elements a
+    program handles per step, programs per SM and warps; CUDA graphs, so device time only.
+
+    Prints, per norm and shape, Liger's backward, ours as configured, and the four fastest
+    configurations. The configuration lives in each module's ``_bwd_block`` and
+    ``BWD_PROGRAMS_PER_SM``; the sweep swaps them and puts them back.
+    """
+    stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
+    with torch.cuda.stream(stream):
+        for op, name in (("RMSNorm", "rms_norm"), ("LayerNorm", "layer_norm")):
+            m = sys.modules[f"{lib['norm'].__name__}.{name}"]
+            for rows, cols in SWEEP_SHAPES:
+                _sweep_shape(op, m, liger, rows, cols)
+
+
+def device_profiles(lib, liger):
+    """torch.profiler device time per kernel for the norms, GeluTanh and rotary."""
     for op, shape in (
         ("RMSNorm", (4096, 4096)),
         ("RMSNorm", (16384, 4096)),
@@ -205,6 +239,25 @@ def main():
         inputs, params, fns, b_fwd, b_bwd = ops.rotary_case(lib, liger, *shape)
         for impl in ("ours", "liger", "compile"):
             profile(f"rotary {shape} {impl} (fwd {b_fwd / 1e6:.0f} MB)", inputs, params, fns[impl])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "parts",
+        nargs="*",
+        choices=("host", "sweep", "profile"),
+        help="what to run (default: all three)",
+    )
+    parts = parser.parse_args().parts or ["host", "sweep", "profile"]
+    lib = ops.load_library()
+    liger = ops.load_liger()
+    if "host" in parts:
+        host_costs(lib, liger)
+    if "sweep" in parts:
+        sweep_backward(lib, liger)
+    if "profile" in parts:
+        device_profiles(lib, liger)
 
 
 if __name__ == "__main__":

@@ -563,25 +563,6 @@ def write_plots(meta, results, out):
         plt.close(fig)
 
 
-def sweep(rep_ms):
-    """Backward programs per SM for the norms (the persistent grid's size), forward+backward."""
-    lib = load_library()
-    for op, mod in (("RMSNorm", "rms_norm"), ("LayerNorm", "layer_norm")):
-        module = sys.modules[f"{lib['norm'].__name__}.{mod}"]
-        default = module.BWD_PROGRAMS_PER_SM
-        for shape in ((4096, 4096), (16384, 4096), (32768, 8192)):
-            inputs, params, fns, _, _ = norm_case(op, lib, None, *shape)
-            for per_sm in (1, 2, 4, 8, 16):
-                module.BWD_PROGRAMS_PER_SM = per_sm
-                _, t, _, _ = time_cases(
-                    inputs, params, {"ours": fns["ours"]}, rep_ms, graphs=False
-                )["ours"]
-                print(
-                    f"sweep {op} {shape} programs/SM {per_sm}: fwd+bwd {t * 1e3:.1f} us", flush=True
-                )
-        module.BWD_PROGRAMS_PER_SM = default
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for results.md, results.json, PNGs")
@@ -591,12 +572,9 @@ def main():
         help="comma-separated subset of RMSNorm,LayerNorm,SiluAndMul,SwiGLU,GeluTanh,rotary",
     )
     parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time")
-    parser.add_argument("--sweep", action="store_true", help="also sweep norm backward grid sizes")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/ops.py needs a CUDA GPU")
-    if args.sweep:
-        sweep(args.rep_ms)
     os.makedirs(args.out, exist_ok=True)
     meta, results = run(args.ops.split(","), args.rep_ms)
     with open(os.path.join(args.out, "results.json"), "w") as f:

@@ -29,13 +29,26 @@ from ._library import (
     use_autograd_function,
 )
 
-# Backward programs per multiprocessor (see _library.persistent_grid). Measured on an H100 with
-# benchmarks/diagnose.py's backward sweep (sweep_backward): 1 beats 2-8 at 8192 x 8192, where two
-# fp32 partial buffers (weight and bias) are written and summed. (`python benchmarks/ops.py
-# --sweep` times forward+backward over 1-16 programs per SM at other shapes.)
+# Backward launch configuration, from a sweep of the backward alone (kernel and partial sums,
+# CUDA graphs; H100, 2026-11-23, bf16) over elements a step x programs per SM x warps: one
+# program per SM (two fp32 partial buffers, weight and bias, are written and summed); 16384
+# elements a step for rows up to 4096 wide and one row a step beyond (two rows of 8192 were
+# slower); 8 warps up to rows of 2048, 16 beyond. Against the previous 8192 elements a step:
+# 4096x2048 64.7 -> 30.1 us, 4096x4096 53.1 -> 51.6 us, 16384x4096 175 -> 161 us, 8192 wide
+# unchanged.
 BWD_PROGRAMS_PER_SM = 1
-# Elements a backward program handles per step (see rms_norm.BWD_BLOCK_ELEMENTS).
-BWD_BLOCK_ELEMENTS = 8192
+BWD_BLOCK_ELEMENTS = 16384
+BWD_WIDE_ROW = 4096
+
+
+def _bwd_block(n_cols: int) -> tuple[bool, int, int, int]:
+    """row_block's (one_pass, block_n, rows, num_warps) for the backward, as swept."""
+    elements = BWD_BLOCK_ELEMENTS if n_cols <= BWD_WIDE_ROW else BWD_BLOCK_ELEMENTS // 2
+    one_pass, block_n, rows, num_warps = row_block(n_cols, elements)
+    if one_pass:
+        num_warps = 8 if block_n <= 2048 else 16
+    return one_pass, block_n, rows, num_warps
+
 
 # --------------------------------------------------------------------------------------------
 # Kernels
@@ -287,7 +300,7 @@ def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_d
     x2 = as_rows(x, n_cols)
     dy2 = as_rows(dy, n_cols)
     n_rows = x2.shape[0]
-    one_pass, block_n, rows, num_warps = row_block(n_cols, BWD_BLOCK_ELEMENTS)
+    one_pass, block_n, rows, num_warps = _bwd_block(n_cols)
     programs, rows_per_program = persistent_grid(n_rows, rows, x.device, BWD_PROGRAMS_PER_SM)
     # One fp32 buffer for both partial sums: [0] weight, [1] bias.
     alloc = torch.empty if one_pass else torch.zeros

@@ -38,14 +38,24 @@ GEMMA = 1
 _LLAMA = tl.constexpr(LLAMA)
 _GEMMA = tl.constexpr(GEMMA)
 
-# Backward programs per multiprocessor (see _library.persistent_grid). Measured on an H100 with
-# benchmarks/diagnose.py's backward sweep (sweep_backward) and `python benchmarks/ops.py --sweep`:
-# 2 beats 1 (too few rows in flight) and 4-8 (more fp32 partial rows to write and sum) at
-# 16384 x 4096.
-BWD_PROGRAMS_PER_SM = 2
-# Elements a backward program handles per step: two rows of 4096 (16 warps), so that each
-# program has 32 KB of x and dy loads in flight.
-BWD_BLOCK_ELEMENTS = 8192
+# Backward launch configuration, from a sweep of the backward alone (kernel and partial sum,
+# CUDA graphs; H100, 2026-11-23, bf16) over elements a step x programs per SM x warps at
+# 4096x2048 ... 32768x8192: one program per SM, 16384 elements a step (four rows of 4096, eight
+# of 2048), 8 warps up to rows of 4096 and 16 beyond. Against the previous 8192 elements, two
+# programs per SM and 16 warps: 4096x2048 44.4 -> 25.4 us, 4096x4096 52.4 -> 43.9 us,
+# 16384x4096 169 -> 148 us, 32768x8192 632 -> 582 us (92% of copy bandwidth). More rows a step
+# keep more loads in flight per program; fewer programs leave fewer fp32 partial rows to sum.
+BWD_PROGRAMS_PER_SM = 1
+BWD_BLOCK_ELEMENTS = 16384
+
+
+def _bwd_block(n_cols: int) -> tuple[bool, int, int, int]:
+    """row_block's (one_pass, block_n, rows, num_warps) for the backward, warps as swept."""
+    one_pass, block_n, rows, num_warps = row_block(n_cols, BWD_BLOCK_ELEMENTS)
+    if one_pass:
+        num_warps = min(16, max(8, block_n // 512))
+    return one_pass, block_n, rows, num_warps
+
 
 # --------------------------------------------------------------------------------------------
 # Kernels
@@ -341,7 +351,7 @@ def _backward(dy, dsum, x, weight, rstd, mode, compute_dw):
     dy2 = as_rows(dy, n_cols)
     ds2 = dy2 if dsum is None else as_rows(dsum, n_cols)
     n_rows = x2.shape[0]
-    one_pass, block_n, rows, num_warps = row_block(n_cols, BWD_BLOCK_ELEMENTS)
+    one_pass, block_n, rows, num_warps = _bwd_block(n_cols)
     programs, rows_per_program = persistent_grid(n_rows, rows, x.device, BWD_PROGRAMS_PER_SM)
     if compute_dw:
         alloc = torch.empty if one_pass else torch.zeros
