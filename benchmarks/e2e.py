@@ -57,6 +57,57 @@ def build(state_dict=None):
 _MISSING = object()
 
 
+def build_ours(state_dict, compile_mode: bool):
+    """Our kernels through ``kernelize`` (TRAINING mode, or TRAINING | TORCH_COMPILE and then
+    ``torch.compile``)."""
+    import torch
+
+    from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
+    from kernels.library import tag_gated_mlps, tag_rotary_embeddings
+
+    model = build(state_dict)
+    # transformers 4.57 leaves LlamaMLP and apply_rotary_pos_emb untagged: tag them, so that
+    # kernelize reaches them (SwiGLUMLP fuses SiLU and the multiply; rotary_pos_emb rotates
+    # q and k in one kernel).
+    tag_gated_mlps(model)
+    tag_rotary_embeddings(model)
+    mode = Mode.TRAINING | Mode.TORCH_COMPILE if compile_mode else Mode.TRAINING
+    with use_kernel_mapping(library_mapping(devices=["cuda"])):
+        kernelize(model, mode=mode)
+    return torch.compile(model) if compile_mode else model
+
+
+def build_liger(state_dict, flce: bool):
+    """Liger-Kernel's own transformers patching: rope, rms_norm, swiglu, and with ``flce`` its
+    fused linear cross-entropy."""
+    from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+    model = build(state_dict)
+    apply_liger_kernel_to_llama(
+        rope=True,
+        rms_norm=True,
+        swiglu=True,
+        cross_entropy=False,
+        fused_linear_cross_entropy=flce,
+        model=model,
+    )
+    return model
+
+
+def contender_makers(state_dict) -> dict:
+    """{contender name: function building it on ``state_dict``'s weights}."""
+    import torch
+
+    return {
+        "eager": lambda: build(state_dict),
+        "torch.compile": lambda: torch.compile(build(state_dict)),
+        "ours (kernelized)": lambda: build_ours(state_dict, False),
+        "ours (kernelized + compile)": lambda: build_ours(state_dict, True),
+        "liger (no fused CE)": lambda: build_liger(state_dict, False),
+        "liger (fused linear CE)": lambda: build_liger(state_dict, True),
+    }
+
+
 class ModuleState:
     """The attributes of transformers' Llama modelling module and of its classes, so that each
     contender runs with the module state its set-up left.
@@ -103,6 +154,20 @@ class ModuleState:
                 delattr(owner, name)
             else:
                 setattr(owner, name, value)
+
+
+def build_contenders(makers: dict, names, module_state: ModuleState) -> dict:
+    """{name: (model, the modelling-module state its set-up left)}, each built from a clean
+    module state (nothing tagged or patched), which is put back at the end."""
+    from kernels.library import untag
+
+    contenders = {}
+    for name in names:
+        module_state.restore()
+        untag()
+        contenders[name] = (makers[name](), module_state.capture())
+    module_state.restore()
+    return contenders
 
 
 def own_bytes(model) -> int:
@@ -183,8 +248,7 @@ def run(shape: str, out: Path, skip: set[str], rounds: int = 12, warmup: int = 3
     import torch
     import transformers
 
-    from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
-    from kernels.library import tag_gated_mlps, tag_rotary_embeddings, untag
+    from kernels.library import untag
 
     batch, seq = (int(v) for v in shape.split("x"))
     torch.manual_seed(0)
@@ -194,40 +258,7 @@ def run(shape: str, out: Path, skip: set[str], rounds: int = 12, warmup: int = 3
     del reference
     module_state = ModuleState()
 
-    def ours(compile_mode: bool):
-        model = build(state)
-        # transformers 4.57 leaves LlamaMLP and apply_rotary_pos_emb untagged: tag them, so that
-        # kernelize reaches them (SwiGLUMLP fuses SiLU and the multiply; rotary_pos_emb rotates
-        # q and k in one kernel).
-        tag_gated_mlps(model)
-        tag_rotary_embeddings(model)
-        mode = Mode.TRAINING | Mode.TORCH_COMPILE if compile_mode else Mode.TRAINING
-        with use_kernel_mapping(library_mapping(devices=["cuda"])):
-            kernelize(model, mode=mode)
-        return torch.compile(model) if compile_mode else model
-
-    def liger(flce: bool):
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
-
-        model = build(state)
-        apply_liger_kernel_to_llama(
-            rope=True,
-            rms_norm=True,
-            swiglu=True,
-            cross_entropy=False,
-            fused_linear_cross_entropy=flce,
-            model=model,
-        )
-        return model
-
-    makers = {
-        "eager": lambda: build(state),
-        "torch.compile": lambda: torch.compile(build(state)),
-        "ours (kernelized)": lambda: ours(False),
-        "ours (kernelized + compile)": lambda: ours(True),
-        "liger (no fused CE)": lambda: liger(False),
-        "liger (fused linear CE)": lambda: liger(True),
-    }
+    makers = contender_makers(state)
     # Eager-mode contenders are timed before anything is compiled: with compiled models in the
     # process, host-bound steps of the others ran slower (1x4096 prefill, ours: 27.3 ms beside
     # compiled models, 18.8 ms without; benchmarks/results/e2e-2026-11-23c-h100/NOTES.md).
@@ -238,12 +269,7 @@ def run(shape: str, out: Path, skip: set[str], rounds: int = 12, warmup: int = 3
     print(f"shape {shape}:", flush=True)
     results = []
     for group in groups:
-        contenders = {}  # name -> (model, module state)
-        for name in group:
-            module_state.restore()
-            untag()
-            contenders[name] = (makers[name](), module_state.capture())
-        module_state.restore()
+        contenders = build_contenders(makers, group, module_state)
         results += time_interleaved(contenders, module_state, tokens, rounds, warmup)
         del contenders
         torch.cuda.empty_cache()

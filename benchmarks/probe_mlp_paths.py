@@ -19,34 +19,21 @@ import torch
 
 
 def main(shapes: list[str]) -> None:
-    import transformers.models.llama.modeling_llama as modeling
-    from liger_kernel.transformers import apply_liger_kernel_to_llama
-
-    from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
     from kernels.layer.swap import kernel_layer_of
-    from kernels.library import tag_gated_mlps, tag_rotary_embeddings, untag
 
     state = {k: v.detach().clone() for k, v in e2e.build().state_dict().items()}
-    original_rope = modeling.apply_rotary_pos_emb
-    ours = e2e.build(state)
-    untag()
-    tag_gated_mlps(ours)
-    tag_rotary_embeddings(ours)
-    with use_kernel_mapping(library_mapping(devices=["cuda"])):
-        kernelize(ours, mode=Mode.TRAINING)
+    module_state = e2e.ModuleState()
+    built = e2e.build_contenders(
+        e2e.contender_makers(state), ["ours (kernelized)", "liger (no fused CE)"], module_state
+    )
+    (ours, ours_state), (liger, liger_state) = built.values()
     mlp = next(m for m in ours.modules() if type(m).__name__ == "LlamaMLP")
     layers = importlib.import_module(kernel_layer_of(mlp).__module__)
     fused = layers._takes_fused_mlp
-    ours_rope, modeling.apply_rotary_pos_emb = modeling.apply_rotary_pos_emb, original_rope
-    liger = e2e.build(state)
-    apply_liger_kernel_to_llama(
-        rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-        fused_linear_cross_entropy=False, model=liger,
-    )  # fmt: skip
     contenders = {
-        "ours, one-function MLP": (ours, ours_rope, fused),
-        "ours, module calls": (ours, ours_rope, lambda *args: False),
-        "liger": (liger, modeling.apply_rotary_pos_emb, fused),
+        "ours, one-function MLP": (ours, ours_state, fused),
+        "ours, module calls": (ours, ours_state, lambda *args: False),
+        "liger": (liger, liger_state, fused),
     }
     for shape in shapes:
         batch, seq = (int(v) for v in shape.split("x"))
@@ -55,8 +42,8 @@ def main(shapes: list[str]) -> None:
         peaks = dict.fromkeys(contenders, 0.0)
         items = list(contenders.items())
         for r in range(24):
-            for name, (model, rope, check) in items[r % 3 :] + items[: r % 3]:
-                modeling.apply_rotary_pos_emb = rope
+            for name, (model, own_state, check) in items[r % 3 :] + items[: r % 3]:
+                module_state.restore(own_state)
                 layers._takes_fused_mlp = check
                 model.train()
                 torch.cuda.synchronize()
@@ -73,6 +60,7 @@ def main(shapes: list[str]) -> None:
                 if r >= 4:
                     times[name].append(start.elapsed_time(end))
         layers._takes_fused_mlp = fused
+        module_state.restore()
         row = "  ".join(
             f"{n} {statistics.median(t):7.2f} ms (+{peaks[n]:.2f} GiB)" for n, t in times.items()
         )

@@ -53,3 +53,32 @@ def test_attributes_set_at_run_time_are_left_alone(module_state):
         assert modeling.LlamaModel.set_while_running == 1
     finally:
         del modeling.LlamaModel.set_while_running
+
+
+def test_build_contenders_builds_each_from_a_clean_module_and_keeps_its_state(module_state):
+    original = modeling.apply_rotary_pos_emb
+    seen = []
+
+    def patching_maker(name):
+        def make():
+            # Each set-up must start from transformers' own function, not another's patch.
+            seen.append(modeling.apply_rotary_pos_emb is original)
+
+            def rope(*args, **kwargs):
+                return original(*args, **kwargs)
+
+            rope.contender = name
+            modeling.apply_rotary_pos_emb = rope
+            return name
+
+        return make
+
+    makers = {"a": patching_maker("a"), "b": patching_maker("b"), "unused": None}
+    contenders = e2e.build_contenders(makers, ["a", "b"], module_state)
+    assert seen == [True, True]
+    assert list(contenders) == ["a", "b"]
+    assert modeling.apply_rotary_pos_emb is original
+    for name, (model, state) in contenders.items():
+        assert model == name
+        module_state.restore(state)
+        assert modeling.apply_rotary_pos_emb.contender == name
