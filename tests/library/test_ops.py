@@ -452,3 +452,14 @@ def test_the_repositories_share_one_launch_helper():
     assert "def launch(" in norm_copy
     for repo in ("activation", "rotary"):
         assert launching_section(repo) == norm_copy, f"{repo}/_library.py's launch helper differs"
+
+
+def test_grid_arithmetic_matches_triton(norm):
+    """The launchers' ``cdiv`` and ``next_power_of_2`` (plain ints, without the call cost of
+    Triton's ``ConstexprFunction``s) give Triton's results, 0 included."""
+    helpers = sys.modules[f"{norm.__name__}._library"]
+    values = [*range(0, 70), 127, 128, 129, 1000, 4095, 4096, 4097, 14336, 65535, 65536, 2**31 + 5]
+    for n in values:
+        assert helpers.next_power_of_2(n) == triton.next_power_of_2(n), n
+        for d in (1, 2, 3, 7, 64, 2048, 4096):
+            assert helpers.cdiv(n, d) == triton.cdiv(n, d), (n, d)

@@ -25,7 +25,7 @@ from ._functions import (
     activation_and_grad,
     torch_activation,
 )
-from ._library import check_dtype, launch, op_name, use_autograd_function
+from ._library import cdiv, check_dtype, launch, next_power_of_2, op_name, use_autograd_function
 
 # --------------------------------------------------------------------------------------------
 # Kernels
@@ -62,7 +62,7 @@ def _launch_config(n_elements: int) -> tuple[int, int]:
     # 4096 elements per program and 8 warps: 16 elements per thread, i.e. two 16-byte vectors of
     # bf16 in flight per load, which keeps enough bytes moving per SM to reach copy bandwidth;
     # small inputs shrink the block (to a power of two, at least one warp's worth).
-    block = min(4096, max(128, triton.next_power_of_2(n_elements)))
+    block = min(4096, max(128, next_power_of_2(n_elements)))
     return block, max(1, min(8, block // 512))
 
 
@@ -80,7 +80,7 @@ def activation_forward(x: torch.Tensor, act: int) -> torch.Tensor:
     if n == 0:
         return y
     block, num_warps = _launch_config(n)
-    grid = (triton.cdiv(n, block),)
+    grid = (cdiv(n, block),)
     launch(_activation_fwd_kernel, grid, (x, y, n, act, block), num_warps, x.device)
     return y
 
@@ -93,7 +93,7 @@ def activation_backward(dy: torch.Tensor, x: torch.Tensor, act: int) -> torch.Te
     if n == 0:
         return dx
     block, num_warps = _launch_config(n)
-    grid = (triton.cdiv(n, block),)
+    grid = (cdiv(n, block),)
     launch(_activation_bwd_kernel, grid, (dy, x, dx, n, act, block), num_warps, x.device)
     return dx
 

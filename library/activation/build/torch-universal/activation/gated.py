@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ._functions import GELU, GELU_TANH, SILU, activation, activation_and_grad, torch_activation
-from ._library import check_dtype, launch, op_name, use_autograd_function
+from ._library import cdiv, check_dtype, launch, next_power_of_2, op_name, use_autograd_function
 
 # --------------------------------------------------------------------------------------------
 # Kernels
@@ -111,8 +111,8 @@ def _launch_config(n_rows: int, d: int) -> tuple[int, int, int]:
     # Each program handles 2048 output elements (4096 loaded input elements in forward): with
     # 4 warps that is 16 input elements per thread, two 16-byte bf16 vectors per half. Narrow
     # rows (d < 2048) are packed several to a program so that programs stay that size.
-    block_d = min(2048, triton.next_power_of_2(d))
-    rows = max(1, min(2048 // block_d, triton.next_power_of_2(n_rows)))
+    block_d = min(2048, next_power_of_2(d))
+    rows = max(1, min(2048 // block_d, next_power_of_2(n_rows)))
     return rows, block_d, 4
 
 
@@ -128,8 +128,8 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
 def _grid(n_rows: int, d: int) -> tuple[tuple[int], int, int, int, int]:
     """(grid, col_blocks, ROWS, BLOCK_D, num_warps) for an ``n_rows`` x ``d`` output."""
     rows, block_d, num_warps = _launch_config(n_rows, d)
-    col_blocks = triton.cdiv(d, block_d)
-    return (triton.cdiv(n_rows, rows) * col_blocks,), col_blocks, rows, block_d, num_warps
+    col_blocks = cdiv(d, block_d)
+    return (cdiv(n_rows, rows) * col_blocks,), col_blocks, rows, block_d, num_warps
 
 
 def _forward_rows(a: torch.Tensor, b: torch.Tensor, y: torch.Tensor, act: int) -> None:

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ._library import (
     as_rows,
+    cdiv,
     check_dtype,
     launch,
     op_name,
@@ -272,7 +273,7 @@ def _forward(x, normalized_shape, weight, bias, eps):
     w = None if weight is None else weight.reshape(-1).contiguous()
     b = None if bias is None else bias.reshape(-1).contiguous()
     one_pass, block_n, rows, num_warps = row_block(n_cols)
-    grid = (triton.cdiv(n_rows, rows),) if one_pass else (n_rows,)
+    grid = (cdiv(n_rows, rows),) if one_pass else (n_rows,)
     args = (
         x2,
         x2 if w is None else w,  # placeholders are never read: HAS_WEIGHT / HAS_BIAS are False

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from ._library import (
     as_rows,
+    cdiv,
     check_dtype,
     launch,
     op_name,
@@ -330,7 +331,7 @@ def _forward(x, residual, weight, eps, mode):
     r2 = x2 if residual is None else as_rows(residual, n_cols)
     n_rows = x2.shape[0]
     one_pass, block_n, rows, num_warps = row_block(n_cols)
-    grid = (triton.cdiv(n_rows, rows),) if one_pass else (n_rows,)
+    grid = (cdiv(n_rows, rows),) if one_pass else (n_rows,)
     args = (
         x2, r2, weight.contiguous(), y, x2 if s is None else s, rstd,
         n_rows, n_cols, x2.stride(0), r2.stride(0), eps,

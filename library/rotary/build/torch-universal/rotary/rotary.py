@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._library import launch, op_name, use_autograd_function
+from ._library import launch, next_power_of_2, op_name, use_autograd_function
 
 # --------------------------------------------------------------------------------------------
 # Kernels
@@ -190,13 +190,13 @@ def _bsd(t: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
 @functools.lru_cache(maxsize=256)
 def _launch_config(n_q_heads: int, n_k_heads: int, d: int):
     """(block_half, block_hq, block_hk, one_block, num_warps)."""
-    block_half = triton.next_power_of_2(d // 2)
+    block_half = next_power_of_2(d // 2)
     # Heads per block: a [heads, head_dim/2] tile of up to 2048 elements per half, so one
     # program covers all 32 heads of 128 at once (8 KB of bf16 per half-tile pair), 16 values a
     # thread with 8 warps. More heads than that loop over blocks.
     max_heads = max(1, 2048 // block_half)
-    block_hq = min(triton.next_power_of_2(n_q_heads), max_heads)
-    block_hk = min(triton.next_power_of_2(max(n_k_heads, 1)), max_heads)
+    block_hq = min(next_power_of_2(n_q_heads), max_heads)
+    block_hk = min(next_power_of_2(max(n_k_heads, 1)), max_heads)
     one_block = n_q_heads <= block_hq and n_k_heads <= block_hk
     num_warps = max(1, min(8, block_hq * block_half // 256))
     return block_half, block_hq, block_hk, one_block, num_warps
