@@ -5,8 +5,8 @@
 1. Host cost: microseconds of CPU per call at a tiny shape (the GPU work is negligible), for a
    bare Triton launch, a launch through the cached compiled kernel, our functions, our layers
    bound to a module, the custom op, forward+backward through autograd, and the peers.
-2. Backward sweep of the norms: device time (CUDA graphs) of the backward launchers over
-   elements per step, programs per SM and warps, beside Liger's backward.
+2. Sweeps: device time (CUDA graphs) of the norms' backward launchers over elements per step,
+   programs per SM and warps, and of the rotary forward over warps, beside Liger's.
 3. Device time: ``torch.profiler`` over a few forward+backward iterations per case, listing each
    kernel's mean device time, so the kernels can be compared with the bytes they must move.
 
@@ -216,6 +216,39 @@ def sweep_backward(lib, liger):
                 _sweep_shape(op, m, liger, rows, cols)
 
 
+def _sweep_rotary_shape(lib, liger, rotary, batch, seq):
+    from triton.testing import do_bench_cudagraph
+
+    (q, k), _, fns, moved, _ = ops.rotary_case(lib, liger, batch, seq)
+
+    def timed(label, fn, rep):
+        fn(q, k)  # compile outside the graph capture
+        ms = do_bench_cudagraph(lambda: fn(q, k), rep=rep)
+        print(f"rotary {batch}x{seq} {label}: {ms * 1e3:7.1f} us {moved / ms / 1e6:6.0f} GB/s")
+
+    if "liger" in fns:
+        timed("liger", fns["liger"], 30)
+    timed("ours as configured", fns["ours"], 30)
+    launch_config = rotary._launch_config
+    for warps in (1, 2, 4, 8, 16):
+        rotary._launch_config = lambda *args, warps=warps: (*launch_config(*args)[:4], warps)
+        try:
+            timed(f"  ours, {warps:2d} warps", fns["ours"], 20)
+        finally:
+            rotary._launch_config = launch_config
+
+
+def sweep_rotary(lib, liger):
+    """Device time (CUDA graphs) of the rotary forward over ``num_warps``, beside Liger's, at the
+    benchmark's shapes. The configuration lives in ``rotary._launch_config`` (cached per head
+    counts); the sweep swaps it and puts it back."""
+    rotary = sys.modules[f"{lib['rotary'].__name__}.rotary"]
+    stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
+    with torch.cuda.stream(stream):
+        for batch, seq in ops.ROTARY_SHAPES:
+            _sweep_rotary_shape(lib, liger, rotary, batch, seq)
+
+
 def device_profiles(lib, liger):
     """torch.profiler device time per kernel for the norms, GeluTanh and rotary."""
     for op, shape in (
@@ -256,6 +289,7 @@ def main():
         host_costs(lib, liger)
     if "sweep" in parts:
         sweep_backward(lib, liger)
+        sweep_rotary(lib, liger)
     if "profile" in parts:
         device_profiles(lib, liger)
 
