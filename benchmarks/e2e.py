@@ -15,7 +15,8 @@ state is put back before its steps (`ModuleState`).
 
 Measured: a training step (forward + backward of the causal-LM loss, no optimizer) and
 prefill (forward without grad, logits of the last position only); median of CUDA-event
-timings after warm-up; peak memory of the training step. Results are appended as JSON lines
+timings after warm-up; peak memory of the training step; the host time to issue a training
+step (its forward and backward calls), which says whether the step was bound by the host. Results are appended as JSON lines
 to <out>/e2e.jsonl; `--report` turns that file into a markdown table and a plot.
 """
 
@@ -28,6 +29,7 @@ import os
 import platform
 import statistics
 import sys
+import time
 from pathlib import Path
 
 CONFIG = dict(
@@ -191,7 +193,7 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
         with torch.no_grad():
             model(input_ids=tokens, logits_to_keep=1)
 
-    times = {name: {"train_ms": [], "prefill_ms": []} for name in contenders}
+    times = {name: {"train_ms": [], "prefill_ms": [], "train_host_ms": []} for name in contenders}
     peaks = {name: 0.0 for name in contenders}
     names = list(contenders)
     for key, step in (("train_ms", train_step), ("prefill_ms", prefill)):
@@ -206,8 +208,10 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
                 resident = torch.cuda.memory_allocated()
                 start = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
+                issued = time.perf_counter()
                 start.record()
                 step(model)
+                issued = time.perf_counter() - issued  # host time to issue the step's work
                 end.record()
                 torch.cuda.synchronize()
                 if key == "train_ms":
@@ -216,6 +220,7 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
                     continue
                 times[name][key].append(start.elapsed_time(end))
                 if key == "train_ms":
+                    times[name]["train_host_ms"].append(issued * 1e3)
                     peak = torch.cuda.max_memory_allocated() - resident + own_bytes(model)
                     peaks[name] = max(peaks[name], peak / 2**30)
     module_state.restore()
@@ -224,12 +229,19 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
     for name in names:
         train = statistics.median(times[name]["train_ms"])
         pre = statistics.median(times[name]["prefill_ms"])
+        host = statistics.median(times[name]["train_host_ms"])
         print(
             f"  {name:34s} train {train:8.2f} ms  prefill {pre:8.2f} ms  peak {peaks[name]:5.1f} GiB",
             flush=True,
         )
         results.append(
-            {"contender": name, "train_ms": train, "prefill_ms": pre, "train_peak_gib": peaks[name]}
+            {
+                "contender": name,
+                "train_ms": train,
+                "prefill_ms": pre,
+                "train_peak_gib": peaks[name],
+                "train_host_ms": host,
+            }
         )
     return results
 
@@ -295,9 +307,33 @@ def run(shape: str, out: Path, skip: set[str], rounds: int = 12, warmup: int = 3
             f.write(json.dumps({**meta, **r}) + "\n")
 
 
-def report(out: Path) -> None:
-    """e2e.jsonl -> e2e.md (speedups over eager per shape) and e2e.png."""
-    rows = [json.loads(line) for line in (out / "e2e.jsonl").read_text().splitlines() if line]
+def _host_table(shapes, contenders, by) -> list[str]:
+    """Lines of e2e.md: per training step, the host time to issue it beside its wall time (runs
+    before that column was recorded have none)."""
+    if not any("train_host_ms" in r for r in by.values()):
+        return []
+    lines = [
+        "",
+        "Host time to issue a training step (the forward and backward calls, until they return) of",
+        "its wall time: a step whose host time is close to its wall time was bound by the host,",
+        "which differs from one VM to the next, so its wall time compares hosts more than kernels.",
+        "",
+        "| contender | " + " | ".join(f"host / wall {s}" for s in shapes) + " |",
+        "|---|" + "---|" * len(shapes),
+    ]
+    for c in contenders:
+        cells = []
+        for s in shapes:
+            r = by.get((s, c))
+            host = None if r is None else r.get("train_host_ms")
+            cells.append("—" if host is None else f"{host:.1f} / {r['train_ms']:.1f} ms")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(rows: list[dict]) -> str:
+    """The text of e2e.md for e2e.jsonl's rows: speedups over eager and peak memory per shape,
+    and the host time of the training steps."""
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     contenders = list(dict.fromkeys(r["contender"] for r in rows))
     by = {(r["shape"], r["contender"]): r for r in rows}
@@ -334,7 +370,18 @@ def report(out: Path) -> None:
             r = by.get((s, c))
             cells.append("—" if r is None else f"{r['train_peak_gib']:.1f}")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    (out / "e2e.md").write_text("\n".join(lines) + "\n")
+    lines += _host_table(shapes, contenders, by)
+    return "\n".join(lines) + "\n"
+
+
+def report(out: Path) -> None:
+    """e2e.jsonl -> e2e.md (see `markdown`) and e2e.png (speedups over eager)."""
+    rows = [json.loads(line) for line in (out / "e2e.jsonl").read_text().splitlines() if line]
+    (out / "e2e.md").write_text(markdown(rows))
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    contenders = list(dict.fromkeys(r["contender"] for r in rows))
+    by = {(r["shape"], r["contender"]): r for r in rows}
+    meta = rows[0]
 
     import matplotlib
 

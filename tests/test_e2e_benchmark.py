@@ -1,5 +1,6 @@
-"""benchmarks/e2e.py's ModuleState: each contender of the interleaved benchmark runs with the
-modelling-module state its set-up left (ours and Liger both patch transformers' Llama module)."""
+"""benchmarks/e2e.py's parts that run without a GPU: ModuleState and build_contenders (each
+contender of the interleaved benchmark runs with the modelling-module state its set-up left;
+ours and Liger both patch transformers' Llama module), and the markdown report."""
 
 import os
 import sys
@@ -82,3 +83,30 @@ def test_build_contenders_builds_each_from_a_clean_module_and_keeps_its_state(mo
         assert model == name
         module_state.restore(state)
         assert modeling.apply_rotary_pos_emb.contender == name
+
+
+def _row(shape, contender, train, host=None):
+    row = {
+        "shape": shape, "contender": contender, "device": "GPU", "date": "2026-11-23",
+        "torch": "2", "transformers": "4.57", "triton": "3", "liger_kernel": "0.7",
+        "config": {}, "train_ms": train, "prefill_ms": train / 3, "train_peak_gib": 1.0,
+    }  # fmt: skip
+    if host is not None:
+        row["train_host_ms"] = host
+    return row
+
+
+def test_report_gives_host_time_beside_wall_time_when_recorded():
+    rows = [_row("8x512", "eager", 70.0, 45.5), _row("8x512", "ours (kernelized)", 50.0, 48.25)]
+    text = e2e.markdown(rows)
+    assert "| eager | 70.0 ms (1.00x) | 23.3 ms (1.00x) | 1.0 |" in text
+    assert "| ours (kernelized) | 50.0 ms (1.40x) |" in text
+    assert "| contender | host / wall 8x512 |" in text
+    assert "| eager | 45.5 / 70.0 ms |" in text
+    assert "| ours (kernelized) | 48.2 / 50.0 ms |" in text
+
+
+def test_report_of_runs_without_host_time_has_no_host_table():
+    text = e2e.markdown([_row("1x4096", "eager", 80.0), _row("1x4096", "ours (kernelized)", 60.0)])
+    assert "host / wall" not in text
+    assert "| ours (kernelized) | 60.0 ms (1.33x) |" in text
