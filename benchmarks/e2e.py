@@ -10,14 +10,15 @@ eager transformers, torch.compile(model), ours kernelized (our Triton kernels th
 `kernelize`), ours kernelized with Mode.TORCH_COMPILE and then compiled, and Liger-Kernel's
 own transformers patching (rope, rms_norm, swiglu) without and with its fused linear
 cross-entropy. They are timed in interleaved rounds, the eager-mode ones before anything is
-compiled (see `run`); ours and Liger patch transformers' modelling module for the whole process, so each contender's module
-state is put back before its steps (`ModuleState`).
+compiled (see `run`); ours and Liger patch transformers' modelling module for the whole
+process, so each contender's module state is put back before its steps (`ModuleState`).
 
 Measured: a training step (forward + backward of the causal-LM loss, no optimizer) and
 prefill (forward without grad, logits of the last position only); median of CUDA-event
 timings after warm-up; peak memory of the training step; the host time to issue a training
-step (its forward and backward calls), which says whether the step was bound by the host. Results are appended as JSON lines
-to <out>/e2e.jsonl; `--report` turns that file into a markdown table and a plot.
+step (its forward and backward calls), which says whether the step was bound by the host.
+Results are appended as JSON lines to <out>/e2e.jsonl; `--report` turns that file into a
+markdown table and a plot.
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ COMPILED = ("torch.compile", "ours (kernelized + compile)")
 
 def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup: int) -> list:
     """Time every contender's training step, then its prefill, in rounds that run each of them
-    once in rotating order; [{contender, train_ms, prefill_ms, train_peak_gib}]."""
+    once in rotating order; [{contender, train_ms, prefill_ms, train_peak_gib, train_host_ms}]."""
     import torch
 
     def train_step(model):
@@ -331,12 +332,17 @@ def _host_table(shapes, contenders, by) -> list[str]:
     return lines
 
 
+def _index(rows: list[dict]) -> tuple[list[str], list[str], dict]:
+    """(shapes, contenders, {(shape, contender): row}), both lists in the order first met."""
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    contenders = list(dict.fromkeys(r["contender"] for r in rows))
+    return shapes, contenders, {(r["shape"], r["contender"]): r for r in rows}
+
+
 def markdown(rows: list[dict]) -> str:
     """The text of e2e.md for e2e.jsonl's rows: speedups over eager and peak memory per shape,
     and the host time of the training steps."""
-    shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    contenders = list(dict.fromkeys(r["contender"] for r in rows))
-    by = {(r["shape"], r["contender"]): r for r in rows}
+    shapes, contenders, by = _index(rows)
     meta = rows[0]
     lines = [
         "# End-to-end: Llama-style 1.1B model, bf16",
@@ -378,9 +384,7 @@ def report(out: Path) -> None:
     """e2e.jsonl -> e2e.md (see `markdown`) and e2e.png (speedups over eager)."""
     rows = [json.loads(line) for line in (out / "e2e.jsonl").read_text().splitlines() if line]
     (out / "e2e.md").write_text(markdown(rows))
-    shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    contenders = list(dict.fromkeys(r["contender"] for r in rows))
-    by = {(r["shape"], r["contender"]): r for r in rows}
+    shapes, contenders, by = _index(rows)
     meta = rows[0]
 
     import matplotlib
