@@ -516,6 +516,35 @@ def write_markdown(meta, results, path):
         f.write("\n".join(lines))
 
 
+def card_tables(results, op) -> str:
+    """The model-card tables of ``op`` (library/*/README.md): for eager calls and CUDA graph,
+    ours against the fastest peer (eager, compile or Liger), forward and forward+backward."""
+    rows = [r for r in results if r["op"] == op]
+    shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
+    head = (
+        "| shape | fwd: ours GB/s (% of copy) | fwd: best peer GB/s | fwd: ours / best "
+        "| fwd+bwd: ours GB/s (% of copy) | fwd+bwd: best peer GB/s | fwd+bwd: ours / best |"
+    )
+    lines = []
+    for title, prefix in (("Eager calls", ""), ("CUDA graph", "graph_")):
+        lines += [f"{title}:", "", head, "|---|---|---|---|---|---|---|"]
+        for shape in shapes:
+            by = {r["impl"]: r for r in rows if tuple(r["shape"]) == shape}
+            cells = [_shape_str(op, shape)]
+            for key in (prefix + "fwd", prefix + "fwd_bwd"):
+                ours = by["ours"]
+                peers = [i for i in by if i != "ours" and key + "_ms" in by[i]]
+                best = min(peers, key=lambda i: by[i][key + "_ms"])
+                cells += [
+                    f"{ours[key + '_gbs']:.0f} ({ours[key + '_pct']:.0f}%)",
+                    f"{best} {by[best][key + '_gbs']:.0f}",
+                    f"{by[best][key + '_ms'] / ours[key + '_ms']:.2f}x",
+                ]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def write_plots(meta, results, out):
     try:
         import matplotlib
@@ -572,7 +601,18 @@ def main():
         help="comma-separated subset of RMSNorm,LayerNorm,SiluAndMul,SwiGLU,GeluTanh,rotary",
     )
     parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time")
+    parser.add_argument(
+        "--card",
+        action="store_true",
+        help="print the model-card tables of --ops from --out/results.json (no GPU needed)",
+    )
     args = parser.parse_args()
+    if args.card:
+        with open(os.path.join(args.out, "results.json")) as f:
+            results = json.load(f)["results"]
+        for op in args.ops.split(","):
+            print(f"### {op}\n\n{card_tables(results, op)}")
+        return
     if not torch.cuda.is_available():
         sys.exit("benchmarks/ops.py needs a CUDA GPU")
     os.makedirs(args.out, exist_ok=True)
