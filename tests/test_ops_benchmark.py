@@ -1,0 +1,42 @@
+"""benchmarks/ops.py's model-card tables (``card_tables``), which need no GPU."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+import ops  # noqa: E402
+
+
+def _row(impl, fwd_ms, graph_fwd_bwd_ms, moved_fwd=3e6, moved_fb=8e6, copy_gbs=3000.0):
+    row = {"op": "SiluAndMul", "shape": [64, 32], "impl": impl}
+    for key, ms, moved in (
+        ("fwd", fwd_ms, moved_fwd),
+        ("fwd_bwd", 2 * fwd_ms, moved_fb),
+        ("graph_fwd", fwd_ms, moved_fwd),
+        ("graph_fwd_bwd", graph_fwd_bwd_ms, moved_fb),
+    ):
+        row[key + "_ms"] = ms
+        row[key + "_gbs"] = moved / (ms * 1e-3) / 1e9
+        row[key + "_pct"] = 100 * row[key + "_gbs"] / copy_gbs
+    return row
+
+
+def test_card_compares_ours_with_the_fastest_peer_of_each_column():
+    results = [
+        _row("eager", fwd_ms=0.004, graph_fwd_bwd_ms=0.020),
+        _row("compile", fwd_ms=0.002, graph_fwd_bwd_ms=0.009),
+        _row("liger", fwd_ms=0.003, graph_fwd_bwd_ms=0.006),
+        _row("ours", fwd_ms=0.001, graph_fwd_bwd_ms=0.008),
+        {**_row("ours", 1, 1), "op": "RMSNorm"},  # another op's row is not in this card
+    ]
+    lines = ops.card_tables(results, "SiluAndMul").splitlines()
+    rows = [line for line in lines if line.startswith("| 64x32")]
+    assert len(rows) == 2  # eager calls, then CUDA graph
+    eager, graph = (line.strip("| ").split(" | ") for line in rows)
+    assert eager[0] == "64x32 (in 64x64)"
+    # forward: ours 3 MB in 1 us = 3000 GB/s = 100% of copy; best peer compile at 2 us, 1500 GB/s
+    assert eager[1:4] == ["3000 (100%)", "compile 1500", "2.00x"]
+    # forward+backward under CUDA graph: Liger is fastest (6 us), ours takes 8 us
+    assert graph[4:7] == ["1000 (33%)", "liger 1333", "0.75x"]
+    assert lines.index("Eager calls:") < lines.index("CUDA graph:")
