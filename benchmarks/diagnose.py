@@ -230,18 +230,25 @@ def _sweep_rotary_shape(lib, liger, rotary, batch, seq):
         timed("liger", fns["liger"], 30)
     timed("ours as configured", fns["ours"], 30)
     launch_config = rotary._launch_config
-    for warps in (1, 2, 4, 8, 16):
-        rotary._launch_config = lambda *args, warps=warps: (*launch_config(*args)[:4], warps)
-        try:
-            timed(f"  ours, {warps:2d} warps", fns["ours"], 20)
-        finally:
-            rotary._launch_config = launch_config
+    for heads in (32, 16, 8):
+        for warps in (1, 2, 4, 8, 16):
+
+            def config(n_q, n_k, d, heads=heads, warps=warps):
+                block_half, block_hq, block_hk, _, _ = launch_config(n_q, n_k, d)
+                block_hq, block_hk = min(block_hq, heads), min(block_hk, heads)
+                return block_half, block_hq, block_hk, n_q <= block_hq and n_k <= block_hk, warps
+
+            rotary._launch_config = config
+            try:
+                timed(f"  ours, heads per block {heads:2d}, {warps:2d} warps", fns["ours"], 20)
+            finally:
+                rotary._launch_config = launch_config
 
 
 def sweep_rotary(lib, liger):
-    """Device time (CUDA graphs) of the rotary forward over ``num_warps``, beside Liger's, at the
-    benchmark's shapes. The configuration lives in ``rotary._launch_config`` (cached per head
-    counts); the sweep swaps it and puts it back."""
+    """Device time (CUDA graphs) of the rotary forward over heads per block and ``num_warps``,
+    beside Liger's, at the benchmark's shapes. The configuration lives in
+    ``rotary._launch_config`` (cached per head counts); the sweep swaps it and puts it back."""
     rotary = sys.modules[f"{lib['rotary'].__name__}.rotary"]
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
