@@ -59,11 +59,14 @@ def _activation_bwd_kernel(DY, X, DX, n_elements, ACT: tl.constexpr, BLOCK: tl.c
 
 @functools.lru_cache(maxsize=1024)
 def _launch_config(n_elements: int) -> tuple[int, int]:
-    # 4096 elements per program and 8 warps: 16 elements per thread, i.e. two 16-byte vectors of
-    # bf16 in flight per load, which keeps enough bytes moving per SM to reach copy bandwidth;
-    # small inputs shrink the block (to a power of two, at least one warp's worth).
+    # 4096 elements per program, 8 per thread (one 16-byte vector of bf16 per load) with 16
+    # warps. A sweep on an H100 (2026-11-23; GeluTanh and SiLU forward at 16384x4096 and
+    # 8192x8192, blocks of 1024 to 16384, 4 to 16 warps) put this at 95.0-95.4% of copy
+    # bandwidth, against 94.0-94.2% for the 8 warps before and 94.7% for PyTorch's own
+    # tanh-GELU. Small inputs shrink the block (to a power of two, at least one warp's worth)
+    # and keep 8 elements per thread.
     block = min(4096, max(128, next_power_of_2(n_elements)))
-    return block, max(1, min(8, block // 512))
+    return block, max(1, min(16, block // 256))
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
