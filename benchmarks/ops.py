@@ -343,7 +343,7 @@ def interleaved_ms(calls: dict, rep_ms: float) -> dict:
     }
 
 
-def time_cases(inputs, params, fns: dict, rep_ms, graphs=True) -> dict:
+def time_cases(inputs, params, fns: dict, rep_ms) -> dict:
     """{impl: (forward ms, forward+backward ms, graphed forward ms, graphed forward+backward ms)}.
 
     Everything runs on one side stream: CUDA graphs cannot be captured on the default one, and
@@ -356,7 +356,7 @@ def time_cases(inputs, params, fns: dict, rep_ms, graphs=True) -> dict:
         t_fwd = interleaved_ms({impl: c[0] for impl, c in calls.items()}, rep_ms)
         t_fb = interleaved_ms({impl: c[1] for impl, c in calls.items()}, rep_ms)
         times = {impl: [t_fwd[impl], t_fb[impl], None, None] for impl in fns}
-        for impl, (fwd, fwd_bwd) in calls.items() if graphs else ():
+        for impl, (fwd, fwd_bwd) in calls.items():
             for slot, (name, call) in enumerate((("forward", fwd), ("forward+backward", fwd_bwd))):
                 try:
                     times[impl][2 + slot] = _graph_ms(call, stream, rep_ms)
