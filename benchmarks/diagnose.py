@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -130,6 +131,20 @@ def profile(label, inputs, params, fn, iters=10):
         print(f"    {e.device_time_total / iters:9.1f} us  x{e.count // iters:<3d} {e.key[:90]}")
 
 
+@contextlib.contextmanager
+def _swapped(module, **attributes):
+    """Set ``module``'s ``attributes`` (a launch configuration under test) while the block runs,
+    and put the previous values back after it, also when it raises."""
+    previous = {name: getattr(module, name) for name in attributes}
+    for name, value in attributes.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            setattr(module, name, value)
+
+
 SWEEP_SHAPES = ((4096, 2048), (4096, 4096), (16384, 4096), (8192, 8192), (32768, 8192))
 
 
@@ -182,7 +197,6 @@ def _sweep_shape(op, m, liger, rows, cols):
         if call is not None:
             call()
             report(label, do_bench_cudagraph(call, rep=30))
-    bwd_block, per_sm0 = m._bwd_block, m.BWD_PROGRAMS_PER_SM
     timed = []
     for elements, per_sm, warps in itertools.product((4096, 8192, 16384), (1, 2), (8, 16)):
 
@@ -190,12 +204,9 @@ def _sweep_shape(op, m, liger, rows, cols):
             one_pass, block_n, n_rows, _ = m.row_block(n, elements)
             return one_pass, block_n, n_rows, warps
 
-        m._bwd_block, m.BWD_PROGRAMS_PER_SM = block, per_sm
-        try:
+        with _swapped(m, _bwd_block=block, BWD_PROGRAMS_PER_SM=per_sm):
             ours()
             timed.append((do_bench_cudagraph(ours, rep=20), elements, per_sm, warps))
-        finally:
-            m._bwd_block, m.BWD_PROGRAMS_PER_SM = bwd_block, per_sm0
     for ms, elements, per_sm, warps in sorted(timed)[:4]:
         report(f"  elements {elements:5d}, {per_sm}/SM, {warps:2d} warps", ms)
 
@@ -206,7 +217,7 @@ def sweep_backward(lib, liger):
 
     Prints, per norm and shape, Liger's backward, ours as configured, and the four fastest
     configurations. The configuration lives in each module's ``_bwd_block`` and
-    ``BWD_PROGRAMS_PER_SM``; the sweep swaps them and puts them back.
+    ``BWD_PROGRAMS_PER_SM``; the sweep swaps them and puts them back (``_swapped``).
     """
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
@@ -238,11 +249,8 @@ def _sweep_rotary_shape(lib, liger, rotary, batch, seq):
                 block_hq, block_hk = min(block_hq, heads), min(block_hk, heads)
                 return block_half, block_hq, block_hk, n_q <= block_hq and n_k <= block_hk, warps
 
-            rotary._launch_config = config
-            try:
+            with _swapped(rotary, _launch_config=config):
                 timed(f"  ours, heads per block {heads:2d}, {warps:2d} warps", fns["ours"], 20)
-            finally:
-                rotary._launch_config = launch_config
 
 
 def sweep_rotary(lib, liger):
