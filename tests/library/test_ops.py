@@ -421,6 +421,43 @@ def test_launch_cache_key_tells_specialisations_apart(repo, activation, norm, ro
     assert key(buf, 37.0, True, 128) != base  # a float where an int was
 
 
+@pytest.mark.parametrize("repo", ["activation", "norm", "rotary"])
+def test_launch_key_function_gives_each_arguments_spec_whatever_its_kind(
+    repo, activation, norm, rotary
+):
+    """The key function is written out from a kernel's first launch, fast paths ordered by that
+    call's kinds of argument; a later call with another kind at a position (a tensor where an
+    integer was, an integer or None where a tensor was, a parameter, a bool, a float) still gets
+    each argument's ``_spec``."""
+    package = {"activation": activation, "norm": norm, "rotary": rotary}[repo]
+    library = sys.modules[f"{package.__name__}._library"]
+    constexprs = (False, False, False, True)
+
+    class Kernel:
+        params = [types.SimpleNamespace(is_constexpr=c) for c in constexprs]
+
+    kernel = Kernel()
+    t = torch.zeros(8)
+    calls = [
+        (t, 5, 2.0, 3),  # the first: tensor, int, float
+        (5, t, 2.0, 3),
+        (None, True, t, "constexpr"),
+        (torch.nn.Parameter(t[1:]), 2**40, False, 3),
+        (t.double(), -16, 7, None),
+    ]
+    for args in calls:
+        expected = (
+            kernel,
+            1,
+            4,
+            *(arg if c else library._spec(arg) for arg, c in zip(args, constexprs, strict=True)),
+        )
+        assert library._key(kernel, 1, 4, args) == expected, args
+    assert library._spec(t[1:]) == (torch.float32, False)
+    assert library._spec(-16) == (False, True, True)
+    assert library._spec(True) == (bool, True)
+
+
 def test_launch_hooks_count_as_installed_only_with_functions(norm):
     """Triton 3.4+ keeps each launch hook as an always-present ``HookChain``: an empty chain is
     no hook (repeated launches take the direct path), one with a function is."""

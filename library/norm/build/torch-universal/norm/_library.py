@@ -147,7 +147,7 @@ def next_power_of_2(n: int) -> int:
 
 
 _compiled: dict = {}
-_kernel_shapes: dict = {}
+_key_functions: dict = {}
 
 # The call ``CompiledKernel.__getitem__``'s runner makes (Triton 3.6 to 3.9, whitespace aside);
 # we make the same call. A Triton whose runner calls its launcher otherwise is launched through
@@ -160,10 +160,16 @@ _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 try:
     from torch._C import _cuda_getCurrentRawStream as _current_stream
-except ImportError:  # pragma: no cover - older torch
+except ImportError:  # pragma: no cover - older torch, or a build without CUDA
 
     def _current_stream(index: int) -> int:
         return torch.cuda.current_stream(index).cuda_stream
+
+
+try:
+    from torch._C import _cuda_getDevice as _current_device  # without the wrapper's checks
+except ImportError:  # pragma: no cover - older torch, or a build without CUDA
+    _current_device = torch.cuda.current_device
 
 
 try:
@@ -172,36 +178,68 @@ except ImportError:  # pragma: no cover - Triton before 3.4 has no knobs
     _knobs = None
 
 
+def _spec(arg) -> object:
+    """What Triton specialises a non-constexpr argument on: a tensor's dtype and 16-byte
+    alignment; whether an integer is 1, divisible by 16, or past int32; a bool's value (it is
+    passed as i1); else the argument's type (a float is passed as fp32, whatever its value)."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, not arg.data_ptr() & 15
+    if type(arg) is int:
+        return arg == 1, not arg & 15, _INT32_MIN <= arg <= _INT32_MAX
+    if type(arg) is bool:
+        return bool, arg
+    return type(arg)
+
+
+def _key_function(kernel, args: tuple):
+    """``kernel``'s launch-key function: ``(kernel, index, num_warps, *specs)`` with each
+    constexpr's value and each other argument's ``_spec``, written out argument by argument.
+
+    A loop over the arguments cost ~0.4 us an argument on the H100 VMs (2026-11-23), on every
+    launch, and rotary passes 31; the written-out function costs about a third of that. It is
+    generated from the first call's arguments only to put the likely kind first: a tensor
+    where a tensor was, an integer where an integer was. Any other argument goes through
+    ``_spec``, so the key equals ``_spec``'s for every argument, whatever its kind.
+    """
+    names = [f"a{i}" for i in range(len(args))]
+    specs = []
+    for name, arg, is_constexpr in zip(names, args, _kernel_shape(kernel), strict=True):
+        if is_constexpr:
+            specs.append(name)
+        elif isinstance(arg, torch.Tensor):
+            specs.append(
+                f"(({name}.dtype, not {name}.data_ptr() & 15) if isinstance({name}, Tensor) "
+                f"else _spec({name}))"
+            )
+        elif type(arg) is int:
+            specs.append(
+                f"(({name} == 1, not {name} & 15, {_INT32_MIN} <= {name} <= {_INT32_MAX}) "
+                f"if type({name}) is int else _spec({name}))"
+            )
+        else:
+            specs.append(f"_spec({name})")
+    source = (
+        "def key(kernel, index, num_warps, args):\n"
+        f"    {', '.join(names)}, = args\n"
+        f"    return (kernel, index, num_warps, {', '.join(specs)})\n"
+    )
+    namespace = {"Tensor": torch.Tensor, "_spec": _spec}
+    label = f"<launch key of {getattr(kernel, '__name__', 'a kernel')}>"
+    exec(compile(source, label, "exec"), namespace)
+    return namespace["key"]
+
+
 def _kernel_shape(kernel) -> tuple[bool, ...]:
     """Which of ``kernel``'s parameters are constexprs (their value is part of the key)."""
-    shape = _kernel_shapes.get(kernel)
-    if shape is None:
-        shape = tuple(bool(p.is_constexpr) for p in kernel.params)
-        _kernel_shapes[kernel] = shape
-    return shape
+    return tuple(bool(p.is_constexpr) for p in kernel.params)
 
 
 def _key(kernel, index: int, num_warps: int, args: tuple) -> tuple:
-    # One expression rather than a function call per argument: this runs on every launch (up
-    # to 31 arguments, for rotary), and a call per argument was about a fifth of a launch's
-    # host time under cProfile (H100 VM, 2026-11-23).
-    return (
-        kernel,
-        index,
-        num_warps,
-        *[
-            arg
-            if is_constexpr
-            else (arg.dtype, not arg.data_ptr() & 15)
-            if isinstance(arg, torch.Tensor)
-            else (arg == 1, not arg & 15, _INT32_MIN <= arg <= _INT32_MAX)
-            if type(arg) is int
-            else (bool, arg)
-            if type(arg) is bool
-            else type(arg)
-            for arg, is_constexpr in zip(args, _kernel_shape(kernel), strict=False)
-        ],
-    )
+    """The launch cache's key: where it differs, Triton compiles another kernel."""
+    key_function = _key_functions.get(kernel)
+    if key_function is None:
+        key_function = _key_functions[kernel] = _key_function(kernel, args)
+    return key_function(kernel, index, num_warps, args)
 
 
 def _direct_launcher(compiled):
@@ -241,7 +279,7 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.devic
     if device.type != "cuda":
         kernel[grid](*args, num_warps=num_warps)
         return
-    current = torch.cuda.current_device()
+    current = _current_device()
     index = current if device.index is None else device.index
     if index != current:
         # A model split over GPUs calls layers with tensors on a device that is not the current
