@@ -8,7 +8,8 @@ implementations and registered autograd, for graphs that hold them as nodes; und
 ``torch.compile`` the public functions hand inductor the formula in PyTorch ops instead).
 
 Eagerly, both forms run the same two kernels, which take ``a``, ``b`` and the outputs as separate row
-pointers with their own row strides: the ``[..., 2d]`` form passes the two halves of each row.
+pointers with their own row strides; for the ``[..., 2d]`` form (``HALVES``) they read a and b
+as the two halves of each row of one tensor, and write da and db likewise.
 Forward reads a and b once and writes y; backward reads a, b and dy and writes
 ``da = dy * b * act'(a)`` and ``db = dy * act(a)``, recomputing ``act(a)`` (nothing but the
 inputs is saved). Rows are addressed through their stride, so a row-strided input (a slice of a
@@ -42,10 +43,13 @@ def _gated_fwd_kernel(
     stride_y,
     col_blocks,
     ACT: tl.constexpr,
+    HALVES: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    # Program p covers rows [i*ROWS, (i+1)*ROWS) and output columns [j*BLOCK_D, ...) with
+    # With HALVES, b is the second half of each row of A (B is A): passing the halves as two
+    # sliced views instead costs two view ops a call on the host, more than the launch itself
+    # at small sizes. Program p covers rows [i*ROWS, (i+1)*ROWS) and output columns [j*BLOCK_D, ...) with
     # (i, j) = divmod(p, col_blocks): programs launched together read neighbouring parts of
     # the same rows. A grid with rows on its first axis ran 2-4% slower on the H100 at 4096 and
     # 8192 wide (forward+backward, CUDA-graph timing, 2026-11-23).
@@ -53,6 +57,8 @@ def _gated_fwd_kernel(
     rows = (pid // col_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = (pid % col_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
+    if HALVES:
+        B += d
     a = tl.load(A + rows[:, None] * stride_a + cols[None, :], mask=mask, other=0.0)
     b = tl.load(B + rows[:, None] * stride_b + cols[None, :], mask=mask, other=0.0)
     y = activation(a.to(tl.float32), ACT) * b.to(tl.float32)
@@ -78,15 +84,20 @@ def _gated_bwd_kernel(
     col_blocks,
     ACT: tl.constexpr,
     STORE_Y: tl.constexpr,
+    HALVES: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     # With STORE_Y it also writes the forward's output act(a) * b, computed as the forward
-    # kernel computes it (the same bits), for a caller that did not keep it (``mlp.py``).
+    # kernel computes it (the same bits), for a caller that did not keep it (``mlp.py``). With
+    # HALVES, a and b are the halves of A's rows and da and db those of DA's (as in forward).
     pid = tl.program_id(0)
     rows = (pid // col_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = (pid % col_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
+    if HALVES:
+        B += d
+        DB += d
     a = tl.load(A + rows[:, None] * stride_a + cols[None, :], mask=mask, other=0.0)
     b = tl.load(B + rows[:, None] * stride_b + cols[None, :], mask=mask, other=0.0)
     dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
@@ -116,13 +127,17 @@ def _launch_config(n_rows: int, d: int) -> tuple[int, int, int]:
     return rows, block_d, 4
 
 
-def _as_rows(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as a 2-D (rows, width) view whose last dimension is contiguous (copying only if needed)."""
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """``(t, rows, row stride)``: ``x``, or a copy of it, read as rows of its last dimension, which
+    is contiguous in ``t``. A contiguous tensor (the usual case) is used as it is, without the
+    view op that reshaping costs on every call."""
     width = x.shape[-1] if x.dim() else 1
+    if x.is_contiguous():
+        return x, x.numel() // width, width
     x2 = x.reshape(-1, width) if x.dim() != 2 else x
-    if x2.shape[-1] > 1 and x2.stride(-1) != 1:
+    if width > 1 and x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    return x2
+    return x2, x2.shape[0], x2.stride(0)
 
 
 def _grid(n_rows: int, d: int) -> tuple[tuple[int], int, int, int, int]:
@@ -132,25 +147,26 @@ def _grid(n_rows: int, d: int) -> tuple[tuple[int], int, int, int, int]:
     return (cdiv(n_rows, rows) * col_blocks,), col_blocks, rows, block_d, num_warps
 
 
-def _forward_rows(a: torch.Tensor, b: torch.Tensor, y: torch.Tensor, act: int) -> None:
-    """``y = act(a) * b`` for 2-D (rows, d) tensors whose last dimension is contiguous."""
-    n_rows, d = y.shape
+def _forward_rows(a, stride_a, b, stride_b, y, stride_y, n_rows, d, act, halves=False) -> None:
+    """``y = act(a) * b`` over ``n_rows`` rows of ``d`` (row strides given; the last dimension
+    contiguous); with ``halves``, ``b`` is ``a``'s rows' second half (``b`` is ``a``)."""
     grid, col_blocks, rows, block_d, num_warps = _grid(n_rows, d)
     args = (
-        a, b, y, n_rows, d, a.stride(0), b.stride(0), y.stride(0), col_blocks, act, rows, block_d,
+        a, b, y, n_rows, d, stride_a, stride_b, stride_y, col_blocks, act, halves, rows, block_d,
     )  # fmt: skip
     launch(_gated_fwd_kernel, grid, args, num_warps, y.device)
 
 
-def _backward_rows(dy, a, b, da, db, act: int, y=None) -> None:
-    """``da = dy * b * act'(a)``, ``db = dy * act(a)`` for 2-D tensors as in `_forward_rows`;
-    also ``y = act(a) * b`` when ``y`` is given."""
-    n_rows, d = dy.shape
+def _backward_rows(dy, a, b, da, db, strides, n_rows, d, act, halves=False, y=None) -> None:
+    """``da = dy * b * act'(a)``, ``db = dy * act(a)`` as in `_forward_rows`, with ``strides``
+    the row strides of ``(dy, a, b, da, db)``; also ``y = act(a) * b`` (rows of ``d``) when
+    ``y`` is given. With ``halves``, ``b`` and ``db`` are the second halves of ``a``'s and
+    ``da``'s rows."""
     grid, col_blocks, rows, block_d, num_warps = _grid(n_rows, d)
     y_rows = da if y is None else y  # never written without STORE_Y
     args = (
-        dy, a, b, da, db, y_rows, n_rows, d, dy.stride(0), a.stride(0), b.stride(0), da.stride(0),
-        db.stride(0), y_rows.stride(0), col_blocks, act, y is not None, rows, block_d,
+        dy, a, b, da, db, y_rows, n_rows, d, *strides, d, col_blocks, act, y is not None, halves,
+        rows, block_d,
     )  # fmt: skip
     launch(_gated_bwd_kernel, grid, args, num_warps, dy.device)
 
@@ -170,22 +186,23 @@ def _check(x: torch.Tensor) -> int:
 
 def gated_forward(x: torch.Tensor, act: int) -> torch.Tensor:
     d = _check(x)
-    y = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
+    y = x.new_empty((*x.shape[:-1], d))
     if y.numel() == 0:
         return y
-    x2 = _as_rows(x)
-    _forward_rows(x2[:, :d], x2[:, d:], y.view(-1, d), act)
+    x2, n_rows, stride_x = _rows(x)
+    _forward_rows(x2, stride_x, x2, stride_x, y, d, n_rows, d, act, halves=True)
     return y
 
 
 def gated_backward(dy: torch.Tensor, x: torch.Tensor, act: int) -> torch.Tensor:
     d = x.shape[-1] // 2
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = x.new_empty(x.shape)
     if dx.numel() == 0:
         return dx
-    x2 = _as_rows(x)
-    dx2 = dx.view(-1, 2 * d)
-    _backward_rows(_as_rows(dy), x2[:, :d], x2[:, d:], dx2[:, :d], dx2[:, d:], act)
+    x2, n_rows, stride_x = _rows(x)
+    dy2, _, stride_dy = _rows(dy)
+    strides = (stride_dy, stride_x, stride_x, 2 * d, 2 * d)
+    _backward_rows(dy2, x2, x2, dx, dx, strides, n_rows, d, act, halves=True)
     return dx
 
 
@@ -213,23 +230,29 @@ def _check_pair(gate: torch.Tensor, up: torch.Tensor) -> None:
 
 def gated_pair_forward(gate: torch.Tensor, up: torch.Tensor, act: int) -> torch.Tensor:
     _check_pair(gate, up)
-    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    y = gate.new_empty(gate.shape)
     if y.numel() == 0:
         return y
-    y2 = _as_rows(y)
-    _forward_rows(_as_rows(gate), _as_rows(up), y2, act)
+    gate2, n_rows, stride_gate = _rows(gate)
+    up2, _, stride_up = _rows(up)
+    d = y.shape[-1] if y.dim() else 1
+    _forward_rows(gate2, stride_gate, up2, stride_up, y, d, n_rows, d, act)
     return y
 
 
 def gated_pair_backward(dy, gate, up, act: int, recompute_output: bool = False):
     """``(d_gate, d_up)``, or with ``recompute_output`` ``(d_gate, d_up, act(gate) * up)``:
     the forward's output again, from the same pass over gate and up."""
-    d_gate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    d_up = torch.empty(up.shape, dtype=up.dtype, device=up.device)
-    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) if recompute_output else None
+    d_gate = gate.new_empty(gate.shape)
+    d_up = up.new_empty(up.shape)
+    y = gate.new_empty(gate.shape) if recompute_output else None
     if d_gate.numel() != 0:
-        rows = [_as_rows(t) for t in (dy, gate, up, d_gate, d_up)]
-        _backward_rows(*rows, act, None if y is None else _as_rows(y))
+        d = gate.shape[-1] if gate.dim() else 1
+        (dy2, n_rows, stride_dy), (gate2, _, stride_gate), (up2, _, stride_up) = map(
+            _rows, (dy, gate, up)
+        )
+        strides = (stride_dy, stride_gate, stride_up, d, d)
+        _backward_rows(dy2, gate2, up2, d_gate, d_up, strides, n_rows, d, act, y=y)
     return (d_gate, d_up) if y is None else (d_gate, d_up, y)
 
 
