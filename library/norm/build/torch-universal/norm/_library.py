@@ -63,12 +63,17 @@ def use_autograd_function(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def as_rows(x: torch.Tensor, n_cols: int) -> torch.Tensor:
-    """``x`` as a (rows, n_cols) view whose rows are contiguous, copying only when no such view exists."""
+def as_rows(x: torch.Tensor, n_cols: int) -> tuple[torch.Tensor, int, int]:
+    """``(t, rows, row stride)``: ``x`` read as rows of ``n_cols`` contiguous elements, or a copy
+    of it when no such view exists. A contiguous ``x`` (the usual case) is used as it is: a
+    reshape is a view op, which costs more host time on every call than the rest of the
+    launcher's arithmetic."""
+    if x.is_contiguous():
+        return x, x.numel() // n_cols, n_cols
     x2 = x.reshape(-1, n_cols)
     if n_cols > 1 and x2.stride(1) != 1:
         x2 = x2.contiguous()
-    return x2
+    return x2, x2.shape[0], x2.stride(0)
 
 
 @functools.cache
@@ -325,7 +330,7 @@ def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     launch. 64 columns a program (256-byte row segments) gives 64 programs for 4096 columns;
     64 x 64 tiles (16 fp32 a thread with 4 warps) keep several rows' loads in flight."""
     n_partials, n_cols = partials.shape
-    out = torch.empty(n_cols, dtype=dtype, device=partials.device)
+    out = partials.new_empty(n_cols, dtype=dtype)
     grid = (cdiv(n_cols, 64),)
     launch(
         _sum_partials_kernel, grid, (partials, out, n_partials, n_cols, 64, 64), 4, partials.device

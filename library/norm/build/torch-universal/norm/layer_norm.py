@@ -255,6 +255,12 @@ def _check(x, normalized_shape, weight, bias) -> int:
     return n_cols
 
 
+def _flat(param: torch.Tensor) -> torch.Tensor:
+    """A weight or bias as the contiguous vector the kernels read (a normalized_shape of several
+    dimensions gives parameters of several; reshaping a vector would only cost a view op)."""
+    return param.contiguous() if param.dim() == 1 else param.reshape(-1).contiguous()
+
+
 def _stats_shape(x: torch.Tensor, normalized_shape) -> tuple[int, ...]:
     return tuple(x.shape[: x.dim() - len(tuple(normalized_shape))])
 
@@ -262,23 +268,22 @@ def _stats_shape(x: torch.Tensor, normalized_shape) -> tuple[int, ...]:
 def _forward(x, normalized_shape, weight, bias, eps):
     """(y, mean, rstd); mean and rstd are fp32, one per normalised row."""
     n_cols = _check(x, normalized_shape, weight, bias)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = x.new_empty(x.shape)
     stats = _stats_shape(x, normalized_shape)
-    mean = torch.empty(stats, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(stats, dtype=torch.float32, device=x.device)
+    mean = x.new_empty(stats, dtype=torch.float32)
+    rstd = x.new_empty(stats, dtype=torch.float32)
     if y.numel() == 0:
         return y, mean, rstd
-    x2 = as_rows(x, n_cols)
-    n_rows = x2.shape[0]
-    w = None if weight is None else weight.reshape(-1).contiguous()
-    b = None if bias is None else bias.reshape(-1).contiguous()
+    x2, n_rows, stride_x = as_rows(x, n_cols)
+    w = None if weight is None else _flat(weight)
+    b = None if bias is None else _flat(bias)
     one_pass, block_n, rows, num_warps = row_block(n_cols)
     grid = (cdiv(n_rows, rows),) if one_pass else (n_rows,)
     args = (
         x2,
         x2 if w is None else w,  # placeholders are never read: HAS_WEIGHT / HAS_BIAS are False
         x2 if b is None else b,
-        y, mean, rstd, n_rows, n_cols, x2.stride(0), eps,
+        y, mean, rstd, n_rows, n_cols, stride_x, eps,
         w is not None, b is not None, one_pass, rows, block_n,
     )  # fmt: skip
     launch(_layer_norm_fwd_kernel, grid, args, num_warps, x.device)
@@ -288,19 +293,14 @@ def _forward(x, normalized_shape, weight, bias, eps):
 def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db, db_dtype):
     """(dx, dw, db); dw/db are empty tensors when not asked for."""
     n_cols = math.prod(tuple(normalized_shape))
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = x.new_empty(x.shape)
     param = weight if weight is not None else x  # dtype/device template when there is no weight
-    dw = param.new_empty((0,))
-    db = param.new_empty((0,))
     if x.numel() == 0:
-        if compute_dw:
-            dw = torch.zeros_like(weight)
-        if compute_db:
-            db = x.new_zeros(tuple(normalized_shape), dtype=db_dtype)
-        return dx, dw, db
-    x2 = as_rows(x, n_cols)
-    dy2 = as_rows(dy, n_cols)
-    n_rows = x2.shape[0]
+        dw = torch.zeros_like(weight) if compute_dw else param.new_empty((0,))
+        db = x.new_zeros(tuple(normalized_shape), dtype=db_dtype) if compute_db else None
+        return dx, dw, param.new_empty((0,)) if db is None else db
+    x2, n_rows, stride_x = as_rows(x, n_cols)
+    dy2, _, stride_dy = as_rows(dy, n_cols)
     one_pass, block_n, rows, num_warps = _bwd_block(n_cols)
     programs, rows_per_program = persistent_grid(n_rows, rows, x.device, BWD_PROGRAMS_PER_SM)
     # One fp32 buffer for both partial sums: [0] weight, [1] bias.
@@ -309,15 +309,18 @@ def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_d
     if compute_dw or compute_db:
         partials = alloc((2, programs, n_cols), dtype=torch.float32, device=x.device)
     args = (
-        dy2, x2, x2 if weight is None else weight.reshape(-1).contiguous(), mean, rstd, dx,
-        partials[0], partials[1], n_rows, n_cols, rows_per_program, dy2.stride(0), x2.stride(0),
+        dy2, x2, x2 if weight is None else _flat(weight), mean, rstd, dx,
+        partials[0], partials[1], n_rows, n_cols, rows_per_program, stride_dy, stride_x,
         weight is not None, compute_dw, compute_db, one_pass, rows, block_n,
     )  # fmt: skip
     launch(_layer_norm_bwd_kernel, (programs,), args, num_warps, x.device)
-    if compute_dw:
-        dw = sum_partials(partials[0], weight.dtype).view(weight.shape)
-    if compute_db:
-        db = sum_partials(partials[1], db_dtype).view(tuple(normalized_shape))
+    # Placeholders for the gradients not asked for: the custom op returns tensors.
+    dw = sum_partials(partials[0], weight.dtype) if compute_dw else param.new_empty((0,))
+    db = sum_partials(partials[1], db_dtype) if compute_db else param.new_empty((0,))
+    if compute_dw and weight.dim() != 1:
+        dw = dw.view(weight.shape)
+    if compute_db and len(normalized_shape) != 1:
+        db = db.view(tuple(normalized_shape))
     return dx, dw, db
 
 
