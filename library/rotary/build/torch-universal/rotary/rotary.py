@@ -181,10 +181,14 @@ def _bhsd(x: torch.Tensor, axis: int) -> torch.Tensor:
     return v if v.stride(-1) == 1 else v.contiguous()
 
 
-def _bsd(t: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
-    """cos/sin as (batch, seq, head_dim), broadcast dims with stride 0, head_dim contiguous."""
+def _bsd(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """cos/sin as ``(t, batch stride, seq stride)`` over (batch, seq, head_dim), head_dim
+    contiguous, a broadcast (size 1) dimension with stride 0. The strides, not an expanded
+    view: a view op costs more host time than the launch's other arithmetic, on every call."""
     t = t if t.stride(-1) == 1 else t.contiguous()
-    return t.expand(batch, seq, t.shape[-1])
+    size_b, size_s, _ = t.shape
+    stride_b, stride_s, _ = t.stride()
+    return t, stride_b if size_b != 1 else 0, stride_s if size_s != 1 else 0
 
 
 @functools.lru_cache(maxsize=256)
@@ -209,13 +213,14 @@ def _launch(q, k, cos, sin, qo, ko, axis, backward):
     n_k_heads = kv.shape[1]
     if batch * seq == 0 or d == 0:
         return
-    cv, sv = _bsd(cos, batch, seq), _bsd(sin, batch, seq)
+    cv, *cos_strides = _bsd(cos)
+    sv, *sin_strides = _bsd(sin)
     block_half, block_hq, block_hk, one_block, num_warps = _launch_config(n_q_heads, n_k_heads, d)
     args = (
         qv, kv, cv, sv, qov, kov,
         seq, n_q_heads, n_k_heads,
         *qv.stride()[:3], *kv.stride()[:3], *qov.stride()[:3], *kov.stride()[:3],
-        *cv.stride()[:2], *sv.stride()[:2],
+        *cos_strides, *sin_strides,
         d // 2, block_half, block_hq, block_hk, one_block, backward,
     )  # fmt: skip
     launch(_rotary_kernel, (batch * seq,), args, num_warps, q.device)
