@@ -78,7 +78,8 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 def activation_forward(x: torch.Tensor, act: int) -> torch.Tensor:
     check_dtype("activation", x)
     x = _flat(x)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x)  # contiguous, as x is; the cheapest allocation call (~3.5 us on
+    # the H100 VMs, 2026-11-23, against ~6 us for torch.empty with dtype and device keywords)
     n = x.numel()
     if n == 0:
         return y
@@ -91,7 +92,7 @@ def activation_forward(x: torch.Tensor, act: int) -> torch.Tensor:
 def activation_backward(dy: torch.Tensor, x: torch.Tensor, act: int) -> torch.Tensor:
     x = _flat(x)
     dy = _flat(dy)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x)
     n = x.numel()
     if n == 0:
         return dx
