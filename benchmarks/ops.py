@@ -15,7 +15,8 @@ each op and shape, forward and forward+backward of
 
 Timing, L2 cleared (256 MB written) before every timed call so that inputs smaller than L2 are
 not served from it: "eager calls" time the Python calls between CUDA events, in rounds that run
-every contender once in rotating order (``interleaved_ms``), median over the rounds; "CUDA graph"
+every contender in rotating order, each for a block of calls in its own steady state
+(``interleaved_ms``), median over the rounds; "CUDA graph"
 replays the same calls captured in a graph (``triton.testing.do_bench``, median): device time
 without host overhead. Forward is timed under ``torch.no_grad()`` (inference); forward+backward
 uses ``torch.autograd.grad`` for the input and parameters (no gradient accumulation).
@@ -310,13 +311,18 @@ def _calls(inputs, params, fn):
 _flush = None
 
 
-def interleaved_ms(calls: dict, rep_ms: float) -> dict:
-    """Median milliseconds of each call, timed in rounds that run every contender once.
+def interleaved_ms(calls: dict, rep_ms: float, block: int = 6) -> dict:
+    """Median milliseconds of each call, timed in rounds that run every contender in turn.
 
     Host-bound calls are at the mercy of the host's state (other tenants of a VM, clock
     changes); timing the contenders one after another lets such phases favour one of them.
-    Each round runs all of them (the order rotating), each after clearing L2 and between two
-    CUDA events, as ``triton.testing.do_bench`` does for one.
+    Each round runs every contender (the order rotating) for a block of ``block`` calls, each
+    call after clearing L2 and between two CUDA events, as ``triton.testing.do_bench`` does for
+    one. The GPU is drained before each block and the block's first call is not counted, so
+    each call is timed in its own steady state: GPU work queued by a contender that is slower on
+    the device would otherwise hide the host time of the next one (measured on an H100 VM,
+    2026-11-23: ``torch.compile``'s rotary forward+backward at 4x2048 took 241 us after eager
+    PyTorch's 1.1 ms and ~680 us in its own steady state).
     """
     global _flush
     if _flush is None:
@@ -325,17 +331,21 @@ def interleaved_ms(calls: dict, rep_ms: float) -> dict:
     estimate = {
         name: do_bench(calls[name], warmup=5, rep=10, return_mode="median") for name in names
     }
-    rounds = int(min(1000, max(30, rep_ms / max(sum(estimate.values()), 1e-3) * len(names))))
+    per_round = block * max(sum(estimate.values()), 1e-3)
+    rounds = int(min(200, max(8, rep_ms / per_round * len(names))))
     events = {name: [] for name in names}
     for r in range(rounds):
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            _flush.zero_()
-            start.record()
-            calls[name]()
-            end.record()
-            events[name].append((start, end))
+            torch.cuda.synchronize()
+            for call in range(block):
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                _flush.zero_()
+                start.record()
+                calls[name]()
+                end.record()
+                if call:
+                    events[name].append((start, end))
     torch.cuda.synchronize()
     return {
         name: statistics.median(s.elapsed_time(e) for s, e in pairs)
@@ -450,8 +460,9 @@ def run(ops, rep_ms):
         "dtype": "bfloat16",
         "timing": "median of CUDA-event timings, L2 cleared before each call; 'eager calls' "
         "tables time Python calls (host overhead included) in rounds that run every contender "
-        "once, in rotating order; 'CUDA graph' tables replay the same calls captured in a graph "
-        "(device time only, triton.testing.do_bench)",
+        "in rotating order, each for a block of 6 calls (the first not counted) after draining "
+        "the GPU; 'CUDA graph' tables replay the same calls captured in a graph (device time "
+        "only, triton.testing.do_bench)",
     }
     return meta, results
 
