@@ -7,9 +7,9 @@ wiring (``torch.autograd.Function``s for eager calls, and ``torch.library`` cust
 implementations and registered autograd, for graphs that hold them as nodes; under
 ``torch.compile`` the public functions hand inductor the formula in PyTorch ops instead).
 
-Eagerly, both forms run the same two kernels, which take ``a``, ``b`` and the outputs as separate row
-pointers with their own row strides; for the ``[..., 2d]`` form (``HALVES``) they read a and b
-as the two halves of each row of one tensor, and write da and db likewise.
+Eagerly, both forms run the same two kernels, which take ``a``, ``b`` and the outputs as
+separate row pointers with their own row strides; for the ``[..., 2d]`` form (``HALVES``) they
+read a and b as the two halves of each row of one tensor, and write da and db likewise.
 Forward reads a and b once and writes y; backward reads a, b and dy and writes
 ``da = dy * b * act'(a)`` and ``db = dy * act(a)``, recomputing ``act(a)`` (nothing but the
 inputs is saved). Rows are addressed through their stride, so a row-strided input (a slice of a
@@ -24,7 +24,15 @@ import triton
 import triton.language as tl
 
 from ._functions import GELU, GELU_TANH, SILU, activation, activation_and_grad, torch_activation
-from ._library import cdiv, check_dtype, launch, next_power_of_2, op_name, use_autograd_function
+from ._library import (
+    as_rows,
+    cdiv,
+    check_dtype,
+    launch,
+    next_power_of_2,
+    op_name,
+    use_autograd_function,
+)
 
 # --------------------------------------------------------------------------------------------
 # Kernels
@@ -49,8 +57,8 @@ def _gated_fwd_kernel(
 ):
     # With HALVES, b is the second half of each row of A (B is A): passing the halves as two
     # sliced views instead costs two view ops a call on the host, more than the launch itself
-    # at small sizes. Program p covers rows [i*ROWS, (i+1)*ROWS) and output columns [j*BLOCK_D, ...) with
-    # (i, j) = divmod(p, col_blocks): programs launched together read neighbouring parts of
+    # at small sizes. Program p covers rows [i*ROWS, (i+1)*ROWS) and output columns
+    # [j*BLOCK_D, ...) with (i, j) = divmod(p, col_blocks): programs launched together read neighbouring parts of
     # the same rows. A grid with rows on its first axis ran 2-4% slower on the H100 at 4096 and
     # 8192 wide (forward+backward, CUDA-graph timing, 2026-11-23).
     pid = tl.program_id(0)
@@ -127,19 +135,6 @@ def _launch_config(n_rows: int, d: int) -> tuple[int, int, int]:
     return rows, block_d, 4
 
 
-def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """``(t, rows, row stride)``: ``x``, or a copy of it, read as rows of its last dimension, which
-    is contiguous in ``t``. A contiguous tensor (the usual case) is used as it is, without the
-    view op that reshaping costs on every call."""
-    width = x.shape[-1] if x.dim() else 1
-    if x.is_contiguous():
-        return x, x.numel() // width, width
-    x2 = x.reshape(-1, width) if x.dim() != 2 else x
-    if width > 1 and x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    return x2, x2.shape[0], x2.stride(0)
-
-
 def _grid(n_rows: int, d: int) -> tuple[tuple[int], int, int, int, int]:
     """(grid, col_blocks, ROWS, BLOCK_D, num_warps) for an ``n_rows`` x ``d`` output."""
     rows, block_d, num_warps = _launch_config(n_rows, d)
@@ -189,7 +184,7 @@ def gated_forward(x: torch.Tensor, act: int) -> torch.Tensor:
     y = x.new_empty((*x.shape[:-1], d))
     if y.numel() == 0:
         return y
-    x2, n_rows, stride_x = _rows(x)
+    x2, n_rows, stride_x = as_rows(x, 2 * d)
     _forward_rows(x2, stride_x, x2, stride_x, y, d, n_rows, d, act, halves=True)
     return y
 
@@ -199,8 +194,8 @@ def gated_backward(dy: torch.Tensor, x: torch.Tensor, act: int) -> torch.Tensor:
     dx = x.new_empty(x.shape)
     if dx.numel() == 0:
         return dx
-    x2, n_rows, stride_x = _rows(x)
-    dy2, _, stride_dy = _rows(dy)
+    x2, n_rows, stride_x = as_rows(x, 2 * d)
+    dy2, _, stride_dy = as_rows(dy, d)
     strides = (stride_dy, stride_x, stride_x, 2 * d, 2 * d)
     _backward_rows(dy2, x2, x2, dx, dx, strides, n_rows, d, act, halves=True)
     return dx
@@ -233,9 +228,9 @@ def gated_pair_forward(gate: torch.Tensor, up: torch.Tensor, act: int) -> torch.
     y = gate.new_empty(gate.shape)
     if y.numel() == 0:
         return y
-    gate2, n_rows, stride_gate = _rows(gate)
-    up2, _, stride_up = _rows(up)
     d = y.shape[-1] if y.dim() else 1
+    gate2, n_rows, stride_gate = as_rows(gate, d)
+    up2, _, stride_up = as_rows(up, d)
     _forward_rows(gate2, stride_gate, up2, stride_up, y, d, n_rows, d, act)
     return y
 
@@ -248,9 +243,9 @@ def gated_pair_backward(dy, gate, up, act: int, recompute_output: bool = False):
     y = gate.new_empty(gate.shape) if recompute_output else None
     if d_gate.numel() != 0:
         d = gate.shape[-1] if gate.dim() else 1
-        (dy2, n_rows, stride_dy), (gate2, _, stride_gate), (up2, _, stride_up) = map(
-            _rows, (dy, gate, up)
-        )
+        dy2, n_rows, stride_dy = as_rows(dy, d)
+        gate2, _, stride_gate = as_rows(gate, d)
+        up2, _, stride_up = as_rows(up, d)
         strides = (stride_dy, stride_gate, stride_up, d, d)
         _backward_rows(dy2, gate2, up2, d_gate, d_up, strides, n_rows, d, act, y=y)
     return (d_gate, d_up) if y is None else (d_gate, d_up, y)

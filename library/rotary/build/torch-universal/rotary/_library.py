@@ -79,6 +79,19 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
+def as_rows(x: torch.Tensor, n_cols: int) -> tuple[torch.Tensor, int, int]:
+    """``(t, rows, row stride)``: ``x`` read as rows of ``n_cols`` contiguous elements, or a copy
+    of it when no such view exists. A contiguous ``x`` (the usual case) is used as it is: a
+    reshape is a view op, which costs more host time on every call than the rest of the
+    launcher's arithmetic."""
+    if x.is_contiguous():
+        return x, x.numel() // n_cols, n_cols
+    x2 = x.reshape(-1, n_cols)
+    if n_cols > 1 and x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    return x2, x2.shape[0], x2.stride(0)
+
+
 _compiled: dict = {}
 _key_functions: dict = {}
 
