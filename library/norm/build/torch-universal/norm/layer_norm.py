@@ -297,8 +297,12 @@ def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_d
     param = weight if weight is not None else x  # dtype/device template when there is no weight
     if x.numel() == 0:
         dw = torch.zeros_like(weight) if compute_dw else param.new_empty((0,))
-        db = x.new_zeros(tuple(normalized_shape), dtype=db_dtype) if compute_db else None
-        return dx, dw, param.new_empty((0,)) if db is None else db
+        db = (
+            x.new_zeros(tuple(normalized_shape), dtype=db_dtype)
+            if compute_db
+            else param.new_empty((0,))
+        )
+        return dx, dw, db
     x2, n_rows, stride_x = as_rows(x, n_cols)
     dy2, _, stride_dy = as_rows(dy, n_cols)
     one_pass, block_n, rows, num_warps = _bwd_block(n_cols)
