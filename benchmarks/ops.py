@@ -320,9 +320,9 @@ def interleaved_ms(calls: dict, rep_ms: float, block: int = 6) -> dict:
     call after clearing L2 and between two CUDA events, as ``triton.testing.do_bench`` does for
     one. The GPU is drained before each block and the block's first call is not counted, so
     each call is timed in its own steady state: GPU work queued by a contender that is slower on
-    the device would otherwise hide the host time of the next one (measured on an H100 VM,
-    2026-11-23: ``torch.compile``'s rotary forward+backward at 4x2048 took 241 us after eager
-    PyTorch's 1.1 ms and ~680 us in its own steady state).
+    the device would otherwise hide the host time of the next one (an H100 VM, 2026-11-23, with
+    one call per contender a round: ``torch.compile``'s rotary forward+backward took 241 us at
+    4x2048, behind eager PyTorch's 1.1 ms, and ~680 us at 1x4096, a shape of half the bytes).
     """
     global _flush
     if _flush is None:
