@@ -9,8 +9,13 @@
    programs per SM and warps, and of the rotary forward over warps, beside Liger's.
 3. Device time: ``torch.profiler`` over a few forward+backward iterations per case, listing each
    kernel's mean device time, so the kernels can be compared with the bytes they must move.
+4. Widths (only when asked for): the norms' forward and backward launch configurations at the
+   hidden sizes of ``ops.WIDTH_SHAPES`` (1024 ... 65536).
+5. Ceilings (only when asked for): a copy of the same bytes beside each norm and rotary forward,
+   in a CUDA graph and between events; the norm forwards over block size and warps; rotary
+   writing in place (as Liger's does) beside out of place.
 
-    python benchmarks/diagnose.py sweep       # one part: host, sweep or profile
+    python benchmarks/diagnose.py sweep       # one part: host, sweep, profile, widths or ceiling
 """
 
 from __future__ import annotations
@@ -180,9 +185,14 @@ def _norm_backward_call(op, module, liger, rows, cols):
     return ours, peer
 
 
-def _sweep_shape(op, m, liger, rows, cols):
+BWD_GRID = ((4096, 8192, 16384), (1, 2), (8, 16))  # elements a step, programs per SM, warps
+
+
+def _sweep_shape(op, m, liger, rows, cols, grid=BWD_GRID):
     """Time one norm's backward at (rows, cols): Liger's, ours as configured, and ours over the
-    configurations (on the current stream, which must not be the default one)."""
+    configurations of ``grid`` (on the current stream, which must not be the default one).
+    For rows too wide for one pass, the elements a step are the width of a program's block of
+    columns (taken 16384 elements a step)."""
     import itertools
 
     from triton.testing import do_bench_cudagraph
@@ -197,18 +207,22 @@ def _sweep_shape(op, m, liger, rows, cols):
         if call is not None:
             call()
             report(label, do_bench_cudagraph(call, rep=30))
+    row_block = m.row_block
     timed = []
-    for elements, per_sm, warps in itertools.product((4096, 8192, 16384), (1, 2), (8, 16)):
+    for elements, per_sm, warps in itertools.product(*grid):
 
-        def block(n, elements=elements, warps=warps):
-            one_pass, block_n, n_rows, _ = m.row_block(n, elements)
-            return one_pass, block_n, n_rows, warps
+        def block(n, elements=elements, per_sm=per_sm, warps=warps):
+            one_pass, block_n, n_rows, _ = row_block(n, elements)
+            if one_pass:
+                return one_pass, block_n, n_rows, warps, per_sm
+            return False, elements, max(1, 16384 // elements), warps, per_sm
 
-        with _swapped(m, _bwd_block=block, BWD_PROGRAMS_PER_SM=per_sm):
+        with _swapped(m, _bwd_block=block):
             ours()
             timed.append((do_bench_cudagraph(ours, rep=20), elements, per_sm, warps))
     for ms, elements, per_sm, warps in sorted(timed)[:4]:
         report(f"  elements {elements:5d}, {per_sm}/SM, {warps:2d} warps", ms)
+    sys.stdout.flush()
 
 
 def sweep_backward(lib, liger):
@@ -216,8 +230,8 @@ def sweep_backward(lib, liger):
     program handles per step, programs per SM and warps; CUDA graphs, so device time only.
 
     Prints, per norm and shape, Liger's backward, ours as configured, and the four fastest
-    configurations. The configuration lives in each module's ``_bwd_block`` and
-    ``BWD_PROGRAMS_PER_SM``; the sweep swaps them and puts them back (``_swapped``).
+    configurations. The configuration lives in each module's ``_bwd_block``; the sweep swaps
+    it and puts it back (``_swapped``).
     """
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
@@ -225,6 +239,66 @@ def sweep_backward(lib, liger):
             m = sys.modules[f"{lib['norm'].__name__}.{name}"]
             for rows, cols in SWEEP_SHAPES:
                 _sweep_shape(op, m, liger, rows, cols)
+
+
+# Forward configurations (one_pass, block_n, rows a block, warps) per width: rows packed to a
+# block and warps for narrow rows; one block or chunks of a non-power-of-two width; chunks and
+# warps for rows too wide for one pass.
+FWD_CONFIGS = {
+    1024: [(True, 1024, r, w) for r in (4, 8, 16) for w in (4, 8)],
+    2048: [(True, 2048, r, w) for r in (2, 4) for w in (4, 8, 16)],
+    5120: [(True, 8192, 1, w) for w in (4, 8, 16, 32)]
+    + [(False, c, 1, w) for c in (1024, 2048) for w in (4, 8)],
+    65536: [(False, c, 1, w) for c in (4096, 8192, 16384) for w in (8, 16, 32)],
+}
+# Backward grids (elements a step or chunk, programs per SM, warps) per width.
+BWD_GRIDS = {
+    65536: ((2048, 4096, 8192), (1, 2, 4), (4, 8, 16)),
+}
+BWD_GRID_NARROW = ((8192, 16384, 32768), (1, 2, 4), (4, 8, 16))
+
+
+def _sweep_forward(op, m, rows, cols):
+    """Device time of one norm's forward at (rows, cols): ours as configured, then over the
+    configurations of FWD_CONFIGS (CUDA graphs, back to back)."""
+    from triton.testing import do_bench_cudagraph
+
+    x = torch.randn(rows, cols, device="cuda", dtype=DT)
+    w = torch.randn(cols, device="cuda", dtype=DT)
+    moved = 2 * x.numel() * DT.itemsize
+
+    def ours():
+        if op == "RMSNorm":
+            m._forward(x, None, w, 1e-6, 0)
+        else:
+            m._forward(x, [cols], w, w, 1e-5)
+
+    def report(label, ms):
+        print(f"{op} fwd {rows}x{cols} {label}: {ms * 1e3:7.1f} us {moved / ms / 1e6:6.0f} GB/s")
+
+    ours()
+    report("ours as configured", do_bench_cudagraph(ours, rep=30))
+    timed = []
+    for config in FWD_CONFIGS[cols]:
+        with _swapped(m, row_block=lambda n, elements=4096, config=config: config):
+            ours()
+            timed.append((do_bench_cudagraph(ours, rep=20), config))
+    for ms, (one_pass, block_n, n_rows, warps) in sorted(timed)[:4]:
+        kind = f"block {block_n:5d} x {n_rows:2d} rows" if one_pass else f"chunks of {block_n:5d}"
+        report(f"  {kind}, {warps:2d} warps", ms)
+    sys.stdout.flush()
+
+
+def sweep_widths(lib, liger):
+    """The norms at the widths of ``ops.WIDTH_SHAPES``: forward over FWD_CONFIGS, backward over
+    BWD_GRIDS (CUDA graphs, device time)."""
+    stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
+    with torch.cuda.stream(stream):
+        for op, name in (("RMSNorm", "rms_norm"), ("LayerNorm", "layer_norm")):
+            m = sys.modules[f"{lib['norm'].__name__}.{name}"]
+            for rows, cols in ops.WIDTH_SHAPES:
+                _sweep_forward(op, m, rows, cols)
+                _sweep_shape(op, m, liger, rows, cols, BWD_GRIDS.get(cols, BWD_GRID_NARROW))
 
 
 def _sweep_rotary_shape(lib, liger, rotary, batch, seq):
@@ -264,6 +338,93 @@ def sweep_rotary(lib, liger):
             _sweep_rotary_shape(lib, liger, rotary, batch, seq)
 
 
+def _ceiling_times(fn) -> tuple:
+    """(name, us) of ``fn`` three ways: replayed alone in a CUDA graph with L2 cleared first, as
+    ops.py's graph tables time it; between CUDA events without a graph, L2 cleared first (the host
+    queues ahead at these sizes, so device time without a graph launch); and back to back in one
+    graph without clearing L2 (``do_bench_cudagraph``: the kernel alone, but inputs under the
+    L2's size stay cached)."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    fn()  # compile outside any capture
+    graph = ops._graph_ms(fn, torch.cuda.current_stream(), 50)
+    events = do_bench(fn, warmup=25, rep=100, return_mode="median")
+    b2b = do_bench_cudagraph(fn, rep=30, return_mode="median")
+    return (("graph", graph * 1e3), ("events", events * 1e3), ("b2b", b2b * 1e3))
+
+
+def _ceiling_row(label, moved, times):
+    cells = "  ".join(f"{name} {us:7.1f} us {moved / us / 1e3:5.0f} GB/s" for name, us in times)
+    print(f"{label}: {cells}")
+
+
+def _norm_forward_ceiling(op, m, rows, cols):
+    x = torch.randn(rows, cols, device="cuda", dtype=DT)
+    w = torch.randn(cols, device="cuda", dtype=DT)
+    y = torch.empty_like(x)
+    if op == "RMSNorm":
+
+        def ours():
+            m._forward(x, None, w, 1e-6, 0)
+    else:
+
+        def ours():
+            m._forward(x, [cols], w, w, 1e-5)
+
+    def copy():
+        y.copy_(x)
+
+    moved = 2 * x.numel() * DT.itemsize
+    for name, fn in (("copy", copy), ("ours", ours)):
+        _ceiling_row(f"{op} fwd {rows}x{cols} {name:4s}", moved, _ceiling_times(fn))
+    row_block = m.row_block
+    timed = []
+    for elements, warps in ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16)):
+
+        def block(n, _elements=4096, elements=elements, warps=warps):
+            one_pass, block_n, n_rows, _ = row_block(n, elements)
+            return one_pass, block_n, n_rows, warps
+
+        with _swapped(m, row_block=block):
+            timed.append((_ceiling_times(ours), elements, warps))
+    for times, elements, warps in sorted(timed, key=lambda t: t[0][0][1]):
+        _ceiling_row(f"    elements {elements:5d}, {warps:2d} warps", moved, times)
+
+
+def _rotary_ceiling(lib, liger, rotary, batch, seq):
+    (q, k), _, fns, moved, _ = ops.rotary_case(lib, liger, batch, seq)
+    cos, sin = ops.rotary_tables(batch, seq)
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+
+    def copy():
+        qo.copy_(q)
+        ko.copy_(k)
+
+    def in_place():
+        rotary._launch(q, k, cos, sin, q, k, 1, False)
+
+    calls = [("copy", copy), ("ours", lambda: fns["ours"](q, k)), ("ours in place", in_place)]
+    if "liger" in fns:
+        calls.append(("liger", lambda: fns["liger"](q, k)))
+    for name, fn in calls:
+        _ceiling_row(f"rotary fwd {batch}x{seq} {name:13s}", moved, _ceiling_times(fn))
+
+
+def ceilings(lib, liger):
+    """How far each forward is from what moving its bytes can cost: a copy of the same bytes
+    beside ours, timed in a CUDA graph and between events; the norm forwards over block size
+    and warps; and the rotary forward writing in place (as Liger's does) beside out of place."""
+    stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
+    with torch.cuda.stream(stream):
+        for op, name in (("RMSNorm", "rms_norm"), ("LayerNorm", "layer_norm")):
+            m = sys.modules[f"{lib['norm'].__name__}.{name}"]
+            for rows, cols in ops.NORM_SHAPES:
+                _norm_forward_ceiling(op, m, rows, cols)
+        rotary = sys.modules[f"{lib['rotary'].__name__}.rotary"]
+        for batch, seq in ops.ROTARY_SHAPES:
+            _rotary_ceiling(lib, liger, rotary, batch, seq)
+
+
 def device_profiles(lib, liger):
     """torch.profiler device time per kernel for the norms, GeluTanh and rotary."""
     for op, shape in (
@@ -294,8 +455,8 @@ def main():
     parser.add_argument(
         "parts",
         nargs="*",
-        choices=("host", "sweep", "profile"),
-        help="what to run (default: all three)",
+        choices=("host", "sweep", "profile", "ceiling", "widths"),
+        help="what to run (default: host, sweep and profile)",
     )
     parts = parser.parse_args().parts or ["host", "sweep", "profile"]
     lib = ops.load_library()
@@ -307,6 +468,10 @@ def main():
         sweep_rotary(lib, liger)
     if "profile" in parts:
         device_profiles(lib, liger)
+    if "ceiling" in parts:
+        ceilings(lib, liger)
+    if "widths" in parts:
+        sweep_widths(lib, liger)
 
 
 if __name__ == "__main__":

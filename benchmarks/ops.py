@@ -5,8 +5,9 @@
 Runs, in one process on one CUDA GPU: a device-to-device copy (the bandwidth ceiling), then for
 each op and shape, forward and forward+backward of
 
-- ``eager``: the module code the kernel replaces (transformers' LlamaRMSNorm, torch.nn.LayerNorm,
-  a vLLM-style SiluAndMul, transformers' GELUTanh and apply_rotary_pos_emb), in PyTorch;
+- ``eager``: the module code the kernel replaces (transformers' LlamaRMSNorm and GemmaRMSNorm,
+  a residual add before LlamaRMSNorm, torch.nn.LayerNorm with and without bias, a vLLM-style
+  SiluAndMul, transformers' GELUTanh and apply_rotary_pos_emb), in PyTorch;
   for ``SwiGLU``, the middle of transformers' LlamaMLP: ``F.silu(gate) * up`` on two tensors;
 - ``compile``: ``torch.compile`` of that same code;
 - ``liger``: Liger-Kernel's op, where it has one (carried as a wheel; optional);
@@ -26,7 +27,9 @@ written once. Forward: x (+ weight, bias) read, y written. Backward: the saved i
 output gradient read (+ weight), the input gradient (+ weight, bias gradients) written;
 forward+backward counts both passes. Rotary: q, k, cos, sin read and the two outputs written;
 backward reads the two output gradients and cos, sin and writes dq, dk. SwiGLU: forward reads
-gate and up and writes y; backward reads gate, up and dy and writes d_gate and d_up. Per-row
+gate and up and writes y; backward reads gate, up and dy and writes d_gate and d_up.
+FusedAddRMSNorm: forward reads x and the residual and writes y and the sum; backward reads dy,
+the sum's gradient and the saved sum and writes one gradient (x's and the residual's). Per-row
 statistics (rstd, mean: 4 bytes a row) are not counted.
 
 Writes ``results.md`` (tables: GB/s, % of copy bandwidth, ours vs each peer), ``results.json``
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -52,10 +56,28 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 NORM_SHAPES = [(4096, 4096), (16384, 4096), (8192, 8192), (32768, 8192)]
+# Hidden sizes of real models that are not the square shapes above, at 64M+ elements, and the
+# widest row the kernels take in one program (65536): RMSNorm only ("RMSNorm-widths").
+WIDTH_SHAPES = [(65536, 1024), (32768, 2048), (16384, 5120), (1024, 65536)]
 ROTARY_SHAPES = [(1, 4096), (4, 2048), (8, 4096)]  # (batch, seq); 32 q heads, 8 kv heads of 128
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 DTYPE = torch.bfloat16
 IMPLS = ["eager", "compile", "liger", "ours"]
+# Not a contender: one element-wise kernel moving the same bytes as the pass, the ceiling at
+# that size.
+COPY = "copy"
+# The norms and their variants: each a layer of library/norm (the variants' names say what
+# differs from the layer's plain benchmark: fp32 data, other widths, no bias).
+NORM_OPS = (
+    "RMSNorm",
+    "RMSNorm-fp32",
+    "RMSNorm-widths",
+    "GemmaRMSNorm",
+    "FusedAddRMSNorm",
+    "LayerNorm",
+    "LayerNorm-nobias",
+)
+OPS = (*NORM_OPS, "SiluAndMul", "SwiGLU", "GeluTanh", "rotary")
 
 
 # ---- loading --------------------------------------------------------------------------------
@@ -75,6 +97,7 @@ def load_liger():
     try:
         import liger_kernel
         from liger_kernel.ops import (
+            LigerFusedAddRMSNormFunction,
             LigerFusedGateUpSiLUMulFunction,
             LigerLayerNormFunction,
             LigerRMSNormFunction,
@@ -92,6 +115,7 @@ def load_liger():
     return types.SimpleNamespace(
         version=version,
         rms_norm=LigerRMSNormFunction,
+        fused_add_rms_norm=LigerFusedAddRMSNormFunction,
         layer_norm=LigerLayerNormFunction,
         silu_mul=LigerFusedGateUpSiLUMulFunction,
         swiglu=LigerSiLUMulFunction,
@@ -116,6 +140,32 @@ class LlamaRMSNorm(torch.nn.Module):
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
         return self.weight * hidden_states.to(input_dtype)
+
+
+class GemmaRMSNorm(torch.nn.Module):
+    """transformers' GemmaRMSNorm, verbatim semantics (``1 + weight``, all in fp32)."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.zeros(dim))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        output = self._norm(x.float())
+        output = output * (1.0 + self.weight.float())
+        return output.type_as(x)
+
+
+class FusedAddRMSNorm(LlamaRMSNorm):
+    """Residual add, then LlamaRMSNorm; returns (normalised, sum), as a decoder layer uses them
+    (the reference module of library/norm's README)."""
+
+    def forward(self, hidden_states, residual):
+        hidden_states = hidden_states + residual
+        return super().forward(hidden_states), hidden_states
 
 
 class SiluAndMul(torch.nn.Module):
@@ -149,40 +199,57 @@ def bound(layer_cls, module):
 
 
 def norm_case(kind, lib, liger, rows, cols):
-    """(inputs, params, {impl: fn(x)}, fwd bytes, bwd bytes) for RMSNorm or LayerNorm."""
-    e = 2  # bf16
-    x = torch.randn(rows, cols, device="cuda", dtype=DTYPE)
-    if kind == "RMSNorm":
-        module = LlamaRMSNorm(cols).to("cuda", DTYPE)
-        with torch.no_grad():
-            module.weight.add_(torch.randn_like(module.weight) * 0.1)
-        params = [module.weight]
-        fns = {
-            "eager": module,
-            "compile": torch.compile(module, dynamic=False),
-            "ours": bound(lib["norm"].layers.RMSNorm, module),
-        }
-        if liger:
-            fns["liger"] = lambda t: liger.rms_norm.apply(
-                t, module.weight, 1e-6, 0.0, "llama", True
+    """(inputs, params, {impl: fn(*inputs)}, fwd bytes, bwd bytes) for a norm of NORM_OPS."""
+    dtype = torch.float32 if kind == "RMSNorm-fp32" else DTYPE
+    e = dtype.itemsize
+    x = torch.randn(rows, cols, device="cuda", dtype=dtype)
+    inputs = [x]
+    layers = lib["norm"].layers
+    if kind in ("RMSNorm", "RMSNorm-fp32", "RMSNorm-widths"):
+        module, layer = LlamaRMSNorm(cols), layers.RMSNorm
+        peer = liger and (
+            lambda t: liger.rms_norm.apply(t, module.weight, 1e-6, 0.0, "llama", True)
+        )
+    elif kind == "GemmaRMSNorm":
+        module, layer = GemmaRMSNorm(cols), layers.GemmaRMSNorm
+        peer = liger and (
+            lambda t: liger.rms_norm.apply(t, module.weight, 1e-6, 1.0, "gemma", True)
+        )
+    elif kind == "FusedAddRMSNorm":
+        module, layer = FusedAddRMSNorm(cols), layers.FusedAddRMSNorm
+        inputs.append(torch.randn_like(x))
+        peer = liger and (
+            lambda t, r: liger.fused_add_rms_norm.apply(
+                t, r, module.weight, 1e-6, 0.0, "llama", False
             )
-        p_bytes = cols * e
-    else:
-        module = torch.nn.LayerNorm(cols).to("cuda", DTYPE)
-        with torch.no_grad():
-            module.weight.add_(torch.randn_like(module.weight) * 0.1)
-            module.bias.add_(torch.randn_like(module.bias) * 0.1)
-        params = [module.weight, module.bias]
-        fns = {
-            "eager": module,
-            "compile": torch.compile(module, dynamic=False),
-            "ours": bound(lib["norm"].layers.LayerNorm, module),
-        }
-        if liger:
-            fns["liger"] = lambda t: liger.layer_norm.apply(t, module.weight, module.bias, 1e-5)
-        p_bytes = 2 * cols * e
+        )
+    else:  # LayerNorm, LayerNorm-nobias (Liger's takes a bias only)
+        has_bias = kind == "LayerNorm"
+        module, layer = torch.nn.LayerNorm(cols, bias=has_bias), layers.LayerNorm
+        peer = (
+            liger
+            and has_bias
+            and (lambda t: liger.layer_norm.apply(t, module.weight, module.bias, 1e-5))
+        )
+    module = module.to("cuda", dtype)
+    params = [p for p in (module.weight, getattr(module, "bias", None)) if p is not None]
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn_like(p) * 0.1)
+    fns = {
+        "eager": module,
+        "compile": torch.compile(module, dynamic=False),
+        "ours": bound(layer, module),
+    }
+    if peer:
+        fns["liger"] = peer
     n = rows * cols * e
-    return [x], params, fns, 2 * n + p_bytes, 3 * n + 2 * p_bytes
+    p_bytes = len(params) * cols * e
+    if kind == "FusedAddRMSNorm":
+        # Forward reads x and the residual, writes y and the sum. Backward reads dy, the sum's
+        # gradient and the saved sum, writes one gradient (the same for x and the residual).
+        return inputs, params, fns, 4 * n + p_bytes, 4 * n + 2 * p_bytes
+    return inputs, params, fns, 2 * n + p_bytes, 3 * n + 2 * p_bytes
 
 
 def silu_mul_case(lib, liger, rows, cols):
@@ -235,15 +302,20 @@ def gelu_tanh_case(lib, liger, rows, cols):
     return [x], [], fns, 2 * n, 3 * n
 
 
+def rotary_tables(batch, seq):
+    """cos and sin (batch, seq, head_dim) as transformers' LlamaRotaryEmbedding makes them."""
+    inv = 1.0 / (10000 ** (torch.arange(0, HEAD_DIM, 2, device="cuda").float() / HEAD_DIM))
+    freqs = torch.arange(seq, device="cuda").float()[None, :, None] * inv
+    emb = torch.cat((freqs, freqs), -1).expand(batch, seq, HEAD_DIM)
+    return emb.cos().to(DTYPE).contiguous(), emb.sin().to(DTYPE).contiguous()
+
+
 def rotary_case(lib, liger, batch, seq):
     e = 2
     # transformers' layout: the projections' (b, s, h, d) outputs viewed as (b, h, s, d).
     q = torch.randn(batch, seq, Q_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE).transpose(1, 2)
     k = torch.randn(batch, seq, KV_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE).transpose(1, 2)
-    inv = 1.0 / (10000 ** (torch.arange(0, HEAD_DIM, 2, device="cuda").float() / HEAD_DIM))
-    freqs = torch.arange(seq, device="cuda").float()[None, :, None] * inv
-    emb = torch.cat((freqs, freqs), -1).expand(batch, seq, HEAD_DIM)
-    cos, sin = emb.cos().to(DTYPE).contiguous(), emb.sin().to(DTYPE).contiguous()
+    cos, sin = rotary_tables(batch, seq)
     ours = lib["rotary"].apply_rotary_pos_emb
     fns = {
         "eager": lambda q, k: apply_rotary_pos_emb(q, k, cos, sin),
@@ -378,6 +450,29 @@ def time_cases(inputs, params, fns: dict, rep_ms) -> dict:
     return {impl: tuple(t) for impl, t in times.items()}
 
 
+def same_bytes_copy_times(moved_fwd: int, moved_fwd_bwd: int, rep_ms) -> tuple:
+    """The times of one element-wise kernel (``torch.neg``) that moves as many bytes as a pass
+    (half read, half written), in ``time_cases``' order: forward and forward+backward in eager
+    calls, then in a CUDA graph. The ceiling at that size: on an H100 (2026-11-23) a copy of
+    64M bf16 elements (256 MB moved) reached only ~95% of the 1 GiB copy's bandwidth, as its
+    ramp and tail weigh more. Not ``copy_``: captured in a graph, a 1 GiB ``copy_`` became a
+    memcpy node that ran at 2400 GB/s against 2960 GB/s outside."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    times = []
+    with torch.cuda.stream(stream):
+        for moved in (moved_fwd, moved_fwd_bwd):
+            src = torch.zeros(moved // 2 // 2, device="cuda", dtype=torch.bfloat16)
+            dst = torch.empty_like(src)
+            call = functools.partial(torch.neg, src, out=dst)
+            times.append(
+                (interleaved_ms({"copy": call}, rep_ms)["copy"], _graph_ms(call, stream, rep_ms))
+            )
+            del src, dst, call
+    torch.cuda.current_stream().wait_stream(stream)
+    return times[0][0], times[1][0], times[0][1], times[1][1]
+
+
 def copy_bandwidth():
     n = 512 * 1024 * 1024  # 1 GiB of bf16
     src = torch.randn(n, device="cuda", dtype=DTYPE)
@@ -410,10 +505,10 @@ def run(ops, rep_ms):
     print(f"copy bandwidth: {copy_gbs:.0f} GB/s")
     results = []
     for op in ops:
-        shapes = ROTARY_SHAPES if op == "rotary" else NORM_SHAPES
+        shapes = {"rotary": ROTARY_SHAPES, "RMSNorm-widths": WIDTH_SHAPES}.get(op, NORM_SHAPES)
         for shape in shapes:
             torch._dynamo.reset()
-            if op in ("RMSNorm", "LayerNorm"):
+            if op in NORM_OPS:
                 inputs, params, fns, b_fwd, b_bwd = norm_case(op, lib, liger, *shape)
             elif op == "SiluAndMul":
                 inputs, params, fns, b_fwd, b_bwd = silu_mul_case(lib, liger, *shape)
@@ -425,6 +520,7 @@ def run(ops, rep_ms):
                 inputs, params, fns, b_fwd, b_bwd = rotary_case(lib, liger, *shape)
             spot_check(f"{op} {shape}", inputs, fns)
             timed = time_cases(inputs, params, {i: fns[i] for i in IMPLS if i in fns}, rep_ms)
+            timed[COPY] = same_bytes_copy_times(b_fwd, b_fwd + b_bwd, rep_ms)
             for impl, times in timed.items():
                 row = {"op": op, "shape": list(shape), "impl": impl}
                 for key, t, moved in zip(
@@ -457,7 +553,7 @@ def run(ops, rep_ms):
         "triton": triton.__version__,
         "liger": liger.version if liger else None,
         "copy_gbs": copy_gbs,
-        "dtype": "bfloat16",
+        "dtype": "bfloat16 (RMSNorm-fp32: float32)",
         "timing": "median of CUDA-event timings, L2 cleared before each call; 'eager calls' "
         "tables time Python calls (host overhead included) in rounds that run every contender "
         "in rotating order, each for a block of 6 calls (the first not counted) after draining "
@@ -489,6 +585,9 @@ def write_markdown(meta, results, path):
         "- GB/s counts the bytes that must move (each input of a pass read once, each output "
         "written once); % is of the copy bandwidth above. Ratios are ours / peer in speed "
         "(>1: ours faster).",
+        "- 'copy of the same bytes' is not a contender: one element-wise kernel (torch.neg) that "
+        "reads and writes as many bytes as the pass, timed the same way: the ceiling at that "
+        "size (ramp and tail weigh more in a shorter kernel).",
         "",
     ]
     ops = list(dict.fromkeys(r["op"] for r in results))
@@ -496,6 +595,8 @@ def write_markdown(meta, results, path):
         rows = [r for r in results if r["op"] == op]
         shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
         impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
+        if any(r["impl"] == COPY for r in rows):
+            impls.append(COPY)
         for phase, key in (
             ("forward, eager calls", "fwd"),
             ("forward+backward, eager calls", "fwd_bwd"),
@@ -504,8 +605,8 @@ def write_markdown(meta, results, path):
         ):
             lines.append(f"## {op}: {phase}")
             lines.append("")
-            head = ["shape"] + [f"{i} GB/s (%)" for i in impls]
-            head += [f"ours vs {i}" for i in impls if i != "ours"]
+            head = ["shape"] + [f"{_column(i)} GB/s (%)" for i in impls]
+            head += [f"ours vs {_column(i)}" for i in impls if i != "ours"]
             lines.append("| " + " | ".join(head) + " |")
             lines.append("|" + "---|" * len(head))
             for shape in shapes:
@@ -527,6 +628,10 @@ def write_markdown(meta, results, path):
         f.write("\n".join(lines))
 
 
+def _column(impl: str) -> str:
+    return "copy of the same bytes" if impl == COPY else impl
+
+
 def card_tables(results, op) -> str:
     """The model-card tables of ``op`` (library/*/README.md): for eager calls and CUDA graph,
     ours against the fastest peer (eager, compile or Liger), forward and forward+backward."""
@@ -544,7 +649,7 @@ def card_tables(results, op) -> str:
             cells = [_shape_str(op, shape)]
             for key in (prefix + "fwd", prefix + "fwd_bwd"):
                 ours = by["ours"]
-                peers = [i for i in by if i != "ours" and key + "_ms" in by[i]]
+                peers = [i for i in by if i not in ("ours", COPY) and key + "_ms" in by[i]]
                 best = min(peers, key=lambda i: by[i][key + "_ms"])
                 cells += [
                     f"{ours[key + '_gbs']:.0f} ({ours[key + '_pct']:.0f}%)",
@@ -568,7 +673,7 @@ def write_plots(meta, results, out):
     for op in dict.fromkeys(r["op"] for r in results):
         rows = [r for r in results if r["op"] == op]
         shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
-        impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
+        impls = [i for i in [*IMPLS, COPY] if any(r["impl"] == i for r in rows)]
         fig, axes = plt.subplots(2, 2, figsize=(13, 8), sharey=True)
         width = 0.8 / len(impls)
         panels = (
@@ -590,7 +695,13 @@ def write_plots(meta, results, out):
                     )
                     for s in shapes
                 ]
-                ax.bar([i + j * width for i in range(len(shapes))], vals, width, label=impl)
+                ax.bar(
+                    [i + j * width for i in range(len(shapes))],
+                    vals,
+                    width,
+                    label=_column(impl),
+                    **({"color": "lightgrey", "hatch": "//"} if impl == COPY else {}),
+                )
             ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
             ax.set_xticklabels([_shape_str(op, s) for s in shapes], fontsize=8)
             ax.axhline(100, color="grey", lw=0.8, ls="--")
@@ -608,8 +719,8 @@ def main():
     parser.add_argument("--out", required=True, help="folder for results.md, results.json, PNGs")
     parser.add_argument(
         "--ops",
-        default="RMSNorm,LayerNorm,SiluAndMul,SwiGLU,GeluTanh,rotary",
-        help="comma-separated subset of RMSNorm,LayerNorm,SiluAndMul,SwiGLU,GeluTanh,rotary",
+        default=",".join(OPS),
+        help=f"comma-separated subset of {','.join(OPS)}",
     )
     parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time")
     parser.add_argument(
