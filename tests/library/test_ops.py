@@ -500,3 +500,38 @@ def test_grid_arithmetic_matches_triton(norm):
         assert helpers.next_power_of_2(n) == triton.next_power_of_2(n), n
         for d in (1, 2, 3, 7, 64, 2048, 4096):
             assert helpers.cdiv(n, d) == triton.cdiv(n, d), (n, d)
+
+
+def test_row_blocks_count_warps_from_the_elements_a_block_holds(norm):
+    """Warps follow the elements a block holds, not its power-of-two padding (a row of 5120 in a
+    block of 8192 runs 8 warps; 16 were slower on the H100); rows past MAX_ONE_PASS are chunked
+    and their backward split into blocks of columns; rows up to NARROW_ROW take the narrow
+    backward configuration, the others their norm's own."""
+    helpers = sys.modules[f"{norm.__name__}._library"]
+    assert [helpers.previous_power_of_2(n) for n in (0, 1, 2, 3, 10, 16, 17)] == [
+        0,
+        1,
+        2,
+        2,
+        8,
+        16,
+        16,
+    ]
+    assert helpers.row_block(4096) == (True, 4096, 1, 8)
+    assert helpers.row_block(8192) == (True, 8192, 1, 16)
+    assert helpers.row_block(5120) == (True, 8192, 1, 8)
+    assert helpers.row_block(1000) == (True, 1024, 4, 4)
+    assert helpers.row_block(3) == (True, 4, 64, 1)
+    wide = helpers.MAX_ONE_PASS + 1
+    assert helpers.row_block(wide) == (False, helpers.CHUNK, 1, helpers.WIDE_ROW_WARPS)
+    narrow = helpers.narrow_bwd_block(helpers.NARROW_ROW)
+    assert narrow[1:] == (helpers.NARROW_ROW, helpers.NARROW_BWD_ELEMENTS // helpers.NARROW_ROW,
+                          helpers.NARROW_BWD_WARPS, helpers.NARROW_BWD_PROGRAMS_PER_SM)  # fmt: skip
+    assert helpers.narrow_bwd_block(helpers.NARROW_ROW + 1) is None
+    assert helpers.wide_bwd_block(helpers.MAX_ONE_PASS) is None
+    assert helpers.wide_bwd_block(wide)[:2] == (False, helpers.WIDE_BWD_COLUMNS)
+    for name in ("rms_norm", "layer_norm"):
+        module = sys.modules[f"{norm.__name__}.{name}"]
+        assert module._bwd_block(helpers.NARROW_ROW) == narrow
+        assert module._bwd_block(wide) == helpers.wide_bwd_block(wide)
+        assert module._bwd_block(4096)[4] == module.BWD_PROGRAMS_PER_SM

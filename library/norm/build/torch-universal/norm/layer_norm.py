@@ -19,15 +19,19 @@ import triton
 import triton.language as tl
 
 from ._library import (
+    CHUNK,
+    WIDE_ROW_WARPS,
     as_rows,
     cdiv,
     check_dtype,
     launch,
+    narrow_bwd_block,
     op_name,
     persistent_grid,
     row_block,
     sum_partials,
     use_autograd_function,
+    wide_bwd_block,
 )
 
 # Backward launch configuration, from a sweep of the backward alone (kernel and partial sums,
@@ -36,19 +40,23 @@ from ._library import (
 # elements a step for rows up to 4096 wide and one row a step beyond (two rows of 8192 were
 # slower); 8 warps up to rows of 2048, 16 beyond. Against the previous 8192 elements a step:
 # 4096x2048 64.7 -> 30.1 us, 4096x4096 53.1 -> 51.6 us, 16384x4096 175 -> 161 us, 8192 wide
-# unchanged.
+# unchanged. Rows of 1024 or fewer take narrow_bwd_block's configuration instead, rows past
+# MAX_ONE_PASS wide_bwd_block's.
 BWD_PROGRAMS_PER_SM = 1
 BWD_BLOCK_ELEMENTS = 16384
 BWD_WIDE_ROW = 4096
 
 
-def _bwd_block(n_cols: int) -> tuple[bool, int, int, int]:
-    """row_block's (one_pass, block_n, rows, num_warps) for the backward, as swept."""
+def _bwd_block(n_cols: int) -> tuple[bool, int, int, int, int]:
+    """(one_pass, block_n, rows, num_warps, programs_per_sm) for the backward, as swept."""
+    special = narrow_bwd_block(n_cols) or wide_bwd_block(n_cols)
+    if special is not None:
+        return special
     elements = BWD_BLOCK_ELEMENTS if n_cols <= BWD_WIDE_ROW else BWD_BLOCK_ELEMENTS // 2
     one_pass, block_n, rows, num_warps = row_block(n_cols, elements)
     if one_pass:
         num_warps = 8 if block_n <= 2048 else 16
-    return one_pass, block_n, rows, num_warps
+    return one_pass, block_n, rows, num_warps, BWD_PROGRAMS_PER_SM
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,12 +135,39 @@ def _layer_norm_fwd_kernel(
 
 
 @triton.jit
+def _layer_norm_row_dot_kernel(
+    DY, X, W, MEAN, RSTD, C, n_rows, n_cols, stride_dy, stride_x,
+    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # Rows too wide for one program's registers: c1 = mean(g * xhat) and c2 = mean(g) of each
+    # row (C[0] and C[1]), which the column-split backward needs before any block of the row.
+    # One program a row, in chunks.
+    row = tl.program_id(0).to(tl.int64)
+    mean = tl.load(MEAN + row)
+    rstd = tl.load(RSTD + row)
+    acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            g = g * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        acc1 += g * tl.where(mask, (x - mean) * rstd, 0.0)
+        acc2 += g
+    tl.store(C + row, tl.sum(acc1, axis=0) / n_cols)
+    tl.store(C + n_rows + row, tl.sum(acc2, axis=0) / n_cols)
+
+
+@triton.jit
 def _layer_norm_bwd_kernel(
     DY,
     X,
     W,
     MEAN,
     RSTD,
+    C,
     DX,
     DW_PARTIAL,
     DB_PARTIAL,
@@ -144,86 +179,53 @@ def _layer_norm_bwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
     COMPUTE_DB: tl.constexpr,
-    ONE_PASS: tl.constexpr,
+    SPLIT_COLS: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w; dw = sum dy * xhat and
-    # db = sum dy over rows.
+    # db = sum dy over rows. A program walks a contiguous run of rows, ROWS at a time, over one
+    # block of columns: the whole row, or with SPLIT_COLS (rows too wide for registers) block
+    # program_id(1) of BLOCK_N columns, the two means then coming from C (the row dot kernel).
     pid = tl.program_id(0)
     row_start = pid.to(tl.int64) * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
-    if ONE_PASS:
-        cols = tl.arange(0, BLOCK_N)
-        col_mask = cols < n_cols
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for first in range(row_start, row_end, ROWS):
+        rows = first + tl.arange(0, ROWS)
+        row_mask = rows < row_end
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        dy = dy.to(tl.float32)
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        g = dy
         if HAS_WEIGHT:
-            w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
-        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for first in range(row_start, row_end, ROWS):
-            rows = first + tl.arange(0, ROWS)
-            row_mask = rows < row_end
-            mask = row_mask[:, None] & col_mask[None, :]
-            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-            dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
-            x = x.to(tl.float32)
-            dy = dy.to(tl.float32)
-            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
-            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-            g = dy
-            if HAS_WEIGHT:
-                g = dy * w[None, :]
+            g = dy * w[None, :]
+        if SPLIT_COLS:
+            c1 = tl.load(C + rows, mask=row_mask, other=0.0)
+            c2 = tl.load(C + n_rows + rows, mask=row_mask, other=0.0)
+        else:
             c1 = tl.sum(g * xhat, axis=1) / n_cols
             c2 = tl.sum(g, axis=1) / n_cols
-            dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
-            tl.store(
-                DX + rows[:, None] * n_cols + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask
-            )
-            if COMPUTE_DW:
-                dw_acc += tl.sum(dy * xhat, axis=0)
-            if COMPUTE_DB:
-                db_acc += tl.sum(dy, axis=0)
+        dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(DX + rows[:, None] * n_cols + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
-            tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
+            dw_acc += tl.sum(dy * xhat, axis=0)
         if COMPUTE_DB:
-            tl.store(DB_PARTIAL + pid.to(tl.int64) * n_cols + cols, db_acc, mask=col_mask)
-    else:
-        for row in range(row_start, row_end):
-            mean = tl.load(MEAN + row)
-            rstd = tl.load(RSTD + row)
-            acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
-            acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for start in range(0, n_cols, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                mask = cols < n_cols
-                x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-                g = dy
-                if HAS_WEIGHT:
-                    g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-                acc1 += g * tl.where(mask, (x - mean) * rstd, 0.0)
-                acc2 += g
-            c1 = tl.sum(acc1, axis=0) / n_cols
-            c2 = tl.sum(acc2, axis=0) / n_cols
-            for start in range(0, n_cols, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                mask = cols < n_cols
-                x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-                g = dy
-                if HAS_WEIGHT:
-                    g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-                xhat = (x - mean) * rstd
-                dx = (g - xhat * c1 - c2) * rstd
-                tl.store(DX + row * n_cols + cols, dx.to(DX.dtype.element_ty), mask=mask)
-                partial = pid.to(tl.int64) * n_cols + cols
-                if COMPUTE_DW:
-                    dw = tl.load(DW_PARTIAL + partial, mask=mask) + dy * xhat
-                    tl.store(DW_PARTIAL + partial, dw, mask=mask)
-                if COMPUTE_DB:
-                    db = tl.load(DB_PARTIAL + partial, mask=mask) + dy
-                    tl.store(DB_PARTIAL + partial, db, mask=mask)
+            db_acc += tl.sum(dy, axis=0)
+    if COMPUTE_DW:
+        tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
+    if COMPUTE_DB:
+        tl.store(DB_PARTIAL + pid.to(tl.int64) * n_cols + cols, db_acc, mask=col_mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,19 +307,26 @@ def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_d
         return dx, dw, db
     x2, n_rows, stride_x = as_rows(x, n_cols)
     dy2, _, stride_dy = as_rows(dy, n_cols)
-    one_pass, block_n, rows, num_warps = _bwd_block(n_cols)
-    programs, rows_per_program = persistent_grid(n_rows, rows, x.device, BWD_PROGRAMS_PER_SM)
+    one_pass, block_n, rows, num_warps, per_sm = _bwd_block(n_cols)
+    w = x2 if weight is None else _flat(weight)  # x2: a placeholder, never read (HAS_WEIGHT)
+    c, col_blocks = rstd, 1  # rstd: a placeholder for C, never read in one pass
+    if not one_pass:
+        c = rstd.new_empty((2, n_rows))
+        args = (dy2, x2, w, mean, rstd, c, n_rows, n_cols, stride_dy, stride_x,
+                weight is not None, CHUNK)  # fmt: skip
+        launch(_layer_norm_row_dot_kernel, (n_rows,), args, WIDE_ROW_WARPS, x.device)
+        col_blocks = cdiv(n_cols, block_n)
+    programs, rows_per_program = persistent_grid(n_rows, rows, x.device, per_sm, col_blocks)
     # One fp32 buffer for both partial sums: [0] weight, [1] bias.
-    alloc = torch.empty if one_pass else torch.zeros
     partials = (rstd, rstd)  # placeholders, never touched when no parameter gradient is wanted
     if compute_dw or compute_db:
-        partials = alloc((2, programs, n_cols), dtype=torch.float32, device=x.device)
+        partials = torch.empty((2, programs, n_cols), dtype=torch.float32, device=x.device)
     args = (
-        dy2, x2, x2 if weight is None else _flat(weight), mean, rstd, dx,
+        dy2, x2, w, mean, rstd, c, dx,
         partials[0], partials[1], n_rows, n_cols, rows_per_program, stride_dy, stride_x,
-        weight is not None, compute_dw, compute_db, one_pass, rows, block_n,
+        weight is not None, compute_dw, compute_db, not one_pass, rows, block_n,
     )  # fmt: skip
-    launch(_layer_norm_bwd_kernel, (programs,), args, num_warps, x.device)
+    launch(_layer_norm_bwd_kernel, (programs, col_blocks), args, num_warps, x.device)
     # Placeholders for the gradients not asked for: the custom op returns tensors.
     dw = sum_partials(partials[0], weight.dtype) if compute_dw else param.new_empty((0,))
     db = sum_partials(partials[1], db_dtype) if compute_db else param.new_empty((0,))

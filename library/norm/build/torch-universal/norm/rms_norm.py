@@ -22,15 +22,19 @@ import triton
 import triton.language as tl
 
 from ._library import (
+    CHUNK,
+    WIDE_ROW_WARPS,
     as_rows,
     cdiv,
     check_dtype,
     launch,
+    narrow_bwd_block,
     op_name,
     persistent_grid,
     row_block,
     sum_partials,
     use_autograd_function,
+    wide_bwd_block,
 )
 
 # Semantics: plain ints for Python (the custom ops take an int), constexpr copies for kernels.
@@ -46,16 +50,21 @@ _GEMMA = tl.constexpr(GEMMA)
 # programs per SM and 16 warps: 4096x2048 44.4 -> 25.4 us, 4096x4096 52.4 -> 43.9 us,
 # 16384x4096 169 -> 148 us, 32768x8192 632 -> 582 us (92% of copy bandwidth). More rows a step
 # keep more loads in flight per program; fewer programs leave fewer fp32 partial rows to sum.
+# Rows of 1024 or fewer take narrow_bwd_block's configuration instead, rows past MAX_ONE_PASS
+# wide_bwd_block's.
 BWD_PROGRAMS_PER_SM = 1
 BWD_BLOCK_ELEMENTS = 16384
 
 
-def _bwd_block(n_cols: int) -> tuple[bool, int, int, int]:
-    """row_block's (one_pass, block_n, rows, num_warps) for the backward, warps as swept."""
+def _bwd_block(n_cols: int) -> tuple[bool, int, int, int, int]:
+    """(one_pass, block_n, rows, num_warps, programs_per_sm) for the backward, as swept."""
+    special = narrow_bwd_block(n_cols) or wide_bwd_block(n_cols)
+    if special is not None:
+        return special
     one_pass, block_n, rows, num_warps = row_block(n_cols, BWD_BLOCK_ELEMENTS)
     if one_pass:
         num_warps = min(16, max(8, block_n // 512))
-    return one_pass, block_n, rows, num_warps
+    return one_pass, block_n, rows, num_warps, BWD_PROGRAMS_PER_SM
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,12 +198,33 @@ def _rms_norm_fwd_kernel(
 
 
 @triton.jit
+def _rms_norm_row_dot_kernel(
+    DY, X, W, RSTD, C, n_cols, stride_dy, stride_x, MODE: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    # Rows too wide for one program's registers: c = mean(g * xhat) of each row, which the
+    # column-split backward needs before any block of the row. One program a row, in chunks.
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        if MODE == _GEMMA:
+            w = w + 1.0
+        acc += dy * w * x
+    tl.store(C + row, tl.sum(acc, axis=0) * tl.load(RSTD + row) / n_cols)
+
+
+@triton.jit
 def _rms_norm_bwd_kernel(
     DY,
     DS,
     X,
     W,
     RSTD,
+    C,
     DX,
     DW_PARTIAL,
     n_rows,
@@ -207,85 +237,55 @@ def _rms_norm_bwd_kernel(
     MODE: tl.constexpr,
     HAS_DSUM: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
-    ONE_PASS: tl.constexpr,
+    SPLIT_COLS: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w (Gemma: dy * (1 + w)); plus, for the
-    # fused add, the gradient of the sum output. dw = sum over rows of dy * xhat (Llama: xhat
+    # dx = rstd * (g - xhat * c), c = mean(g * xhat), g = dy * w (Gemma: dy * (1 + w)); plus, for
+    # the fused add, the gradient of the sum output. dw = sum over rows of dy * xhat (Llama: xhat
     # rounded to the input dtype, as the forward used it).
+    # A program walks a contiguous run of rows, ROWS at a time, over one block of columns: the
+    # whole row, or with SPLIT_COLS (rows too wide for registers) block program_id(1) of
+    # BLOCK_N columns, c then coming from C (the row dot kernel).
     pid = tl.program_id(0)
     row_start = pid.to(tl.int64) * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
-    if ONE_PASS:
-        cols = tl.arange(0, BLOCK_N)
-        col_mask = cols < n_cols
-        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
-        if MODE == _GEMMA:
-            w = w + 1.0
-        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for first in range(row_start, row_end, ROWS):
-            rows = first + tl.arange(0, ROWS)
-            row_mask = rows < row_end
-            mask = row_mask[:, None] & col_mask[None, :]
-            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-            x = x.to(tl.float32)
-            dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
-            dy = dy.to(tl.float32)
-            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-            xhat = x * rstd[:, None]
-            g = dy * w[None, :]
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if MODE == _GEMMA:
+        w = w + 1.0
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for first in range(row_start, row_end, ROWS):
+        rows = first + tl.arange(0, ROWS)
+        row_mask = rows < row_end
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        dy = dy.to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        xhat = x * rstd[:, None]
+        g = dy * w[None, :]
+        if SPLIT_COLS:
+            c = tl.load(C + rows, mask=row_mask, other=0.0)
+        else:
             c = tl.sum(g * xhat, axis=1) / n_cols
-            dx = (g - xhat * c[:, None]) * rstd[:, None]
-            if HAS_DSUM:
-                ds = tl.load(DS + rows[:, None] * stride_ds + cols[None, :], mask=mask, other=0.0)
-                dx += ds.to(tl.float32)
-            tl.store(
-                DX + rows[:, None] * stride_dx + cols[None, :],
-                dx.to(DX.dtype.element_ty),
-                mask=mask,
-            )
-            if COMPUTE_DW:
-                if MODE == _LLAMA:
-                    xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
-                dw_acc += tl.sum(dy * xhat, axis=0)
+        dx = (g - xhat * c[:, None]) * rstd[:, None]
+        if HAS_DSUM:
+            ds = tl.load(DS + rows[:, None] * stride_ds + cols[None, :], mask=mask, other=0.0)
+            dx += ds.to(tl.float32)
+        tl.store(
+            DX + rows[:, None] * stride_dx + cols[None, :],
+            dx.to(DX.dtype.element_ty),
+            mask=mask,
+        )
         if COMPUTE_DW:
-            tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
-    else:
-        # Wide rows: mean(g * xhat) over chunks, then dx chunk by chunk; this program's partial
-        # weight gradient row (zero-initialised by the launcher) is updated in place per chunk.
-        for row in range(row_start, row_end):
-            rstd = tl.load(RSTD + row)
-            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for start in range(0, n_cols, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                mask = cols < n_cols
-                x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-                if MODE == _GEMMA:
-                    w = w + 1.0
-                acc += dy * w * x * rstd
-            c = tl.sum(acc, axis=0) / n_cols
-            for start in range(0, n_cols, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                mask = cols < n_cols
-                x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-                if MODE == _GEMMA:
-                    w = w + 1.0
-                xhat = x * rstd
-                dx = (dy * w - xhat * c) * rstd
-                if HAS_DSUM:
-                    ds = tl.load(DS + row * stride_ds + cols, mask=mask, other=0.0)
-                    dx += ds.to(tl.float32)
-                tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
-                if COMPUTE_DW:
-                    if MODE == _LLAMA:
-                        xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
-                    partial = DW_PARTIAL + pid.to(tl.int64) * n_cols + cols
-                    tl.store(partial, tl.load(partial, mask=mask) + dy * xhat, mask=mask)
+            if MODE == _LLAMA:
+                xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
+            dw_acc += tl.sum(dy * xhat, axis=0)
+    if COMPUTE_DW:
+        tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,19 +352,25 @@ def _backward(dy, dsum, x, weight, rstd, mode, compute_dw):
     x2, n_rows, stride_x = as_rows(x, n_cols)
     dy2, _, stride_dy = as_rows(dy, n_cols)
     ds2, _, stride_ds = (dy2, n_rows, stride_dy) if dsum is None else as_rows(dsum, n_cols)
-    one_pass, block_n, rows, num_warps = _bwd_block(n_cols)
-    programs, rows_per_program = persistent_grid(n_rows, rows, x.device, BWD_PROGRAMS_PER_SM)
+    one_pass, block_n, rows, num_warps, per_sm = _bwd_block(n_cols)
+    w = weight.contiguous()
+    c, col_blocks = rstd, 1  # rstd: a placeholder for C, never read in one pass
+    if not one_pass:
+        c = rstd.new_empty((n_rows,))
+        args = (dy2, x2, w, rstd, c, n_cols, stride_dy, stride_x, mode, CHUNK)
+        launch(_rms_norm_row_dot_kernel, (n_rows,), args, WIDE_ROW_WARPS, x.device)
+        col_blocks = cdiv(n_cols, block_n)
+    programs, rows_per_program = persistent_grid(n_rows, rows, x.device, per_sm, col_blocks)
     if compute_dw:
-        alloc = torch.empty if one_pass else torch.zeros
-        partial = alloc((programs, n_cols), dtype=torch.float32, device=x.device)
+        partial = torch.empty((programs, n_cols), dtype=torch.float32, device=x.device)
     else:
         partial = rstd  # never read or written: COMPUTE_DW is False
     args = (
-        dy2, ds2, x2, weight.contiguous(), rstd, dx, partial,
+        dy2, ds2, x2, w, rstd, c, dx, partial,
         n_rows, n_cols, rows_per_program, stride_dy, stride_ds, stride_x, n_cols,
-        mode, dsum is not None, compute_dw, one_pass, rows, block_n,
+        mode, dsum is not None, compute_dw, not one_pass, rows, block_n,
     )  # fmt: skip
-    launch(_rms_norm_bwd_kernel, (programs,), args, num_warps, x.device)
+    launch(_rms_norm_bwd_kernel, (programs, col_blocks), args, num_warps, x.device)
     dw = sum_partials(partial, weight.dtype) if compute_dw else weight.new_empty((0,))
     return dx, dw
 
