@@ -57,7 +57,7 @@ sys.path.insert(0, ROOT)
 
 NORM_SHAPES = [(4096, 4096), (16384, 4096), (8192, 8192), (32768, 8192)]
 # Hidden sizes of real models that are not the square shapes above, at 64M+ elements, and the
-# widest row the kernels take in one program (65536): RMSNorm only ("RMSNorm-widths").
+# widest row the kernels take (65536): "RMSNorm-widths" and "LayerNorm-widths".
 WIDTH_SHAPES = [(65536, 1024), (32768, 2048), (16384, 5120), (1024, 65536)]
 ROTARY_SHAPES = [(1, 4096), (4, 2048), (8, 4096)]  # (batch, seq); 32 q heads, 8 kv heads of 128
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -75,6 +75,7 @@ NORM_OPS = (
     "GemmaRMSNorm",
     "FusedAddRMSNorm",
     "LayerNorm",
+    "LayerNorm-widths",
     "LayerNorm-nobias",
 )
 OPS = (*NORM_OPS, "SiluAndMul", "SwiGLU", "GeluTanh", "rotary")
@@ -223,8 +224,8 @@ def norm_case(kind, lib, liger, rows, cols):
                 t, r, module.weight, 1e-6, 0.0, "llama", False
             )
         )
-    else:  # LayerNorm, LayerNorm-nobias (Liger's takes a bias only)
-        has_bias = kind == "LayerNorm"
+    else:  # LayerNorm, LayerNorm-widths, LayerNorm-nobias (Liger's takes a bias only)
+        has_bias = kind != "LayerNorm-nobias"
         module, layer = torch.nn.LayerNorm(cols, bias=has_bias), layers.LayerNorm
         peer = (
             liger
@@ -497,15 +498,34 @@ def spot_check(name, inputs, fns):
 # ---- main -----------------------------------------------------------------------------------
 
 
-def run(ops, rep_ms):
+def run(ops, rep_ms, save=None):
+    """(meta, results) of every op in ``ops``; ``save(meta, results)`` after each op, so that a
+    run cut short keeps what it measured."""
     lib = load_library()
     liger = load_liger()
     torch._dynamo.config.cache_size_limit = 256
     copy_gbs = copy_bandwidth()
     print(f"copy bandwidth: {copy_gbs:.0f} GB/s")
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "liger": liger.version if liger else None,
+        "copy_gbs": copy_gbs,
+        "dtype": "bfloat16 (RMSNorm-fp32: float32)",
+        "timing": "median of CUDA-event timings, L2 cleared before each call; 'eager calls' "
+        "tables time Python calls (host overhead included) in rounds that run every contender "
+        "in rotating order, each for a block of 6 calls (the first not counted) after draining "
+        "the GPU; 'CUDA graph' tables replay the same calls captured in a graph (device time "
+        "only, triton.testing.do_bench)",
+    }
     results = []
     for op in ops:
-        shapes = {"rotary": ROTARY_SHAPES, "RMSNorm-widths": WIDTH_SHAPES}.get(op, NORM_SHAPES)
+        if results and save:
+            save(meta, results)
+        shapes = WIDTH_SHAPES if op.endswith("-widths") else NORM_SHAPES
+        shapes = ROTARY_SHAPES if op == "rotary" else shapes
         for shape in shapes:
             torch._dynamo.reset()
             if op in NORM_OPS:
@@ -546,20 +566,6 @@ def run(ops, rep_ms):
                 )
             del inputs, params, fns
             torch.cuda.empty_cache()
-    meta = {
-        "device": torch.cuda.get_device_name(),
-        "date": datetime.date.today().isoformat(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "liger": liger.version if liger else None,
-        "copy_gbs": copy_gbs,
-        "dtype": "bfloat16 (RMSNorm-fp32: float32)",
-        "timing": "median of CUDA-event timings, L2 cleared before each call; 'eager calls' "
-        "tables time Python calls (host overhead included) in rounds that run every contender "
-        "in rotating order, each for a block of 6 calls (the first not counted) after draining "
-        "the GPU; 'CUDA graph' tables replay the same calls captured in a graph (device time "
-        "only, triton.testing.do_bench)",
-    }
     return meta, results
 
 
@@ -738,10 +744,14 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("benchmarks/ops.py needs a CUDA GPU")
     os.makedirs(args.out, exist_ok=True)
-    meta, results = run(args.ops.split(","), args.rep_ms)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
-    write_markdown(meta, results, os.path.join(args.out, "results.md"))
+
+    def save(meta, results):
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=1)
+        write_markdown(meta, results, os.path.join(args.out, "results.md"))
+
+    meta, results = run(args.ops.split(","), args.rep_ms, save)
+    save(meta, results)
     write_plots(meta, results, args.out)
     with open(os.path.join(args.out, "results.md")) as f:
         print(f.read())
