@@ -185,6 +185,13 @@ def _norm_backward_call(op, module, liger, rows, cols):
     return ours, peer
 
 
+def norm_modules(lib):
+    """(op, module) of each norm in the loaded library: RMSNorm's and LayerNorm's."""
+    norm = lib["norm"].__name__
+    return [(op, sys.modules[f"{norm}.{name}"]) for op, name in
+            (("RMSNorm", "rms_norm"), ("LayerNorm", "layer_norm"))]  # fmt: skip
+
+
 BWD_GRID = ((4096, 8192, 16384), (1, 2), (8, 16))  # elements a step, programs per SM, warps
 
 
@@ -235,8 +242,7 @@ def sweep_backward(lib, liger):
     """
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
-        for op, name in (("RMSNorm", "rms_norm"), ("LayerNorm", "layer_norm")):
-            m = sys.modules[f"{lib['norm'].__name__}.{name}"]
+        for op, m in norm_modules(lib):
             for rows, cols in SWEEP_SHAPES:
                 _sweep_shape(op, m, liger, rows, cols)
 
@@ -294,8 +300,7 @@ def sweep_widths(lib, liger):
     BWD_GRIDS (CUDA graphs, device time)."""
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
-        for op, name in (("RMSNorm", "rms_norm"), ("LayerNorm", "layer_norm")):
-            m = sys.modules[f"{lib['norm'].__name__}.{name}"]
+        for op, m in norm_modules(lib):
             for rows, cols in ops.WIDTH_SHAPES:
                 _sweep_forward(op, m, rows, cols)
                 _sweep_shape(op, m, liger, rows, cols, BWD_GRIDS.get(cols, BWD_GRID_NARROW))
@@ -416,8 +421,7 @@ def ceilings(lib, liger):
     and warps; and the rotary forward writing in place (as Liger's does) beside out of place."""
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
-        for op, name in (("RMSNorm", "rms_norm"), ("LayerNorm", "layer_norm")):
-            m = sys.modules[f"{lib['norm'].__name__}.{name}"]
+        for op, m in norm_modules(lib):
             for rows, cols in ops.NORM_SHAPES:
                 _norm_forward_ceiling(op, m, rows, cols)
         rotary = sys.modules[f"{lib['rotary'].__name__}.rotary"]
