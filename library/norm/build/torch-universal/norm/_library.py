@@ -43,7 +43,8 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # row tensor; past that the backward kernel, which keeps x, dy, w and the dw accumulator live,
 # would spill. Chunks and warps from a sweep at 1024x65536 (H100, 2026-11-23, bf16, CUDA
 # graphs): against chunks of 4096 with 8 warps, the forward 142 -> 130 us (RMSNorm) and
-# 202 -> 123 us (LayerNorm), the backward 663 -> 431 us and 829 -> 654 us.
+# 202 -> 123 us (LayerNorm). The backward of such rows is below (WIDE_BWD_*); only its row
+# reduction streams CHUNKs.
 MAX_ONE_PASS = 16384
 CHUNK = 16384
 WIDE_ROW_WARPS = 32
@@ -103,12 +104,12 @@ def multiprocessors(device: torch.device) -> int:
     return 2
 
 
-@functools.cache
 def previous_power_of_2(n: int) -> int:
     """The largest power of two at most ``n`` (0 for 0)."""
     return 1 << (n.bit_length() - 1) if n > 0 else 0
 
 
+@functools.cache
 def row_block(n_cols: int, elements: int = 4096) -> tuple[bool, int, int, int]:
     """(one_pass, block_n, rows_per_block, num_warps) for a row-wise kernel over ``n_cols`` columns.
 

@@ -12,6 +12,7 @@ grid; each program walks a contiguous run of rows, writes dx and keeps its share
 and bias gradients in fp32 registers; the per-program partials are summed at the end.
 """
 
+import functools
 import math
 
 import torch
@@ -47,16 +48,15 @@ BWD_BLOCK_ELEMENTS = 16384
 BWD_WIDE_ROW = 4096
 
 
+@functools.cache
 def _bwd_block(n_cols: int) -> tuple[bool, int, int, int, int]:
     """(one_pass, block_n, rows, num_warps, programs_per_sm) for the backward, as swept."""
     special = narrow_bwd_block(n_cols) or wide_bwd_block(n_cols)
     if special is not None:
         return special
     elements = BWD_BLOCK_ELEMENTS if n_cols <= BWD_WIDE_ROW else BWD_BLOCK_ELEMENTS // 2
-    one_pass, block_n, rows, num_warps = row_block(n_cols, elements)
-    if one_pass:
-        num_warps = 8 if block_n <= 2048 else 16
-    return one_pass, block_n, rows, num_warps, BWD_PROGRAMS_PER_SM
+    _, block_n, rows, _ = row_block(n_cols, elements)  # one pass: not wide
+    return True, block_n, rows, 8 if block_n <= 2048 else 16, BWD_PROGRAMS_PER_SM
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ its share of the weight gradient in fp32 registers; the per-program partials are
 end (deterministic: no atomics).
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -56,15 +58,14 @@ BWD_PROGRAMS_PER_SM = 1
 BWD_BLOCK_ELEMENTS = 16384
 
 
+@functools.cache
 def _bwd_block(n_cols: int) -> tuple[bool, int, int, int, int]:
     """(one_pass, block_n, rows, num_warps, programs_per_sm) for the backward, as swept."""
     special = narrow_bwd_block(n_cols) or wide_bwd_block(n_cols)
     if special is not None:
         return special
-    one_pass, block_n, rows, num_warps = row_block(n_cols, BWD_BLOCK_ELEMENTS)
-    if one_pass:
-        num_warps = min(16, max(8, block_n // 512))
-    return one_pass, block_n, rows, num_warps, BWD_PROGRAMS_PER_SM
+    _, block_n, rows, _ = row_block(n_cols, BWD_BLOCK_ELEMENTS)  # one pass: not wide
+    return True, block_n, rows, min(16, max(8, block_n // 512)), BWD_PROGRAMS_PER_SM
 
 
 # --------------------------------------------------------------------------------------------
