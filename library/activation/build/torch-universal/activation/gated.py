@@ -58,8 +58,8 @@ def _gated_fwd_kernel(
     # With HALVES, b is the second half of each row of A (B is A): passing the halves as two
     # sliced views instead costs two view ops a call on the host, more than the launch itself
     # at small sizes. Program p covers rows [i*ROWS, (i+1)*ROWS) and output columns
-    # [j*BLOCK_D, ...) with (i, j) = divmod(p, col_blocks): programs launched together read neighbouring parts of
-    # the same rows. A grid with rows on its first axis ran 2-4% slower on the H100 at 4096 and
+    # [j*BLOCK_D, ...) with (i, j) = divmod(p, col_blocks): programs launched together read
+    # neighbouring parts of the same rows. A grid with rows on its first axis ran 2-4% slower on the H100 at 4096 and
     # 8192 wide (forward+backward, CUDA-graph timing, 2026-11-23).
     pid = tl.program_id(0)
     rows = (pid // col_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)

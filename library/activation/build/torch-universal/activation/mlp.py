@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ._functions import SILU
+from ._library import use_autograd_function
 from .gated import _torch_gated_pair, gated_pair_backward, gated_pair_forward
 
 
@@ -84,6 +85,6 @@ def swiglu_mlp(
     tensors = (x, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias)
     if torch.compiler.is_compiling():
         return _mlp(*tensors, _torch_gated_pair)[2]
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+    if use_autograd_function(*tensors):
         return _SwiGLUMLPFunction.apply(*tensors)
     return _mlp(*tensors, gated_pair_forward)[2]
