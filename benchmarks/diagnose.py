@@ -269,15 +269,8 @@ def _sweep_forward(op, m, rows, cols):
     configurations of FWD_CONFIGS (CUDA graphs, back to back)."""
     from triton.testing import do_bench_cudagraph
 
-    x = torch.randn(rows, cols, device="cuda", dtype=DT)
-    w = torch.randn(cols, device="cuda", dtype=DT)
+    x, ours = _norm_forward_call(op, m, rows, cols)
     moved = 2 * x.numel() * DT.itemsize
-
-    def ours():
-        if op == "RMSNorm":
-            m._forward(x, None, w, 1e-6, 0)
-        else:
-            m._forward(x, [cols], w, w, 1e-5)
 
     def report(label, ms):
         print(f"{op} fwd {rows}x{cols} {label}: {ms * 1e3:7.1f} us {moved / ms / 1e6:6.0f} GB/s")
@@ -363,18 +356,23 @@ def _ceiling_row(label, moved, times):
     print(f"{label}: {cells}")
 
 
-def _norm_forward_ceiling(op, m, rows, cols):
+def _norm_forward_call(op, m, rows, cols):
+    """(x, ours): a bf16 input and a closure that runs the norm's forward launcher on it alone."""
     x = torch.randn(rows, cols, device="cuda", dtype=DT)
     w = torch.randn(cols, device="cuda", dtype=DT)
-    y = torch.empty_like(x)
-    if op == "RMSNorm":
 
-        def ours():
+    def ours():
+        if op == "RMSNorm":
             m._forward(x, None, w, 1e-6, 0)
-    else:
-
-        def ours():
+        else:
             m._forward(x, [cols], w, w, 1e-5)
+
+    return x, ours
+
+
+def _norm_forward_ceiling(op, m, rows, cols):
+    x, ours = _norm_forward_call(op, m, rows, cols)
+    y = torch.empty_like(x)
 
     def copy():
         y.copy_(x)
