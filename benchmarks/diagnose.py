@@ -14,15 +14,23 @@
 5. Ceilings (only when asked for): a copy of the same bytes beside each norm and rotary forward,
    in a CUDA graph and between events; the norm forwards over block size and warps; rotary
    writing in place (as Liger's does) beside out of place.
+6. Timing methods (only when asked for): each contender, a copy of the same bytes and the 1 GiB
+   copy timed four ways, to separate what the kernels cost from what the harness adds: alone in
+   a CUDA graph after L2 is cleared by writing 256 MB (``ops.py``'s graph tables until
+   2026-11-24), the same after L2 is cleared by reading 256 MB, between events after a read
+   clear, and back to back in one graph over enough copies of the inputs that none is in L2.
 
-    python benchmarks/diagnose.py sweep       # one part: host, sweep, profile, widths or ceiling
+    python benchmarks/diagnose.py sweep       # one part: host, sweep, profile, widths, ceiling
+                                              # or timing
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
+import statistics
 import sys
 import time
 
@@ -255,6 +263,10 @@ FWD_CONFIGS = {
     2048: [(True, 2048, r, w) for r in (2, 4) for w in (4, 8, 16)],
     5120: [(True, 8192, 1, w) for w in (4, 8, 16, 32)]
     + [(False, c, 1, w) for c in (1024, 2048) for w in (4, 8)],
+    4096: [(True, 4096, r, w) for r in (1, 2) for w in (4, 8, 16)]
+    + [(False, c, 1, w) for c in (1024, 2048) for w in (4, 8)],
+    8192: [(True, 8192, r, w) for r in (1, 2) for w in (8, 16, 32)]
+    + [(False, c, 1, w) for c in (1024, 2048, 4096) for w in (4, 8, 16)],
     65536: [(False, c, 1, w) for c in (4096, 8192, 16384) for w in (8, 16, 32)],
 }
 # Backward grids (elements a step or chunk, programs per SM, warps) per width.
@@ -279,10 +291,10 @@ def _sweep_forward(op, m, rows, cols):
     report("ours as configured", do_bench_cudagraph(ours, rep=30))
     timed = []
     for config in FWD_CONFIGS[cols]:
-        with _swapped(m, row_block=lambda n, elements=4096, config=config: config):
+        with _swapped(m, _fwd_block=lambda n, elements=4096, config=config: config):
             ours()
             timed.append((do_bench_cudagraph(ours, rep=20), config))
-    for ms, (one_pass, block_n, n_rows, warps) in sorted(timed)[:4]:
+    for ms, (one_pass, block_n, n_rows, warps) in sorted(timed)[:6]:
         kind = f"block {block_n:5d} x {n_rows:2d} rows" if one_pass else f"chunks of {block_n:5d}"
         report(f"  {kind}, {warps:2d} warps", ms)
     sys.stdout.flush()
@@ -297,6 +309,124 @@ def sweep_widths(lib, liger):
             for rows, cols in ops.WIDTH_SHAPES:
                 _sweep_forward(op, m, rows, cols)
                 _sweep_shape(op, m, liger, rows, cols, BWD_GRIDS.get(cols, BWD_GRID_NARROW))
+
+
+def _inductor_kernels(fn, *args) -> str:
+    """The Triton source inductor generates for ``fn(*args)`` (its kernels and launch
+    configuration), for comparing its choices with ours."""
+    from torch._inductor.utils import run_and_get_code
+
+    _, sources = run_and_get_code(fn, *args)
+    return "\n".join(sources)
+
+
+def _graph_of(fn, rep_ms: float = 15.0):
+    """(graph, calls): ``fn`` captured back to back in one CUDA graph, about ``rep_ms`` long."""
+    fn()
+    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    calls = int(min(500, max(3, rep_ms / max(start.elapsed_time(end), 1e-3))))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    return graph, calls
+
+
+def interleaved_graphs_ms(graphs: dict, rounds: int = 9) -> dict:
+    """Median ms per call of each ``name: (graph, calls)``, replayed in rounds that run every
+    graph in turn (rotating order), so that a drift of clocks or memory over the run is shared
+    by all: an A/B of kernels within a percent or two needs that."""
+    names = list(graphs)
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            graph, calls = graphs[name]
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            samples[name].append(start.elapsed_time(end) / calls)
+    return {name: statistics.median(t) for name, t in samples.items()}
+
+
+def _fwd_candidates(cols: int) -> list:
+    """Forward configurations (one_pass, block_n or chunk, rows, warps) for the interleaved
+    A/B at ``cols`` wide: one block of the row (one or two rows a block, 4 to 32 warps), and
+    chunks of 2048 or 4096 (8 or 16 warps); 8 to 64 elements a thread."""
+    block = 1 << (cols - 1).bit_length()
+    configs = [(True, block, 1, w) for w in (4, 8, 16, 32) if 8 <= block // (32 * w) <= 64]
+    configs += [(True, block, 2, w) for w in (8, 16) if block <= 4096]
+    configs += [(False, c, 1, w) for c in (2048, 4096) for w in (8, 16) if c < cols]
+    return configs
+
+
+# Shapes of the A/B: the square ones of ops.NORM_SHAPES from 64M elements, and about 64M
+# elements at the widths of real models' hidden sizes (Llama 2 13B, 70B's MLP, ...).
+FWD_AB_SHAPES = [*ops.NORM_SHAPES[1:], (16384, 5120), (5461, 12288), (4096, 16384)]
+
+
+def forward_ab(lib, liger):
+    """The norms' forward at FWD_AB_SHAPES: ours as configured and the candidates of
+    ``_fwd_candidates`` beside torch.compile and Liger, each back to back in a CUDA graph, the
+    graphs replayed in interleaved rounds (``interleaved_graphs_ms``)."""
+    stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
+    with torch.cuda.stream(stream):
+        for op, m in norm_modules(lib):
+            for rows, cols in FWD_AB_SHAPES:
+                inputs, _, fns, moved, _ = ops.norm_case(op, lib, liger, rows, cols)
+                graphs = {}
+                with torch.no_grad():
+                    for impl in ("compile", "liger", "ours"):
+                        if impl in fns:
+                            graphs[impl] = _graph_of(functools.partial(fns[impl], *inputs))
+                    for config in _fwd_candidates(cols):
+                        one_pass, block_n, n_rows, warps = config
+                        kind = f"block {block_n} x {n_rows}" if one_pass else f"chunks {block_n}"
+                        with _swapped(m, _fwd_block=lambda n, config=config: config):
+                            graphs[f"{kind}, {warps} warps"] = _graph_of(
+                                functools.partial(fns["ours"], *inputs)
+                            )
+                times = interleaved_graphs_ms(graphs)
+                best = min(times["compile"], times.get("liger", float("inf")))
+                for name, ms in sorted(times.items(), key=lambda t: t[1]):
+                    print(f"{op} fwd {rows}x{cols} {name:22s} {ms * 1e3:7.1f} us "
+                          f"{moved / ms / 1e6:6.0f} GB/s  {best / ms:5.3f}x best peer")  # fmt: skip
+                del graphs, inputs, fns
+                torch.cuda.empty_cache()
+
+
+def sweep_forward(lib, liger):
+    """The norms' forward at the square shapes of 64M+ elements: torch.compile's and Liger's
+    beside ours as configured and over FWD_CONFIGS (CUDA graphs, back to back), then the
+    Triton code inductor generates for RMSNorm's forward at 8192 wide."""
+    from triton.testing import do_bench_cudagraph
+
+    stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
+    with torch.cuda.stream(stream):
+        for op, m in norm_modules(lib):
+            for rows, cols in FWD_AB_SHAPES:
+                inputs, _, fns, moved, _ = ops.norm_case(op, lib, liger, rows, cols)
+                for impl in ("compile", "liger"):
+                    if impl in fns:
+                        with torch.no_grad():
+                            fn = functools.partial(fns[impl], *inputs)
+                            fn()
+                            ms = do_bench_cudagraph(fn, rep=30)
+                        print(f"{op} fwd {rows}x{cols} {impl}: {ms * 1e3:7.1f} us "
+                              f"{moved / ms / 1e6:6.0f} GB/s")  # fmt: skip
+                del inputs, fns
+                _sweep_forward(op, m, rows, cols)
+        torch._dynamo.reset()
+        inputs, _, fns, _, _ = ops.norm_case("RMSNorm", lib, liger, 8192, 8192)
+        with torch.no_grad():
+            print(_inductor_kernels(fns["compile"], *inputs))
 
 
 def _sweep_rotary_shape(lib, liger, rotary, batch, seq):
@@ -342,11 +472,11 @@ def _ceiling_times(fn) -> tuple:
     queues ahead at these sizes, so device time without a graph launch); and back to back in one
     graph without clearing L2 (``do_bench_cudagraph``: the kernel alone, but inputs under the
     L2's size stay cached)."""
-    from triton.testing import do_bench, do_bench_cudagraph
+    from triton.testing import do_bench_cudagraph
 
     fn()  # compile outside any capture
-    graph = ops._graph_ms(fn, torch.cuda.current_stream(), 50)
-    events = do_bench(fn, warmup=25, rep=100, return_mode="median")
+    graph = ops.graph_ms(fn, torch.cuda.current_stream(), 50)
+    events = ops.flushed_ms(fn, rep_ms=100, warmup=25)
     b2b = do_bench_cudagraph(fn, rep=30, return_mode="median")
     return (("graph", graph * 1e3), ("events", events * 1e3), ("b2b", b2b * 1e3))
 
@@ -384,11 +514,11 @@ def _norm_forward_ceiling(op, m, rows, cols):
     timed = []
     for elements, warps in ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16)):
 
-        def block(n, _elements=4096, elements=elements, warps=warps):
+        def block(n, elements=elements, warps=warps):
             one_pass, block_n, n_rows, _ = row_block(n, elements)
             return one_pass, block_n, n_rows, warps
 
-        with _swapped(m, row_block=block):
+        with _swapped(m, _fwd_block=block):
             timed.append((_ceiling_times(ours), elements, warps))
     for times, elements, warps in sorted(timed, key=lambda t: t[0][0][1]):
         _ceiling_row(f"    elements {elements:5d}, {warps:2d} warps", moved, times)
@@ -427,6 +557,77 @@ def ceilings(lib, liger):
             _rotary_ceiling(lib, liger, rotary, batch, seq)
 
 
+def _flushed_ms(call, flush, graphed: bool, n: int = 40) -> float:
+    """Median ms of ``call`` between two events, ``flush`` run before each; ``graphed``: the call
+    captured in a CUDA graph and replayed (one graph launch a call, as ``ops.graph_ms``)."""
+    fn = call
+    if graphed:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
+            call()
+        fn = graph.replay
+    for _ in range(3):
+        flush()
+        fn()
+    pairs = []
+    for _ in range(n):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        flush()
+        start.record()
+        fn()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def _timing_methods(label, moved, calls, flush_buffer):
+    """Print ``calls`` (a list of callables, one per copy of the inputs) timed four ways."""
+    write = flush_buffer.zero_
+    read = functools.partial(torch.amax, flush_buffer)
+    times = {
+        "write+graph": _flushed_ms(calls[0], write, True),
+        "read+graph": _flushed_ms(calls[0], read, True),
+        "read+events": _flushed_ms(calls[0], read, False),
+        "rotating b2b": ops.back_to_back_ms(calls),
+    }
+    cells = "  ".join(f"{k} {ms * 1e3:7.1f} us {moved / ms / 1e6:5.0f}" for k, ms in times.items())
+    print(f"{label:42s} {cells}", flush=True)
+    return times
+
+
+def timing_methods(lib, liger):
+    """Each contender's forward and forward+backward timed four ways (``_timing_methods``),
+    beside a copy of the same bytes and the 1 GiB copy, in GB/s of the bytes that must move."""
+    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        n = 512 * 1024 * 1024
+        calls = ops.same_bytes_calls(2 * n * 2, 1)
+        _timing_methods("copy 1 GiB (neg)", 2 * n * 2, calls, flush)
+        del calls
+        cases = [("RMSNorm", s) for s in ops.NORM_SHAPES]
+        cases += [("LayerNorm", (16384, 4096)), ("SiluAndMul", (16384, 4096))]
+        cases += [("rotary", s) for s in ops.ROTARY_SHAPES[:2]]
+        for op, shape in cases:
+            torch._dynamo.reset()
+            inputs, params, fns, b_fwd, b_bwd = ops.make_case(op, lib, liger, shape)
+            for pass_, moved in (("fwd", b_fwd), ("fwd+bwd", b_fwd + b_bwd)):
+                copies = ops.copies_for(moved)
+                sets = [inputs] + [ops.clone_inputs(inputs) for _ in range(copies - 1)]
+                calls = ops.same_bytes_calls(moved, copies)
+                _timing_methods(f"{op} {shape} {pass_} copy x{copies}", moved, calls, flush)
+                for impl in ("compile", "liger", "ours"):
+                    if impl in fns:
+                        fwd_bwd = [ops._calls(s, params, fns[impl]) for s in sets]
+                        calls = [c[0] if pass_ == "fwd" else c[1] for c in fwd_bwd]
+                        _timing_methods(f"{op} {shape} {pass_} {impl}", moved, calls, flush)
+                del sets, calls
+            del inputs, params, fns
+            torch.cuda.empty_cache()
+    torch.cuda.current_stream().wait_stream(stream)
+
+
 def device_profiles(lib, liger):
     """torch.profiler device time per kernel for the norms, GeluTanh and rotary."""
     for op, shape in (
@@ -457,7 +658,16 @@ def main():
     parser.add_argument(
         "parts",
         nargs="*",
-        choices=("host", "sweep", "profile", "ceiling", "widths"),
+        choices=(
+            "host",
+            "sweep",
+            "profile",
+            "ceiling",
+            "widths",
+            "timing",
+            "forward",
+            "forward-ab",
+        ),
         help="what to run (default: host, sweep and profile)",
     )
     parts = parser.parse_args().parts or ["host", "sweep", "profile"]
@@ -474,6 +684,12 @@ def main():
         ceilings(lib, liger)
     if "widths" in parts:
         sweep_widths(lib, liger)
+    if "timing" in parts:
+        timing_methods(lib, liger)
+    if "forward" in parts:
+        sweep_forward(lib, liger)
+    if "forward-ab" in parts:
+        forward_ab(lib, liger)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,20 @@ each op and shape, forward and forward+backward of
 - ``ours``: our kernel layer bound to the same module instance, as kernelize binds it (for
   ``SwiGLU``, our ``silu_mul``, which the ``SwiGLUMLP`` layer calls between the projections).
 
-Timing, L2 cleared (256 MB written) before every timed call so that inputs smaller than L2 are
-not served from it: "eager calls" time the Python calls between CUDA events, in rounds that run
-every contender in rotating order, each for a block of calls in its own steady state
-(``interleaved_ms``), median over the rounds; "CUDA graph"
-replays the same calls captured in a graph (``triton.testing.do_bench``, median): device time
-without host overhead. Forward is timed under ``torch.no_grad()`` (inference); forward+backward
-uses ``torch.autograd.grad`` for the input and parameters (no gradient accumulation).
+Timing, L2 cleared before every timed call (``clear_l2``: 256 MB read) so that inputs smaller
+than L2 are not served from it: "eager calls" time the Python calls between CUDA events, in
+rounds that run every contender in rotating order, each for a block of calls in its own steady
+state (``interleaved_ms``), median over the rounds; "CUDA graph" replays the same calls captured
+in a graph (``graph_ms``, median): device time without host overhead. Forward is timed under
+``torch.no_grad()`` (inference); forward+backward uses ``torch.autograd.grad`` for the input and
+parameters (no gradient accumulation).
+
+L2 is cleared by reading, not by writing as ``triton.testing.do_bench`` does: writing leaves L2
+full of dirty lines that the timed call must write back to memory before it can use their
+space, work that belongs to the clearing. On an H200 (2026-11-24, ``diagnose.py timing``) that
+cost every contender the same 3.5-5 us a call (a 256 MB copy 67.9 against 64.1 us), a tenth of a
+call at 4096x4096; cleared by reading, single calls time as the same calls do back to back in
+one graph over inputs that L2 cannot hold (within 1-2%), which is how a model runs them.
 
 Bytes counted ("bytes that must move"): every input of the pass read once, every output
 written once. Forward: x (+ weight, bias) read, y written. Backward: the saved input and the
@@ -50,7 +57,6 @@ import types
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -330,6 +336,19 @@ def rotary_case(lib, liger, batch, seq):
     return [q, k], [], fns, 2 * qk + cs, 2 * qk + cs
 
 
+def make_case(op, lib, liger, shape):
+    """(inputs, params, {impl: fn(*inputs)}, fwd bytes, bwd bytes) of ``op`` at ``shape``."""
+    if op in NORM_OPS:
+        return norm_case(op, lib, liger, *shape)
+    if op == "SiluAndMul":
+        return silu_mul_case(lib, liger, *shape)
+    if op == "SwiGLU":
+        return swiglu_case(lib, liger, *shape)
+    if op == "GeluTanh":
+        return gelu_tanh_case(lib, liger, *shape)
+    return rotary_case(lib, liger, *shape)
+
+
 # ---- timing ---------------------------------------------------------------------------------
 
 
@@ -337,7 +356,46 @@ def _outputs(out):
     return out if isinstance(out, (tuple, list)) else (out,)
 
 
-def _graph_ms(call, stream, rep_ms):
+_l2_buffer = None
+
+
+def clear_l2() -> None:
+    """Evict everything from L2 by reading 256 MB (more than any GPU's L2 holds). Reading leaves
+    only clean lines behind, which the next kernel replaces without writing anything back."""
+    global _l2_buffer
+    if _l2_buffer is None:
+        _l2_buffer = torch.zeros(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    torch.amax(_l2_buffer)
+
+
+def flushed_ms(fn, rep_ms: float, warmup: int = 5) -> float:
+    """Median milliseconds of ``fn`` between two CUDA events, L2 cleared (``clear_l2``) before
+    each call: ``triton.testing.do_bench``'s method, with a clean clearing. Calls are queued
+    ahead of the GPU (the host is not waited for), so this is device time where the host keeps
+    up, as it does for a graph replay."""
+    for _ in range(warmup):
+        clear_l2()
+        fn()
+    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    n = int(min(1000, max(10, rep_ms / max(start.elapsed_time(end) / 3, 1e-3))))
+    pairs = []
+    for _ in range(n):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        clear_l2()
+        start.record()
+        fn()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def graph_ms(call, stream, rep_ms):
     """Median device time of ``call`` captured in a CUDA graph and replayed: no host overhead.
 
     Warm-up and capture run on ``stream``, the stream the eager timing used, so that autograd's
@@ -349,7 +407,7 @@ def _graph_ms(call, stream, rep_ms):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         call()
-    ms = do_bench(graph.replay, warmup=25, rep=rep_ms, return_mode="median")
+    ms = flushed_ms(graph.replay, rep_ms, warmup=25)
     del graph
     return ms
 
@@ -381,29 +439,21 @@ def _calls(inputs, params, fn):
     return fwd, fwd_bwd
 
 
-_flush = None
-
-
 def interleaved_ms(calls: dict, rep_ms: float, block: int = 6) -> dict:
     """Median milliseconds of each call, timed in rounds that run every contender in turn.
 
     Host-bound calls are at the mercy of the host's state (other tenants of a VM, clock
     changes); timing the contenders one after another lets such phases favour one of them.
     Each round runs every contender (the order rotating) for a block of ``block`` calls, each
-    call after clearing L2 and between two CUDA events, as ``triton.testing.do_bench`` does for
-    one. The GPU is drained before each block and the block's first call is not counted, so
+    call after clearing L2 (``clear_l2``) and between two CUDA events, as ``flushed_ms`` does
+    for one. The GPU is drained before each block and the block's first call is not counted, so
     each call is timed in its own steady state: GPU work queued by a contender that is slower on
     the device would otherwise hide the host time of the next one (an H100 VM, 2026-11-23, with
     one call per contender a round: ``torch.compile``'s rotary forward+backward took 241 us at
     4x2048, behind eager PyTorch's 1.1 ms, and ~680 us at 1x4096, a shape of half the bytes).
     """
-    global _flush
-    if _flush is None:
-        _flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
     names = list(calls)
-    estimate = {
-        name: do_bench(calls[name], warmup=5, rep=10, return_mode="median") for name in names
-    }
+    estimate = {name: flushed_ms(calls[name], rep_ms=10) for name in names}
     per_round = block * max(sum(estimate.values()), 1e-3)
     rounds = int(min(200, max(8, rep_ms / per_round * len(names))))
     events = {name: [] for name in names}
@@ -413,7 +463,7 @@ def interleaved_ms(calls: dict, rep_ms: float, block: int = 6) -> dict:
             torch.cuda.synchronize()
             for call in range(block):
                 start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                _flush.zero_()
+                clear_l2()
                 start.record()
                 calls[name]()
                 end.record()
@@ -442,7 +492,7 @@ def time_cases(inputs, params, fns: dict, rep_ms) -> dict:
         for impl, (fwd, fwd_bwd) in calls.items():
             for slot, (name, call) in enumerate((("forward", fwd), ("forward+backward", fwd_bwd))):
                 try:
-                    times[impl][2 + slot] = _graph_ms(call, stream, rep_ms)
+                    times[impl][2 + slot] = graph_ms(call, stream, rep_ms)
                 except Exception as exc:  # noqa: BLE001  (a peer that cannot be captured)
                     print(f"    {impl}: CUDA graph capture of the {name} failed: {exc}"[:300])
                     torch.cuda.synchronize()
@@ -467,18 +517,73 @@ def same_bytes_copy_times(moved_fwd: int, moved_fwd_bwd: int, rep_ms) -> tuple:
             dst = torch.empty_like(src)
             call = functools.partial(torch.neg, src, out=dst)
             times.append(
-                (interleaved_ms({"copy": call}, rep_ms)["copy"], _graph_ms(call, stream, rep_ms))
+                (interleaved_ms({"copy": call}, rep_ms)["copy"], graph_ms(call, stream, rep_ms))
             )
             del src, dst, call
     torch.cuda.current_stream().wait_stream(stream)
     return times[0][0], times[1][0], times[0][1], times[1][1]
 
 
+def copies_for(moved: int, times_l2: int = 4) -> int:
+    """How many copies of a pass's inputs to rotate through so that together they move at
+    least ``times_l2`` times the L2's size: then no call finds its inputs in L2."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return max(1, -(-times_l2 * l2 // moved))
+
+
+def clone_inputs(inputs):
+    """Fresh copies of ``inputs``, with their strides (a transposed view stays one)."""
+    return [t.detach().clone() for t in inputs]
+
+
+def same_bytes_calls(moved: int, copies: int) -> list:
+    """``copies`` calls of one element-wise kernel (``torch.neg``), each on its own buffers,
+    each reading and writing ``moved`` bytes in all (half read, half written)."""
+    calls = []
+    for _ in range(copies):
+        src = torch.zeros(moved // 2 // 2, device="cuda", dtype=torch.bfloat16)
+        calls.append(functools.partial(torch.neg, src, out=torch.empty_like(src)))
+    return calls
+
+
+def back_to_back_ms(calls: list, rep_ms: float = 40.0) -> float:
+    """Milliseconds per call of ``calls`` (one per copy of the inputs) captured back to back,
+    round after round, in one CUDA graph and replayed: the device time of a stream of such calls,
+    with no graph launch or L2 clearing between them. Rotating through copies whose bytes
+    outnumber L2's (``copies_for``) keeps every call's inputs out of L2, as in a model, where
+    other layers' data passes through L2 between two calls of a layer."""
+    for call in calls:
+        call()
+    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+    start.record()
+    for call in calls:
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    rounds = int(min(200, max(2, rep_ms / max(start.elapsed_time(end), 1e-3))))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
+        for _ in range(rounds):
+            for call in calls:
+                call()
+    graph.replay()
+    samples = []
+    for _ in range(7):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) / (rounds * len(calls)))
+    del graph
+    return statistics.median(samples)
+
+
 def copy_bandwidth():
     n = 512 * 1024 * 1024  # 1 GiB of bf16
     src = torch.randn(n, device="cuda", dtype=DTYPE)
     dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    ms = flushed_ms(lambda: dst.copy_(src), rep_ms=200, warmup=25)
     return 2 * n * 2 / (ms * 1e-3) / 1e9  # GB/s, read + write
 
 
@@ -513,12 +618,14 @@ def run(ops, rep_ms, save=None):
         "triton": triton.__version__,
         "liger": liger.version if liger else None,
         "copy_gbs": copy_gbs,
+        "ops": list(ops),
         "dtype": "bfloat16 (RMSNorm-fp32: float32)",
-        "timing": "median of CUDA-event timings, L2 cleared before each call; 'eager calls' "
+        "timing": "median of CUDA-event timings, L2 cleared before each call (256 MB read, "
+        "which leaves no dirty line to write back); 'eager calls' "
         "tables time Python calls (host overhead included) in rounds that run every contender "
         "in rotating order, each for a block of 6 calls (the first not counted) after draining "
         "the GPU; 'CUDA graph' tables replay the same calls captured in a graph (device time "
-        "only, triton.testing.do_bench)",
+        "only)",
     }
     results = []
     for op in ops:
@@ -528,16 +635,7 @@ def run(ops, rep_ms, save=None):
         shapes = ROTARY_SHAPES if op == "rotary" else shapes
         for shape in shapes:
             torch._dynamo.reset()
-            if op in NORM_OPS:
-                inputs, params, fns, b_fwd, b_bwd = norm_case(op, lib, liger, *shape)
-            elif op == "SiluAndMul":
-                inputs, params, fns, b_fwd, b_bwd = silu_mul_case(lib, liger, *shape)
-            elif op == "SwiGLU":
-                inputs, params, fns, b_fwd, b_bwd = swiglu_case(lib, liger, *shape)
-            elif op == "GeluTanh":
-                inputs, params, fns, b_fwd, b_bwd = gelu_tanh_case(lib, liger, *shape)
-            else:
-                inputs, params, fns, b_fwd, b_bwd = rotary_case(lib, liger, *shape)
+            inputs, params, fns, b_fwd, b_bwd = make_case(op, lib, liger, shape)
             spot_check(f"{op} {shape}", inputs, fns)
             timed = time_cases(inputs, params, {i: fns[i] for i in IMPLS if i in fns}, rep_ms)
             timed[COPY] = same_bytes_copy_times(b_fwd, b_fwd + b_bwd, rep_ms)
@@ -579,6 +677,26 @@ def _shape_str(op, shape):
     return f"{shape[0]}x{shape[1]}"
 
 
+def _parts(meta) -> list:
+    """The runs a result set was made of (``--merge``), each with its ops and copy bandwidth."""
+    return meta.get("parts") or [{"ops": meta.get("ops", ["all"]), "copy_gbs": meta["copy_gbs"]}]
+
+
+def merge(folders: list) -> tuple:
+    """(meta, results) of several runs' ``results.json`` (one process each, on one machine in
+    one session: a run of every op takes longer than one command on the GPU machine may).
+    Each row keeps the % of the copy bandwidth its own run measured; the meta lists the parts."""
+    meta, results, parts = None, [], []
+    for folder in folders:
+        with open(os.path.join(folder, "results.json")) as f:
+            data = json.load(f)
+        meta = meta or dict(data["meta"])
+        results += data["results"]
+        parts += _parts(data["meta"])
+    meta["parts"] = parts
+    return meta, results
+
+
 def write_markdown(meta, results, path):
     lines = [
         "# Library kernel benchmarks",
@@ -586,7 +704,9 @@ def write_markdown(meta, results, path):
         f"- device: {meta['device']}",
         f"- date: {meta['date']}",
         f"- torch {meta['torch']}, triton {meta['triton']}, liger-kernel {meta['liger']}",
-        f"- copy bandwidth (device-to-device copy of 1 GiB, read + write): {meta['copy_gbs']:.0f} GB/s",
+        "- copy bandwidth (device-to-device copy of 1 GiB, read + write): "
+        + "; ".join(f"{p['copy_gbs']:.0f} GB/s ({', '.join(p['ops'])})" for p in _parts(meta))
+        + ", each part's % of its own",
         f"- dtype {meta['dtype']}; timing: {meta['timing']}",
         "- GB/s counts the bytes that must move (each input of a pass read once, each output "
         "written once); % is of the copy bandwidth above. Ratios are ours / peer in speed "
@@ -728,7 +848,13 @@ def main():
         default=",".join(OPS),
         help=f"comma-separated subset of {','.join(OPS)}",
     )
-    parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time")
+    parser.add_argument("--rep-ms", type=float, default=100.0, help="time each timing may take")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="DIR",
+        help="write --out's results, tables and plots from these runs' results.json (no GPU)",
+    )
     parser.add_argument(
         "--card",
         action="store_true",
@@ -741,8 +867,6 @@ def main():
         for op in args.ops.split(","):
             print(f"### {op}\n\n{card_tables(results, op)}")
         return
-    if not torch.cuda.is_available():
-        sys.exit("benchmarks/ops.py needs a CUDA GPU")
     os.makedirs(args.out, exist_ok=True)
 
     def save(meta, results):
@@ -750,7 +874,12 @@ def main():
             json.dump({"meta": meta, "results": results}, f, indent=1)
         write_markdown(meta, results, os.path.join(args.out, "results.md"))
 
-    meta, results = run(args.ops.split(","), args.rep_ms, save)
+    if args.merge:
+        meta, results = merge(args.merge)
+    elif not torch.cuda.is_available():
+        sys.exit("benchmarks/ops.py needs a CUDA GPU")
+    else:
+        meta, results = run(args.ops.split(","), args.rep_ms, save)
     save(meta, results)
     write_plots(meta, results, args.out)
     with open(os.path.join(args.out, "results.md")) as f:

@@ -40,3 +40,32 @@ def test_card_compares_ours_with_the_fastest_peer_of_each_column():
     # forward+backward under CUDA graph: Liger is fastest (6 us), ours takes 8 us
     assert graph[4:7] == ["1000 (33%)", "liger 1333", "0.75x"]
     assert lines.index("Eager calls:") < lines.index("CUDA graph:")
+
+
+def test_merge_keeps_each_runs_rows_and_copy_bandwidth(tmp_path):
+    """``ops.py --merge``: a benchmark split over several runs (one GPU command each) becomes one
+    result set whose rows keep the % of their own run's copy bandwidth, and whose tables name
+    every run's bandwidth."""
+    import json
+
+    meta = {"device": "GPU", "date": "2026-11-24", "torch": "t", "triton": "tr", "liger": "l",
+            "dtype": "bf16", "timing": "graphs"}  # fmt: skip
+    runs = [
+        (["SiluAndMul"], 4000.0, [_row("ours", 0.001, 0.008, copy_gbs=4000.0)]),
+        (["RMSNorm"], 4200.0, [{**_row("ours", 0.002, 0.009, copy_gbs=4200.0), "op": "RMSNorm"}]),
+    ]
+    folders = []
+    for i, (op_names, copy_gbs, rows) in enumerate(runs):
+        folder = tmp_path / f"part{i}"
+        folder.mkdir()
+        run_meta = {**meta, "copy_gbs": copy_gbs, "ops": op_names}
+        (folder / "results.json").write_text(json.dumps({"meta": run_meta, "results": rows}))
+        folders.append(str(folder))
+    merged_meta, results = ops.merge(folders)
+    assert [r["op"] for r in results] == ["SiluAndMul", "RMSNorm"]
+    assert results[0]["fwd_pct"] == runs[0][2][0]["fwd_pct"]  # 3000 GB/s of 4000: 75%
+    assert results[0]["fwd_pct"] == 75.0
+    assert [p["copy_gbs"] for p in merged_meta["parts"]] == [4000.0, 4200.0]
+    ops.write_markdown(merged_meta, results, tmp_path / "results.md")
+    header = (tmp_path / "results.md").read_text()
+    assert "4000 GB/s (SiluAndMul); 4200 GB/s (RMSNorm)" in header
