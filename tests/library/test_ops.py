@@ -535,3 +535,24 @@ def test_row_blocks_count_warps_from_the_elements_a_block_holds(norm):
         assert module._bwd_block(helpers.NARROW_ROW) == narrow
         assert module._bwd_block(wide) == helpers.wide_bwd_block(wide)
         assert module._bwd_block(4096)[4] == module.BWD_PROGRAMS_PER_SM
+
+
+def test_forward_blocks_follow_each_norms_sweep(norm):
+    """The forward's launch configuration past 4096 wide, as each norm's sweep chose it (H200,
+    2026-11-24): RMSNorm reads whole multiples of 4096 below MAX_ONE_PASS in chunks of 4096 with
+    16 warps and keeps other rows in registers at 32 elements a thread; LayerNorm keeps every
+    row that fits in registers, with at most 8 warps. Up to 4096 wide both take ``row_block``'s."""
+    helpers = sys.modules[f"{norm.__name__}._library"]
+    rms = sys.modules[f"{norm.__name__}.rms_norm"]
+    ln = sys.modules[f"{norm.__name__}.layer_norm"]
+    for n in (3, 1000, 2048, 4096):
+        assert rms._fwd_block(n) == ln._fwd_block(n) == helpers.row_block(n), n
+    assert rms._fwd_block(8192) == (False, rms.FWD_CHUNK, 1, 16)
+    assert rms._fwd_block(12288) == (False, rms.FWD_CHUNK, 1, 16)
+    assert rms._fwd_block(5120) == (True, 8192, 1, 4)
+    assert rms._fwd_block(11008) == (True, 16384, 1, 8)
+    assert rms._fwd_block(helpers.MAX_ONE_PASS) == (True, helpers.MAX_ONE_PASS, 1, 16)
+    assert ln._fwd_block(8192) == (True, 8192, 1, ln.FWD_MAX_WARPS)
+    assert ln._fwd_block(helpers.MAX_ONE_PASS) == (True, helpers.MAX_ONE_PASS, 1, ln.FWD_MAX_WARPS)
+    wide = helpers.MAX_ONE_PASS + 1
+    assert rms._fwd_block(wide) == ln._fwd_block(wide) == helpers.row_block(wide)

@@ -17,9 +17,10 @@ def _rms64(x64, eps):
     return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
 
 
-# (rows shape, hidden, layout): odd hidden sizes, several leading dims, zero rows, one wide row
-# (the chunked path: wider than 16384), non-contiguous inputs (a row-strided slice, and a
-# transpose, which has no row-contiguous view); model sizes on the GPU.
+# (rows shape, hidden, layout): odd hidden sizes, several leading dims, zero rows, rows read in
+# chunks (wider than 16384; and 8192, a whole multiple of the forward's chunk), non-contiguous
+# inputs (a row-strided slice, and a transpose, which has no row-contiguous view); model sizes on
+# the GPU.
 CASES = [
     ((3,), 37, None),
     ((2, 3), 65, None),
@@ -28,6 +29,7 @@ CASES = [
     ((4,), 128, "slice"),
     ((6,), 40, "transpose"),
     ((2,), 20000, None),
+    ((3,), 8192, "slice"),
     # 75 rows of 520: 16-row steps, so each of the two CPU programs walks several steps and the
     # second ends on a partial one (the persistent backward's row loop and partial sums).
     ((3, 25), 520, None),
@@ -35,6 +37,7 @@ CASES = [
     pytest.param((4096,), 5120, None, marks=pytest.mark.gpu),
     pytest.param((2, 1024), 11008, None, marks=pytest.mark.gpu),
     pytest.param((64,), 14336, None, marks=pytest.mark.gpu),
+    pytest.param((1000,), 12288, "slice", marks=pytest.mark.gpu),
     pytest.param((8,), 65536, None, marks=pytest.mark.gpu),
     pytest.param((3000,), 4096, "slice", marks=pytest.mark.gpu),
 ]

@@ -48,6 +48,23 @@ BWD_BLOCK_ELEMENTS = 16384
 BWD_WIDE_ROW = 4096
 
 
+# Forward warps past 4096 wide, from an interleaved A/B of configurations at ~64M elements
+# (H200, 2026-11-24, bf16, CUDA graphs; benchmarks/results/ops-2026-11-24-h200/): at most 8,
+# as the row's two reductions (mean, then centred variance) each wait on all warps. Against
+# 16 warps: 32768x8192 258 against 287 us, 5461x12288 82 against 84 us; 16384 wide is even.
+# Reading the row in chunks (three passes) lost at every width.
+FWD_MAX_WARPS = 8
+
+
+@functools.cache
+def _fwd_block(n_cols: int) -> tuple[bool, int, int, int]:
+    """(one_pass, block_n, rows, num_warps) for the forward, as swept."""
+    one_pass, block_n, rows, num_warps = row_block(n_cols)
+    if one_pass:
+        num_warps = min(FWD_MAX_WARPS, num_warps)
+    return one_pass, block_n, rows, num_warps
+
+
 @functools.cache
 def _bwd_block(n_cols: int) -> tuple[bool, int, int, int, int]:
     """(one_pass, block_n, rows, num_warps, programs_per_sm) for the backward, as swept."""
@@ -104,20 +121,29 @@ def _layer_norm_fwd_kernel(
             y = y + tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(Y + rows[:, None] * n_cols + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     else:
-        # A row too wide for registers: mean, then centred variance, then normalise, each a
-        # pass over chunks (the later reads mostly hit L2).
+        # A row too wide for registers (or chunked, where that is faster): mean, then centred
+        # variance, then normalise, each a pass over chunks. The first two passes keep their
+        # reads in L2 (evict_last), so that the later reads hit L2; the last lets them go.
         row = tl.program_id(0).to(tl.int64)
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            acc += tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+            x = tl.load(
+                X + row * stride_x + cols,
+                mask=cols < n_cols,
+                other=0.0,
+                eviction_policy="evict_last",
+            )
+            acc += x.to(tl.float32)
         mean = tl.sum(acc, axis=0) / n_cols
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < n_cols
-            x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-            xc = tl.where(mask, x - mean, 0.0)
+            x = tl.load(
+                X + row * stride_x + cols, mask=mask, other=0.0, eviction_policy="evict_last"
+            )
+            xc = tl.where(mask, x.to(tl.float32) - mean, 0.0)
             acc += xc * xc
         rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
         tl.store(MEAN + row, mean)
@@ -125,12 +151,16 @@ def _layer_norm_fwd_kernel(
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < n_cols
-            x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-            y = (x - mean) * rstd
+            x = tl.load(
+                X + row * stride_x + cols, mask=mask, other=0.0, eviction_policy="evict_first"
+            )
+            y = (x.to(tl.float32) - mean) * rstd
             if HAS_WEIGHT:
-                y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+                y = y * w.to(tl.float32)
             if HAS_BIAS:
-                y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+                b = tl.load(B + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+                y = y + b.to(tl.float32)
             tl.store(Y + row * n_cols + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -279,7 +309,7 @@ def _forward(x, normalized_shape, weight, bias, eps):
     x2, n_rows, stride_x = as_rows(x, n_cols)
     w = None if weight is None else _flat(weight)
     b = None if bias is None else _flat(bias)
-    one_pass, block_n, rows, num_warps = row_block(n_cols)
+    one_pass, block_n, rows, num_warps = _fwd_block(n_cols)
     grid = (cdiv(n_rows, rows),) if one_pass else (n_rows,)
     args = (
         x2,

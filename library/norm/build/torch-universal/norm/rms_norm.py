@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ._library import (
     CHUNK,
+    MAX_ONE_PASS,
     WIDE_ROW_WARPS,
     as_rows,
     cdiv,
@@ -33,6 +34,7 @@ from ._library import (
     narrow_bwd_block,
     op_name,
     persistent_grid,
+    previous_power_of_2,
     row_block,
     sum_partials,
     use_autograd_function,
@@ -56,6 +58,27 @@ _GEMMA = tl.constexpr(GEMMA)
 # wide_bwd_block's.
 BWD_PROGRAMS_PER_SM = 1
 BWD_BLOCK_ELEMENTS = 16384
+
+
+# Forward launch configuration past 4096 wide, from an interleaved A/B of configurations at
+# ~64M elements (H200, 2026-11-24, bf16, CUDA graphs; benchmarks/results/ops-2026-11-24-h200/):
+# whole multiples of FWD_CHUNK (8192, 12288) are read in chunks of FWD_CHUNK by 16 warps, twice
+# (the second read from L2), as inductor does: at 32768x8192 249 us against 259 us for the row in
+# registers (16 warps), at 5461x12288 67.5 against 69.8 us; 16384 itself is as fast in one block.
+# Other widths keep the row in registers with 32 elements a thread: at 16384x5120, 4 warps took
+# 80 us against 84 us with 8.
+FWD_CHUNK = 4096
+
+
+@functools.cache
+def _fwd_block(n_cols: int) -> tuple[bool, int, int, int]:
+    """(one_pass, block_n or chunk, rows, num_warps) for the forward, as swept."""
+    if FWD_CHUNK < n_cols < MAX_ONE_PASS and n_cols % FWD_CHUNK == 0:
+        return False, FWD_CHUNK, 1, 16
+    one_pass, block_n, rows, num_warps = row_block(n_cols)
+    if one_pass and n_cols > FWD_CHUNK:
+        num_warps = max(4, previous_power_of_2(n_cols // 1024))
+    return one_pass, block_n, rows, num_warps
 
 
 @functools.cache
@@ -95,12 +118,13 @@ def _load_row_input(
     mask,
     HAS_RESIDUAL: tl.constexpr,
     STORE_SUM: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
     # The row to normalise in fp32: x, or the sum x + r rounded to the sum's dtype (which the
-    # fused layer returns, and stores here when STORE_SUM).
-    x = tl.load(X + x_offsets, mask=mask, other=0.0).to(tl.float32)
+    # fused layer returns, and stores here when STORE_SUM). EVICT: the loads' L2 eviction policy.
+    x = tl.load(X + x_offsets, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if HAS_RESIDUAL:
-        r = tl.load(R + r_offsets, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(R + r_offsets, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
         s = (x + r).to(S.dtype.element_ty)
         if STORE_SUM:
             tl.store(S + s_offsets, s, mask=mask)
@@ -148,6 +172,7 @@ def _rms_norm_fwd_kernel(
             mask,
             HAS_RESIDUAL,
             True,
+            "",
         )
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
         tl.store(RSTD + rows, rstd, mask=row_mask)
@@ -155,8 +180,9 @@ def _rms_norm_fwd_kernel(
         y = _scale(x * rstd[:, None], w[None, :], MODE, IN_DTYPE)
         tl.store(Y + offsets, y.to(Y.dtype.element_ty), mask=mask)
     else:
-        # A row too wide for registers: sum of squares over chunks, then normalise chunk by
-        # chunk (the second read mostly hits L2).
+        # A row too wide for registers (or chunked, where that is faster): sum of squares over
+        # chunks, then normalise chunk by chunk. The first pass keeps its reads in L2
+        # (evict_last), so that the second read hits L2; the second lets them go (evict_first).
         row = tl.program_id(0).to(tl.int64)
         base = row * n_cols
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -173,6 +199,7 @@ def _rms_norm_fwd_kernel(
                 mask,
                 HAS_RESIDUAL,
                 True,
+                "evict_last",
             )
             acc += x * x
         rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
@@ -192,8 +219,10 @@ def _rms_norm_fwd_kernel(
                 mask,
                 HAS_RESIDUAL,
                 False,
+                "evict_first",
             )
-            w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(W + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+            w = w.to(tl.float32)
             y = _scale(x * rstd, w, MODE, IN_DTYPE)
             tl.store(Y + base + cols, y.to(Y.dtype.element_ty), mask=mask)
 
@@ -332,7 +361,7 @@ def _forward(x, residual, weight, eps, mode):
         return y, s, rstd
     x2, n_rows, stride_x = as_rows(x, n_cols)
     r2, _, stride_r = (x2, n_rows, stride_x) if residual is None else as_rows(residual, n_cols)
-    one_pass, block_n, rows, num_warps = row_block(n_cols)
+    one_pass, block_n, rows, num_warps = _fwd_block(n_cols)
     grid = (cdiv(n_rows, rows),) if one_pass else (n_rows,)
     args = (
         x2, r2, weight.contiguous(), y, x2 if s is None else s, rstd,
