@@ -19,9 +19,13 @@
    a CUDA graph after L2 is cleared by writing 256 MB (``ops.py``'s graph tables until
    2026-11-24), the same after L2 is cleared by reading 256 MB, between events after a read
    clear, and back to back in one graph over enough copies of the inputs that none is in L2.
+7. Forward A/B (``forward-ab``, only when asked for; ``--norms`` picks norms): each norm's forward
+   launch configurations beside torch.compile and Liger, back to back in CUDA graphs replayed in
+   interleaved rounds, the A/B behind the norms' ``_fwd_block``; ``inductor`` prints the Triton
+   code torch.compile generates for the norm forwards at 8192 wide.
 
-    python benchmarks/diagnose.py sweep       # one part: host, sweep, profile, widths, ceiling
-                                              # or timing
+    python benchmarks/diagnose.py sweep       # one part: host, sweep, profile, widths, ceiling,
+                                              # timing, forward-ab or inductor
 """
 
 from __future__ import annotations
@@ -263,10 +267,6 @@ FWD_CONFIGS = {
     2048: [(True, 2048, r, w) for r in (2, 4) for w in (4, 8, 16)],
     5120: [(True, 8192, 1, w) for w in (4, 8, 16, 32)]
     + [(False, c, 1, w) for c in (1024, 2048) for w in (4, 8)],
-    4096: [(True, 4096, r, w) for r in (1, 2) for w in (4, 8, 16)]
-    + [(False, c, 1, w) for c in (1024, 2048) for w in (4, 8)],
-    8192: [(True, 8192, r, w) for r in (1, 2) for w in (8, 16, 32)]
-    + [(False, c, 1, w) for c in (1024, 2048, 4096) for w in (4, 8, 16)],
     65536: [(False, c, 1, w) for c in (4096, 8192, 16384) for w in (8, 16, 32)],
 }
 # Backward grids (elements a step or chunk, programs per SM, warps) per width.
@@ -367,66 +367,57 @@ def _fwd_candidates(cols: int) -> list:
     return configs
 
 
-# Shapes of the A/B: the square ones of ops.NORM_SHAPES from 64M elements, and about 64M
-# elements at the widths of real models' hidden sizes (Llama 2 13B, 70B's MLP, ...).
-FWD_AB_SHAPES = [*ops.NORM_SHAPES[1:], (16384, 5120), (5461, 12288), (4096, 16384)]
+# Cases of the A/B (a norm of ops.NORM_OPS, shapes): the square shapes of ops.NORM_SHAPES from
+# 64M elements, and about 64M elements at the widths of real models' hidden sizes, for the two
+# norms; the square shapes for the RMSNorm kernel's other uses (fp32 data, Gemma, fused add).
+_WIDE_SHAPES = [*ops.NORM_SHAPES[1:], (16384, 5120), (5461, 12288), (4096, 16384)]
+FWD_AB_CASES = [("RMSNorm", s) for s in _WIDE_SHAPES] + [("LayerNorm", s) for s in _WIDE_SHAPES]
+FWD_AB_CASES += [(k, s) for k in ("RMSNorm-fp32", "GemmaRMSNorm", "FusedAddRMSNorm")
+                 for s in ops.NORM_SHAPES[1:]]  # fmt: skip
 
 
-def forward_ab(lib, liger):
-    """The norms' forward at FWD_AB_SHAPES: ours as configured and the candidates of
-    ``_fwd_candidates`` beside torch.compile and Liger, each back to back in a CUDA graph, the
-    graphs replayed in interleaved rounds (``interleaved_graphs_ms``)."""
+def forward_ab(lib, liger, kinds=()):
+    """The norms' forward in FWD_AB_CASES (only those of ``kinds``, if given): ours as
+    configured and the candidates of ``_fwd_candidates`` beside torch.compile and Liger, each
+    back to back in a CUDA graph, the graphs replayed in interleaved rounds
+    (``interleaved_graphs_ms``)."""
+    modules = dict(norm_modules(lib))
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
-        for op, m in norm_modules(lib):
-            for rows, cols in FWD_AB_SHAPES:
-                inputs, _, fns, moved, _ = ops.norm_case(op, lib, liger, rows, cols)
-                graphs = {}
-                with torch.no_grad():
-                    for impl in ("compile", "liger", "ours"):
-                        if impl in fns:
-                            graphs[impl] = _graph_of(functools.partial(fns[impl], *inputs))
-                    for config in _fwd_candidates(cols):
-                        one_pass, block_n, n_rows, warps = config
-                        kind = f"block {block_n} x {n_rows}" if one_pass else f"chunks {block_n}"
-                        with _swapped(m, _fwd_block=lambda n, config=config: config):
-                            graphs[f"{kind}, {warps} warps"] = _graph_of(
-                                functools.partial(fns["ours"], *inputs)
-                            )
-                times = interleaved_graphs_ms(graphs)
-                best = min(times["compile"], times.get("liger", float("inf")))
-                for name, ms in sorted(times.items(), key=lambda t: t[1]):
-                    print(f"{op} fwd {rows}x{cols} {name:22s} {ms * 1e3:7.1f} us "
-                          f"{moved / ms / 1e6:6.0f} GB/s  {best / ms:5.3f}x best peer")  # fmt: skip
-                del graphs, inputs, fns
-                torch.cuda.empty_cache()
-
-
-def sweep_forward(lib, liger):
-    """The norms' forward at the square shapes of 64M+ elements: torch.compile's and Liger's
-    beside ours as configured and over FWD_CONFIGS (CUDA graphs, back to back), then the
-    Triton code inductor generates for RMSNorm's forward at 8192 wide."""
-    from triton.testing import do_bench_cudagraph
-
-    stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
-    with torch.cuda.stream(stream):
-        for op, m in norm_modules(lib):
-            for rows, cols in FWD_AB_SHAPES:
-                inputs, _, fns, moved, _ = ops.norm_case(op, lib, liger, rows, cols)
-                for impl in ("compile", "liger"):
+        for op, (rows, cols) in [c for c in FWD_AB_CASES if not kinds or c[0] in kinds]:
+            m = modules["LayerNorm" if op.startswith("LayerNorm") else "RMSNorm"]
+            inputs, _, fns, moved, _ = ops.norm_case(op, lib, liger, rows, cols)
+            graphs = {}
+            with torch.no_grad():
+                for impl in ("compile", "liger", "ours"):
                     if impl in fns:
-                        with torch.no_grad():
-                            fn = functools.partial(fns[impl], *inputs)
-                            fn()
-                            ms = do_bench_cudagraph(fn, rep=30)
-                        print(f"{op} fwd {rows}x{cols} {impl}: {ms * 1e3:7.1f} us "
-                              f"{moved / ms / 1e6:6.0f} GB/s")  # fmt: skip
-                del inputs, fns
-                _sweep_forward(op, m, rows, cols)
+                        graphs[impl] = _graph_of(functools.partial(fns[impl], *inputs))
+                for config in _fwd_candidates(cols):
+                    one_pass, block_n, n_rows, warps = config
+                    kind = f"block {block_n} x {n_rows}" if one_pass else f"chunks {block_n}"
+                    with _swapped(m, _fwd_block=lambda n, config=config: config):
+                        graphs[f"{kind}, {warps} warps"] = _graph_of(
+                            functools.partial(fns["ours"], *inputs)
+                        )
+            times = interleaved_graphs_ms(graphs)
+            best = min(times["compile"], times.get("liger", float("inf")))
+            for name, ms in sorted(times.items(), key=lambda t: t[1]):
+                print(f"{op} fwd {rows}x{cols} {name:22s} {ms * 1e3:7.1f} us "
+                      f"{moved / ms / 1e6:6.0f} GB/s  {best / ms:5.3f}x best peer")  # fmt: skip
+            del graphs, inputs, fns
+            torch.cuda.empty_cache()
+
+
+def inductor_code(lib, liger):
+    """The Triton code inductor generates for the RMSNorm and LayerNorm forwards at 8192 wide
+    (its kernels and launch configuration), to compare its choices with ours."""
+    for op in ("RMSNorm", "LayerNorm"):
         torch._dynamo.reset()
-        inputs, _, fns, _, _ = ops.norm_case("RMSNorm", lib, liger, 8192, 8192)
+        inputs, _, fns, _, _ = ops.norm_case(op, lib, liger, 8192, 8192)
         with torch.no_grad():
-            print(_inductor_kernels(fns["compile"], *inputs))
+            print(
+                f"--- {op} 8192x8192, torch.compile\n{_inductor_kernels(fns['compile'], *inputs)}"
+            )
 
 
 def _sweep_rotary_shape(lib, liger, rotary, batch, seq):
@@ -670,7 +661,11 @@ def main():
         ),
         help="what to run (default: host, sweep and profile)",
     )
-    parts = parser.parse_args().parts or ["host", "sweep", "profile"]
+    parser.add_argument(
+        "--norms", default="", help="forward-ab: only these norms (comma-separated, ops.py names)"
+    )
+    args = parser.parse_args()
+    parts = args.parts or ["host", "sweep", "profile"]
     lib = ops.load_library()
     liger = ops.load_liger()
     if "host" in parts:
@@ -686,10 +681,10 @@ def main():
         sweep_widths(lib, liger)
     if "timing" in parts:
         timing_methods(lib, liger)
-    if "forward" in parts:
-        sweep_forward(lib, liger)
+    if "inductor" in parts:
+        inductor_code(lib, liger)
     if "forward-ab" in parts:
-        forward_ab(lib, liger)
+        forward_ab(lib, liger, [k for k in args.norms.split(",") if k])
 
 
 if __name__ == "__main__":
