@@ -291,7 +291,7 @@ def _sweep_forward(op, m, rows, cols):
     report("ours as configured", do_bench_cudagraph(ours, rep=30))
     timed = []
     for config in FWD_CONFIGS[cols]:
-        with _swapped(m, _fwd_block=lambda n, elements=4096, config=config: config):
+        with _swapped(m, _fwd_block=lambda n, *_, config=config: config):
             ours()
             timed.append((do_bench_cudagraph(ours, rep=20), config))
     for ms, (one_pass, block_n, n_rows, warps) in sorted(timed)[:6]:
@@ -358,11 +358,17 @@ def interleaved_graphs_ms(graphs: dict, rounds: int = 9) -> dict:
 
 def _fwd_candidates(cols: int) -> list:
     """Forward configurations (one_pass, block_n or chunk, rows, warps) for the interleaved
-    A/B at ``cols`` wide: one block of the row (one or two rows a block, 4 to 32 warps), and
-    chunks of 2048 or 4096 (8 or 16 warps); 8 to 64 elements a thread."""
+    A/B at ``cols`` wide, each with 8 to 64 elements a thread: one block of the row (4 to 32
+    warps); narrow rows packed 2 to 16 to a block (2 to 16 warps); chunks of 2048 or 4096
+    (8 or 16 warps)."""
     block = 1 << (cols - 1).bit_length()
-    configs = [(True, block, 1, w) for w in (4, 8, 16, 32) if 8 <= block // (32 * w) <= 64]
-    configs += [(True, block, 2, w) for w in (8, 16) if block <= 4096]
+
+    def fits(rows, warps):
+        return 8 <= rows * block // (32 * warps) <= 64
+
+    configs = [(True, block, 1, w) for w in (4, 8, 16, 32) if fits(1, w)]
+    configs += [(True, block, r, w) for r in (2, 4, 8, 16) for w in (2, 4, 8, 16)
+                if r * block <= 16384 and fits(r, w)]  # fmt: skip
     configs += [(False, c, 1, w) for c in (2048, 4096) for w in (8, 16) if c < cols]
     return configs
 
@@ -372,6 +378,7 @@ def _fwd_candidates(cols: int) -> list:
 # norms; the square shapes for the RMSNorm kernel's other uses (fp32 data, Gemma, fused add).
 _WIDE_SHAPES = [*ops.NORM_SHAPES[1:], (16384, 5120), (5461, 12288), (4096, 16384)]
 FWD_AB_CASES = [("RMSNorm", s) for s in _WIDE_SHAPES] + [("LayerNorm", s) for s in _WIDE_SHAPES]
+FWD_AB_CASES += [(k, s) for k in ("RMSNorm", "LayerNorm") for s in ops.WIDTH_SHAPES[:2]]
 FWD_AB_CASES += [(k, s) for k in ("RMSNorm-fp32", "GemmaRMSNorm", "FusedAddRMSNorm")
                  for s in ops.NORM_SHAPES[1:]]  # fmt: skip
 
@@ -386,6 +393,7 @@ def forward_ab(lib, liger, kinds=()):
     with torch.cuda.stream(stream):
         for op, (rows, cols) in [c for c in FWD_AB_CASES if not kinds or c[0] in kinds]:
             m = modules["LayerNorm" if op.startswith("LayerNorm") else "RMSNorm"]
+            torch._dynamo.reset()  # each case's torch.compile from scratch, not a recompile
             inputs, _, fns, moved, _ = ops.norm_case(op, lib, liger, rows, cols)
             graphs = {}
             with torch.no_grad():
@@ -395,7 +403,7 @@ def forward_ab(lib, liger, kinds=()):
                 for config in _fwd_candidates(cols):
                     one_pass, block_n, n_rows, warps = config
                     kind = f"block {block_n} x {n_rows}" if one_pass else f"chunks {block_n}"
-                    with _swapped(m, _fwd_block=lambda n, config=config: config):
+                    with _swapped(m, _fwd_block=lambda n, *_, config=config: config):
                         graphs[f"{kind}, {warps} warps"] = _graph_of(
                             functools.partial(fns["ours"], *inputs)
                         )
@@ -505,7 +513,7 @@ def _norm_forward_ceiling(op, m, rows, cols):
     timed = []
     for elements, warps in ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16)):
 
-        def block(n, elements=elements, warps=warps):
+        def block(n, *_, elements=elements, warps=warps):
             one_pass, block_n, n_rows, _ = row_block(n, elements)
             return one_pass, block_n, n_rows, warps
 

@@ -48,18 +48,28 @@ BWD_BLOCK_ELEMENTS = 16384
 BWD_WIDE_ROW = 4096
 
 
-# Forward warps past 4096 wide, from an interleaved A/B of configurations at ~64M elements
-# (H200, 2026-11-24, bf16, CUDA graphs; benchmarks/results/ops-2026-11-24-h200/): at most 8,
-# as the row's two reductions (mean, then centred variance) each wait on all warps. Against
-# 16 warps: 32768x8192 258 against 287 us, 5461x12288 82 against 84 us; 16384 wide is even.
-# Reading the row in chunks (three passes) lost at every width.
+# Forward launch configuration, from an interleaved A/B of configurations at ~64M elements
+# (H200, 2026-11-24, CUDA graphs; benchmarks/results/ops-2026-11-24-h200/):
+# - at most FWD_MAX_WARPS warps, as the row's two reductions (mean, then centred variance) each
+#   wait on all warps: against 16, 32768x8192 258 against 287 us, 5461x12288 82 against 84 us;
+#   16384 wide is even;
+# - rows up to FWD_NARROW_ELEMENTS share blocks of that many elements, 4 warps: 65536x1024
+#   64.5 us against 71.2 us in blocks of 4096 elements (8 warps), 32768x2048 64.2 against 67.4;
+#   rows up to 4096 share blocks of 8192 elements: 16384x4096 65.8 against 67.3 us alone.
+# Reading the row in chunks (three passes) lost at every width, and so did a variance from two
+# independent sums of the row shifted by its first element (no faster than the two passes).
 FWD_MAX_WARPS = 8
+FWD_NARROW_ELEMENTS = 2048
+FWD_BLOCK_ELEMENTS = 8192
 
 
 @functools.cache
 def _fwd_block(n_cols: int) -> tuple[bool, int, int, int]:
     """(one_pass, block_n, rows, num_warps) for the forward, as swept."""
-    one_pass, block_n, rows, num_warps = row_block(n_cols)
+    if n_cols <= FWD_NARROW_ELEMENTS:
+        return row_block(n_cols, FWD_NARROW_ELEMENTS)
+    elements = FWD_BLOCK_ELEMENTS if n_cols <= 4096 else n_cols
+    one_pass, block_n, rows, num_warps = row_block(n_cols, elements)
     if one_pass:
         num_warps = min(FWD_MAX_WARPS, num_warps)
     return one_pass, block_n, rows, num_warps

@@ -60,23 +60,32 @@ BWD_PROGRAMS_PER_SM = 1
 BWD_BLOCK_ELEMENTS = 16384
 
 
-# Forward launch configuration past 4096 wide, from an interleaved A/B of configurations at
-# ~64M elements (H200, 2026-11-24, bf16, CUDA graphs; benchmarks/results/ops-2026-11-24-h200/):
-# whole multiples of FWD_CHUNK (8192, 12288) are read in chunks of FWD_CHUNK by 16 warps, twice
-# (the second read from L2), as inductor does: at 32768x8192 249 us against 259 us for the row in
-# registers (16 warps), at 5461x12288 67.5 against 69.8 us; 16384 itself is as fast in one block.
-# Other widths keep the row in registers with 32 elements a thread: at 16384x5120, 4 warps took
-# 80 us against 84 us with 8.
-FWD_CHUNK = 4096
+# Forward launch configuration, from an interleaved A/B of configurations at ~64M elements
+# (H200, 2026-11-24, CUDA graphs; benchmarks/results/ops-2026-11-24-h200/):
+# - rows of two or more whole chunks of FWD_CHUNK_BYTES (bf16 8192 and 12288 wide, fp32 4096
+#   and 8192) are read in those chunks by 16 warps, twice (the second read from L2), as inductor
+#   does: bf16 32768x8192 249 us against 259 us with the row in registers, 5461x12288 67.5
+#   against 69.8 us, fp32 16384x4096 127 against 131 us; rows of 16384 are as fast in one block;
+# - other rows past 4096 stay in registers with 32 elements a thread: bf16 16384x5120 80 us
+#   against 84 us with 16;
+# - rows up to FWD_NARROW_ELEMENTS share blocks of that many elements, 4 warps: 32768x2048
+#   63.3 us against 65.0 us in blocks of 4096 elements (8 warps), 65536x1024 64.3 against 65.1.
+FWD_CHUNK_BYTES = 8192
+FWD_CHUNK_WARPS = 16
+FWD_NARROW_ELEMENTS = 2048
 
 
 @functools.cache
-def _fwd_block(n_cols: int) -> tuple[bool, int, int, int]:
-    """(one_pass, block_n or chunk, rows, num_warps) for the forward, as swept."""
-    if FWD_CHUNK < n_cols < MAX_ONE_PASS and n_cols % FWD_CHUNK == 0:
-        return False, FWD_CHUNK, 1, 16
+def _fwd_block(n_cols: int, itemsize: int) -> tuple[bool, int, int, int]:
+    """(one_pass, block_n or chunk, rows, num_warps) for the forward of rows of ``n_cols``
+    elements of ``itemsize`` bytes, as swept."""
+    chunk = FWD_CHUNK_BYTES // itemsize
+    if 2 * chunk <= n_cols < MAX_ONE_PASS and n_cols % chunk == 0:
+        return False, chunk, 1, FWD_CHUNK_WARPS
+    if n_cols <= FWD_NARROW_ELEMENTS:
+        return row_block(n_cols, FWD_NARROW_ELEMENTS)
     one_pass, block_n, rows, num_warps = row_block(n_cols)
-    if one_pass and n_cols > FWD_CHUNK:
+    if one_pass and n_cols > 4096:
         num_warps = max(4, previous_power_of_2(n_cols // 1024))
     return one_pass, block_n, rows, num_warps
 
@@ -361,7 +370,7 @@ def _forward(x, residual, weight, eps, mode):
         return y, s, rstd
     x2, n_rows, stride_x = as_rows(x, n_cols)
     r2, _, stride_r = (x2, n_rows, stride_x) if residual is None else as_rows(residual, n_cols)
-    one_pass, block_n, rows, num_warps = _fwd_block(n_cols)
+    one_pass, block_n, rows, num_warps = _fwd_block(n_cols, x.element_size())
     grid = (cdiv(n_rows, rows),) if one_pass else (n_rows,)
     args = (
         x2, r2, weight.contiguous(), y, x2 if s is None else s, rstd,
