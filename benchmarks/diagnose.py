@@ -162,7 +162,8 @@ def _swapped(module, **attributes):
             setattr(module, name, value)
 
 
-SWEEP_SHAPES = ((4096, 2048), (4096, 4096), (16384, 4096), (8192, 8192), (32768, 8192))
+SWEEP_SHAPES = ((4096, 2048), (4096, 4096), (16384, 4096), (8192, 8192), (32768, 8192),
+                (65536, 1024), (16384, 5120))  # fmt: skip
 
 
 def _norm_backward_call(op, module, liger, rows, cols):
@@ -204,7 +205,7 @@ def norm_modules(lib):
             (("RMSNorm", "rms_norm"), ("LayerNorm", "layer_norm"))]  # fmt: skip
 
 
-BWD_GRID = ((4096, 8192, 16384), (1, 2), (8, 16))  # elements a step, programs per SM, warps
+BWD_GRID = ((4096, 8192, 16384), (1, 2), (4, 8, 16))  # elements a step, programs per SM, warps
 
 
 def _sweep_shape(op, m, liger, rows, cols, grid=BWD_GRID):
@@ -664,8 +665,8 @@ def main():
             "ceiling",
             "widths",
             "timing",
-            "forward",
             "forward-ab",
+            "inductor",
         ),
         help="what to run (default: host, sweep and profile)",
     )

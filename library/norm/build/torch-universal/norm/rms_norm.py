@@ -54,6 +54,8 @@ _GEMMA = tl.constexpr(GEMMA)
 # programs per SM and 16 warps: 4096x2048 44.4 -> 25.4 us, 4096x4096 52.4 -> 43.9 us,
 # 16384x4096 169 -> 148 us, 32768x8192 632 -> 582 us (92% of copy bandwidth). More rows a step
 # keep more loads in flight per program; fewer programs leave fewer fp32 partial rows to sum.
+# On an H200 (2026-11-24, diagnose.py sweep) the same configuration won again, with 16 warps
+# from rows of 4096 on: 4096x4096 35.8 against 36.4 us, 16384x4096 115 against 117 us.
 # Rows of 1024 or fewer take narrow_bwd_block's configuration instead, rows past MAX_ONE_PASS
 # wide_bwd_block's.
 BWD_PROGRAMS_PER_SM = 1
@@ -97,7 +99,7 @@ def _bwd_block(n_cols: int) -> tuple[bool, int, int, int, int]:
     if special is not None:
         return special
     _, block_n, rows, _ = row_block(n_cols, BWD_BLOCK_ELEMENTS)  # one pass: not wide
-    return True, block_n, rows, min(16, max(8, block_n // 512)), BWD_PROGRAMS_PER_SM
+    return True, block_n, rows, 8 if block_n <= 2048 else 16, BWD_PROGRAMS_PER_SM
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,6 +259,26 @@ def _rms_norm_row_dot_kernel(
 
 
 @triton.jit
+def _rms_norm_bwd_loads(DY, DS, X, RSTD, C, rows, row_end, cols, col_mask, stride_dy, stride_ds,
+                        stride_x, HAS_DSUM: tl.constexpr, SPLIT_COLS: tl.constexpr):  # fmt: skip
+    # One backward step's inputs, in their stored dtypes: x, dy, rstd, c (SPLIT_COLS; else rstd
+    # as a placeholder) and the sum's gradient (HAS_DSUM; else dy as a placeholder). Rows past
+    # row_end are masked off: no memory is read for them.
+    row_mask = rows < row_end
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+    c = rstd
+    if SPLIT_COLS:
+        c = tl.load(C + rows, mask=row_mask, other=0.0)
+    ds = dy
+    if HAS_DSUM:
+        ds = tl.load(DS + rows[:, None] * stride_ds + cols[None, :], mask=mask, other=0.0)
+    return x, dy, rstd, c, ds
+
+
+@triton.jit
 def _rms_norm_bwd_kernel(
     DY,
     DS,
@@ -285,7 +307,9 @@ def _rms_norm_bwd_kernel(
     # rounded to the input dtype, as the forward used it).
     # A program walks a contiguous run of rows, ROWS at a time, over one block of columns: the
     # whole row, or with SPLIT_COLS (rows too wide for registers) block program_id(1) of
-    # BLOCK_N columns, c then coming from C (the row dot kernel).
+    # BLOCK_N columns, c then coming from C (the row dot kernel). Each step loads the next
+    # step's rows before it reduces its own, so the program keeps loads in flight while it
+    # reduces (H200, 2026-11-24: 15-20% off the backward at 4096 and 8192 wide).
     pid = tl.program_id(0)
     row_start = pid.to(tl.int64) * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
@@ -295,24 +319,27 @@ def _rms_norm_bwd_kernel(
     if MODE == _GEMMA:
         w = w + 1.0
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    rows = row_start + tl.arange(0, ROWS)
+    x, dy, rstd, c, ds = _rms_norm_bwd_loads(
+        DY, DS, X, RSTD, C, rows, row_end, cols, col_mask, stride_dy, stride_ds, stride_x,
+        HAS_DSUM, SPLIT_COLS,
+    )  # fmt: skip
     for first in range(row_start, row_end, ROWS):
         rows = first + tl.arange(0, ROWS)
-        row_mask = rows < row_end
-        mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        next_rows = rows + ROWS
+        next_x, next_dy, next_rstd, next_c, next_ds = _rms_norm_bwd_loads(
+            DY, DS, X, RSTD, C, next_rows, row_end, cols, col_mask, stride_dy, stride_ds,
+            stride_x, HAS_DSUM, SPLIT_COLS,
+        )  # fmt: skip
+        mask = (rows < row_end)[:, None] & col_mask[None, :]
         x = x.to(tl.float32)
-        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
         dy = dy.to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
         xhat = x * rstd[:, None]
         g = dy * w[None, :]
-        if SPLIT_COLS:
-            c = tl.load(C + rows, mask=row_mask, other=0.0)
-        else:
+        if not SPLIT_COLS:
             c = tl.sum(g * xhat, axis=1) / n_cols
         dx = (g - xhat * c[:, None]) * rstd[:, None]
         if HAS_DSUM:
-            ds = tl.load(DS + rows[:, None] * stride_ds + cols[None, :], mask=mask, other=0.0)
             dx += ds.to(tl.float32)
         tl.store(
             DX + rows[:, None] * stride_dx + cols[None, :],
@@ -323,6 +350,7 @@ def _rms_norm_bwd_kernel(
             if MODE == _LLAMA:
                 xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
             dw_acc += tl.sum(dy * xhat, axis=0)
+        x, dy, rstd, c, ds = next_x, next_dy, next_rstd, next_c, next_ds
     if COMPUTE_DW:
         tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
 
