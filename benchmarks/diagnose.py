@@ -212,7 +212,7 @@ def _sweep_shape(op, m, liger, rows, cols, grid=BWD_GRID):
     """Time one norm's backward at (rows, cols): Liger's, ours as configured, and ours over the
     configurations of ``grid`` (on the current stream, which must not be the default one).
     For rows too wide for one pass, the elements a step are the width of a program's block of
-    columns (taken 16384 elements a step)."""
+    columns (taken 8192 elements a step)."""
     import itertools
 
     from triton.testing import do_bench_cudagraph
@@ -235,9 +235,9 @@ def _sweep_shape(op, m, liger, rows, cols, grid=BWD_GRID):
             one_pass, block_n, n_rows, _ = row_block(n, elements)
             if one_pass:
                 return one_pass, block_n, n_rows, warps, per_sm
-            return False, elements, max(1, 16384 // elements), warps, per_sm
+            return False, elements, max(1, 8192 // elements), warps, per_sm
 
-        with _swapped(m, _bwd_block=block):
+        with _swapped(m, bwd_block=block):
             ours()
             timed.append((do_bench_cudagraph(ours, rep=20), elements, per_sm, warps))
     for ms, elements, per_sm, warps in sorted(timed)[:4]:
@@ -250,7 +250,7 @@ def sweep_backward(lib, liger):
     program handles per step, programs per SM and warps; CUDA graphs, so device time only.
 
     Prints, per norm and shape, Liger's backward, ours as configured, and the four fastest
-    configurations. The configuration lives in each module's ``_bwd_block``; the sweep swaps
+    configurations. The configuration is ``bwd_block`` of the norm package's ``_library``; the sweep swaps
     it and puts it back (``_swapped``).
     """
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream

@@ -530,11 +530,11 @@ def test_row_blocks_count_warps_from_the_elements_a_block_holds(norm):
     assert helpers.narrow_bwd_block(helpers.NARROW_ROW + 1) is None
     assert helpers.wide_bwd_block(helpers.MAX_ONE_PASS) is None
     assert helpers.wide_bwd_block(wide)[:2] == (False, helpers.WIDE_BWD_COLUMNS)
-    for name in ("rms_norm", "layer_norm"):
-        module = sys.modules[f"{norm.__name__}.{name}"]
-        assert module._bwd_block(helpers.NARROW_ROW) == narrow
-        assert module._bwd_block(wide) == helpers.wide_bwd_block(wide)
-        assert module._bwd_block(4096)[4] == module.BWD_PROGRAMS_PER_SM
+    assert helpers.bwd_block(helpers.NARROW_ROW) == narrow
+    assert helpers.bwd_block(wide) == helpers.wide_bwd_block(wide)
+    assert helpers.bwd_block(4096) == (True, 4096, 2, 16, helpers.BWD_PROGRAMS_PER_SM)
+    assert helpers.bwd_block(2048) == (True, 2048, 4, 8, helpers.BWD_PROGRAMS_PER_SM)
+    assert helpers.bwd_block(8192)[:3] == (True, 8192, 1)
 
 
 def test_forward_blocks_follow_each_norms_sweep(norm):

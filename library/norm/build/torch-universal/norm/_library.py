@@ -49,12 +49,22 @@ MAX_ONE_PASS = 16384
 CHUNK = 16384
 WIDE_ROW_WARPS = 32
 
-# The backward of rows up to NARROW_ROW wide: NARROW_BWD_ELEMENTS a step (eight rows of 1024),
-# two programs per SM, 4 warps. From the same sweep at 65536x1024: RMSNorm 228 -> 156 us,
-# LayerNorm 279 -> 158 us, against the wider rows' 16384 elements, one program per SM and 8
-# warps (a single program per SM leaves too few loads in flight at these small steps).
+# The backward kernels walk their rows in steps, loading the next step's rows before reducing
+# their own (so that loads stay in flight while a program reduces); a step's rows are held in
+# registers twice over. Configuration from a sweep of the backward launchers (kernel and
+# partial sums, CUDA graphs; H200, 2026-11-24, bf16; diagnose.py sweep):
+# - rows up to MAX_ONE_PASS: BWD_BLOCK_ELEMENTS a step (two rows of 4096, four of 2048, one of
+#   8192), one program per SM, 8 warps up to rows of 2048 and 16 beyond. RMSNorm 16384x4096
+#   110 us, 8192x8192 110 us, 32768x8192 410 us (3.9 TB/s); LayerNorm 119, 120 and 427 us.
+#   Without the look-ahead the best was 16384 elements a step: 115, 128 and 478 us (RMSNorm),
+#   139, 149 and 537 us (LayerNorm);
+# - rows up to NARROW_ROW wide: NARROW_BWD_ELEMENTS a step (four rows of 1024), two programs
+#   per SM, 4 warps: at 65536x1024 RMSNorm 114 against 134 us with 8192 elements a step,
+#   LayerNorm 139 against 224 us.
+BWD_BLOCK_ELEMENTS = 8192
+BWD_PROGRAMS_PER_SM = 1
 NARROW_ROW = 1024
-NARROW_BWD_ELEMENTS = 8192
+NARROW_BWD_ELEMENTS = 4096
 NARROW_BWD_WARPS = 4
 NARROW_BWD_PROGRAMS_PER_SM = 2
 
@@ -131,11 +141,21 @@ def row_block(n_cols: int, elements: int = 4096) -> tuple[bool, int, int, int]:
 
 def narrow_bwd_block(n_cols: int) -> tuple[bool, int, int, int, int] | None:
     """The backward's (one_pass, block_n, rows, num_warps, programs_per_sm) for rows up to
-    NARROW_ROW wide; None for wider rows, whose configuration each norm sweeps on its own."""
+    NARROW_ROW wide; None for wider rows."""
     if n_cols > NARROW_ROW:
         return None
     one_pass, block_n, rows, _ = row_block(n_cols, NARROW_BWD_ELEMENTS)
     return one_pass, block_n, rows, NARROW_BWD_WARPS, NARROW_BWD_PROGRAMS_PER_SM
+
+
+@functools.cache
+def bwd_block(n_cols: int) -> tuple[bool, int, int, int, int]:
+    """(one_pass, block_n, rows, num_warps, programs_per_sm) for a norm's backward, as swept."""
+    special = narrow_bwd_block(n_cols) or wide_bwd_block(n_cols)
+    if special is not None:
+        return special
+    _, block_n, rows, _ = row_block(n_cols, BWD_BLOCK_ELEMENTS)  # one pass: not wide
+    return True, block_n, rows, 8 if block_n <= 2048 else 16, BWD_PROGRAMS_PER_SM
 
 
 def wide_bwd_block(n_cols: int) -> tuple[bool, int, int, int, int] | None:

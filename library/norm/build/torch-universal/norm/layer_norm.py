@@ -23,30 +23,16 @@ from ._library import (
     CHUNK,
     WIDE_ROW_WARPS,
     as_rows,
+    bwd_block,
     cdiv,
     check_dtype,
     launch,
-    narrow_bwd_block,
     op_name,
     persistent_grid,
     row_block,
     sum_partials,
     use_autograd_function,
-    wide_bwd_block,
 )
-
-# Backward launch configuration, from a sweep of the backward alone (kernel and partial sums,
-# CUDA graphs; H100, 2026-11-23, bf16) over elements a step x programs per SM x warps: one
-# program per SM (two fp32 partial buffers, weight and bias, are written and summed); 16384
-# elements a step for rows up to 4096 wide and one row a step beyond (two rows of 8192 were
-# slower); 8 warps up to rows of 2048, 16 beyond. Against the previous 8192 elements a step:
-# 4096x2048 64.7 -> 30.1 us, 4096x4096 53.1 -> 51.6 us, 16384x4096 175 -> 161 us, 8192 wide
-# unchanged. Rows of 1024 or fewer take narrow_bwd_block's configuration instead, rows past
-# MAX_ONE_PASS wide_bwd_block's.
-BWD_PROGRAMS_PER_SM = 1
-BWD_BLOCK_ELEMENTS = 16384
-BWD_WIDE_ROW = 4096
-
 
 # Forward launch configuration, from an interleaved A/B of configurations at ~64M elements
 # (H200, 2026-11-24, CUDA graphs; benchmarks/results/ops-2026-11-24-h200/):
@@ -73,17 +59,6 @@ def _fwd_block(n_cols: int) -> tuple[bool, int, int, int]:
     if one_pass:
         num_warps = min(FWD_MAX_WARPS, num_warps)
     return one_pass, block_n, rows, num_warps
-
-
-@functools.cache
-def _bwd_block(n_cols: int) -> tuple[bool, int, int, int, int]:
-    """(one_pass, block_n, rows, num_warps, programs_per_sm) for the backward, as swept."""
-    special = narrow_bwd_block(n_cols) or wide_bwd_block(n_cols)
-    if special is not None:
-        return special
-    elements = BWD_BLOCK_ELEMENTS if n_cols <= BWD_WIDE_ROW else BWD_BLOCK_ELEMENTS // 2
-    _, block_n, rows, _ = row_block(n_cols, elements)  # one pass: not wide
-    return True, block_n, rows, 8 if block_n <= 2048 else 16, BWD_PROGRAMS_PER_SM
 
 
 # --------------------------------------------------------------------------------------------
@@ -373,7 +348,7 @@ def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_d
         return dx, dw, db
     x2, n_rows, stride_x = as_rows(x, n_cols)
     dy2, _, stride_dy = as_rows(dy, n_cols)
-    one_pass, block_n, rows, num_warps, per_sm = _bwd_block(n_cols)
+    one_pass, block_n, rows, num_warps, per_sm = bwd_block(n_cols)
     w = x2 if weight is None else _flat(weight)  # x2: a placeholder, never read (HAS_WEIGHT)
     c, col_blocks = rstd, 1  # rstd: a placeholder for C, never read in one pass
     if not one_pass:

@@ -28,17 +28,16 @@ from ._library import (
     MAX_ONE_PASS,
     WIDE_ROW_WARPS,
     as_rows,
+    bwd_block,
     cdiv,
     check_dtype,
     launch,
-    narrow_bwd_block,
     op_name,
     persistent_grid,
     previous_power_of_2,
     row_block,
     sum_partials,
     use_autograd_function,
-    wide_bwd_block,
 )
 
 # Semantics: plain ints for Python (the custom ops take an int), constexpr copies for kernels.
@@ -46,20 +45,6 @@ LLAMA = 0
 GEMMA = 1
 _LLAMA = tl.constexpr(LLAMA)
 _GEMMA = tl.constexpr(GEMMA)
-
-# Backward launch configuration, from a sweep of the backward alone (kernel and partial sum,
-# CUDA graphs; H100, 2026-11-23, bf16) over elements a step x programs per SM x warps at
-# 4096x2048 ... 32768x8192: one program per SM, 16384 elements a step (four rows of 4096, eight
-# of 2048), 8 warps up to rows of 4096 and 16 beyond. Against the previous 8192 elements, two
-# programs per SM and 16 warps: 4096x2048 44.4 -> 25.4 us, 4096x4096 52.4 -> 43.9 us,
-# 16384x4096 169 -> 148 us, 32768x8192 632 -> 582 us (92% of copy bandwidth). More rows a step
-# keep more loads in flight per program; fewer programs leave fewer fp32 partial rows to sum.
-# On an H200 (2026-11-24, diagnose.py sweep) the same configuration won again, with 16 warps
-# from rows of 4096 on: 4096x4096 35.8 against 36.4 us, 16384x4096 115 against 117 us.
-# Rows of 1024 or fewer take narrow_bwd_block's configuration instead, rows past MAX_ONE_PASS
-# wide_bwd_block's.
-BWD_PROGRAMS_PER_SM = 1
-BWD_BLOCK_ELEMENTS = 16384
 
 
 # Forward launch configuration, from an interleaved A/B of configurations at ~64M elements
@@ -90,16 +75,6 @@ def _fwd_block(n_cols: int, itemsize: int) -> tuple[bool, int, int, int]:
     if one_pass and n_cols > 4096:
         num_warps = max(4, previous_power_of_2(n_cols // 1024))
     return one_pass, block_n, rows, num_warps
-
-
-@functools.cache
-def _bwd_block(n_cols: int) -> tuple[bool, int, int, int, int]:
-    """(one_pass, block_n, rows, num_warps, programs_per_sm) for the backward, as swept."""
-    special = narrow_bwd_block(n_cols) or wide_bwd_block(n_cols)
-    if special is not None:
-        return special
-    _, block_n, rows, _ = row_block(n_cols, BWD_BLOCK_ELEMENTS)  # one pass: not wide
-    return True, block_n, rows, 8 if block_n <= 2048 else 16, BWD_PROGRAMS_PER_SM
 
 
 # --------------------------------------------------------------------------------------------
@@ -419,7 +394,7 @@ def _backward(dy, dsum, x, weight, rstd, mode, compute_dw):
     x2, n_rows, stride_x = as_rows(x, n_cols)
     dy2, _, stride_dy = as_rows(dy, n_cols)
     ds2, _, stride_ds = (dy2, n_rows, stride_dy) if dsum is None else as_rows(dsum, n_cols)
-    one_pass, block_n, rows, num_warps, per_sm = _bwd_block(n_cols)
+    one_pass, block_n, rows, num_warps, per_sm = bwd_block(n_cols)
     w = weight.contiguous()
     c, col_blocks = rstd, 1  # rstd: a placeholder for C, never read in one pass
     if not one_pass:
