@@ -321,27 +321,10 @@ def _inductor_kernels(fn, *args) -> str:
     return "\n".join(sources)
 
 
-def _graph_of(fn, rep_ms: float = 15.0):
-    """(graph, calls): ``fn`` captured back to back in one CUDA graph, about ``rep_ms`` long."""
-    fn()
-    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    calls = int(min(500, max(3, rep_ms / max(start.elapsed_time(end), 1e-3))))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    return graph, calls
-
-
 def interleaved_graphs_ms(graphs: dict, rounds: int = 9) -> dict:
-    """Median ms per call of each ``name: (graph, calls)``, replayed in rounds that run every
-    graph in turn (rotating order), so that a drift of clocks or memory over the run is shared
-    by all: an A/B of kernels within a percent or two needs that."""
+    """Median ms per call of each ``name: (graph, calls)`` (``ops.back_to_back_graph``), replayed
+    in rounds that run every graph in turn (rotating order), so that a drift of clocks or memory
+    over the run is shared by all: an A/B of kernels within a percent or two needs that."""
     names = list(graphs)
     samples = {name: [] for name in names}
     for r in range(rounds):
@@ -400,13 +383,15 @@ def forward_ab(lib, liger, kinds=()):
             with torch.no_grad():
                 for impl in ("compile", "liger", "ours"):
                     if impl in fns:
-                        graphs[impl] = _graph_of(functools.partial(fns[impl], *inputs))
+                        graphs[impl] = ops.back_to_back_graph(
+                            [functools.partial(fns[impl], *inputs)], 15.0
+                        )
                 for config in _fwd_candidates(cols):
                     one_pass, block_n, n_rows, warps = config
                     kind = f"block {block_n} x {n_rows}" if one_pass else f"chunks {block_n}"
                     with _swapped(m, _fwd_block=lambda n, *_, config=config: config):
-                        graphs[f"{kind}, {warps} warps"] = _graph_of(
-                            functools.partial(fns["ours"], *inputs)
+                        graphs[f"{kind}, {warps} warps"] = ops.back_to_back_graph(
+                            [functools.partial(fns["ours"], *inputs)], 15.0
                         )
             times = interleaved_graphs_ms(graphs)
             best = min(times["compile"], times.get("liger", float("inf")))
@@ -557,28 +542,16 @@ def ceilings(lib, liger):
             _rotary_ceiling(lib, liger, rotary, batch, seq)
 
 
-def _flushed_ms(call, flush, graphed: bool, n: int = 40) -> float:
-    """Median ms of ``call`` between two events, ``flush`` run before each; ``graphed``: the call
-    captured in a CUDA graph and replayed (one graph launch a call, as ``ops.graph_ms``)."""
+def _flushed_ms(call, flush, graphed: bool) -> float:
+    """``ops.flushed_ms`` of ``call`` with ``flush`` clearing L2; ``graphed``: the call captured
+    in a CUDA graph and replayed (one graph launch a call, as ``ops.graph_ms``)."""
     fn = call
     if graphed:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
             call()
         fn = graph.replay
-    for _ in range(3):
-        flush()
-        fn()
-    pairs = []
-    for _ in range(n):
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        flush()
-        start.record()
-        fn()
-        end.record()
-        pairs.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+    return ops.flushed_ms(fn, rep_ms=20, warmup=3, clear=flush)
 
 
 def _timing_methods(label, moved, calls, flush_buffer):

@@ -368,13 +368,13 @@ def clear_l2() -> None:
     torch.amax(_l2_buffer)
 
 
-def flushed_ms(fn, rep_ms: float, warmup: int = 5) -> float:
-    """Median milliseconds of ``fn`` between two CUDA events, L2 cleared (``clear_l2``) before
+def flushed_ms(fn, rep_ms: float, warmup: int = 5, clear=clear_l2) -> float:
+    """Median milliseconds of ``fn`` between two CUDA events, L2 cleared (``clear``) before
     each call: ``triton.testing.do_bench``'s method, with a clean clearing. Calls are queued
     ahead of the GPU (the host is not waited for), so this is device time where the host keeps
     up, as it does for a graph replay."""
     for _ in range(warmup):
-        clear_l2()
+        clear()
         fn()
     start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
     start.record()
@@ -386,7 +386,7 @@ def flushed_ms(fn, rep_ms: float, warmup: int = 5) -> float:
     pairs = []
     for _ in range(n):
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        clear_l2()
+        clear()
         start.record()
         fn()
         end.record()
@@ -546,12 +546,9 @@ def same_bytes_calls(moved: int, copies: int) -> list:
     return calls
 
 
-def back_to_back_ms(calls: list, rep_ms: float = 40.0) -> float:
-    """Milliseconds per call of ``calls`` (one per copy of the inputs) captured back to back,
-    round after round, in one CUDA graph and replayed: the device time of a stream of such calls,
-    with no graph launch or L2 clearing between them. Rotating through copies whose bytes
-    outnumber L2's (``copies_for``) keeps every call's inputs out of L2, as in a model, where
-    other layers' data passes through L2 between two calls of a layer."""
+def back_to_back_graph(calls: list, rep_ms: float) -> tuple:
+    """``(graph, n)``: ``calls`` captured round after round, back to back, in one CUDA graph
+    about ``rep_ms`` long; a replay runs ``n`` calls in all."""
     for call in calls:
         call()
     start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
@@ -560,13 +557,23 @@ def back_to_back_ms(calls: list, rep_ms: float = 40.0) -> float:
         call()
     end.record()
     torch.cuda.synchronize()
-    rounds = int(min(200, max(2, rep_ms / max(start.elapsed_time(end), 1e-3))))
+    rounds = int(min(500, max(2, rep_ms / max(start.elapsed_time(end), 1e-3))))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
         for _ in range(rounds):
             for call in calls:
                 call()
     graph.replay()
+    return graph, rounds * len(calls)
+
+
+def back_to_back_ms(calls: list, rep_ms: float = 40.0) -> float:
+    """Milliseconds per call of ``calls`` (one per copy of the inputs) captured back to back,
+    round after round, in one CUDA graph and replayed: the device time of a stream of such calls,
+    with no graph launch or L2 clearing between them. Rotating through copies whose bytes
+    outnumber L2's (``copies_for``) keeps every call's inputs out of L2, as in a model, where
+    other layers' data passes through L2 between two calls of a layer."""
+    graph, n = back_to_back_graph(calls, rep_ms)
     samples = []
     for _ in range(7):
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
@@ -574,7 +581,7 @@ def back_to_back_ms(calls: list, rep_ms: float = 40.0) -> float:
         graph.replay()
         end.record()
         torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) / (rounds * len(calls)))
+        samples.append(start.elapsed_time(end) / n)
     del graph
     return statistics.median(samples)
 
