@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import functools
 import os
-import statistics
 import sys
 import time
 
@@ -321,25 +320,6 @@ def _inductor_kernels(fn, *args) -> str:
     return "\n".join(sources)
 
 
-def interleaved_graphs_ms(graphs: dict, rounds: int = 9) -> dict:
-    """Median ms per call of each ``name: (graph, calls)`` (``ops.back_to_back_graph``), replayed
-    in rounds that run every graph in turn (rotating order), so that a drift of clocks or memory
-    over the run is shared by all: an A/B of kernels within a percent or two needs that."""
-    names = list(graphs)
-    samples = {name: [] for name in names}
-    for r in range(rounds):
-        for i in range(len(names)):
-            name = names[(r + i) % len(names)]
-            graph, calls = graphs[name]
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            samples[name].append(start.elapsed_time(end) / calls)
-    return {name: statistics.median(t) for name, t in samples.items()}
-
-
 def _fwd_candidates(cols: int) -> list:
     """Forward configurations (one_pass, block_n or chunk, rows, warps) for the interleaved
     A/B at ``cols`` wide, each with 8 to 64 elements a thread: one block of the row (4 to 32
@@ -371,7 +351,7 @@ def forward_ab(lib, liger, kinds=()):
     """The norms' forward in FWD_AB_CASES (only those of ``kinds``, if given): ours as
     configured and the candidates of ``_fwd_candidates`` beside torch.compile and Liger, each
     back to back in a CUDA graph, the graphs replayed in interleaved rounds
-    (``interleaved_graphs_ms``)."""
+    (``ops.interleaved_graphs_ms``)."""
     modules = dict(norm_modules(lib))
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
@@ -393,7 +373,7 @@ def forward_ab(lib, liger, kinds=()):
                         graphs[f"{kind}, {warps} warps"] = ops.back_to_back_graph(
                             [functools.partial(fns["ours"], *inputs)], 15.0
                         )
-            times = interleaved_graphs_ms(graphs)
+            times = ops.interleaved_graphs_ms(graphs)
             best = min(times["compile"], times.get("liger", float("inf")))
             for name, ms in sorted(times.items(), key=lambda t: t[1]):
                 print(f"{op} fwd {rows}x{cols} {name:22s} {ms * 1e3:7.1f} us "
@@ -556,12 +536,11 @@ def _flushed_ms(call, flush, graphed: bool) -> float:
 
 def _timing_methods(label, moved, calls, flush_buffer):
     """Print ``calls`` (a list of callables, one per copy of the inputs) timed four ways."""
-    write = flush_buffer.zero_
-    read = functools.partial(torch.amax, flush_buffer)
+    write = flush_buffer.zero_  # the clearing of triton.testing.do_bench, and of ops.py before
     times = {
         "write+graph": _flushed_ms(calls[0], write, True),
-        "read+graph": _flushed_ms(calls[0], read, True),
-        "read+events": _flushed_ms(calls[0], read, False),
+        "read+graph": _flushed_ms(calls[0], ops.clear_l2, True),
+        "read+events": _flushed_ms(calls[0], ops.clear_l2, False),
         "rotating b2b": ops.back_to_back_ms(calls),
     }
     cells = "  ".join(f"{k} {ms * 1e3:7.1f} us {moved / ms / 1e6:5.0f}" for k, ms in times.items())

@@ -513,13 +513,11 @@ def same_bytes_copy_times(moved_fwd: int, moved_fwd_bwd: int, rep_ms) -> tuple:
     times = []
     with torch.cuda.stream(stream):
         for moved in (moved_fwd, moved_fwd_bwd):
-            src = torch.zeros(moved // 2 // 2, device="cuda", dtype=torch.bfloat16)
-            dst = torch.empty_like(src)
-            call = functools.partial(torch.neg, src, out=dst)
+            (call,) = same_bytes_calls(moved, 1)
             times.append(
                 (interleaved_ms({"copy": call}, rep_ms)["copy"], graph_ms(call, stream, rep_ms))
             )
-            del src, dst, call
+            del call
     torch.cuda.current_stream().wait_stream(stream)
     return times[0][0], times[1][0], times[0][1], times[1][1]
 
@@ -567,23 +565,32 @@ def back_to_back_graph(calls: list, rep_ms: float) -> tuple:
     return graph, rounds * len(calls)
 
 
+def interleaved_graphs_ms(graphs: dict, rounds: int = 9) -> dict:
+    """Median ms per call of each ``name: (graph, calls)`` (``back_to_back_graph``), replayed in
+    rounds that run every graph in turn (rotating order), so that a drift of clocks or memory
+    over the run is shared by all: an A/B of kernels within a percent or two needs that."""
+    names = list(graphs)
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            graph, calls = graphs[name]
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            samples[name].append(start.elapsed_time(end) / calls)
+    return {name: statistics.median(t) for name, t in samples.items()}
+
+
 def back_to_back_ms(calls: list, rep_ms: float = 40.0) -> float:
     """Milliseconds per call of ``calls`` (one per copy of the inputs) captured back to back,
     round after round, in one CUDA graph and replayed: the device time of a stream of such calls,
     with no graph launch or L2 clearing between them. Rotating through copies whose bytes
     outnumber L2's (``copies_for``) keeps every call's inputs out of L2, as in a model, where
     other layers' data passes through L2 between two calls of a layer."""
-    graph, n = back_to_back_graph(calls, rep_ms)
-    samples = []
-    for _ in range(7):
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) / n)
-    del graph
-    return statistics.median(samples)
+    return interleaved_graphs_ms({"calls": back_to_back_graph(calls, rep_ms)}, rounds=7)["calls"]
 
 
 def copy_bandwidth():

@@ -63,6 +63,13 @@ WIDE_ROW_WARPS = 32
 #   LayerNorm 139 against 224 us.
 BWD_BLOCK_ELEMENTS = 8192
 BWD_PROGRAMS_PER_SM = 1
+
+# The forward of rows up to FWD_NARROW_ELEMENTS wide, in both norms: such rows share blocks of
+# that many elements, 4 warps (interleaved A/B, H200, 2026-11-24; diagnose.py forward-ab):
+# RMSNorm 32768x2048 63.3 against 65.0 us and 65536x1024 64.3 against 65.1 us in blocks of 4096
+# elements (8 warps); LayerNorm 32768x2048 64.2 against 67.4 us, 65536x1024 64.5 against 71.2 us.
+# Each norm's wider rows follow its own sweep (``_fwd_block`` in its module).
+FWD_NARROW_ELEMENTS = 2048
 NARROW_ROW = 1024
 NARROW_BWD_ELEMENTS = 4096
 NARROW_BWD_WARPS = 4

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ._library import (
     CHUNK,
+    FWD_NARROW_ELEMENTS,
     WIDE_ROW_WARPS,
     as_rows,
     bwd_block,
@@ -39,13 +40,11 @@ from ._library import (
 # - at most FWD_MAX_WARPS warps, as the row's two reductions (mean, then centred variance) each
 #   wait on all warps: against 16, 32768x8192 258 against 287 us, 5461x12288 82 against 84 us;
 #   16384 wide is even;
-# - rows up to FWD_NARROW_ELEMENTS share blocks of that many elements, 4 warps: 65536x1024
-#   64.5 us against 71.2 us in blocks of 4096 elements (8 warps), 32768x2048 64.2 against 67.4;
-#   rows up to 4096 share blocks of 8192 elements: 16384x4096 65.8 against 67.3 us alone.
+# - rows up to FWD_NARROW_ELEMENTS as both norms (``_library``); rows up to 4096 share blocks
+#   of 8192 elements: 16384x4096 65.8 against 67.3 us alone.
 # Reading the row in chunks (three passes) lost at every width, and so did a variance from two
 # independent sums of the row shifted by its first element (no faster than the two passes).
 FWD_MAX_WARPS = 8
-FWD_NARROW_ELEMENTS = 2048
 FWD_BLOCK_ELEMENTS = 8192
 
 

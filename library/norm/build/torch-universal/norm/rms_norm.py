@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ._library import (
     CHUNK,
+    FWD_NARROW_ELEMENTS,
     MAX_ONE_PASS,
     WIDE_ROW_WARPS,
     as_rows,
@@ -55,11 +56,9 @@ _GEMMA = tl.constexpr(GEMMA)
 #   against 69.8 us, fp32 16384x4096 127 against 131 us; rows of 16384 are as fast in one block;
 # - other rows past 4096 stay in registers with 32 elements a thread: bf16 16384x5120 80 us
 #   against 84 us with 16;
-# - rows up to FWD_NARROW_ELEMENTS share blocks of that many elements, 4 warps: 32768x2048
-#   63.3 us against 65.0 us in blocks of 4096 elements (8 warps), 65536x1024 64.3 against 65.1.
+# - rows up to FWD_NARROW_ELEMENTS as both norms (``_library``).
 FWD_CHUNK_BYTES = 8192
 FWD_CHUNK_WARPS = 16
-FWD_NARROW_ELEMENTS = 2048
 
 
 @functools.cache
