@@ -57,16 +57,24 @@ def _activation_bwd_kernel(DY, X, DX, n_elements, ACT: tl.constexpr, BLOCK: tl.c
 # --------------------------------------------------------------------------------------------
 
 
+# Elements per program and per thread of both passes. 2048 elements a program, 16 a thread (two
+# 16-byte vectors of bf16 per load), 4 warps: an interleaved A/B on the H200 (2026-11-24, tanh
+# GELU, CUDA graphs, benchmarks/results/ops-2026-11-24b-h200/probe.txt) put the forward at a copy
+# of the same bytes (16384x4096 65.2 us against 64.6; 32768x8192 252.8 against 251.1), where
+# 4096 elements a program with 16 warps (8 a thread, the H100's best) took 68.8 and 272.4 us:
+# a bare copy is as fast with either (64.7 us at 16384x4096), so it is the arithmetic that 16
+# elements a thread (two loads in flight while it computes) hides and 8 do not.
+# The backward is 1-2% faster with it too (16384x4096 93.6 against 95.0 us).
+BLOCK = 2048
+ELEMENTS_PER_THREAD = 16
+
+
 @functools.lru_cache(maxsize=1024)
 def _launch_config(n_elements: int) -> tuple[int, int]:
-    # 4096 elements per program, 8 per thread (one 16-byte vector of bf16 per load) with 16
-    # warps. A sweep on an H100 (2026-11-23; GeluTanh and SiLU forward at 16384x4096 and
-    # 8192x8192, blocks of 1024 to 16384, 4 to 16 warps) put this at 94.8-95.4% of copy
-    # bandwidth, against 94.0-94.2% for the 8 warps before and 94.7% for PyTorch's own
-    # tanh-GELU. Small inputs shrink the block (to a power of two, at least one warp's worth)
-    # and keep 8 elements per thread.
-    block = min(4096, max(128, next_power_of_2(n_elements)))
-    return block, max(1, min(16, block // 256))
+    # Small inputs shrink the block (to a power of two, at least 128) and keep 16 elements a
+    # thread while there is a warp's worth.
+    block = min(BLOCK, max(128, next_power_of_2(n_elements)))
+    return block, max(1, block // (32 * ELEMENTS_PER_THREAD))
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

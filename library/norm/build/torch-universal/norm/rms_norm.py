@@ -57,6 +57,11 @@ _GEMMA = tl.constexpr(GEMMA)
 # - other rows past 4096 stay in registers with 32 elements a thread: bf16 16384x5120 80 us
 #   against 84 us with 16;
 # - rows up to FWD_NARROW_ELEMENTS as both norms (``_library``).
+# The chunked loops take the row width as a constexpr (CHUNKED_COLS), as inductor's do: bf16
+# GemmaRMSNorm 8192x8192 64.9 against 66.0 us, 32768x8192 249.5 against 252.9 us, level with
+# torch.compile; Llama rows and fp32 within 0.3% either way (interleaved A/B, H200, 2026-11-24,
+# benchmarks/results/ops-2026-11-24b-h200/probe.txt). One-pass rows keep a runtime width: a
+# constexpr one was slower there (Gemma 16384x4096 67.7 against 66.1 us).
 FWD_CHUNK_BYTES = 8192
 FWD_CHUNK_WARPS = 16
 
@@ -135,9 +140,11 @@ def _rms_norm_fwd_kernel(
     ONE_PASS: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CHUNKED_COLS: tl.constexpr,
 ):
     # Y and S are contiguous (row stride n_cols); X and R rows are strided. S is X when there is
-    # no residual, so S.dtype is always the dtype of the row being normalised.
+    # no residual, so S.dtype is always the dtype of the row being normalised. CHUNKED_COLS is
+    # n_cols when not ONE_PASS (else 0): the chunked loops then have a static trip count.
     IN_DTYPE: tl.constexpr = S.dtype.element_ty
     if ONE_PASS:
         # ROWS whole rows in registers: one read of x, one write of y.
@@ -169,11 +176,11 @@ def _rms_norm_fwd_kernel(
         # chunks, then normalise chunk by chunk. The first pass keeps its reads in L2
         # (evict_last), so that the second read hits L2; the second lets them go (evict_first).
         row = tl.program_id(0).to(tl.int64)
-        base = row * n_cols
+        base = row * CHUNKED_COLS
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_N):
+        for start in range(0, CHUNKED_COLS, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < n_cols
+            mask = cols < CHUNKED_COLS
             x = _load_row_input(
                 X,
                 R,
@@ -187,11 +194,11 @@ def _rms_norm_fwd_kernel(
                 "evict_last",
             )
             acc += x * x
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / CHUNKED_COLS + eps)
         tl.store(RSTD + row, rstd)
-        for start in range(0, n_cols, BLOCK_N):
+        for start in range(0, CHUNKED_COLS, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < n_cols
+            mask = cols < CHUNKED_COLS
             # Recompute the sum from x and r rather than reading S back: no dependence on this
             # program's own earlier stores.
             x = _load_row_input(
@@ -377,7 +384,7 @@ def _forward(x, residual, weight, eps, mode):
     args = (
         x2, r2, weight.contiguous(), y, x2 if s is None else s, rstd,
         n_rows, n_cols, stride_x, stride_r, eps,
-        mode, residual is not None, one_pass, rows, block_n,
+        mode, residual is not None, one_pass, rows, block_n, 0 if one_pass else n_cols,
     )  # fmt: skip
     launch(_rms_norm_fwd_kernel, grid, args, num_warps, x.device)
     return y, s, rstd
