@@ -100,6 +100,23 @@ LN_WB_EARLY = [
 
 
 @triton.jit
+def _load_step(X, rows, row_end, cols, col_mask, stride_x):
+    # A step's rows of x in their stored dtype; rows past row_end are masked off.
+    mask = (rows < row_end)[:, None] & col_mask[None, :]
+    return tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _rms_scale(xhat, w, GEMMA: tl.constexpr, IN_DTYPE: tl.constexpr):
+    # y before its final cast, in either semantics (the library's ``_scale``).
+    if GEMMA:  # noqa: SIM108 (a constexpr branch)
+        y = xhat * (w + 1.0)
+    else:
+        y = xhat.to(IN_DTYPE).to(tl.float32) * w
+    return y
+
+
+@triton.jit
 def rms_fwd_persistent(X, W, Y, RSTD, n_rows, N: tl.constexpr, stride_x, eps, rows_per_program,
                        GEMMA: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
@@ -108,25 +125,15 @@ def rms_fwd_persistent(X, W, Y, RSTD, n_rows, N: tl.constexpr, stride_x, eps, ro
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
-    rows = row_start + tl.arange(0, ROWS)
-    mask = (rows < row_end)[:, None] & col_mask[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    x = _load_step(X, row_start + tl.arange(0, ROWS), row_end, cols, col_mask, stride_x)
     for first in range(row_start, row_end, ROWS):
         rows = first + tl.arange(0, ROWS)
-        next_rows = rows + ROWS
-        next_mask = (next_rows < row_end)[:, None] & col_mask[None, :]
-        next_x = tl.load(
-            X + next_rows[:, None] * stride_x + cols[None, :], mask=next_mask, other=0.0
-        )
+        next_x = _load_step(X, rows + ROWS, row_end, cols, col_mask, stride_x)
         row_mask = rows < row_end
         xf = x.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / N + eps)
         tl.store(RSTD + rows, rstd, mask=row_mask)
-        xhat = xf * rstd[:, None]
-        if GEMMA:
-            y = xhat * (w[None, :] + 1.0)
-        else:
-            y = xhat.to(X.dtype.element_ty).to(tl.float32) * w[None, :]
+        y = _rms_scale(xf * rstd[:, None], w[None, :], GEMMA, X.dtype.element_ty)
         tl.store(
             Y + rows[:, None] * N + cols[None, :],
             y.to(Y.dtype.element_ty),
@@ -145,16 +152,10 @@ def ln_fwd_persistent(X, W, B, Y, MEAN, RSTD, n_rows, N: tl.constexpr, stride_x,
     col_mask = cols < N
     w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
     b = tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)
-    rows = row_start + tl.arange(0, ROWS)
-    mask = (rows < row_end)[:, None] & col_mask[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    x = _load_step(X, row_start + tl.arange(0, ROWS), row_end, cols, col_mask, stride_x)
     for first in range(row_start, row_end, ROWS):
         rows = first + tl.arange(0, ROWS)
-        next_rows = rows + ROWS
-        next_mask = (next_rows < row_end)[:, None] & col_mask[None, :]
-        next_x = tl.load(
-            X + next_rows[:, None] * stride_x + cols[None, :], mask=next_mask, other=0.0
-        )
+        next_x = _load_step(X, rows + ROWS, row_end, cols, col_mask, stride_x)
         row_mask = rows < row_end
         mask = row_mask[:, None] & col_mask[None, :]
         xf = x.to(tl.float32)
@@ -285,11 +286,7 @@ def rms_fwd_row(X, W, Y, RSTD, n_cols, stride_x, eps, GEMMA: tl.constexpr, BLOCK
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     tl.store(RSTD + row, rstd)
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    xhat = x * rstd
-    if GEMMA:  # noqa: SIM108 (a constexpr branch)
-        y = xhat * (w + 1.0)
-    else:
-        y = xhat.to(X.dtype.element_ty).to(tl.float32) * w
+    y = _rms_scale(x * rstd, w, GEMMA, X.dtype.element_ty)
     tl.store(Y + row * n_cols + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
