@@ -322,9 +322,13 @@ def _inductor_kernels(fn, *args) -> str:
 
 def _fwd_candidates(cols: int) -> list:
     """Forward configurations (one_pass, block_n or chunk, rows, warps) for the interleaved
-    A/B at ``cols`` wide, each with 8 to 64 elements a thread: one block of the row (4 to 32
-    warps); narrow rows packed 2 to 16 to a block (2 to 16 warps); chunks of 2048 or 4096
-    (8 or 16 warps)."""
+    A/B at ``cols`` wide: one block of the row (4 to 32 warps) and narrow rows packed 2 to 16 to
+    a block (2 to 16 warps), each with 8 to 64 elements a thread; chunks of 1024 to 8192 (4 to
+    16 warps, 4 to 32 elements a thread, narrower than the row). Rows past 16384 only in chunks."""
+    chunks = [(False, c, 1, w) for c in (1024, 2048, 4096, 8192) for w in (4, 8, 16)
+              if 4 <= c // (32 * w) <= 32 and c < cols]  # fmt: skip
+    if cols > 16384:
+        return chunks + [(False, 16384, 1, w) for w in (16, 32)]
     block = 1 << (cols - 1).bit_length()
 
     def fits(rows, warps):
@@ -333,29 +337,38 @@ def _fwd_candidates(cols: int) -> list:
     configs = [(True, block, 1, w) for w in (4, 8, 16, 32) if fits(1, w)]
     configs += [(True, block, r, w) for r in (2, 4, 8, 16) for w in (2, 4, 8, 16)
                 if r * block <= 16384 and fits(r, w)]  # fmt: skip
-    configs += [(False, c, 1, w) for c in (2048, 4096) for w in (8, 16) if c < cols]
-    return configs
+    return configs + chunks
 
 
 # Cases of the A/B (a norm of ops.NORM_OPS, shapes): the square shapes of ops.NORM_SHAPES from
 # 64M elements, and about 64M elements at the widths of real models' hidden sizes, for the two
-# norms; the square shapes for the RMSNorm kernel's other uses (fp32 data, Gemma, fused add).
+# norms; the square shapes for the RMSNorm kernel's other uses (fp32 data, Gemma, fused add) and
+# LayerNorm's (fp32 data, no bias); LayerNorm's widest rows.
 _WIDE_SHAPES = [*ops.NORM_SHAPES[1:], (16384, 5120), (5461, 12288), (4096, 16384)]
 FWD_AB_CASES = [("RMSNorm", s) for s in _WIDE_SHAPES] + [("LayerNorm", s) for s in _WIDE_SHAPES]
 FWD_AB_CASES += [(k, s) for k in ("RMSNorm", "LayerNorm") for s in ops.WIDTH_SHAPES[:2]]
-FWD_AB_CASES += [(k, s) for k in ("RMSNorm-fp32", "GemmaRMSNorm", "FusedAddRMSNorm")
+FWD_AB_CASES += [(k, s) for k in ("RMSNorm-fp32", "GemmaRMSNorm", "FusedAddRMSNorm",
+                                  "LayerNorm-fp32", "LayerNorm-nobias")
                  for s in ops.NORM_SHAPES[1:]]  # fmt: skip
+# LayerNorm's rows of 4096 at fewer rows; hidden sizes between 4096 and 16384 that are not
+# multiples of 4096, about 64M elements each; rows past MAX_ONE_PASS, bf16 and fp32.
+FWD_AB_CASES += [("LayerNorm", s) for s in ((4096, 4096), (8192, 4096), (10923, 6144),
+                                            (9362, 7168), (6554, 10240), (4681, 14336),
+                                            (1024, 65536), (1024, 50000))]  # fmt: skip
+FWD_AB_CASES += [("LayerNorm-fp32", (1024, 65536))]
 
 
-def forward_ab(lib, liger, kinds=()):
-    """The norms' forward in FWD_AB_CASES (only those of ``kinds``, if given): ours as
+def forward_ab(lib, liger, kinds=(), shapes=()):
+    """The norms' forward in FWD_AB_CASES (only those of ``kinds`` and ``shapes``, if given): ours as
     configured and the candidates of ``_fwd_candidates`` beside torch.compile and Liger, each
     back to back in a CUDA graph, the graphs replayed in interleaved rounds
     (``ops.interleaved_graphs_ms``)."""
     modules = dict(norm_modules(lib))
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
-        for op, (rows, cols) in [c for c in FWD_AB_CASES if not kinds or c[0] in kinds]:
+        cases = [(op, shape) for op, shape in FWD_AB_CASES
+                 if (not kinds or op in kinds) and (not shapes or shape in shapes)]  # fmt: skip
+        for op, (rows, cols) in cases:
             m = modules["LayerNorm" if op.startswith("LayerNorm") else "RMSNorm"]
             torch._dynamo.reset()  # each case's torch.compile from scratch, not a recompile
             inputs, _, fns, moved, _ = ops.norm_case(op, lib, liger, rows, cols)
@@ -625,6 +638,9 @@ def main():
     parser.add_argument(
         "--norms", default="", help="forward-ab: only these norms (comma-separated, ops.py names)"
     )
+    parser.add_argument(
+        "--shapes", default="", help="forward-ab: only these shapes (comma-separated, ROWSxCOLS)"
+    )
     args = parser.parse_args()
     parts = args.parts or ["host", "sweep", "profile"]
     lib = ops.load_library()
@@ -645,7 +661,8 @@ def main():
     if "inductor" in parts:
         inductor_code(lib, liger)
     if "forward-ab" in parts:
-        forward_ab(lib, liger, [k for k in args.norms.split(",") if k])
+        shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",") if s]
+        forward_ab(lib, liger, [k for k in args.norms.split(",") if k], shapes)
 
 
 if __name__ == "__main__":

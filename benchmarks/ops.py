@@ -81,6 +81,7 @@ NORM_OPS = (
     "GemmaRMSNorm",
     "FusedAddRMSNorm",
     "LayerNorm",
+    "LayerNorm-fp32",
     "LayerNorm-widths",
     "LayerNorm-nobias",
 )
@@ -207,7 +208,7 @@ def bound(layer_cls, module):
 
 def norm_case(kind, lib, liger, rows, cols):
     """(inputs, params, {impl: fn(*inputs)}, fwd bytes, bwd bytes) for a norm of NORM_OPS."""
-    dtype = torch.float32 if kind == "RMSNorm-fp32" else DTYPE
+    dtype = torch.float32 if kind.endswith("-fp32") else DTYPE
     e = dtype.itemsize
     x = torch.randn(rows, cols, device="cuda", dtype=dtype)
     inputs = [x]
@@ -230,7 +231,7 @@ def norm_case(kind, lib, liger, rows, cols):
                 t, r, module.weight, 1e-6, 0.0, "llama", False
             )
         )
-    else:  # LayerNorm, LayerNorm-widths, LayerNorm-nobias (Liger's takes a bias only)
+    else:  # LayerNorm, -fp32, -widths, -nobias (Liger's takes a bias only)
         has_bias = kind != "LayerNorm-nobias"
         module, layer = torch.nn.LayerNorm(cols, bias=has_bias), layers.LayerNorm
         peer = (
@@ -633,7 +634,7 @@ def run(ops, rep_ms, save=None):
         "liger": liger.version if liger else None,
         "copy_gbs": copy_gbs,
         "ops": list(ops),
-        "dtype": "bfloat16 (RMSNorm-fp32: float32)",
+        "dtype": "bfloat16 (RMSNorm-fp32, LayerNorm-fp32: float32)",
         "timing": "median of CUDA-event timings, L2 cleared before each call (256 MB read, "
         "which leaves no dirty line to write back); 'eager calls' "
         "tables time Python calls (host overhead included) in rounds that run every contender "

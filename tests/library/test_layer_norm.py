@@ -17,10 +17,18 @@ CASES = [
     ((4,), 128, "slice"),
     ((6,), 40, "transpose"),
     ((2,), 20000, None),
+    # Rows read in chunks, two passes (the forward's per-position moments): fp32 rows of 4096 and
+    # 12288 (2 and 3 chunks), half-precision rows of 12288 (3), rows past MAX_ONE_PASS of two
+    # whole chunks and (20000, above) of one and a part; half-precision rows of 4096 stay in
+    # registers at so few rows.
+    ((3,), 4096, "slice"),
+    ((2,), 12288, None),
+    ((2,), 32768, "slice"),
     # 75 rows of 520: 16-row steps, so each of the two CPU programs walks several steps and the
     # second ends on a partial one (the persistent backward's row loop and partial sums).
     ((3, 25), 520, None),
     pytest.param((4096,), 5120, None, marks=pytest.mark.gpu),
+    pytest.param((16384,), 4096, "slice", marks=pytest.mark.gpu),  # enough rows for chunks
     pytest.param((2, 1024), 11008, None, marks=pytest.mark.gpu),
     pytest.param((64,), 14336, None, marks=pytest.mark.gpu),
     pytest.param((8,), 65536, None, marks=pytest.mark.gpu),

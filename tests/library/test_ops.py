@@ -541,13 +541,14 @@ def test_forward_blocks_follow_each_norms_sweep(norm):
     """The forward's launch configuration, as each norm's sweep chose it (H200, 2026-11-24):
     rows up to 2048 share blocks of 2048 elements (4 warps); RMSNorm reads rows of two or more
     whole 8 KB chunks (below MAX_ONE_PASS) in those chunks with 16 warps and keeps other rows
-    past 4096 in registers at 32 elements a thread; LayerNorm packs rows up to 4096 into blocks
-    of 8192 elements and runs at most 8 warps."""
+    past 4096 in registers at 32 elements a thread; LayerNorm reads rows up to MAX_ONE_PASS in
+    the largest power-of-two chunks (1024 to 4096) that divide them into two or more, bf16 rows of
+    4096 only with many rows, and packs the others into blocks of 8192 elements."""
     helpers = sys.modules[f"{norm.__name__}._library"]
     rms = sys.modules[f"{norm.__name__}.rms_norm"]
     ln = sys.modules[f"{norm.__name__}.layer_norm"]
     for n in (3, 1000, 1024, 2048):
-        assert rms._fwd_block(n, 2) == ln._fwd_block(n) == helpers.row_block(n, 2048), n
+        assert rms._fwd_block(n, 2) == ln._fwd_block(n, 2) == helpers.row_block(n, 2048), n
     assert rms._fwd_block(1024, 2) == (True, 1024, 2, 4)
     assert rms._fwd_block(2048, 2) == (True, 2048, 1, 4)
     assert rms._fwd_block(2048, 4) == (True, 2048, 1, 4)  # fp32: one 8 KB chunk, one pass
@@ -558,9 +559,16 @@ def test_forward_blocks_follow_each_norms_sweep(norm):
     assert rms._fwd_block(5120, 2) == (True, 8192, 1, 4)
     assert rms._fwd_block(11008, 2) == (True, 16384, 1, 8)
     assert rms._fwd_block(helpers.MAX_ONE_PASS, 2) == (True, helpers.MAX_ONE_PASS, 1, 16)
-    assert ln._fwd_block(4096) == (True, 4096, 2, ln.FWD_MAX_WARPS)
-    assert ln._fwd_block(3000) == (True, 4096, 2, ln.FWD_MAX_WARPS)
-    assert ln._fwd_block(8192) == (True, 8192, 1, ln.FWD_MAX_WARPS)
-    assert ln._fwd_block(helpers.MAX_ONE_PASS) == (True, helpers.MAX_ONE_PASS, 1, ln.FWD_MAX_WARPS)
+    assert ln._fwd_block(4096, 2) == (False, 2048, 1, 8)
+    assert ln._fwd_block(4096, 2, False) == (True, 4096, 2, ln.FWD_MAX_WARPS)
+    assert ln._fwd_block(4096, 4, False) == (False, 2048, 1, 16)
+    assert ln._fwd_block(3000, 2) == (True, 4096, 2, ln.FWD_MAX_WARPS)
+    assert ln._fwd_block(5120, 2) == (False, 1024, 1, 8)
+    assert ln._fwd_block(8192, 2) == (False, 4096, 1, 8)
+    assert ln._fwd_block(8192, 4) == (False, 4096, 1, 16)
+    assert ln._fwd_block(10240, 2) == (False, 2048, 1, 16)
+    assert ln._fwd_block(12288, 2) == (False, 4096, 1, 16)
+    assert ln._fwd_block(11008, 2) == (True, 16384, 1, ln.FWD_MAX_WARPS)  # no chunk divides it
+    assert ln._fwd_block(helpers.MAX_ONE_PASS, 2) == (False, 4096, 1, 16)
     wide = helpers.MAX_ONE_PASS + 1
-    assert rms._fwd_block(wide, 2) == ln._fwd_block(wide) == helpers.row_block(wide)
+    assert rms._fwd_block(wide, 2) == ln._fwd_block(wide, 2) == helpers.row_block(wide)

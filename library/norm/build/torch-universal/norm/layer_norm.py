@@ -7,7 +7,8 @@ Read top to bottom: the Triton kernels, the launchers that pick block sizes, the
 wiring (``torch.autograd.Function`` for eager calls; ``torch.library`` custom ops with fake
 implementations and registered autograd for ``torch.compile``).
 
-Forward: one pass, reads x, writes y and fp32 mean and rstd per row. Backward: a persistent
+Forward: reads x, writes y and fp32 mean and rstd per row; rows in registers (one pass) or in
+chunks (two passes, the second from L2), as swept. Backward: a persistent
 grid; each program walks a contiguous run of rows, writes dx and keeps its share of the weight
 and bias gradients in fp32 registers; the per-program partials are summed at the end.
 """
@@ -22,6 +23,7 @@ import triton.language as tl
 from ._library import (
     CHUNK,
     FWD_NARROW_ELEMENTS,
+    MAX_ONE_PASS,
     WIDE_ROW_WARPS,
     as_rows,
     bwd_block,
@@ -30,34 +32,52 @@ from ._library import (
     launch,
     op_name,
     persistent_grid,
+    previous_power_of_2,
     row_block,
     sum_partials,
     use_autograd_function,
 )
 
-# Forward launch configuration, from an interleaved A/B of configurations at ~64M elements
-# (H200, 2026-11-24, CUDA graphs; benchmarks/results/ops-2026-11-24-h200/):
-# - at most FWD_MAX_WARPS warps, as the row's two reductions (mean, then centred variance) each
-#   wait on all warps: against 16, 32768x8192 258 against 287 us, 5461x12288 82 against 84 us;
-#   16384 wide is even;
-# - rows up to FWD_NARROW_ELEMENTS as both norms (``_library``); rows up to 4096 share blocks
-#   of 8192 elements: 16384x4096 65.8 against 67.3 us alone.
-# Reading the row in chunks (three passes) lost at every width, and so did a variance from two
-# independent sums of the row shifted by its first element (no faster than the two passes).
+# Forward launch configuration, from interleaved A/Bs of configurations at ~64M elements (H200,
+# CUDA graphs; diagnose.py forward-ab; us are per call):
+# - rows up to FWD_NARROW_ELEMENTS as both norms (``_library``);
+# - rows of 2048 to 16384 in chunks, two passes (2026-11-24, benchmarks/results/
+#   ops-2026-11-24c-h200/forward-ab*.txt): chunks of the largest power of two up to
+#   FWD_MAX_CHUNK that divides the row into two or more (at least FWD_MIN_CHUNK); 8 warps up
+#   to rows of 8192 elements, 16 past that and for fp32 (at most chunk / 128). Against the row in registers: bf16
+#   16384x5120 82 against 99 us, 10923x6144 66 against 73, 8192x8192 66.5 against 67.4,
+#   6554x10240 67 against 92, 5461x12288 66 against 82, 4681x14336 68 against 76, 32768x8192 254
+#   against 260; fp32 16384x4096 127 against 129, 32768x8192 507 against 519;
+# - bf16 rows of 4096 only from FWD_CHUNK_MIN_ROWS rows (16384x4096: 65.0 against 65.9 us);
+#   fewer rows share blocks of FWD_BLOCK_ELEMENTS, at most FWD_MAX_WARPS warps (4096x4096: 18.5
+#   against 18.9 us in chunks); so do rows whose width no chunk divides;
+# - rows past MAX_ONE_PASS in chunks of ``_library``'s CHUNK: bf16 1024x65536 88 us, three
+#   times faster than Liger and 1.39x torch.compile (chunks of 8192 were 2% faster in bf16 and
+#   15% slower in fp32).
 FWD_MAX_WARPS = 8
 FWD_BLOCK_ELEMENTS = 8192
+FWD_MIN_CHUNK = 1024
+FWD_MAX_CHUNK = 4096
+FWD_CHUNK_MIN_ROWS = 16384
 
 
 @functools.cache
-def _fwd_block(n_cols: int) -> tuple[bool, int, int, int]:
-    """(one_pass, block_n, rows, num_warps) for the forward, as swept."""
+def _fwd_block(n_cols: int, itemsize: int, many_rows: bool = True) -> tuple[bool, int, int, int]:
+    """(one_pass, block_n or chunk, rows, num_warps) for the forward of rows of ``n_cols``
+    elements of ``itemsize`` bytes, as swept; ``many_rows``: at least FWD_CHUNK_MIN_ROWS rows."""
     if n_cols <= FWD_NARROW_ELEMENTS:
         return row_block(n_cols, FWD_NARROW_ELEMENTS)
+    if n_cols > MAX_ONE_PASS:
+        return row_block(n_cols)
+    chunk = min(FWD_MAX_CHUNK, previous_power_of_2(n_cols // 2))
+    while n_cols % chunk:
+        chunk //= 2
+    if chunk >= FWD_MIN_CHUNK and (many_rows or n_cols > 4096 or itemsize == 4):
+        warps = 8 if n_cols <= 8192 and itemsize < 4 else 16
+        return False, chunk, 1, min(warps, chunk // 128)  # 4 elements a thread or more
     elements = FWD_BLOCK_ELEMENTS if n_cols <= 4096 else n_cols
     one_pass, block_n, rows, num_warps = row_block(n_cols, elements)
-    if one_pass:
-        num_warps = min(FWD_MAX_WARPS, num_warps)
-    return one_pass, block_n, rows, num_warps
+    return one_pass, block_n, rows, min(FWD_MAX_WARPS, num_warps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -82,7 +102,10 @@ def _layer_norm_fwd_kernel(
     ONE_PASS: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CHUNKED_COLS: tl.constexpr,
 ):
+    # Y is contiguous (row stride n_cols); X rows are strided. CHUNKED_COLS is n_cols when not
+    # ONE_PASS (else 0): the chunked loops then have a static trip count.
     if ONE_PASS:
         rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
@@ -105,47 +128,61 @@ def _layer_norm_fwd_kernel(
             y = y + tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(Y + rows[:, None] * n_cols + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     else:
-        # A row too wide for registers (or chunked, where that is faster): mean, then centred
-        # variance, then normalise, each a pass over chunks. The first two passes keep their
-        # reads in L2 (evict_last), so that the later reads hit L2; the last lets them go.
+        # Rows read in chunks: two passes, as RMSNorm's chunked forward. The first keeps, for
+        # each position in the chunk, the mean and the sum of squared deviations of the row's
+        # elements there (Welford's update, chunk by chunk; a last, partial chunk updates only
+        # the positions it covers). The row's mean is the count-weighted mean of those means,
+        # its sum of squared deviations theirs plus each position's count times its mean's
+        # squared distance from the row's: the centred two-pass formula over positions, so no
+        # cancellation however far the mean is from zero, and one reduction after the mean's.
+        # The first pass keeps its reads in L2 (evict_last) for the normalising pass, which
+        # lets them go (evict_first).
+        WHOLE: tl.constexpr = CHUNKED_COLS // BLOCK_N  # at least 1: rows of a chunk or more
+        TAIL: tl.constexpr = CHUNKED_COLS - WHOLE * BLOCK_N
         row = tl.program_id(0).to(tl.int64)
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
+        cols = tl.arange(0, BLOCK_N)
+        x_row = X + row * stride_x
+        lane_mean = tl.load(x_row + cols, eviction_policy="evict_last").to(tl.float32)
+        lane_m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for chunk in range(1, WHOLE):
+            # x is fp32 wherever it is assigned: a loop may not change a variable's type.
+            x = tl.load(x_row + chunk * BLOCK_N + cols, eviction_policy="evict_last")
+            x = x.to(tl.float32)
+            delta = x - lane_mean
+            lane_mean += delta / (chunk + 1.0)
+            lane_m2 += delta * (x - lane_mean)
+        in_tail = cols < TAIL
+        if TAIL > 0:
             x = tl.load(
-                X + row * stride_x + cols,
-                mask=cols < n_cols,
+                x_row + WHOLE * BLOCK_N + cols,
+                mask=in_tail,
                 other=0.0,
                 eviction_policy="evict_last",
             )
-            acc += x.to(tl.float32)
-        mean = tl.sum(acc, axis=0) / n_cols
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < n_cols
-            x = tl.load(
-                X + row * stride_x + cols, mask=mask, other=0.0, eviction_policy="evict_last"
-            )
-            xc = tl.where(mask, x.to(tl.float32) - mean, 0.0)
-            acc += xc * xc
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+            x = x.to(tl.float32)
+            delta = tl.where(in_tail, x - lane_mean, 0.0)
+            lane_mean += delta / (WHOLE + 1.0)
+            lane_m2 += delta * (x - lane_mean)
+        lane_count = WHOLE + in_tail.to(tl.float32)
+        mean = tl.sum(lane_mean * lane_count, axis=0) / CHUNKED_COLS
+        spread = lane_mean - mean
+        m2 = tl.sum(lane_m2 + lane_count * spread * spread, axis=0)
+        rstd = tl.rsqrt(m2 / CHUNKED_COLS + eps)
         tl.store(MEAN + row, mean)
         tl.store(RSTD + row, rstd)
-        for start in range(0, n_cols, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < n_cols
-            x = tl.load(
-                X + row * stride_x + cols, mask=mask, other=0.0, eviction_policy="evict_first"
-            )
-            y = (x.to(tl.float32) - mean) * rstd
+        for start in range(0, CHUNKED_COLS, BLOCK_N):
+            c = start + cols
+            mask = c < CHUNKED_COLS
+            x = tl.load(x_row + c, mask=mask, other=0.0, eviction_policy="evict_first")
+            x = x.to(tl.float32)
+            y = (x - mean) * rstd
             if HAS_WEIGHT:
-                w = tl.load(W + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+                w = tl.load(W + c, mask=mask, other=0.0, eviction_policy="evict_last")
                 y = y * w.to(tl.float32)
             if HAS_BIAS:
-                b = tl.load(B + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+                b = tl.load(B + c, mask=mask, other=0.0, eviction_policy="evict_last")
                 y = y + b.to(tl.float32)
-            tl.store(Y + row * n_cols + cols, y.to(Y.dtype.element_ty), mask=mask)
+            tl.store(Y + row * CHUNKED_COLS + c, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -319,14 +356,15 @@ def _forward(x, normalized_shape, weight, bias, eps):
     x2, n_rows, stride_x = as_rows(x, n_cols)
     w = None if weight is None else _flat(weight)
     b = None if bias is None else _flat(bias)
-    one_pass, block_n, rows, num_warps = _fwd_block(n_cols)
+    many_rows = n_rows >= FWD_CHUNK_MIN_ROWS
+    one_pass, block_n, rows, num_warps = _fwd_block(n_cols, x.element_size(), many_rows)
     grid = (cdiv(n_rows, rows),) if one_pass else (n_rows,)
     args = (
         x2,
         x2 if w is None else w,  # placeholders are never read: HAS_WEIGHT / HAS_BIAS are False
         x2 if b is None else b,
         y, mean, rstd, n_rows, n_cols, stride_x, eps,
-        w is not None, b is not None, one_pass, rows, block_n,
+        w is not None, b is not None, one_pass, rows, block_n, 0 if one_pass else n_cols,
     )  # fmt: skip
     launch(_layer_norm_fwd_kernel, grid, args, num_warps, x.device)
     return y, mean, rstd
