@@ -24,8 +24,8 @@
    interleaved rounds, the A/B behind the norms' ``_fwd_block``; ``inductor`` prints the Triton
    code torch.compile generates for the norm forwards at 8192 wide.
 
-    python benchmarks/diagnose.py sweep       # one part: host, sweep, profile, widths, ceiling,
-                                              # timing, forward-ab or inductor
+    python benchmarks/diagnose.py sweep       # one part: host, sweep, sweep-fp32, profile, widths,
+                                              # ceiling, timing, forward-ab or inductor
 """
 
 from __future__ import annotations
@@ -165,12 +165,13 @@ SWEEP_SHAPES = ((4096, 2048), (4096, 4096), (16384, 4096), (8192, 8192), (32768,
                 (65536, 1024), (16384, 5120))  # fmt: skip
 
 
-def _norm_backward_call(op, module, liger, rows, cols):
-    """(ours, liger): closures that run one backward of the norm at (rows, cols); ours is the
-    launcher alone (kernel and partial sums), Liger's goes through its autograd function."""
-    x = torch.randn(rows, cols, device="cuda", dtype=DT)
+def _norm_backward_call(op, module, liger, rows, cols, dtype=DT):
+    """(ours, liger): closures that run one backward of the norm at (rows, cols) in ``dtype``;
+    ours is the launcher alone (kernel and partial sums), Liger's goes through its autograd
+    function."""
+    x = torch.randn(rows, cols, device="cuda", dtype=dtype)
     dy = torch.randn_like(x)
-    w = torch.randn(cols, device="cuda", dtype=DT)
+    w = torch.randn(cols, device="cuda", dtype=dtype)
     xl, wl = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
     if op == "RMSNorm":
         _, _, rstd = module._forward(x, None, w, 1e-6, 0)
@@ -184,7 +185,7 @@ def _norm_backward_call(op, module, liger, rows, cols):
         _, mean, rstd = module._forward(x, [cols], w, w, 1e-5)
 
         def ours():
-            module._backward(dy, x, [cols], w, mean, rstd, True, True, DT)
+            module._backward(dy, x, [cols], w, mean, rstd, True, True, dtype)
 
         wrt = (xl, wl, w.clone().requires_grad_(True))
         out = liger.layer_norm.apply(xl, wl, wrt[2], 1e-5) if liger else None
@@ -207,7 +208,7 @@ def norm_modules(lib):
 BWD_GRID = ((4096, 8192, 16384), (1, 2), (4, 8, 16))  # elements a step, programs per SM, warps
 
 
-def _sweep_shape(op, m, liger, rows, cols, grid=BWD_GRID):
+def _sweep_shape(op, m, liger, rows, cols, grid=BWD_GRID, dtype=DT):
     """Time one norm's backward at (rows, cols): Liger's, ours as configured, and ours over the
     configurations of ``grid`` (on the current stream, which must not be the default one).
     For rows too wide for one pass, the elements a step are the width of a program's block of
@@ -216,31 +217,42 @@ def _sweep_shape(op, m, liger, rows, cols, grid=BWD_GRID):
 
     from triton.testing import do_bench_cudagraph
 
-    moved = 3 * rows * cols * DT.itemsize  # x, dy read; dx written
+    moved = 3 * rows * cols * dtype.itemsize  # x, dy read; dx written
 
     def report(label, ms):
-        print(f"{op} {rows}x{cols} {label}: {ms * 1e3:7.1f} us {moved / ms / 1e6:6.0f} GB/s")
+        print(
+            f"{op} {dtype} {rows}x{cols} {label}: {ms * 1e3:7.1f} us {moved / ms / 1e6:6.0f} GB/s"
+        )
 
-    ours, peer = _norm_backward_call(op, m, liger, rows, cols)
+    ours, peer = _norm_backward_call(op, m, liger, rows, cols, dtype)
     for label, call in (("liger", peer), ("ours as configured", ours)):
         if call is not None:
             call()
             report(label, do_bench_cudagraph(call, rep=30))
     row_block = m.row_block
+    # LayerNorm's launcher takes its configuration, look-ahead included, from _bwd_config.
+    lookaheads = LOOKAHEADS.get(dtype, (True,)) if hasattr(m, "_bwd_config") else (None,)
     timed = []
     for elements, per_sm, warps in itertools.product(*grid):
 
-        def block(n, elements=elements, per_sm=per_sm, warps=warps):
+        def block(n, *_, elements=elements, per_sm=per_sm, warps=warps):
             one_pass, block_n, n_rows, _ = row_block(n, elements)
             if one_pass:
                 return one_pass, block_n, n_rows, warps, per_sm
             return False, elements, max(1, 8192 // elements), warps, per_sm
 
-        with _swapped(m, bwd_block=block):
-            ours()
-            timed.append((do_bench_cudagraph(ours, rep=20), elements, per_sm, warps))
-    for ms, elements, per_sm, warps in sorted(timed)[:4]:
-        report(f"  elements {elements:5d}, {per_sm}/SM, {warps:2d} warps", ms)
+        for lookahead in lookaheads:
+            if lookahead is None:
+                swap = {"bwd_block": block}
+            else:
+                swap = {"_bwd_config": lambda n, *_, b=block, la=lookahead: (*b(n), la)}
+            with _swapped(m, **swap):
+                ours()
+                ms = do_bench_cudagraph(ours, rep=20)
+            timed.append((ms, elements, per_sm, warps, lookahead))
+    for ms, elements, per_sm, warps, lookahead in sorted(timed)[:6]:
+        ahead = "" if lookahead is None else f", look-ahead {'on' if lookahead else 'off'}"
+        report(f"  elements {elements:5d}, {per_sm}/SM, {warps:2d} warps{ahead}", ms)
     sys.stdout.flush()
 
 
@@ -248,7 +260,7 @@ def sweep_backward(lib, liger):
     """Device time of the norm backward launchers over their launch configuration: elements a
     program handles per step, programs per SM and warps; CUDA graphs, so device time only.
 
-    Prints, per norm and shape, Liger's backward, ours as configured, and the four fastest
+    Prints, per norm and shape, Liger's backward, ours as configured, and the six fastest
     configurations. The configuration is ``bwd_block`` of the norm package's ``_library``; the sweep swaps
     it and puts it back (``_swapped``).
     """
@@ -257,6 +269,21 @@ def sweep_backward(lib, liger):
         for op, m in norm_modules(lib):
             for rows, cols in SWEEP_SHAPES:
                 _sweep_shape(op, m, liger, rows, cols)
+
+
+FP32_BWD_GRID = ((4096, 8192), (1, 2), (8, 16, 32))
+# Look-ahead settings swept per dtype where the launcher takes one (LayerNorm's _bwd_config).
+LOOKAHEADS = {torch.float32: (True, False)}
+
+
+def sweep_backward_fp32(lib, liger):
+    """``sweep_backward`` for fp32 data at the square shapes of ops.NORM_SHAPES from 64M
+    elements, with up to 32 warps (an fp32 row holds twice the registers of a bf16 one)."""
+    stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
+    with torch.cuda.stream(stream):
+        for op, m in norm_modules(lib):
+            for rows, cols in ops.NORM_SHAPES[1:]:
+                _sweep_shape(op, m, liger, rows, cols, FP32_BWD_GRID, torch.float32)
 
 
 # Forward configurations (one_pass, block_n, rows a block, warps) per width: rows packed to a
@@ -626,6 +653,7 @@ def main():
         choices=(
             "host",
             "sweep",
+            "sweep-fp32",
             "profile",
             "ceiling",
             "widths",
@@ -650,6 +678,8 @@ def main():
     if "sweep" in parts:
         sweep_backward(lib, liger)
         sweep_rotary(lib, liger)
+    if "sweep-fp32" in parts:
+        sweep_backward_fp32(lib, liger)
     if "profile" in parts:
         device_profiles(lib, liger)
     if "ceiling" in parts:

@@ -572,3 +572,20 @@ def test_forward_blocks_follow_each_norms_sweep(norm):
     assert ln._fwd_block(helpers.MAX_ONE_PASS, 2) == (False, 4096, 1, 16)
     wide = helpers.MAX_ONE_PASS + 1
     assert rms._fwd_block(wide, 2) == ln._fwd_block(wide, 2) == helpers.row_block(wide)
+
+
+def test_layer_norm_backward_takes_fp32_rows_as_swept(norm):
+    """LayerNorm's backward runs bf16 rows and narrow fp32 rows as ``bwd_block`` says, fp32
+    rows of 4096 one to a step, and wider fp32 rows one to a step without the look-ahead (the
+    H200 sweep of 2026-11-24)."""
+    helpers = sys.modules[f"{norm.__name__}._library"]
+    ln = sys.modules[f"{norm.__name__}.layer_norm"]
+    for n in (1000, 2048, 4096, 8192, 12288, 20000):
+        assert ln._bwd_config(n, 2) == (*helpers.bwd_block(n), True), n
+    for n in (1000, 2048, 20000):
+        assert ln._bwd_config(n, 4) == (*helpers.bwd_block(n), True), n
+    assert ln._bwd_config(4096, 4) == (True, 4096, 1, 16, helpers.BWD_PROGRAMS_PER_SM, True)
+    for n in (5120, 8192, 16384):
+        one_pass, block_n, rows, warps, per_sm, lookahead = ln._bwd_config(n, 4)
+        assert (one_pass, rows, warps, lookahead) == (True, 1, ln.FP32_NO_LOOKAHEAD_WARPS, False)
+        assert (block_n, per_sm) == helpers.bwd_block(n)[1:5:3]

@@ -80,6 +80,28 @@ def _fwd_block(n_cols: int, itemsize: int, many_rows: bool = True) -> tuple[bool
     return one_pass, block_n, rows, min(FWD_MAX_WARPS, num_warps)
 
 
+# The backward's look-ahead holds a step's rows twice over, beside the weight and both gradient
+# accumulators; ``_library``'s steps are sized for bf16. fp32 rows of 4096 go one to a step
+# (16 KB), and wider fp32 rows, which do not fit a thread's registers twice, load the next row
+# after their step instead, with FP32_NO_LOOKAHEAD_WARPS warps. H200, 2026-11-24, fp32
+# backward against the bf16 configuration (benchmarks/results/ops-2026-11-24c-h200/
+# sweep-fp32*.txt): 16384x4096 212.7 against 217.4 us; 8192x8192 218.6 against 288.4;
+# 32768x8192 813.8 against 1088.4 (Liger 220.5 and 816.0). Narrower fp32 rows were not swept
+# and keep the bf16 configuration.
+FP32_NO_LOOKAHEAD_WARPS = 16
+
+
+def _bwd_config(n_cols: int, itemsize: int) -> tuple[bool, int, int, int, int, bool]:
+    """(one_pass, block_n, rows, num_warps, programs_per_sm, lookahead) for the backward:
+    ``_library.bwd_block``, with fp32 rows of 4096 and wider as swept."""
+    one_pass, block_n, rows, num_warps, per_sm = bwd_block(n_cols)
+    if one_pass and itemsize == 4 and block_n > 4096:
+        return one_pass, block_n, 1, FP32_NO_LOOKAHEAD_WARPS, per_sm, False
+    if one_pass and itemsize == 4 and block_n == 4096:
+        return one_pass, block_n, 1, num_warps, per_sm, True
+    return one_pass, block_n, rows, num_warps, per_sm, True
+
+
 # --------------------------------------------------------------------------------------------
 # Kernels
 # --------------------------------------------------------------------------------------------
@@ -253,13 +275,15 @@ def _layer_norm_bwd_kernel(
     SPLIT_COLS: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    LOOKAHEAD: tl.constexpr,
 ):
     # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w; dw = sum dy * xhat and
     # db = sum dy over rows. A program walks a contiguous run of rows, ROWS at a time, over one
     # block of columns: the whole row, or with SPLIT_COLS (rows too wide for registers) block
     # program_id(1) of BLOCK_N columns, the two means then coming from C (the row dot kernel).
-    # Each step loads the next step's rows before it reduces its own, so the program keeps loads
-    # in flight while it reduces (H200, 2026-11-24: 14-21% off the backward at 4096 and 8192).
+    # With LOOKAHEAD each step loads the next step's rows before it reduces its own, so the
+    # program keeps loads in flight while it reduces (H200, 2026-11-24: 14-21% off the backward
+    # at 4096 and 8192); without, after it is done with its own (``_bwd_config``).
     pid = tl.program_id(0)
     row_start = pid.to(tl.int64) * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
@@ -277,10 +301,11 @@ def _layer_norm_bwd_kernel(
     for first in range(row_start, row_end, ROWS):
         rows = first + tl.arange(0, ROWS)
         next_rows = rows + ROWS
-        next_x, next_dy, next_mean, next_rstd, next_c1, next_c2 = _layer_norm_bwd_loads(
-            DY, X, MEAN, RSTD, C, next_rows, row_end, n_rows, cols, col_mask, stride_dy, stride_x,
-            SPLIT_COLS,
-        )  # fmt: skip
+        if LOOKAHEAD:
+            next_x, next_dy, next_mean, next_rstd, next_c1, next_c2 = _layer_norm_bwd_loads(
+                DY, X, MEAN, RSTD, C, next_rows, row_end, n_rows, cols, col_mask, stride_dy,
+                stride_x, SPLIT_COLS,
+            )  # fmt: skip
         mask = (rows < row_end)[:, None] & col_mask[None, :]
         x = x.to(tl.float32)
         dy = dy.to(tl.float32)
@@ -297,8 +322,14 @@ def _layer_norm_bwd_kernel(
             dw_acc += tl.sum(dy * xhat, axis=0)
         if COMPUTE_DB:
             db_acc += tl.sum(dy, axis=0)
-        x, dy, mean, rstd = next_x, next_dy, next_mean, next_rstd
-        c1, c2 = next_c1, next_c2
+        if LOOKAHEAD:
+            x, dy, mean, rstd = next_x, next_dy, next_mean, next_rstd
+            c1, c2 = next_c1, next_c2
+        else:
+            x, dy, mean, rstd, c1, c2 = _layer_norm_bwd_loads(
+                DY, X, MEAN, RSTD, C, next_rows, row_end, n_rows, cols, col_mask, stride_dy,
+                stride_x, SPLIT_COLS,
+            )  # fmt: skip
     if COMPUTE_DW:
         tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
     if COMPUTE_DB:
@@ -385,7 +416,7 @@ def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_d
         return dx, dw, db
     x2, n_rows, stride_x = as_rows(x, n_cols)
     dy2, _, stride_dy = as_rows(dy, n_cols)
-    one_pass, block_n, rows, num_warps, per_sm = bwd_block(n_cols)
+    one_pass, block_n, rows, num_warps, per_sm, lookahead = _bwd_config(n_cols, x.element_size())
     w = x2 if weight is None else _flat(weight)  # x2: a placeholder, never read (HAS_WEIGHT)
     c, col_blocks = rstd, 1  # rstd: a placeholder for C, never read in one pass
     if not one_pass:
@@ -402,7 +433,7 @@ def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_d
     args = (
         dy2, x2, w, mean, rstd, c, dx,
         partials[0], partials[1], n_rows, n_cols, rows_per_program, stride_dy, stride_x,
-        weight is not None, compute_dw, compute_db, not one_pass, rows, block_n,
+        weight is not None, compute_dw, compute_db, not one_pass, rows, block_n, lookahead,
     )  # fmt: skip
     launch(_layer_norm_bwd_kernel, (programs, col_blocks), args, num_warps, x.device)
     # Placeholders for the gradients not asked for: the custom op returns tensors.
