@@ -382,7 +382,8 @@ FWD_AB_CASES += [(k, s) for k in ("RMSNorm-fp32", "GemmaRMSNorm", "FusedAddRMSNo
 FWD_AB_CASES += [("LayerNorm", s) for s in ((4096, 4096), (8192, 4096), (10923, 6144),
                                             (9362, 7168), (6554, 10240), (4681, 14336),
                                             (1024, 65536), (1024, 50000))]  # fmt: skip
-FWD_AB_CASES += [("LayerNorm-fp32", (1024, 65536))]
+FWD_AB_CASES += [("LayerNorm-fp32", (1024, 65536)), ("LayerNorm-fp32", (4096, 4096))]
+FWD_AB_CASES += [("RMSNorm-fp32", (4096, 4096))]
 
 
 def forward_ab(lib, liger, kinds=(), shapes=()):

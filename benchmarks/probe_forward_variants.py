@@ -10,7 +10,10 @@ Each case's contenders run back to back in CUDA graphs replayed in interleaved r
   bias) loaded beside the row instead of after its reductions. With PROBE_CONSTEXPR set, also
   the kernels with ``n_cols`` a constexpr; with PROBE_PERSISTENT, persistent forwards (a few
   programs per SM, each walking a run of rows with the backward's look-ahead); with
-  PROBE_CHUNKED_SHIFT, a chunked two-pass LayerNorm. The last two lost everywhere.
+  PROBE_CHUNKED_SHIFT, a chunked two-pass LayerNorm. The last two lost everywhere. With
+  PROBE_LN_CHUNKED, LayerNorm's chunked forward with pass 2's first chunk loaded before the
+  reductions, and with one merged reduction. PROBE_ONLY (ops, comma-separated) picks cases;
+  PROBE_NO_ROW leaves out the one-row kernels.
 - gelu: the tanh-GELU forward and backward over launch configurations, a kernel of the same
   structure that only copies (the ceiling of the structure), and the sigmoid from
   ``ex2.approx`` and ``rcp.approx`` (fewer instructions than IEEE division).
@@ -94,6 +97,49 @@ LN_WB_EARLY = [
         "y = y + b_row.to(tl.float32)[None, :]",
     ),
 ]
+
+
+# LayerNorm's chunked forward (2026-11-24c): pass 2's first chunk (x, weight, bias) loaded before
+# the row's reductions, so that those loads are in flight while the program reduces; and the
+# row's moments merged in one reduction of (mean, M2, count) triples (Chan's pairwise formula)
+# instead of the mean's reduction and then the centred one.
+LN_CHUNKED_PREFETCH = [
+    (
+        "        lane_count = WHOLE + in_tail.to(tl.float32)\n",
+        "        first_x = tl.load(x_row + cols, eviction_policy='evict_first')\n"
+        "        if HAS_WEIGHT:\n"
+        "            first_w = tl.load(W + cols, eviction_policy='evict_last')\n"
+        "        if HAS_BIAS:\n"
+        "            first_b = tl.load(B + cols, eviction_policy='evict_last')\n"
+        "        lane_count = WHOLE + in_tail.to(tl.float32)\n",
+    ),
+    (
+        "        for start in range(0, CHUNKED_COLS, BLOCK_N):\n            c = start + cols\n",
+        "        y0 = (first_x.to(tl.float32) - mean) * rstd\n"
+        "        if HAS_WEIGHT:\n"
+        "            y0 = y0 * first_w.to(tl.float32)\n"
+        "        if HAS_BIAS:\n"
+        "            y0 = y0 + first_b.to(tl.float32)\n"
+        "        tl.store(Y + row * CHUNKED_COLS + cols, y0.to(Y.dtype.element_ty))\n"
+        "        for start in range(BLOCK_N, CHUNKED_COLS, BLOCK_N):\n            c = start + cols\n",
+    ),
+]
+LN_CHUNKED_MERGED = [
+    (
+        "        mean = tl.sum(lane_mean * lane_count, axis=0) / CHUNKED_COLS\n"
+        "        spread = lane_mean - mean\n"
+        "        m2 = tl.sum(lane_m2 + lane_count * spread * spread, axis=0)\n",
+        "        mean, m2, _ = tl.reduce((lane_mean, lane_m2, lane_count), 0, _probe_merge)\n",
+    )
+]
+
+
+@triton.jit
+def _probe_merge(mean_a, m2_a, count_a, mean_b, m2_b, count_b):
+    count = count_a + count_b
+    share_b = count_b / count
+    delta = mean_b - mean_a
+    return mean_a + delta * share_b, m2_a + m2_b + delta * delta * count_a * share_b, count
 
 
 # ---- persistent norm forwards ---------------------------------------------------------------
@@ -384,12 +430,23 @@ def norm_variants(lib, liger):
         variants["ln"]["w, b loaded early"] = source_variant(
             ln._layer_norm_fwd_kernel, LN_WB_EARLY, "early"
         )
+    if os.environ.get("PROBE_LN_CHUNKED"):
+        ln._probe_merge = _probe_merge  # the variant's source finds it in the module's globals
+        variants["ln"]["chunk 0 of pass 2 early"] = source_variant(
+            ln._layer_norm_fwd_kernel, LN_CHUNKED_PREFETCH, "prefetch"
+        )
+        variants["ln"]["one merged reduction"] = source_variant(
+            ln._layer_norm_fwd_kernel, LN_CHUNKED_MERGED, "merged"
+        )
     if os.environ.get("PROBE_CONSTEXPR"):
         variants["rms"]["n_cols constexpr"] = constexpr_variant(rms._rms_norm_fwd_kernel)
         variants["ln"]["n_cols constexpr"] = constexpr_variant(ln._layer_norm_fwd_kernel)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream), torch.no_grad():
+        only = [o for o in os.environ.get("PROBE_ONLY", "").split(",") if o]
         for op, (rows, cols) in NORM_CASES:
+            if only and op not in only:
+                continue
             torch._dynamo.reset()
             inputs, _, fns, moved, _ = ops.norm_case(op, lib, liger, rows, cols)
             graphs = {}
@@ -410,7 +467,7 @@ def norm_variants(lib, liger):
                     name = f"ours, {label}"
                     graphs[name] = graph(name, [functools.partial(fns["ours"], *inputs)])
             keep = []  # the probe calls' outputs must outlive their graphs
-            if op != "FusedAddRMSNorm" and cols > 2048:
+            if op != "FusedAddRMSNorm" and cols > 2048 and not os.environ.get("PROBE_NO_ROW"):
                 for warps in (4, 8, 16):
                     call = row_call(op, module, inputs[0], warps)
                     keep.append(call)
