@@ -1,0 +1,174 @@
+"""Compile every Triton kernel of our kernel repositories for a CUDA GPU, without one.
+
+    python tests/library/cuda_compile_check.py [--arch 90]
+
+The CPU tests run the kernels through Triton's interpreter, which executes their Python: it
+cannot see what only the compiler rejects (a loop that changes a variable's dtype, a branch
+that yields different types, a shape the layout cannot take). This script calls every op of
+the repositories, forward and backward, at widths that take each code path, with the launch
+helper replaced by one that only records the launch; then it compiles each distinct
+(kernel, argument types, constexprs, warps) for a CUDA target with Triton's own compiler
+(LLVM and ptxas, which ship with Triton), exactly as a GPU would. It must run without
+``TRITON_INTERPRET`` (that makes ``triton.jit`` build interpreter functions, which cannot be
+compiled); ``test_cuda_compile.py`` runs it in a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.jit import JITFunction
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from library_helpers import load  # noqa: E402
+
+TYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
+
+
+def _recording_launch(launches: list):
+    def launch(kernel, grid, args, num_warps, device):
+        launches.append((kernel, tuple(args), num_warps))
+
+    return launch
+
+
+def _patch_launch(package, launches: list) -> None:
+    """Replace ``launch`` in every module of ``package`` (each imports it from ``_library``)."""
+    original = sys.modules[f"{package.__name__}._library"].launch
+    recording = _recording_launch(launches)
+    for name, module in list(sys.modules.items()):
+        if name.startswith(package.__name__) and getattr(module, "launch", None) is original:
+            module.launch = recording
+
+
+def _grad(out, inputs):
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    torch.autograd.grad(outs, inputs, [torch.ones_like(o) for o in outs], allow_unused=True)
+
+
+def _run_norm(norm) -> None:
+    # Widths that take each forward and backward path: packed narrow rows, one pass, the chunked
+    # forwards (RMSNorm's whole 8 KB chunks, LayerNorm's power-of-two chunks, bf16 rows of 4096
+    # with many rows), rows past MAX_ONE_PASS (ragged and whole); fp32 and bf16 (fp16 compiles
+    # as bf16 does).
+    for dtype in (torch.float32, torch.bfloat16):
+        for width in (64, 3000, 4096, 5120, 8192, 20000, 32768):
+            rows = 16384 if width == 4096 and dtype == torch.bfloat16 else 3
+            x = torch.zeros(rows, width, dtype=dtype, requires_grad=True)
+            r = torch.zeros(rows, width, dtype=dtype, requires_grad=True)
+            w = torch.zeros(width, dtype=dtype, requires_grad=True)
+            b = torch.zeros(width, dtype=dtype, requires_grad=True)
+            _grad(norm.rms_norm(x, w, 1e-6), (x, w))
+            _grad(norm.gemma_rms_norm(x, w, 1e-6), (x, w))
+            _grad(norm.fused_add_rms_norm(x, r, w, 1e-6), (x, r, w))
+            _grad(norm.layer_norm(x, (width,), w, b, 1e-5), (x, w, b))
+            if width in (3000, 8192):
+                _grad(norm.layer_norm(x, (width,), w, None, 1e-5), (x, w))
+                _grad(norm.layer_norm(x, (width,), None, None, 1e-5), (x,))
+
+
+def _run_activation(activation) -> None:
+    elementwise = ("silu", "gelu", "gelu_tanh", "new_gelu", "fast_gelu", "quick_gelu")
+    gated = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
+    two_inputs = ("silu_mul", "gelu_mul", "gelu_tanh_mul")
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.zeros(3, 1000, dtype=dtype, requires_grad=True)
+        gate = torch.zeros(3, 1000, dtype=dtype, requires_grad=True)
+        for name in elementwise:
+            _grad(getattr(activation, name)(x), (x,))
+        for name in gated:
+            _grad(getattr(activation, name)(x), (x,))
+        for name in two_inputs:
+            _grad(getattr(activation, name)(gate, x), (gate, x))
+
+
+def _run_rotary(rotary) -> None:
+    # Without the interpreter, rotary hands CPU tensors to PyTorch; here they go to the kernel.
+    sys.modules[f"{rotary.__name__}.rotary"]._CPU_RUNS_KERNELS = True
+    for dtype in (torch.float32, torch.bfloat16):
+        for heads, kv_heads, head_dim in ((32, 8, 128), (5, 1, 96)):
+            q = torch.zeros(2, heads, 7, head_dim, dtype=dtype, requires_grad=True)
+            k = torch.zeros(2, kv_heads, 7, head_dim, dtype=dtype, requires_grad=True)
+            cos = torch.zeros(2, 7, head_dim, dtype=dtype)
+            sin = torch.zeros(2, 7, head_dim, dtype=dtype)
+            _grad(rotary.apply_rotary_pos_emb(q, k, cos, sin), (q, k))
+
+
+def _signature(kernel, args) -> tuple[dict, dict]:
+    """Triton's (signature, constexprs) for ``kernel`` called with ``args`` (all positional)."""
+    signature, constexprs = {}, {}
+    for param, value in zip(kernel.params, args, strict=True):
+        name = param.name
+        if param.is_constexpr:
+            signature[name] = "constexpr"
+            constexprs[name] = value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"{kernel.fn.__name__}: argument {name} = {value!r}")
+    return signature, constexprs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET"):
+        sys.exit("run without TRITON_INTERPRET: interpreter functions cannot be compiled")
+    launches: list = []
+    kernels = set()  # every kernel the packages define (by our naming: ``_..._kernel``)
+    for name, run in (
+        ("norm", _run_norm),
+        ("activation", _run_activation),
+        ("rotary", _run_rotary),
+    ):
+        package = load(name)
+        _patch_launch(package, launches)
+        run(package)
+        for module_name, module in list(sys.modules.items()):
+            if module_name.startswith(package.__name__):
+                kernels |= {value.fn for key, value in vars(module).items()
+                            if key.endswith("_kernel") and isinstance(value, JITFunction)}  # fmt: skip
+    missed = sorted(f.__name__ for f in kernels - {kernel.fn for kernel, _, _ in launches})
+    if missed:
+        print(f"FAILED: no call above launches {', '.join(missed)}; add one that does")
+        return 1
+    variants = {}
+    for kernel, call_args, num_warps in launches:
+        signature, constexprs = _signature(kernel, call_args)
+        key = (kernel.fn, tuple(signature.items()), tuple(constexprs.items()), num_warps)
+        variants.setdefault(key, (kernel, signature, constexprs, num_warps))
+    target = GPUTarget("cuda", args.arch, 32)
+    start = time.perf_counter()
+    for kernel, signature, constexprs, num_warps in variants.values():
+        source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+        try:
+            triton.compile(source, target=target, options={"num_warps": num_warps})
+        except Exception as error:
+            print(f"FAILED {kernel.fn.__name__} {constexprs} num_warps={num_warps}\n{error}")
+            return 1
+    print(f"compiled {len(variants)} variants of {len(kernels)} kernels for sm_{args.arch} "
+          f"({len(launches)} launches recorded) in {time.perf_counter() - start:.0f} s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

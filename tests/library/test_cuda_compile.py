@@ -1,0 +1,26 @@
+"""Every kernel of our repositories compiles for a CUDA GPU (sm_90), also on a machine without
+one: the interpreter that runs the other CPU tests cannot see what only the compiler rejects,
+such as a loop that changes a variable's dtype. ``cuda_compile_check.py`` does the work, in a
+subprocess without ``TRITON_INTERPRET``."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_compile_check.py")
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU the other tests compile every kernel for real"
+)
+def test_every_kernel_compiles_for_a_cuda_gpu():
+    pytest.importorskip("triton.backends.nvidia", reason="this Triton has no CUDA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, SCRIPT], env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert "compiled" in done.stdout and "kernels for sm_90" in done.stdout, done.stdout
