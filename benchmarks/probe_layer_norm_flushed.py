@@ -8,7 +8,10 @@ In back-to-back probes LayerNorm at 8192x8192 runs at 96-97% of a copy of the sa
 ``ops.py`` at 95%, and without a bias at 100%. This times the kept kernel beside variants of its
 L2 eviction hints and of its launch configuration, in rounds (every contender once a round, the
 median of the rounds), with the bias-free layer and a copy of the same bytes as references;
-and a forward software-pipelined across rows (``ln_fwd_pipelined``).
+unrolled chunk loops (the variants rewrite the kernel's source as it was at commit 1f6dc84,
+before its normalising pass was unrolled; they are the record of what ran); and (with
+PROBE_PIPELINED set) a forward software-pipelined across rows
+(``ln_fwd_pipelined``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,19 @@ HINTS = {
             "x = tl.load(x_row + chunk * BLOCK_N + cols)",
         ),
     ],  # fmt: skip
+    "both loops unrolled (static_range)": [
+        ("for chunk in range(1, WHOLE):", "for chunk in tl.static_range(1, WHOLE):"),
+        (
+            "for start in range(0, CHUNKED_COLS, BLOCK_N):",
+            "for start in tl.static_range(0, CHUNKED_COLS, BLOCK_N):",
+        ),
+    ],
+    "second pass unrolled (static_range)": [
+        (
+            "for start in range(0, CHUNKED_COLS, BLOCK_N):",
+            "for start in tl.static_range(0, CHUNKED_COLS, BLOCK_N):",
+        ),
+    ],
     "second pass without evict_first": [
         (
             'x = tl.load(x_row + c, mask=mask, other=0.0, eviction_policy="evict_first")',
@@ -116,7 +132,7 @@ def pipelined_call(module, x, block, rows_per_program, warps):
 PIPELINED = [(4096, 2, 8), (4096, 4, 8), (4096, 8, 8), (4096, 16, 8), (4096, 4, 4), (4096, 8, 4),
              (2048, 4, 8), (2048, 8, 8)]  # fmt: skip
 CONFIGS = [(False, 4096, 1, 4), (False, 4096, 1, 16), (False, 2048, 1, 8), (True, 8192, 1, 8)]
-SHAPES = [(8192, 8192), (16384, 4096), (32768, 8192)]
+SHAPES = [(8192, 8192), (16384, 4096), (32768, 8192), (5461, 12288), (16384, 5120)]
 
 
 def main():
@@ -141,10 +157,10 @@ def main():
                 calls[name] = (ours, {"_layer_norm_fwd_kernel": kernel})
             block = ln._fwd_block(cols, 2)
             for config in CONFIGS:
-                if config[1] < cols and config != block:
+                if (config[1] >= cols) == config[0] and config != block:  # one pass holds the row
                     calls[f"config {config}"] = (ours, {"_fwd_block": lambda n, *_, c=config: c})
             keep = []  # the probe calls' outputs must outlive their graphs
-            for block, per_program, warps in PIPELINED:
+            for block, per_program, warps in PIPELINED if os.environ.get("PROBE_PIPELINED") else []:
                 if block < cols and cols % block == 0:
                     call = pipelined_call(fns["eager"], inputs[0], block, per_program, warps)
                     keep.append(call)

@@ -60,11 +60,11 @@ def _grad(out, inputs):
 
 def _run_norm(norm) -> None:
     # Widths that take each forward and backward path: packed narrow rows, one pass, the chunked
-    # forwards (RMSNorm's whole 8 KB chunks, LayerNorm's power-of-two chunks, bf16 rows of 4096
-    # with many rows), rows past MAX_ONE_PASS (ragged and whole); fp32 and bf16 (fp16 compiles
-    # as bf16 does).
+    # forwards (RMSNorm's whole 8 KB chunks; LayerNorm's power-of-two chunks, its normalising
+    # pass unrolled, or looped at 9216; bf16 rows of 4096 with many rows), rows past
+    # MAX_ONE_PASS (ragged and whole); fp32 and bf16 (fp16 compiles as bf16 does).
     for dtype in (torch.float32, torch.bfloat16):
-        for width in (64, 3000, 4096, 5120, 8192, 20000, 32768):
+        for width in (64, 3000, 4096, 5120, 8192, 9216, 20000, 32768):
             rows = 16384 if width == 4096 and dtype == torch.bfloat16 else 3
             x = torch.zeros(rows, width, dtype=dtype, requires_grad=True)
             r = torch.zeros(rows, width, dtype=dtype, requires_grad=True)
