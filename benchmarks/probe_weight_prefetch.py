@@ -3,6 +3,7 @@ timed as ``ops.py`` times its CUDA-graph tables (alone after an L2 clear; H200 p
 2026-11-24; results in benchmarks/results/ops-2026-11-24c-h200/probe-weight-prefetch.txt).
 
     python benchmarks/probe_weight_prefetch.py
+    PROBE_RMS_UNROLLED=1 python benchmarks/probe_weight_prefetch.py   # RMSNorm's loops unrolled
 
 After an L2 clear (as in a model, where other layers' data passes through L2 between two calls
 of a norm) the first programs' weight loads miss L2. Ours load the weight after the row's
@@ -64,26 +65,40 @@ CASES = [
 ]
 
 
-def main():
-    lib = ops.load_library()
-    liger = ops.load_liger()
+RMS_UNROLLED = [
+    (
+        "        tl.store(RSTD + row, rstd)\n        for start in range(0, CHUNKED_COLS, BLOCK_N):",
+        "        tl.store(RSTD + row, rstd)\n"
+        "        for start in tl.static_range(0, CHUNKED_COLS, BLOCK_N):",
+    )
+]
+RMS_BOTH_UNROLLED = [
+    ("for start in range(0, CHUNKED_COLS, BLOCK_N):",
+     "for start in tl.static_range(0, CHUNKED_COLS, BLOCK_N):"),
+    *RMS_UNROLLED,
+]  # fmt: skip
+# RMSNorm's chunked rows (bf16 8192 wide, fp32 4096 and 8192): its loops unrolled, as
+# LayerNorm's normalising pass is (PROBE_RMS_UNROLLED).
+UNROLLED_CASES = [
+    ("RMSNorm", (8192, 8192)),
+    ("GemmaRMSNorm", (8192, 8192)),
+    ("FusedAddRMSNorm", (8192, 8192)),
+    ("RMSNorm", (32768, 8192)),
+    ("GemmaRMSNorm", (32768, 8192)),
+    ("RMSNorm-fp32", (16384, 4096)),
+    ("RMSNorm-fp32", (32768, 8192)),
+]
+
+
+def time_cases(lib, liger, cases, variants):
+    """Each case's contenders (ours, Liger, ``variants`` of the op's kernel, a copy of the same
+    bytes) timed as ``ops.py`` times its CUDA-graph tables, in five rounds; medians printed."""
     package = lib["norm"].__name__
     rms = sys.modules[package + ".rms_norm"]
     ln = sys.modules[package + ".layer_norm"]
-    rms._prefetch_l2 = ln._prefetch_l2 = _prefetch_l2  # found by the variants' sources
-    variants = {
-        "rms": {
-            "weight prefetched": source_variant(rms._rms_norm_fwd_kernel, RMS_PREFETCH, "pf"),
-            "weight loaded early": source_variant(rms._rms_norm_fwd_kernel, RMS_W_EARLY, "early"),
-        },
-        "ln": {
-            "weight, bias prefetched": source_variant(ln._layer_norm_fwd_kernel, LN_PREFETCH, "pf")
-        },
-    }
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream), torch.no_grad():
-        for op, (rows, cols) in CASES:
+        for op, (rows, cols) in cases:
             torch._dynamo.reset()
             inputs, _, fns, moved, _ = ops.norm_case(op, lib, liger, rows, cols)
             is_ln = op.startswith("LayerNorm")
@@ -103,7 +118,10 @@ def main():
                 for name, (call, swap) in calls.items():
                     with _swapped(target, **swap):
                         if swap:
-                            torch.testing.assert_close(call(), expected, rtol=2e-2, atol=2e-2)
+                            out, want = call(), expected
+                            out, want = (out, want) if isinstance(out, tuple) else ((out,), (want,))
+                            for o, e in zip(out, want, strict=True):
+                                torch.testing.assert_close(o, e, rtol=2e-2, atol=2e-2)
                         samples[name].append(ops.graph_ms(call, stream, 30))
             copy_ms = statistics.median(samples["copy of the same bytes"])
             for name, t in sorted(samples.items(), key=lambda kv: statistics.median(kv[1])):
@@ -112,6 +130,40 @@ def main():
                       f"{moved / ms / 1e6:6.0f} GB/s {copy_ms / ms:6.3f}x copy", flush=True)  # fmt: skip
             del inputs, fns, calls
             torch.cuda.empty_cache()
+
+
+def main():
+    lib = ops.load_library()
+    liger = ops.load_liger()
+    package = lib["norm"].__name__
+    rms = sys.modules[package + ".rms_norm"]
+    ln = sys.modules[package + ".layer_norm"]
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    if os.environ.get("PROBE_RMS_UNROLLED"):
+        variants = {
+            "rms": {
+                "second pass unrolled": source_variant(
+                    rms._rms_norm_fwd_kernel, RMS_UNROLLED, "u2"
+                ),
+                "both passes unrolled": source_variant(
+                    rms._rms_norm_fwd_kernel, RMS_BOTH_UNROLLED, "u12"
+                ),
+            },
+            "ln": {},
+        }
+        time_cases(lib, liger, UNROLLED_CASES, variants)
+        return
+    rms._prefetch_l2 = ln._prefetch_l2 = _prefetch_l2  # found by the variants' sources
+    variants = {
+        "rms": {
+            "weight prefetched": source_variant(rms._rms_norm_fwd_kernel, RMS_PREFETCH, "pf"),
+            "weight loaded early": source_variant(rms._rms_norm_fwd_kernel, RMS_W_EARLY, "early"),
+        },
+        "ln": {
+            "weight, bias prefetched": source_variant(ln._layer_norm_fwd_kernel, LN_PREFETCH, "pf")
+        },
+    }
+    time_cases(lib, liger, CASES, variants)
 
 
 if __name__ == "__main__":
