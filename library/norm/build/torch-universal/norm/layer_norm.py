@@ -41,19 +41,19 @@ from ._library import (
 # Forward launch configuration, from interleaved A/Bs of configurations at ~64M elements (H200,
 # CUDA graphs; diagnose.py forward-ab; us are per call):
 # - rows up to FWD_NARROW_ELEMENTS as both norms (``_library``);
-# - rows of 2048 to 16384 in chunks, two passes (2026-11-24, benchmarks/results/
+# - wider rows up to 16384 in chunks, two passes (2026-11-24, benchmarks/results/
 #   ops-2026-11-24c-h200/forward-ab*.txt): chunks of the largest power of two up to
 #   FWD_MAX_CHUNK that divides the row into two or more (at least FWD_MIN_CHUNK); 8 warps up
-#   to rows of 8192 elements, 16 past that and for fp32 (at most chunk / 128). Against the row in registers: bf16
-#   16384x5120 82 against 99 us, 10923x6144 66 against 73, 8192x8192 66.5 against 67.4,
-#   6554x10240 67 against 92, 5461x12288 66 against 82, 4681x14336 68 against 76, 32768x8192 254
-#   against 260; fp32 16384x4096 127 against 129, 32768x8192 507 against 519;
+#   to rows of 8192 elements, 16 past that and for fp32 (at most chunk / 128). Against the row
+#   in registers: bf16 16384x5120 82 against 99 us, 10923x6144 66 against 73, 8192x8192 66.5
+#   against 67.4, 6554x10240 67 against 92, 5461x12288 66 against 82, 4681x14336 68 against
+#   76, 32768x8192 254 against 260; fp32 16384x4096 127 against 129, 32768x8192 507 against 519;
 # - bf16 rows of 4096 only from FWD_CHUNK_MIN_ROWS rows (16384x4096: 65.0 against 65.9 us);
 #   fewer rows share blocks of FWD_BLOCK_ELEMENTS, at most FWD_MAX_WARPS warps (4096x4096: 18.5
 #   against 18.9 us in chunks); so do rows whose width no chunk divides;
-# - rows past MAX_ONE_PASS in chunks of ``_library``'s CHUNK: bf16 1024x65536 88 us, three
-#   times faster than Liger and 1.39x torch.compile (chunks of 8192 were 2% faster in bf16 and
-#   15% slower in fp32).
+# - rows past MAX_ONE_PASS in chunks of ``_library``'s CHUNK: bf16 1024x65536 88 us, 6.6x
+#   Liger and 1.39x torch.compile (chunks of 8192 were 2% faster in bf16 and 15% slower in
+#   fp32).
 FWD_MAX_WARPS = 8
 FWD_BLOCK_ELEMENTS = 8192
 FWD_MIN_CHUNK = 1024
