@@ -135,6 +135,35 @@ CONFIGS = [(False, 4096, 1, 4), (False, 4096, 1, 16), (False, 2048, 1, 8), (True
 SHAPES = [(8192, 8192), (16384, 4096), (32768, 8192), (5461, 12288), (16384, 5120)]
 
 
+def flushed_rounds(calls: dict, module, stream, checked, expected, rounds: int = 5) -> dict:
+    """Median ms of each ``name: (call, swap)`` of ``calls``, timed as ``ops.py`` times its
+    CUDA-graph tables (``ops.graph_ms``), every contender once a round, with ``swap`` (attributes
+    of ``module``: a kernel or launch configuration under test) in place; the outputs of those
+    ``checked`` compared with ``expected`` (a tensor or a tuple of them) first."""
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, (call, swap) in calls.items():
+            with _swapped(module, **swap):
+                if name in checked:
+                    out = call()
+                    outs, wants = (
+                        (out, expected) if isinstance(out, tuple) else ((out,), (expected,))
+                    )
+                    for o, e in zip(outs, wants, strict=True):
+                        torch.testing.assert_close(o, e, rtol=2e-2, atol=2e-2)
+                samples[name].append(ops.graph_ms(call, stream, 30))
+    return {name: statistics.median(t) for name, t in samples.items()}
+
+
+def print_times(label: str, times: dict, moved: int, width: int) -> None:
+    """``times`` (ms) fastest first, in GB/s of ``moved`` bytes and against the contender named
+    "copy of the same bytes"."""
+    copy_ms = times["copy of the same bytes"]
+    for name, ms in sorted(times.items(), key=lambda kv: kv[1]):
+        print(f"{label} {name:{width}s} {ms * 1e3:7.1f} us {moved / ms / 1e6:6.0f} GB/s "
+              f"{copy_ms / ms:6.3f}x copy", flush=True)  # fmt: skip
+
+
 def main():
     lib = ops.load_library()
     ln = sys.modules[lib["norm"].__name__ + ".layer_norm"]
@@ -167,18 +196,9 @@ def main():
                     calls[f"pipelined {block}, {per_program} rows, {warps}w"] = (call, {})
             copy = ops.same_bytes_calls(moved, 1)[0]
             calls["copy of the same bytes"] = (copy, {})
-            samples = {name: [] for name in calls}
-            for _ in range(5):
-                for name, (call, swap) in calls.items():
-                    with _swapped(ln, **swap):
-                        if name not in ("no bias", "copy of the same bytes"):
-                            torch.testing.assert_close(call(), expected, rtol=2e-2, atol=2e-2)
-                        samples[name].append(ops.graph_ms(call, stream, 30))
-            copy_ms = statistics.median(samples["copy of the same bytes"])
-            for name, t in sorted(samples.items(), key=lambda kv: statistics.median(kv[1])):
-                ms = statistics.median(t)
-                print(f"LayerNorm fwd {rows}x{cols} {name:34s} {ms * 1e3:7.1f} us "
-                      f"{moved / ms / 1e6:6.0f} GB/s {copy_ms / ms:6.3f}x copy", flush=True)  # fmt: skip
+            checked = [name for name in calls if name not in ("no bias", "copy of the same bytes")]
+            times = flushed_rounds(calls, ln, stream, checked, expected)
+            print_times(f"LayerNorm fwd {rows}x{cols}", times, moved, 34)
             del inputs, fns, nobias, nobias_fns, calls, keep
             torch.cuda.empty_cache()
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import os
-import statistics
 import sys
 
 import torch
@@ -24,8 +23,8 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ops  # noqa: E402
-from diagnose import _swapped  # noqa: E402
 from probe_forward_variants import RMS_W_EARLY, source_variant  # noqa: E402
+from probe_layer_norm_flushed import flushed_rounds, print_times  # noqa: E402
 
 
 @triton.jit
@@ -113,21 +112,9 @@ def time_cases(lib, liger, cases, variants):
             for name, kernel in variants["ln" if is_ln else "rms"].items():
                 calls[name] = (ours, {attribute: kernel})
             calls["copy of the same bytes"] = (ops.same_bytes_calls(moved, 1)[0], {})
-            samples = {name: [] for name in calls}
-            for _ in range(5):
-                for name, (call, swap) in calls.items():
-                    with _swapped(target, **swap):
-                        if swap:
-                            out, want = call(), expected
-                            out, want = (out, want) if isinstance(out, tuple) else ((out,), (want,))
-                            for o, e in zip(out, want, strict=True):
-                                torch.testing.assert_close(o, e, rtol=2e-2, atol=2e-2)
-                        samples[name].append(ops.graph_ms(call, stream, 30))
-            copy_ms = statistics.median(samples["copy of the same bytes"])
-            for name, t in sorted(samples.items(), key=lambda kv: statistics.median(kv[1])):
-                ms = statistics.median(t)
-                print(f"{op} fwd {rows}x{cols} {name:28s} {ms * 1e3:7.1f} us "
-                      f"{moved / ms / 1e6:6.0f} GB/s {copy_ms / ms:6.3f}x copy", flush=True)  # fmt: skip
+            checked = [name for name, (_, swap) in calls.items() if swap]
+            times = flushed_rounds(calls, target, stream, checked, expected)
+            print_times(f"{op} fwd {rows}x{cols}", times, moved, 28)
             del inputs, fns, calls
             torch.cuda.empty_cache()
 
