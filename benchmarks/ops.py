@@ -17,8 +17,10 @@ each op and shape, forward and forward+backward of
 Timing, L2 cleared before every timed call (``clear_l2``: 256 MB read) so that inputs smaller
 than L2 are not served from it: "eager calls" time the Python calls between CUDA events, in
 rounds that run every contender in rotating order, each for a block of calls in its own steady
-state (``interleaved_ms``), median over the rounds; "CUDA graph" replays the same calls captured
-in a graph (``graph_ms``, median): device time without host overhead. Forward is timed under
+state (``interleaved_samples``), median over the rounds; "CUDA graph" replays the same calls
+captured in a graph, in the same kind of rounds: device time without host overhead. The copy
+of the same bytes (below) runs in the rounds beside the contenders, and the tables give, beside
+each ratio, its quartiles over the rounds (``ratio_quartiles``). Forward is timed under
 ``torch.no_grad()`` (inference); forward+backward uses ``torch.autograd.grad`` for the input and
 parameters (no gradient accumulation).
 
@@ -396,21 +398,25 @@ def flushed_ms(fn, rep_ms: float, warmup: int = 5, clear=clear_l2) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in pairs)
 
 
-def graph_ms(call, stream, rep_ms):
-    """Median device time of ``call`` captured in a CUDA graph and replayed: no host overhead.
+def captured(call, stream):
+    """``call`` captured in a CUDA graph (after three warm-up calls); returns the replay.
 
     Warm-up and capture run on ``stream``, the stream the eager timing used, so that autograd's
     leaf nodes (created by the eager runs) need no cross-stream synchronisation, which capture
-    forbids.
+    forbids. The graph lives as long as the returned replay does.
     """
     for _ in range(3):
         call()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         call()
-    ms = flushed_ms(graph.replay, rep_ms, warmup=25)
-    del graph
-    return ms
+    return graph.replay
+
+
+def graph_ms(call, stream, rep_ms):
+    """Median device time of ``call`` captured in a CUDA graph and replayed alone: no host
+    overhead (the probes' timing; ``time_cases`` interleaves the contenders' replays)."""
+    return flushed_ms(captured(call, stream), rep_ms, warmup=25)
 
 
 def _calls(inputs, params, fn):
@@ -440,18 +446,20 @@ def _calls(inputs, params, fn):
     return fwd, fwd_bwd
 
 
-def interleaved_ms(calls: dict, rep_ms: float, block: int = 6) -> dict:
-    """Median milliseconds of each call, timed in rounds that run every contender in turn.
+def interleaved_samples(calls: dict, rep_ms: float, block: int = 6) -> dict:
+    """{name: [[ms of each counted call] for each round]}: every call timed in rounds that run
+    every contender in turn.
 
     Host-bound calls are at the mercy of the host's state (other tenants of a VM, clock
-    changes); timing the contenders one after another lets such phases favour one of them.
-    Each round runs every contender (the order rotating) for a block of ``block`` calls, each
-    call after clearing L2 (``clear_l2``) and between two CUDA events, as ``flushed_ms`` does
-    for one. The GPU is drained before each block and the block's first call is not counted, so
-    each call is timed in its own steady state: GPU work queued by a contender that is slower on
-    the device would otherwise hide the host time of the next one (an H100 VM, 2026-11-23, with
-    one call per contender a round: ``torch.compile``'s rotary forward+backward took 241 us at
-    4x2048, behind eager PyTorch's 1.1 ms, and ~680 us at 1x4096, a shape of half the bytes).
+    changes), and device-bound ones at that of the GPU's (clocks, power, temperature); timing
+    the contenders one after another lets such phases favour one of them. Each round runs
+    every contender (the order rotating) for a block of ``block`` calls, each call after
+    clearing L2 (``clear_l2``) and between two CUDA events, as ``flushed_ms`` does for one. The
+    GPU is drained before each block and the block's first call is not counted, so each call is
+    timed in its own steady state: GPU work queued by a contender that is slower on the device
+    would otherwise hide the host time of the next one (an H100 VM, 2026-11-23, with one call
+    per contender a round: ``torch.compile``'s rotary forward+backward took 241 us at 4x2048,
+    behind eager PyTorch's 1.1 ms, and ~680 us at 1x4096, a shape of half the bytes).
     """
     names = list(calls)
     estimate = {name: flushed_ms(calls[name], rep_ms=10) for name in names}
@@ -462,6 +470,7 @@ def interleaved_ms(calls: dict, rep_ms: float, block: int = 6) -> dict:
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
             torch.cuda.synchronize()
+            pairs = []
             for call in range(block):
                 start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
                 clear_l2()
@@ -469,58 +478,88 @@ def interleaved_ms(calls: dict, rep_ms: float, block: int = 6) -> dict:
                 calls[name]()
                 end.record()
                 if call:
-                    events[name].append((start, end))
+                    pairs.append((start, end))
+            events[name].append(pairs)
     torch.cuda.synchronize()
     return {
-        name: statistics.median(s.elapsed_time(e) for s, e in pairs)
-        for name, pairs in events.items()
+        name: [[s.elapsed_time(e) for s, e in pairs] for pairs in rounds_]
+        for name, rounds_ in events.items()
     }
 
 
-def time_cases(inputs, params, fns: dict, rep_ms) -> dict:
-    """{impl: (forward ms, forward+backward ms, graphed forward ms, graphed forward+backward ms)}.
+def pooled_median(rounds: list) -> float:
+    """The median of every call of every round (``interleaved_samples``' lists)."""
+    return statistics.median(ms for one_round in rounds for ms in one_round)
 
+
+def interleaved_ms(calls: dict, rep_ms: float, block: int = 6) -> dict:
+    """Median milliseconds of each call, timed in interleaved rounds (``interleaved_samples``)."""
+    samples = interleaved_samples(calls, rep_ms, block)
+    return {name: pooled_median(rounds) for name, rounds in samples.items()}
+
+
+def ratio_quartiles(peer_rounds: list, ours_rounds: list) -> tuple:
+    """(25th, 50th, 75th percentile) over rounds of peer ms / ours ms, each round's medians
+    paired: the two ran minutes apart at most, in the same state of the machine. When the
+    quartiles straddle 1.0 the two are level within that run's spread."""
+    ratios = [
+        statistics.median(p) / statistics.median(o)
+        for p, o in zip(peer_rounds, ours_rounds, strict=True)
+    ]
+    if len(ratios) < 2:
+        return (ratios[0],) * 3
+    q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+TIMED_KEYS = ("fwd", "fwd_bwd", "graph_fwd", "graph_fwd_bwd")
+
+
+def time_cases(inputs, params, fns: dict, rep_ms, same_bytes: tuple) -> dict:
+    """{impl: {key: per-round ms lists (``interleaved_samples``)}} for each of ``TIMED_KEYS``
+    that ran; ``same_bytes`` (forward, forward+backward) calls join the rounds as ``COPY``.
+
+    Eager calls and CUDA-graph replays are each timed in interleaved rounds, so that a drift
+    of the GPU's state during the run falls on every contender alike: timed one contender after
+    another (as before 2026-11-24), the CUDA-graph tables put RMSNorm at 16384x4096 at 0.98x of
+    Liger in three runs, where L2-cleared probes that alternated the two had them level.
     Everything runs on one side stream: CUDA graphs cannot be captured on the default one, and
     autograd's leaf nodes (made by the eager runs) must live on the capturing stream.
     """
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
+    times = {impl: {} for impl in [*fns, COPY]}
     with torch.cuda.stream(stream):
         calls = {impl: _calls(inputs, params, fn) for impl, fn in fns.items()}
-        t_fwd = interleaved_ms({impl: c[0] for impl, c in calls.items()}, rep_ms)
-        t_fb = interleaved_ms({impl: c[1] for impl, c in calls.items()}, rep_ms)
-        times = {impl: [t_fwd[impl], t_fb[impl], None, None] for impl in fns}
-        for impl, (fwd, fwd_bwd) in calls.items():
-            for slot, (name, call) in enumerate((("forward", fwd), ("forward+backward", fwd_bwd))):
+        calls[COPY] = same_bytes
+        for slot, key in enumerate(("fwd", "fwd_bwd")):
+            samples = interleaved_samples({impl: c[slot] for impl, c in calls.items()}, rep_ms)
+            for impl, rounds in samples.items():
+                times[impl][key] = rounds
+        for slot, key in enumerate(("graph_fwd", "graph_fwd_bwd")):
+            replays = {}
+            for impl, c in calls.items():
                 try:
-                    times[impl][2 + slot] = graph_ms(call, stream, rep_ms)
+                    replays[impl] = captured(c[slot], stream)
                 except Exception as exc:  # noqa: BLE001  (a peer that cannot be captured)
-                    print(f"    {impl}: CUDA graph capture of the {name} failed: {exc}"[:300])
+                    print(f"    {impl}: CUDA graph capture of {key} failed: {exc}"[:300])
                     torch.cuda.synchronize()
-                    break
+            for impl, rounds in interleaved_samples(replays, rep_ms).items():
+                times[impl][key] = rounds
+            del replays
     torch.cuda.current_stream().wait_stream(stream)
-    return {impl: tuple(t) for impl, t in times.items()}
+    return times
 
 
-def same_bytes_copy_times(moved_fwd: int, moved_fwd_bwd: int, rep_ms) -> tuple:
-    """The times of one element-wise kernel (``torch.neg``) that moves as many bytes as a pass
-    (half read, half written), in ``time_cases``' order: forward and forward+backward in eager
-    calls, then in a CUDA graph. The ceiling at that size: on an H100 (2026-11-23) a copy of
-    64M bf16 elements (256 MB moved) reached only ~95% of the 1 GiB copy's bandwidth, as its
-    ramp and tail weigh more. Not ``copy_``: captured in a graph, a 1 GiB ``copy_`` became a
-    memcpy node that ran at 2400 GB/s against 2960 GB/s outside."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    times = []
-    with torch.cuda.stream(stream):
-        for moved in (moved_fwd, moved_fwd_bwd):
-            (call,) = same_bytes_calls(moved, 1)
-            times.append(
-                (interleaved_ms({"copy": call}, rep_ms)["copy"], graph_ms(call, stream, rep_ms))
-            )
-            del call
-    torch.cuda.current_stream().wait_stream(stream)
-    return times[0][0], times[1][0], times[0][1], times[1][1]
+def same_bytes_pair(moved_fwd: int, moved_fwd_bwd: int) -> tuple:
+    """(forward, forward+backward) calls of one element-wise kernel (``torch.neg``) that moves
+    as many bytes as the pass (half read, half written): the ceiling at that size. On an H100
+    (2026-11-23) a copy of 64M bf16 elements (256 MB moved) reached only ~95% of the 1 GiB
+    copy's bandwidth, as its ramp and tail weigh more. Not ``copy_``: captured in a graph, a
+    1 GiB ``copy_`` became a memcpy node that ran at 2400 GB/s against 2960 GB/s outside."""
+    (fwd,) = same_bytes_calls(moved_fwd, 1)
+    (fwd_bwd,) = same_bytes_calls(moved_fwd_bwd, 1)
+    return fwd, fwd_bwd
 
 
 def copies_for(moved: int, times_l2: int = 4) -> int:
@@ -640,7 +679,7 @@ def run(ops, rep_ms, save=None):
         "tables time Python calls (host overhead included) in rounds that run every contender "
         "in rotating order, each for a block of 6 calls (the first not counted) after draining "
         "the GPU; 'CUDA graph' tables replay the same calls captured in a graph (device time "
-        "only)",
+        "only), in the same kind of rounds; the copy of the same bytes runs in the rounds too",
     }
     results = []
     for op in ops:
@@ -652,21 +691,20 @@ def run(ops, rep_ms, save=None):
             torch._dynamo.reset()
             inputs, params, fns, b_fwd, b_bwd = make_case(op, lib, liger, shape)
             spot_check(f"{op} {shape}", inputs, fns)
-            timed = time_cases(inputs, params, {i: fns[i] for i in IMPLS if i in fns}, rep_ms)
-            timed[COPY] = same_bytes_copy_times(b_fwd, b_fwd + b_bwd, rep_ms)
-            for impl, times in timed.items():
+            same_bytes = same_bytes_pair(b_fwd, b_fwd + b_bwd)
+            fns = {i: fns[i] for i in IMPLS if i in fns}
+            timed = time_cases(inputs, params, fns, rep_ms, same_bytes)
+            for impl, samples in timed.items():
                 row = {"op": op, "shape": list(shape), "impl": impl}
-                for key, t, moved in zip(
-                    ("fwd", "fwd_bwd", "graph_fwd", "graph_fwd_bwd"),
-                    times,
-                    (b_fwd, b_fwd + b_bwd, b_fwd, b_fwd + b_bwd),
-                    strict=True,
-                ):
-                    if t is None:
+                for key, moved in zip(TIMED_KEYS, (b_fwd, b_fwd + b_bwd) * 2, strict=True):
+                    if key not in samples:
                         continue
+                    t = pooled_median(samples[key])
                     row[key + "_ms"] = t
                     row[key + "_gbs"] = moved / (t * 1e-3) / 1e9
                     row[key + "_pct"] = 100 * row[key + "_gbs"] / copy_gbs
+                    # Each round's median, for the ratio quartiles of the tables.
+                    row[key + "_rounds_ms"] = [round(statistics.median(r), 6) for r in samples[key]]
                 results.append(row)
                 print(
                     f"{op:10s} {str(shape):14s} {impl:8s} "
@@ -677,7 +715,7 @@ def run(ops, rep_ms, save=None):
                     ),
                     flush=True,
                 )
-            del inputs, params, fns
+            del inputs, params, fns, same_bytes
             torch.cuda.empty_cache()
     return meta, results
 
@@ -725,7 +763,9 @@ def write_markdown(meta, results, path):
         f"- dtype {meta['dtype']}; timing: {meta['timing']}",
         "- GB/s counts the bytes that must move (each input of a pass read once, each output "
         "written once); % is of the copy bandwidth above. Ratios are ours / peer in speed "
-        "(>1: ours faster).",
+        "(>1: ours faster); in brackets, where the run kept them, the quartiles of that ratio "
+        "over the rounds (each round's medians paired): when they straddle 1.00 the two are "
+        "level within the run's spread.",
         "- 'copy of the same bytes' is not a contender: one element-wise kernel (torch.neg) that "
         "reads and writes as many bytes as the pass, timed the same way: the ceiling at that "
         "size (ramp and tail weigh more in a shorter kernel).",
@@ -762,11 +802,22 @@ def write_markdown(meta, results, path):
                         continue
                     r, o = by.get(i), by.get("ours")
                     ok = r and o and key + "_ms" in r and key + "_ms" in o
-                    cells.append(f"{r[key + '_ms'] / o[key + '_ms']:.2f}x" if ok else "-")
+                    cells.append(_ratio_cell(r, o, key) if ok else "-")
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
     with open(path, "w") as f:
         f.write("\n".join(lines))
+
+
+def _ratio_cell(peer: dict, ours: dict, key: str) -> str:
+    """``peer`` ms / ``ours`` ms, followed by the quartiles of the per-round ratios where both
+    rows kept their rounds (runs from 2026-11-24 on)."""
+    cell = f"{peer[key + '_ms'] / ours[key + '_ms']:.2f}x"
+    rounds = key + "_rounds_ms"
+    if rounds in peer and rounds in ours and len(peer[rounds]) == len(ours[rounds]):
+        q1, _, q3 = ratio_quartiles([[t] for t in peer[rounds]], [[t] for t in ours[rounds]])
+        cell += f" ({q1:.2f}-{q3:.2f})"
+    return cell
 
 
 def _column(impl: str) -> str:

@@ -69,3 +69,31 @@ def test_merge_keeps_each_runs_rows_and_copy_bandwidth(tmp_path):
     ops.write_markdown(merged_meta, results, tmp_path / "results.md")
     header = (tmp_path / "results.md").read_text()
     assert "4000 GB/s (SiluAndMul); 4200 GB/s (RMSNorm)" in header
+
+
+def test_ratio_quartiles_pair_each_rounds_medians():
+    # Round medians: peer 10, 11, 12, 13 ms; ours 10 ms in every round (the odd call out of
+    # each round is ignored by the median). Per-round ratios 1.0, 1.1, 1.2, 1.3.
+    peer = [[10, 10, 99], [11, 11, 0], [12, 12, 12], [13, 1, 13]]
+    ours = [[10, 10, 10]] * 4
+    q1, q2, q3 = ops.ratio_quartiles(peer, ours)
+    assert (round(q1, 3), round(q2, 3), round(q3, 3)) == (1.075, 1.15, 1.225)
+    assert ops.pooled_median(ours) == 10
+    assert ops.pooled_median([[1, 2], [3, 4, 5]]) == 3
+
+
+def test_ratio_cells_show_the_rounds_quartiles_when_kept(tmp_path):
+    ours = _row("ours", 0.001, 0.008)
+    liger = _row("liger", 0.001, 0.008)
+    compile_ = _row("compile", 0.002, 0.008)
+    # Level on the pooled medians, but liger slower in 3 rounds out of 5: quartiles 1.00-1.10.
+    liger["graph_fwd_rounds_ms"] = [0.001, 0.0011, 0.0011, 0.0011, 0.001]
+    ours["graph_fwd_rounds_ms"] = [0.001] * 5
+    meta = {"device": "GPU", "date": "d", "torch": "t", "triton": "tr", "liger": "l",
+            "dtype": "bf16", "timing": "rounds", "copy_gbs": 3000.0}  # fmt: skip
+    ops.write_markdown(meta, [compile_, liger, ours], tmp_path / "results.md")
+    text = (tmp_path / "results.md").read_text()
+    graph_fwd = text.split("## SiluAndMul: forward, CUDA graph")[1].split("##")[0]
+    (row,) = [line for line in graph_fwd.splitlines() if line.startswith("| 64x32")]
+    # ours vs compile: no rounds kept, the ratio alone; ours vs liger with its quartiles
+    assert row.strip("| ").split(" | ")[-2:] == ["2.00x", "1.00x (1.00-1.10)"]
