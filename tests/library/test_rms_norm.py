@@ -28,6 +28,8 @@ CASES = [
     ((0,), 64, None),
     ((4,), 128, "slice"),
     ((6,), 40, "transpose"),
+    # One row of 2049-4096 a block: Gemma loads its weight beside the row there.
+    ((3,), 3001, None),
     ((2,), 20000, None),
     ((3,), 8192, "slice"),
     # 75 rows of 520: 16-row steps, so each of the two CPU programs walks several steps and the

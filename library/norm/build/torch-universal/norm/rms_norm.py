@@ -166,9 +166,19 @@ def _rms_norm_fwd_kernel(
             True,
             "",
         )
+        # Gemma's single rows in blocks of 4096 (2049-4096 wide) load the weight beside the row,
+        # so that its latency overlaps the row's: 1-1.6% faster at 3072-4096 wide, level at 2560
+        # (L2-cleared probes, H200, 2026-11-24, benchmarks/results/ops-2026-11-24d-h200/
+        # probe-w-early*.txt). Llama rows gain nothing, and rows in larger blocks lose (Gemma
+        # 16384x5120: 87.9 against 84.6 us), as the weight then holds registers through the sum.
+        W_EARLY: tl.constexpr = (MODE == _GEMMA) and (ROWS == 1) and (BLOCK_N == 4096)
+        if W_EARLY:
+            w = tl.load(W + cols, mask=col_mask, other=0.0)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
         tl.store(RSTD + rows, rstd, mask=row_mask)
-        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if not W_EARLY:
+            w = tl.load(W + cols, mask=col_mask, other=0.0)
+        w = w.to(tl.float32)
         y = _scale(x * rstd[:, None], w[None, :], MODE, IN_DTYPE)
         tl.store(Y + offsets, y.to(Y.dtype.element_ty), mask=mask)
     else:
