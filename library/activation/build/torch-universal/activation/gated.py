@@ -125,19 +125,27 @@ def _gated_bwd_kernel(
 # --------------------------------------------------------------------------------------------
 
 
+# Each program handles 2048 output elements (4096 loaded input elements in forward). SiLU runs
+# them with 8 warps, 8 output elements a thread (one 16-byte bf16 vector per tensor), as
+# inductor's kernels do: level with torch.compile's, where 4 warps (16 a thread) were 0.2-1.2%
+# behind at every shape, forward and backward (L2-cleared CUDA-graph probe, H200, 2026-11-24,
+# benchmarks/results/ops-2026-11-24d-h200/probe-gated-configs.txt: SwiGLU forward+backward
+# 4096x4096 65.3 against 66.0 us, 32768x8192 988.5 against 991.5 us; compile 65.3 and 988.8).
+# The GELUs keep 4 warps: their arithmetic is heavier, and for the element-wise tanh GELU 16
+# elements a thread beat 8 (``elementwise.py``). Narrow rows (d < 2048) are packed several to a
+# program so that programs stay that size.
 @functools.lru_cache(maxsize=1024)
-def _launch_config(n_rows: int, d: int) -> tuple[int, int, int]:
-    # Each program handles 2048 output elements (4096 loaded input elements in forward): with
-    # 4 warps that is 16 input elements per thread, two 16-byte bf16 vectors per half. Narrow
-    # rows (d < 2048) are packed several to a program so that programs stay that size.
+def _launch_config(n_rows: int, d: int, act: int) -> tuple[int, int, int]:
     block_d = min(2048, next_power_of_2(d))
     rows = max(1, min(2048 // block_d, next_power_of_2(n_rows)))
+    if act == SILU:
+        return rows, block_d, max(1, min(8, rows * block_d // 256))
     return rows, block_d, 4
 
 
-def _grid(n_rows: int, d: int) -> tuple[tuple[int], int, int, int, int]:
-    """(grid, col_blocks, ROWS, BLOCK_D, num_warps) for an ``n_rows`` x ``d`` output."""
-    rows, block_d, num_warps = _launch_config(n_rows, d)
+def _grid(n_rows: int, d: int, act: int) -> tuple[tuple[int], int, int, int, int]:
+    """(grid, col_blocks, ROWS, BLOCK_D, num_warps) for an ``n_rows`` x ``d`` output of ``act``."""
+    rows, block_d, num_warps = _launch_config(n_rows, d, act)
     col_blocks = cdiv(d, block_d)
     return (cdiv(n_rows, rows) * col_blocks,), col_blocks, rows, block_d, num_warps
 
@@ -145,7 +153,7 @@ def _grid(n_rows: int, d: int) -> tuple[tuple[int], int, int, int, int]:
 def _forward_rows(a, stride_a, b, stride_b, y, stride_y, n_rows, d, act, halves=False) -> None:
     """``y = act(a) * b`` over ``n_rows`` rows of ``d`` (row strides given; the last dimension
     contiguous); with ``halves``, ``b`` is ``a``'s rows' second half (``b`` is ``a``)."""
-    grid, col_blocks, rows, block_d, num_warps = _grid(n_rows, d)
+    grid, col_blocks, rows, block_d, num_warps = _grid(n_rows, d, act)
     args = (
         a, b, y, n_rows, d, stride_a, stride_b, stride_y, col_blocks, act, halves, rows, block_d,
     )  # fmt: skip
@@ -157,7 +165,7 @@ def _backward_rows(dy, a, b, da, db, strides, n_rows, d, act, halves=False, y=No
     the row strides of ``(dy, a, b, da, db)``; also ``y = act(a) * b`` (rows of ``d``) when
     ``y`` is given. With ``halves``, ``b`` and ``db`` are the second halves of ``a``'s and
     ``da``'s rows."""
-    grid, col_blocks, rows, block_d, num_warps = _grid(n_rows, d)
+    grid, col_blocks, rows, block_d, num_warps = _grid(n_rows, d, act)
     y_rows = da if y is None else y  # never written without STORE_Y
     args = (
         dy, a, b, da, db, y_rows, n_rows, d, *strides, d, col_blocks, act, y is not None, halves,
