@@ -826,7 +826,8 @@ def _column(impl: str) -> str:
 
 def card_tables(results, op) -> str:
     """The model-card tables of ``op`` (library/*/README.md): for eager calls and CUDA graph,
-    ours against the fastest peer (eager, compile or Liger), forward and forward+backward."""
+    ours against the fastest peer (eager, compile or Liger), forward and forward+backward; each
+    ratio with its quartiles over the rounds where the run kept them."""
     rows = [r for r in results if r["op"] == op]
     shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
     head = (
@@ -846,7 +847,7 @@ def card_tables(results, op) -> str:
                 cells += [
                     f"{ours[key + '_gbs']:.0f} ({ours[key + '_pct']:.0f}%)",
                     f"{best} {by[best][key + '_gbs']:.0f}",
-                    f"{by[best][key + '_ms'] / ours[key + '_ms']:.2f}x",
+                    _ratio_cell(by[best], ours, key),
                 ]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
