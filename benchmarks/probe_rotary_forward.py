@@ -3,6 +3,7 @@ CUDA-graph tables (alone after an L2 clear, contenders alternating round by roun
 2026-11-24; results in benchmarks/results/ops-2026-11-24d-h200/probe-rotary.txt).
 
     python benchmarks/probe_rotary_forward.py
+    PROBE_OPS_HARNESS=1 python benchmarks/probe_rotary_forward.py  # as ops.py times, in place too
 
 Two interleaved ops runs put ours at 0.985 and 0.980 of Liger at 4x2048 (quartiles over rounds
 0.98-1.00), level at 1x4096 and ahead at 8x4096. Liger rotates q and k in place; ours returns
@@ -50,10 +51,43 @@ SHAPES = [(1, 4096), (4, 2048), (8, 4096)]
 WARPS = [4, 16]
 
 
+def ops_harness(lib, liger, rotary):
+    """ours, Liger and ours in place, each on its own q and k, as ``ops.time_cases`` times the
+    forward's CUDA graphs."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.no_grad():
+        for batch, seq in SHAPES:
+            torch._dynamo.reset()
+            (q, k), _, fns, moved, _ = ops.rotary_case(lib, liger, batch, seq)
+            cos, sin = ops.rotary_tables(batch, seq)
+            q2, k2, q3, k3 = q.clone(), k.clone(), q.clone(), k.clone()
+            calls = {
+                "ours": functools.partial(fns["ours"], q, k),
+                "liger": functools.partial(fns["liger"], q2, k2),
+                "ours in place": functools.partial(
+                    rotary._launch, q3, k3, cos, sin, q3, k3, 1, False
+                ),
+                "copy of the same bytes": ops.same_bytes_calls(moved, 1)[0],
+            }
+            replays = {name: ops.captured(call, stream) for name, call in calls.items()}
+            samples = ops.interleaved_samples(replays, 100)
+            times = {name: ops.pooled_median(rounds) for name, rounds in samples.items()}
+            print_times(f"rotary fwd {batch}x{seq}", times, moved, 24)
+            for name in ("liger", "ours in place"):
+                q1, q2_, q3_ = ops.ratio_quartiles(samples[name], samples["ours"])
+                print(f"    {name} ms / ours ms per round: {q1:.3f} {q2_:.3f} {q3_:.3f}")
+            del q, k, q2, k2, q3, k3, fns, calls, replays
+            torch.cuda.empty_cache()
+
+
 def main():
     lib = ops.load_library()
     liger = ops.load_liger()
     rotary = sys.modules[lib["rotary"].__name__ + ".rotary"]
+    if os.environ.get("PROBE_OPS_HARNESS"):
+        print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+        ops_harness(lib, liger, rotary)
+        return
     kernels = {}
     for i, (name, (helper, replacements)) in enumerate(HELPERS.items()):
         alias = f"{helper}_v{i}"
