@@ -51,81 +51,79 @@ SHAPES = [(1, 4096), (4, 2048), (8, 4096)]
 WARPS = [4, 16]
 
 
-def ops_harness(lib, liger, rotary):
-    """ours, Liger and ours in place, each on its own q and k, as ``ops.time_cases`` times the
-    forward's CUDA graphs."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.no_grad():
-        for batch, seq in SHAPES:
-            torch._dynamo.reset()
-            (q, k), _, fns, moved, _ = ops.rotary_case(lib, liger, batch, seq)
-            cos, sin = ops.rotary_tables(batch, seq)
-            q2, k2, q3, k3 = q.clone(), k.clone(), q.clone(), k.clone()
-            calls = {
-                "ours": functools.partial(fns["ours"], q, k),
-                "liger": functools.partial(fns["liger"], q2, k2),
-                "ours in place": functools.partial(
-                    rotary._launch, q3, k3, cos, sin, q3, k3, 1, False
-                ),
-                "copy of the same bytes": ops.same_bytes_calls(moved, 1)[0],
-            }
-            replays = {name: ops.captured(call, stream) for name, call in calls.items()}
-            samples = ops.interleaved_samples(replays, 100)
-            times = {name: ops.pooled_median(rounds) for name, rounds in samples.items()}
-            print_times(f"rotary fwd {batch}x{seq}", times, moved, 24)
-            for name in ("liger", "ours in place"):
-                q1, q2_, q3_ = ops.ratio_quartiles(samples[name], samples["ours"])
-                print(f"    {name} ms / ours ms per round: {q1:.3f} {q2_:.3f} {q3_:.3f}")
-            del q, k, q2, k2, q3, k3, fns, calls, replays
-            torch.cuda.empty_cache()
+def contenders(lib, liger, rotary, batch, seq):
+    """(q, k, moved bytes, {name: call}): ours, Liger and ours in place, and the copy of the same
+    bytes. Liger's and the in-place calls rotate their q and k round after round: each gets its
+    own clones, so that ours keeps reading the original q and k."""
+    (q, k), _, fns, moved, _ = ops.rotary_case(lib, liger, batch, seq)
+    cos, sin = ops.rotary_tables(batch, seq)
+    q_liger, k_liger, q_in_place, k_in_place = q.clone(), k.clone(), q.clone(), k.clone()
+    calls = {
+        "ours": functools.partial(fns["ours"], q, k),
+        "liger": functools.partial(fns["liger"], q_liger, k_liger),
+        "ours in place": functools.partial(
+            rotary._launch, q_in_place, k_in_place, cos, sin, q_in_place, k_in_place, 1, False
+        ),
+        "copy of the same bytes": ops.same_bytes_calls(moved, 1)[0],
+    }
+    return q, k, moved, calls
+
+
+def ops_harness(lib, liger, rotary, stream):
+    """The contenders timed as ``ops.time_cases`` times the forward's CUDA graphs."""
+    for batch, seq in SHAPES:
+        torch._dynamo.reset()
+        _, _, moved, calls = contenders(lib, liger, rotary, batch, seq)
+        replays = {name: ops.captured(call, stream) for name, call in calls.items()}
+        samples = ops.interleaved_samples(replays, 100)
+        times = {name: ops.pooled_median(rounds) for name, rounds in samples.items()}
+        print_times(f"rotary fwd {batch}x{seq}", times, moved, 24)
+        for name in ("liger", "ours in place"):
+            q1, median, q3 = ops.ratio_quartiles(samples[name], samples["ours"])
+            print(f"    {name} ms / ours ms per round: {q1:.3f} {median:.3f} {q3:.3f}")
+        del calls, replays
+        torch.cuda.empty_cache()
+
+
+def flushed_harness(lib, liger, rotary, stream):
+    """The contenders, the kernel variants and other warps, each timed alone after an L2 clear
+    (``flushed_rounds``); the variants' outputs checked against ours."""
+    kernels = {}
+    for i, (name, (helper, replacements)) in enumerate(HELPERS.items()):
+        alias = f"{helper}_v{i}"
+        setattr(rotary, alias, source_variant(getattr(rotary, helper), replacements, f"v{i}"))
+        # The kernel's source with each call of the helper renamed to the variant.
+        count = inspect.getsource(rotary._rotary_kernel.fn).count(f"{helper}(")
+        renamed = [(f"{helper}(", f"{alias}(")] * count
+        kernels[name] = source_variant(rotary._rotary_kernel, renamed, f"k{i}")
+    for batch, seq in SHAPES:
+        torch._dynamo.reset()
+        q, k, moved, plain = contenders(lib, liger, rotary, batch, seq)
+        ours = plain["ours"]
+        expected = ours()
+        calls = {name: (call, {}) for name, call in plain.items()}
+        for name, kernel in kernels.items():
+            calls[name] = (ours, {"_rotary_kernel": kernel})
+        config = rotary._launch_config(q.shape[1], k.shape[1], q.shape[-1])
+        for warps in WARPS:
+            swap = {"_launch_config": lambda *_, c=(*config[:4], warps): c}
+            calls[f"{warps} warps"] = (ours, swap)
+        checked = [name for name, (_, swap) in calls.items() if swap]
+        times = flushed_rounds(calls, rotary, stream, checked, expected, rounds=9)
+        print_times(f"rotary fwd {batch}x{seq}", times, moved, 24)
+        del q, k, plain, calls
+        torch.cuda.empty_cache()
 
 
 def main():
     lib = ops.load_library()
     liger = ops.load_liger()
     rotary = sys.modules[lib["rotary"].__name__ + ".rotary"]
-    if os.environ.get("PROBE_OPS_HARNESS"):
-        print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
-        ops_harness(lib, liger, rotary)
-        return
-    kernels = {}
-    for i, (name, (helper, replacements)) in enumerate(HELPERS.items()):
-        alias = f"{helper}_v{i}"
-        setattr(rotary, alias, source_variant(getattr(rotary, helper), replacements, f"v{i}"))
-        # The kernel's source with each call of the helper renamed to the variant.
-        calls = inspect.getsource(rotary._rotary_kernel.fn).count(f"{helper}(")
-        renamed = [(f"{helper}(", f"{alias}(")] * calls
-        kernels[name] = source_variant(rotary._rotary_kernel, renamed, f"k{i}")
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    harness = ops_harness if os.environ.get("PROBE_OPS_HARNESS") else flushed_harness
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream), torch.no_grad():
-        for batch, seq in SHAPES:
-            torch._dynamo.reset()
-            (q, k), _, fns, moved, _ = ops.rotary_case(lib, liger, batch, seq)
-            cos, sin = ops.rotary_tables(batch, seq)
-            ours = functools.partial(fns["ours"], q, k)
-            expected = ours()
-            # Liger's and the in-place calls rotate their q and k round after round: clones, so
-            # that the checked contenders keep reading the original q and k.
-            q2, k2 = q.clone(), k.clone()
-            q3, k3 = q.clone(), k.clone()
-            calls = {"ours": (ours, {}), "liger": (functools.partial(fns["liger"], q3, k3), {})}
-            calls["ours in place"] = (
-                functools.partial(rotary._launch, q2, k2, cos, sin, q2, k2, 1, False),
-                {},
-            )
-            for name, kernel in kernels.items():
-                calls[name] = (ours, {"_rotary_kernel": kernel})
-            config = rotary._launch_config(q.shape[1], k.shape[1], q.shape[-1])
-            for warps in WARPS:
-                swap = {"_launch_config": lambda *_, c=(*config[:4], warps): c}
-                calls[f"{warps} warps"] = (ours, swap)
-            calls["copy of the same bytes"] = (ops.same_bytes_calls(moved, 1)[0], {})
-            checked = [name for name, (_, swap) in calls.items() if swap]
-            times = flushed_rounds(calls, rotary, stream, checked, expected, rounds=9)
-            print_times(f"rotary fwd {batch}x{seq}", times, moved, 24)
-            del q, k, q2, k2, q3, k3, fns, calls
-            torch.cuda.empty_cache()
+        harness(lib, liger, rotary, stream)
 
 
 if __name__ == "__main__":
