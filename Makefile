@@ -1,25 +1,38 @@
 # Two entry points, used by the README's Quickstart and by CI (.ci/run):
 #   make demo   installs the package into .venv and runs the main job
-#   make test   installs the package with its test extra, the local Hub test server, and runs the tests
+#   make test   installs both test environments and the local Hub test server, then runs the tests
+#
+# The clients we support conflict, so each gets its own environment (docs/transformers.md):
+#   .venv      transformers 4.57 with huggingface_hub 0.x: the whole suite runs here (Hub tests
+#              that need the `kernel` repo type skip: huggingface_hub 0.x does not know it)
+#   .venv-tf5  transformers 5.24 with huggingface_hub 2.x and the olah test server: the Hub tests
+#              and the transformers 5.x tests
 #
 # On a machine without torch, the CPU build of torch is installed first: a bare `torch`
 # requirement would otherwise pull a multi-GB CUDA build.
 
 PYTHON ?= python3
 VENV ?= .venv
-HUB_VENV ?= .venv-hub
+TF5_VENV ?= .venv-tf5
 TORCH_CPU_VERSION ?= 2.13.0
-OLAH_VERSION ?= 0.5.4
 PYTEST_ARGS ?=
+# What runs in the transformers 5.x environment (the rest of the suite does not depend on it).
+TF5_TESTS ?= tests/hub tests/transformers5
 
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
+TF5_BIN := $(TF5_VENV)/bin
+OLAH := $(abspath $(TF5_BIN))/olah-cli
 
-.PHONY: install install-test hub-server demo test lint clean
+.PHONY: install install-test install-tf5 hub-server demo test test-4 test-5 lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+
+$(TF5_BIN)/python:
+	$(PYTHON) -m venv $(TF5_VENV)
+	$(TF5_BIN)/python -m pip install -q --upgrade pip
 
 install: $(BIN)/python
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
@@ -29,24 +42,28 @@ install-test: $(BIN)/python
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
 	$(PIP) install -q -e ".[test]"
 
-# The Hub-compatible test server (olah) needs a newer huggingface_hub than transformers 4.57
-# allows, so it lives in a virtual environment of its own; the tests start it from there.
-$(HUB_VENV)/bin/olah-cli:
-	$(PYTHON) -m venv $(HUB_VENV)
-	$(HUB_VENV)/bin/python -m pip install -q --upgrade pip
-	$(HUB_VENV)/bin/python -m pip install -q "olah==$(OLAH_VERSION)"
+install-tf5: $(TF5_BIN)/python
+	@$(TF5_BIN)/python -c "import torch" 2>/dev/null || $(TF5_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
+	$(TF5_BIN)/python -m pip install -q -e ".[test-tf5]"
 
-hub-server: $(HUB_VENV)/bin/olah-cli
+# The Hub-compatible test server (olah) lives in the transformers 5.x environment, whose
+# huggingface_hub it accepts; the 4.57 environment's tests start it from there.
+hub-server: install-tf5
 
 demo: install
 	$(BIN)/kernels demo
 
-test: install-test hub-server
-	KERNELS_TEST_OLAH=$(abspath $(HUB_VENV))/bin/olah-cli $(BIN)/python -m pytest $(PYTEST_ARGS)
+test: test-4 test-5
+
+test-4: install-test hub-server
+	KERNELS_TEST_OLAH=$(OLAH) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-5: install-tf5
+	KERNELS_TEST_OLAH=$(OLAH) $(TF5_BIN)/python -m pytest $(TF5_TESTS) $(PYTEST_ARGS)
 
 lint: install-test
 	$(BIN)/ruff check kernels tests library benchmarks
 	$(BIN)/ruff format --check kernels tests library benchmarks
 
 clean:
-	rm -rf $(VENV) $(HUB_VENV) .pytest_cache
+	rm -rf $(VENV) $(TF5_VENV) .pytest_cache

@@ -31,7 +31,7 @@ import pytest
 from hubtools import SILU_AND_MUL_LAYERS, kernel_init
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OLAH = REPO_ROOT / ".venv-hub" / "bin" / "olah-cli"
+DEFAULT_OLAH = REPO_ROOT / ".venv-tf5" / "bin" / "olah-cli"
 
 
 def _free_port() -> int:
@@ -345,7 +345,7 @@ def hub_server():
     if not olah.is_file() or not os.access(olah, os.X_OK):
         pytest.fail(
             f"The Hub tests need the olah test server, but {olah} does not exist. Run "
-            "`make hub-server` (it creates .venv-hub with olah), or set KERNELS_TEST_OLAH to the "
+            "`make hub-server` (it creates .venv-tf5 with olah), or set KERNELS_TEST_OLAH to the "
             "path of an olah-cli executable.",
             pytrace=False,
         )

@@ -1,0 +1,19 @@
+"""Tests of transformers 5.x as a client; they run in the `.venv-tf5` environment (`make test-5`).
+
+In the transformers 4.57 environment every test here is skipped: the two release lines
+cannot share one environment (their huggingface_hub ranges conflict).
+"""
+
+from __future__ import annotations
+
+import pytest
+from packaging.version import Version
+
+transformers = pytest.importorskip("transformers")
+
+if Version(transformers.__version__).major < 5:
+    pytest.skip(
+        f"transformers {transformers.__version__} is installed; these tests run in the "
+        "transformers 5.x environment (`make test-5`)",
+        allow_module_level=True,
+    )
