@@ -11,6 +11,7 @@ from .errors import (
     BuildVariantNotFoundError,
     KernelDownloadError,
     KernelHashMismatchError,
+    KernelHubUnsupportedError,
     KernelLayerError,
     KernelLoadError,
     KernelLockError,
@@ -32,19 +33,22 @@ from .library import library_mapping
 from .mapping.device import CUDAProperties, Device, ROCMProperties
 from .mapping.mode import Mode
 from .mapping.registry import register_kernel_mapping, use_kernel_mapping
-from .repos.download import get_kernel, has_kernel, install_kernel
+from .repos.download import get_kernel, get_kernel_variants, has_kernel, install_kernel
 from .repos.hub import FuncRepository, LayerRepository
 from .repos.local import LocalFuncRepository, LocalLayerRepository, get_local_kernel
 from .repos.lock import LockedLayerRepository, get_locked_kernel, load_kernel
+from .repos.variants import BuildVariant, VariantAccepted, VariantRejected
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BuildVariant",
     "BuildVariantNotFoundError",
     "CUDAProperties",
     "Device",
     "KernelDownloadError",
     "KernelHashMismatchError",
+    "KernelHubUnsupportedError",
     "KernelLayerError",
     "KernelLoadError",
     "KernelLockError",
@@ -64,9 +68,12 @@ __all__ = [
     "NoKernelError",
     "ROCMProperties",
     "UntrustedKernelError",
+    "VariantAccepted",
+    "VariantRejected",
     "__version__",
     "explain",
     "get_kernel",
+    "get_kernel_variants",
     "get_local_kernel",
     "get_locked_kernel",
     "has_kernel",

@@ -52,6 +52,10 @@ class KernelOfflineError(KernelLoadError, ConnectionError):
     """The Hub is off limits (HF_HUB_OFFLINE=1) or unreachable and the cache cannot answer."""
 
 
+class KernelHubUnsupportedError(KernelLoadError, ImportError):
+    """The installed huggingface_hub cannot ask for the Hub's kernel repository type (< 1.10)."""
+
+
 class KernelDownloadError(KernelLoadError):
     """Downloading a kernel repository failed for a reason other than the ones above."""
 

@@ -3,6 +3,7 @@
 import sys
 
 import pytest
+from packaging.version import Version
 
 from kernels import (
     BuildVariantNotFoundError,
@@ -13,7 +14,12 @@ from kernels import (
 from kernels.repos.variants import MachineBuild, choose_variant, machine_build
 
 LINUX_CUDA = MachineBuild(
-    torch="torch28", cxx_abi="cxx11", backend="cuda", runtime="cu128", arch="x86_64", os="linux"
+    torch=Version("2.8"),
+    cxx_abi="cxx11",
+    backend="cuda",
+    backend_version=Version("12.8"),
+    cpu="x86_64",
+    os="linux",
 )
 
 
@@ -85,8 +91,9 @@ def test_no_variant_for_this_machine_lists_what_exists(kernel_repo):
     with pytest.raises(BuildVariantNotFoundError) as info:
         get_local_kernel(path)
     message = str(info.value)
-    assert "It offers: torch27-cxx11-cu126-aarch64-linux, torch27-metal-aarch64-darwin" in message
-    assert f"This machine runs any of: {machine_build().compiled_variant}" in message
+    assert "torch27-cxx11-cu126-aarch64-linux: rejected (" in message
+    assert "torch27-metal-aarch64-darwin: rejected (" in message
+    assert f"runs e.g. {machine_build().compiled_variant}, torch-cpu or torch-universal" in message
     assert isinstance(info.value, FileNotFoundError)
 
 
@@ -114,14 +121,17 @@ def test_variant_preference_order():
 def test_variant_names():
     assert LINUX_CUDA.compiled_variant == "torch28-cxx11-cu128-x86_64-linux"
     mac = MachineBuild(
-        torch="torch27", cxx_abi=None, backend="metal", runtime="metal", arch="aarch64", os="darwin"
+        torch=Version("2.7"),
+        cxx_abi=None,
+        backend="metal",
+        backend_version=None,
+        cpu="aarch64",
+        os="darwin",
     )
     assert mac.compiled_variant == "torch27-metal-aarch64-darwin"
-    assert mac.acceptable_variants() == (
-        "torch27-metal-aarch64-darwin",
-        "torch-metal",
-        "torch-universal",
-    )
+    offered = ["torch-universal", "torch-metal", "torch27-metal-aarch64-darwin", "torch-cuda"]
+    assert choose_variant(offered, where="r", machine=mac) == "torch27-metal-aarch64-darwin"
+    assert choose_variant(offered[:2], where="r", machine=mac) == "torch-metal"
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,17 @@ class CommandError(Exception):
     """An expected failure of a command: printed as ``error: <message>``, exit status 1."""
 
 
+def add_repo_type_argument(parser: argparse.ArgumentParser) -> None:
+    """``--repo-type kernel|model``, for the commands that address one Hub repository."""
+    parser.add_argument(
+        "--repo-type",
+        choices=("kernel", "model"),
+        default="kernel",
+        help="the Hub repository type: kernel (default; where the Hub keeps kernels) or model "
+        "(a kernel still published as a model repository, e.g. on an old mirror)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 

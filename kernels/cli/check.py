@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import CommandError
+from . import CommandError, add_repo_type_argument
 
 HELP = "validate a kernel repository (a folder or a Hub repo): layout, variants, imports, layers"
 DESCRIPTION = """\
@@ -30,14 +30,6 @@ examples:
   kernels check ./my-kernel
   kernels check kernels-community/activation --version '>=0.1,<0.2'
   kernels check ./my-kernel --layer-of SiLU=torch.nn:SiLU"""
-
-# Compiled variant names as kernel-builder publishes them: Linux builds name their C++ ABI,
-# macOS and Windows builds do not.
-_COMPILED_SHAPE = re.compile(
-    r"^torch\d{2,}-(?:(?:cxx11|cxx98)-(?:cu\d+|rocm\d+|xpu\d+|cpu|npu|cann\d+)-(?:x86_64|aarch64)-linux"
-    r"|(?:cu\d+|xpu\d+|cpu)-(?:x86_64|aarch64)-windows"
-    r"|(?:metal|cpu)-(?:aarch64|x86_64)-darwin)$"
-)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="LAYER=MODULE:CLASS",
         help="compare kernel layer LAYER's forward signature with that of MODULE:CLASS (repeatable)",
     )
+    add_repo_type_argument(parser)
 
 
 @dataclass
@@ -75,6 +68,10 @@ class Report:
 
     def fail(self, text: str) -> None:
         self.lines.append(("FAIL", text))
+
+    def info(self, text: str) -> None:
+        """A fact that is neither a success nor a problem (e.g. a variant for another machine)."""
+        self.lines.append(("-", text))
 
     @property
     def failed(self) -> int:
@@ -128,18 +125,21 @@ def _download_all_variants(args: argparse.Namespace) -> tuple[Path, str]:
     from ..repos.variants import PREFERENCE_FILE
     from ..repos.versions import hub_error, resolve_revision
 
-    repo_id = args.target
+    repo_id, repo_type = args.target, args.repo_type
     require_trust(repo_id, bool(args.trust_remote_code))
     version = int(args.version) if args.version and args.version.isdigit() else args.version
-    resolved = resolve_revision(repo_id, revision=args.revision, version=version)
+    resolved = resolve_revision(
+        repo_id, revision=args.revision, version=version, repo_type=repo_type
+    )
     try:
         folder = snapshot_download(
             repo_id,
             revision=resolved.revision,
+            repo_type=repo_type,
             allow_patterns=["build/*", PREFERENCE_FILE, "README.md"],
         )
     except Exception as exc:
-        raise hub_error(exc, repo_id, f"download {repo_id} ({resolved.how})") from exc
+        raise hub_error(exc, repo_id, f"download {repo_id} ({resolved.how})", repo_type) from exc
     return Path(folder), f"{repo_id} ({resolved.how})"
 
 
@@ -149,7 +149,12 @@ def check_repository(
     """Run every check on the repository folder `repo_dir`; nothing is raised, all is reported."""
     from ..errors import KernelLoadError
     from ..repos.layout import locate_package, read_preference
-    from ..repos.variants import VARIANT_PATTERN, choose_variant, machine_build
+    from ..repos.variants import (
+        VARIANT_PATTERN,
+        VariantAccepted,
+        VariantRejected,
+        decide_variants,
+    )
 
     report = Report()
     build = repo_dir / "build"
@@ -178,13 +183,6 @@ def check_repository(
             "variants: build/ holds no build variants (torch-universal, torch28-cxx11-cu128-x86_64-linux, ...)"
         )
         return report
-    for variant in variants:
-        if variant.startswith("torch-"):
-            continue
-        if not _COMPILED_SHAPE.match(variant):
-            report.warn(
-                f"variants: {variant} does not look like torch<MM>-<abi>-<runtime>-<arch>-<os>"
-            )
     try:
         prefer = read_preference(repo_dir, where=where)
     except KernelLoadError as exc:
@@ -202,16 +200,26 @@ def check_repository(
         summary = ", ".join(f"{v} ({packages[v].package_name})" for v in sorted(packages))
         (report.ok if len(names) == 1 else report.warn)(f"layout: packages in {summary}")
 
-    machine = machine_build()
-    try:
-        chosen = choose_variant(variants, where=where, prefer=prefer)
-        report.ok(f"variants: {len(variants)} variant(s); this machine loads {chosen}")
-    except KernelLoadError as exc:
-        report.warn(f"variants: {exc} Imports are not checked here.")
+    decisions = decide_variants(variants, prefer=prefer)
+    runnable = [d.variant.variant_str for d in decisions if isinstance(d, VariantAccepted)]
+    for decision in decisions:
+        name = decision.variant.variant_str
+        if isinstance(decision, VariantRejected):
+            if decision.variant.kind == "unknown":
+                report.warn(f"variants: {name} is not a build variant name ({decision.reason})")
+            else:
+                report.info(f"variants: {name} does not run here: {decision.reason}")
+        elif decision.rank == 0:
+            report.ok(f"variants: {name} runs here, and is the one this machine loads")
+        else:
+            report.ok(f"variants: {name} runs here")
+    if not runnable:
+        report.warn(
+            f"variants: none of the {len(variants)} variant(s) runs on this machine; "
+            "imports are not checked here"
+        )
         return report
-
-    runnable = [v for v in machine.acceptable_variants(prefer) if v in packages]
-    for variant in runnable:
+    for variant in (v for v in runnable if v in packages):
         _check_variant(report, packages[variant], variant, where, originals or {})
     return report
 

@@ -7,12 +7,13 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import CommandError
+from . import CommandError, add_repo_type_argument
 
 HELP = "publish a kernel repository folder on the Hub (optionally tagging a version)"
 DESCRIPTION = """\
 Check PATH as `kernels check` does, then upload it to the Hub repository ID with
-huggingface_hub (creating the repository if needed) in one commit, and with --tag create
+huggingface_hub (creating it as a kernel repository, the Hub's type for kernels, if needed;
+--repo-type model publishes to a model repository instead) in one commit, and with --tag create
 the version tag v<major>.<minor>.<patch> on that commit. Bytecode, caches, virtual
 environments and benchmark results are left out. Authenticate with `hf auth login` or HF_TOKEN;
 HF_ENDPOINT selects the server."""
@@ -48,6 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="check and list what would be uploaded; send nothing"
     )
+    add_repo_type_argument(parser)
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,17 @@ class UploadPlan:
     tag: str | None
     branch: str | None
     message: str
+    repo_type: str = "kernel"
 
 
 def plan_upload(
-    path: Path, repo_id: str, *, tag: str | None, branch: str | None, message: str | None
+    path: Path,
+    repo_id: str,
+    *,
+    tag: str | None,
+    branch: str | None,
+    message: str | None,
+    repo_type: str = "kernel",
 ) -> UploadPlan:
     """Validate the arguments and the repository, and list the files to upload.
 
@@ -100,7 +109,7 @@ def plan_upload(
         )
     )
     default = f"Upload kernel {repo_id}" + (f" {tag}" if tag else "")
-    return UploadPlan(path, repo_id, files, tag, branch, message or default)
+    return UploadPlan(path, repo_id, files, tag, branch, message or default, repo_type)
 
 
 def _ignored(relative: str) -> bool:
@@ -109,9 +118,16 @@ def _ignored(relative: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     plan = plan_upload(
-        args.path, args.repo_id, tag=args.tag, branch=args.branch, message=args.message
+        args.path,
+        args.repo_id,
+        tag=args.tag,
+        branch=args.branch,
+        message=args.message,
+        repo_type=args.repo_type,
     )
-    target = f"{plan.repo_id}" + (f" (branch {plan.branch})" if plan.branch else "")
+    target = f"{plan.repo_type} repository {plan.repo_id}" + (
+        f" (branch {plan.branch})" if plan.branch else ""
+    )
     print(
         f"{len(plan.files)} file(s) from {plan.folder} -> {target}"
         + (f", tag {plan.tag}" if plan.tag else "")
@@ -131,23 +147,34 @@ def upload(plan: UploadPlan, *, private: bool = False) -> str:
     from ..repos import hubclient
     from ..repos.versions import hub_error
 
+    repo_type = plan.repo_type
+    hubclient.require_repo_type(repo_type, plan.repo_id)
     api = hubclient.hub_api()
     try:
-        api.create_repo(plan.repo_id, private=private, exist_ok=True)
+        api.create_repo(plan.repo_id, private=private, exist_ok=True, repo_type=repo_type)
         if plan.branch:
             # The Hub commits only onto a branch that exists (a new vN branch, for int
             # versions, would otherwise be "revision not found"); it starts at main.
-            api.create_branch(plan.repo_id, branch=plan.branch, exist_ok=True)
+            api.create_branch(plan.repo_id, branch=plan.branch, exist_ok=True, repo_type=repo_type)
         info = api.upload_folder(
             folder_path=plan.folder,
             repo_id=plan.repo_id,
+            repo_type=repo_type,
             revision=plan.branch,
             commit_message=plan.message,
             allow_patterns=list(plan.files),
         )
         commit = getattr(info, "oid", None) or str(info)
         if plan.tag:
-            api.create_tag(plan.repo_id, tag=plan.tag, revision=commit, tag_message=plan.message)
+            api.create_tag(
+                plan.repo_id,
+                tag=plan.tag,
+                revision=commit,
+                tag_message=plan.message,
+                repo_type=repo_type,
+            )
     except Exception as exc:
-        raise hub_error(exc, plan.repo_id, f"upload {plan.folder} to {plan.repo_id}") from exc
+        raise hub_error(
+            exc, plan.repo_id, f"upload {plan.folder} to {plan.repo_id}", repo_type
+        ) from exc
     return commit

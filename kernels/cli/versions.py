@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import json
 
+from . import add_repo_type_argument
+
 HELP = "list a Hub kernel's versions and branches, with the build variants each offers"
 DESCRIPTION = """\
 List the version tags (v<major>.<minor>.<patch>, newest first) and branches of a kernel
@@ -15,7 +17,8 @@ specifiers never select them."""
 EPILOG = """\
 examples:
   kernels versions kernels-community/activation
-  kernels versions kernels-community/activation --json"""
+  kernels versions kernels-community/activation --json
+  kernels versions old-org/activation --repo-type model"""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "repo_id", metavar="REPO", help="Hub repository id, e.g. kernels-community/activation"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_repo_type_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from ..repos.variants import PREFERENCE_FILE, choose_variant, parse_preference_file, variants_in
     from ..repos.versions import hub_error, list_refs, parse_version_tag
 
-    repo_id = args.repo_id
-    refs = list_refs(repo_id)
+    repo_id, repo_type = args.repo_id, args.repo_type
+    refs = list_refs(repo_id, repo_type)
     api = hubclient.hub_api()
     offers: dict[str, tuple[list[str], str | None, str | None]] = {}
 
@@ -40,9 +44,11 @@ def run(args: argparse.Namespace) -> int:
         """The variants at `commit`, the one this machine would load, and why none would."""
         if commit not in offers:
             try:
-                files = api.list_repo_files(repo_id, revision=commit)
+                files = api.list_repo_files(repo_id, revision=commit, repo_type=repo_type)
             except Exception as exc:
-                raise hub_error(exc, repo_id, f"list the files of {repo_id} at {commit}") from exc
+                raise hub_error(
+                    exc, repo_id, f"list the files of {repo_id} at {commit}", repo_type
+                ) from exc
             variants = variants_in(
                 {f.split("/")[1] for f in files if f.startswith("build/") and f.count("/") >= 2}
             )
@@ -52,10 +58,15 @@ def run(args: argparse.Namespace) -> int:
                 from huggingface_hub import hf_hub_download
 
                 try:
-                    path = hf_hub_download(repo_id, PREFERENCE_FILE, revision=commit)
+                    path = hf_hub_download(
+                        repo_id, PREFERENCE_FILE, revision=commit, repo_type=repo_type
+                    )
                 except Exception as exc:
                     raise hub_error(
-                        exc, repo_id, f"download {PREFERENCE_FILE} of {repo_id} at {commit}"
+                        exc,
+                        repo_id,
+                        f"download {PREFERENCE_FILE} of {repo_id} at {commit}",
+                        repo_type,
                     ) from exc
                 with open(path) as f:
                     text = f.read()
@@ -87,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "repo_id": repo_id,
+                    "repo_type": repo_type,
                     "refs": [
                         {
                             "kind": kind,

@@ -12,6 +12,10 @@
 
 Offline (``HF_HUB_OFFLINE=1``) or with the Hub unreachable, steps 2-4 are answered from the
 cache when it can; otherwise the error says what is missing and how to fetch it.
+
+Every call names the repository type: ``"kernel"`` (the Hub's kernel repositories, the
+default) or ``"model"`` (kernels still published as models); the two are never tried one
+after the other, since they could hold different code (docs/hub.md#repository-types).
 """
 
 from __future__ import annotations
@@ -32,18 +36,27 @@ from ..errors import (
     KernelRevisionError,
 )
 from . import hubclient
-from .hubclient import COMMIT_PATTERN, Failure
+from .hashing import verify_variant
+from .hubclient import COMMIT_PATTERN, KERNEL_REPO_TYPE, Failure
 from .layout import PackageLocation, locate_package, read_preference
 from .loader import import_package
 from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
 from .variants import (
     PREFERENCE_FILE,
+    VariantDecision,
     allow_patterns,
     choose_variant,
+    decide_variants,
     parse_preference_file,
     variants_in,
 )
-from .versions import ResolvedRevision, hub_error, list_refs, resolve_revision
+from .versions import (
+    ResolvedRevision,
+    cached_other_type_hint,
+    hub_error,
+    list_refs,
+    resolve_revision,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +84,13 @@ class FetchedKernel:
     def variant_dir(self) -> Path:
         return self.snapshot_dir / "build" / self.variant
 
+    @property
+    def repo_type(self) -> str:
+        return self.resolved.repo_type
+
 
 @dataclass(frozen=True)
-class LoadedKernel:
+class LoadedHubKernel:
     """An imported Hub kernel and everything that was decided on the way."""
 
     module: ModuleType
@@ -100,6 +117,7 @@ def get_kernel(
     *,
     trust_remote_code: bool | list[str] = False,
     user_agent: str | dict | None = None,
+    repo_type: str = KERNEL_REPO_TYPE,
 ) -> ModuleType:
     """Download (if needed) and import a kernel from the Hub.
 
@@ -116,11 +134,14 @@ def get_kernel(
             configuration: True for any, or a list of organisations / repository ids.
         user_agent: extra user-agent information for the download requests (as
             huggingface_hub's ``snapshot_download`` takes it).
+        repo_type: ``"kernel"`` (the Hub's kernel repositories) or ``"model"`` for a kernel
+            still published as a model repository (an old mirror or a private Hub).
 
     Raises:
         UntrustedKernelError, KernelRepositoryNotFoundError, KernelRevisionError,
         KernelVersionSpecError, BuildVariantNotFoundError, KernelOfflineError,
-        KernelDownloadError: all `KernelLoadError` subclasses; see docs/hub.md.
+        KernelHubUnsupportedError, KernelDownloadError: all `KernelLoadError` subclasses;
+        see docs/hub.md.
 
     Example:
         ```python
@@ -136,6 +157,7 @@ def get_kernel(
         version=version,
         trust_remote_code=trust_remote_code,
         user_agent=user_agent,
+        repo_type=repo_type,
     ).module
 
 
@@ -146,27 +168,34 @@ def load_hub_kernel(
     version: str | int | None = None,
     trust_remote_code: TrustArgument | list[str] = False,
     user_agent: str | dict | None = None,
-) -> LoadedKernel:
+    repo_type: str = KERNEL_REPO_TYPE,
+) -> LoadedHubKernel:
     """`get_kernel`, returning what was resolved, downloaded and trusted along with the module."""
-    _check_repo_id(repo_id)
+    _check_repo_id(repo_id, repo_type)
     trust = require_trust(repo_id, normalize_trust(trust_remote_code))
-    resolved = resolve_revision(repo_id, revision=revision, version=version)
+    resolved = resolve_revision(repo_id, revision=revision, version=version, repo_type=repo_type)
     fetched = fetch_kernel(resolved, user_agent=user_agent)
     module = import_package(fetched.location.package_dir, fetched.location.package_name)
-    loaded = LoadedKernel(module, fetched, trust)
+    loaded = LoadedHubKernel(module, fetched, trust)
     logger.info("Loaded kernel %s; %s", loaded.describe(), trust.reason)
     return loaded
 
 
-def has_kernel(repo_id: str, revision: str | None = None, version: str | int | None = None) -> bool:
+def has_kernel(
+    repo_id: str,
+    revision: str | None = None,
+    version: str | int | None = None,
+    *,
+    repo_type: str = KERNEL_REPO_TYPE,
+) -> bool:
     """Whether `repo_id` has a build variant this machine can run, without downloading it.
 
     Returns False only when the repository offers no variant for this machine; a missing
     repository, revision or version raises as `get_kernel` does. Offline, the answer comes
-    from the cache.
+    from the cache. `repo_type` is as for `get_kernel`.
     """
-    _check_repo_id(repo_id)
-    resolved = resolve_revision(repo_id, revision=revision, version=version)
+    _check_repo_id(repo_id, repo_type)
+    resolved = resolve_revision(repo_id, revision=revision, version=version, repo_type=repo_type)
     try:
         if hubclient.is_offline() or resolved.from_cache:
             reason = (
@@ -184,6 +213,46 @@ def has_kernel(repo_id: str, revision: str | None = None, version: str | int | N
     return True
 
 
+def get_kernel_variants(
+    repo_id: str,
+    revision: str | None = None,
+    version: str | int | None = None,
+    *,
+    repo_type: str = KERNEL_REPO_TYPE,
+) -> list[VariantDecision]:
+    """Which build variants of a Hub kernel run on this machine, and why the others do not.
+
+    Nothing is downloaded: the decision comes from the file listing at the resolved revision
+    (offline, from the cached variants). Accepted variants come first, best first (their
+    `rank` 0 is the one `get_kernel` loads); rejected ones carry the `reason`.
+
+    Example:
+        ```python
+        from kernels import VariantAccepted, get_kernel_variants
+
+        for decision in get_kernel_variants("kernels-community/activation", version=1):
+            name = decision.variant.variant_str
+            if isinstance(decision, VariantAccepted):
+                print(f"{name}: runs here")
+            else:
+                print(f"{name}: rejected ({decision.reason})")
+        ```
+    """
+    _check_repo_id(repo_id, repo_type)
+    resolved = resolve_revision(repo_id, revision=revision, version=version, repo_type=repo_type)
+    if not (hubclient.is_offline() or resolved.from_cache):
+        try:
+            offered, prefer, _ = _remote_listing(resolved)
+            return decide_variants(offered, prefer=prefer)
+        except KernelOfflineError:
+            pass  # as get_kernel does: an unreachable Hub is answered from the cache
+    snapshot = _cached_snapshot(resolved, reason="the Hub cannot be asked")
+    build = snapshot / "build"
+    cached = [p.name for p in build.iterdir() if p.is_dir()] if build.is_dir() else []
+    where = f"{repo_id} ({resolved.how})"
+    return decide_variants(cached, prefer=read_preference(snapshot, where=where))
+
+
 def install_kernel(
     repo_id: str,
     revision: str,
@@ -191,6 +260,7 @@ def install_kernel(
     variant_locks: Mapping[str, object] | None = None,
     *,
     trust_remote_code: bool | list[str] = False,
+    repo_type: str = KERNEL_REPO_TYPE,
 ) -> tuple[str, Path]:
     """Download a kernel's variant for this machine into the cache, without importing it.
 
@@ -201,23 +271,34 @@ def install_kernel(
         variant_locks: the ``variants`` of a lock entry (variant -> ``{"hash": ...}``); when
             given, the downloaded files are verified against it.
         trust_remote_code: as for `get_kernel`.
+        repo_type: as for `get_kernel`.
 
     Returns:
         The package name and the variant folder (``.../build/<variant>``).
     """
-    from .lock import verify_variant
-
-    _check_repo_id(repo_id)
+    _check_repo_id(repo_id, repo_type)
     require_trust(repo_id, normalize_trust(trust_remote_code))
     if local_files_only:
+        hubclient.require_repo_type(repo_type, repo_id)
         resolved = ResolvedRevision(
-            repo_id, revision, revision if COMMIT_PATTERN.match(revision) else None, revision
+            repo_id,
+            revision,
+            revision if COMMIT_PATTERN.match(revision) else None,
+            revision,
+            repo_type=repo_type,
         )
         fetched = _fetch_from_cache(resolved, reason="local_files_only=True")
     else:
-        fetched = fetch_kernel(resolve_revision(repo_id, revision=revision))
+        fetched = fetch_kernel(resolve_revision(repo_id, revision=revision, repo_type=repo_type))
     if variant_locks is not None:
-        verify_variant(fetched, variant_locks, files=None)
+        verify_variant(
+            fetched.variant_dir,
+            variant_locks,
+            repo_id=repo_id,
+            commit=fetched.commit,
+            variant=fetched.variant,
+            files=None,
+        )
     return fetched.location.package_name, fetched.variant_dir
 
 
@@ -246,16 +327,14 @@ def fetch_kernel(
     return _download(resolved, chosen, files, user_agent=user_agent)
 
 
-def _choose_remote_variant(
-    resolved: ResolvedRevision, *, variant: str | None = None
-) -> tuple[str, tuple[str, ...]]:
-    """List the files at the resolved revision and pick the variant (no download)."""
+def _remote_listing(resolved: ResolvedRevision) -> tuple[list[str], str, list[str]]:
+    """The variants at the resolved revision, the repository's preference and all its files."""
     repo_id = resolved.repo_id
     revision = resolved.commit or resolved.revision
     where = f"{repo_id} ({resolved.how})"
     api = hubclient.hub_api()
     try:
-        repo_files = api.list_repo_files(repo_id, revision=revision)
+        repo_files = api.list_repo_files(repo_id, revision=revision, repo_type=resolved.repo_type)
     except Exception as exc:
         raise _revision_error(exc, resolved, f"list the files of {where}") from exc
 
@@ -267,10 +346,23 @@ def _choose_remote_variant(
         from huggingface_hub import hf_hub_download
 
         try:
-            path = hf_hub_download(repo_id, PREFERENCE_FILE, revision=revision)
+            path = hf_hub_download(
+                repo_id, PREFERENCE_FILE, revision=revision, repo_type=resolved.repo_type
+            )
         except Exception as exc:
-            raise hub_error(exc, repo_id, f"download {PREFERENCE_FILE} of {where}") from exc
+            raise hub_error(
+                exc, repo_id, f"download {PREFERENCE_FILE} of {where}", resolved.repo_type
+            ) from exc
         prefer = parse_preference_file(Path(path).read_text(), where=where)
+    return offered, prefer, repo_files
+
+
+def _choose_remote_variant(
+    resolved: ResolvedRevision, *, variant: str | None = None
+) -> tuple[str, tuple[str, ...]]:
+    """List the files at the resolved revision and pick the variant (no download)."""
+    where = f"{resolved.repo_id} ({resolved.how})"
+    offered, prefer, repo_files = _remote_listing(resolved)
     if variant is None:
         variant = choose_variant(offered, where=where, prefer=prefer)
     elif variant not in offered:
@@ -293,7 +385,7 @@ def _revision_error(exc: BaseException, resolved: ResolvedRevision, doing: str) 
     ):
         # Some servers answer "repository not found" for a revision that does not exist.
         try:
-            refs = list_refs(resolved.repo_id)
+            refs = list_refs(resolved.repo_id, resolved.repo_type)
         except KernelLoadError as repo_error:
             return repo_error
         branches = ", ".join(sorted(refs.branches)) or "none"
@@ -302,7 +394,7 @@ def _revision_error(exc: BaseException, resolved: ResolvedRevision, doing: str) 
             f"{resolved.repo_id} has no revision {resolved.revision!r}. Branches: {branches}. "
             f"Tags: {tags}."
         )
-    return hub_error(exc, resolved.repo_id, doing)
+    return hub_error(exc, resolved.repo_id, doing, resolved.repo_type)
 
 
 def _download(
@@ -320,12 +412,13 @@ def _download(
     if resolved.commit is not None:
         # Written before downloading: if the download is interrupted, the cache answers
         # offline with an incomplete variant, and this list shows what is missing.
-        _record_files(repo_id, resolved.commit, variant, files)
+        _record_files(resolved, resolved.commit, variant, files)
     try:
         snapshot = Path(
             snapshot_download(
                 repo_id,
                 revision=resolved.revision,
+                repo_type=resolved.repo_type,
                 allow_patterns=allow_patterns([variant]),
                 user_agent=user_agent,
             )
@@ -360,7 +453,7 @@ def _download(
             f"{variant} are missing ({', '.join(missing[:5])}). {hubclient.offline_hint()}"
         )
     if resolved.commit is None:
-        _record_files(repo_id, commit, variant, files)
+        _record_files(resolved, commit, variant, files)
     return _fetched(resolved, snapshot, variant, files)
 
 
@@ -379,24 +472,12 @@ def _fetch_from_cache(
     resolved: ResolvedRevision, *, variant: str | None = None, reason: str
 ) -> FetchedKernel:
     """Find the variant of `resolved` in the cache, without any Hub call."""
-    from huggingface_hub import snapshot_download
 
     reason = reason.rstrip(".")
 
     repo_id = resolved.repo_id
-    revision = resolved.commit or resolved.revision
     where = f"{repo_id} ({resolved.how})"
-    try:
-        snapshot = Path(
-            snapshot_download(
-                repo_id, revision=revision, allow_patterns=[PREFERENCE_FILE], local_files_only=True
-            )
-        )
-    except Exception as exc:
-        raise KernelOfflineError(
-            f"{where} is not in the cache ({hubclient.cache_dir()}), and the Hub cannot be "
-            f"asked: {reason}. {hubclient.offline_hint()}"
-        ) from exc
+    snapshot = _cached_snapshot(resolved, reason=reason)
     build = snapshot / "build"
     cached = variants_in(p.name for p in build.iterdir() if p.is_dir()) if build.is_dir() else []
     if variant is None:
@@ -415,27 +496,53 @@ def _fetch_from_cache(
             f"and the Hub cannot be asked: {reason}. {hubclient.offline_hint()}"
         )
     _check_complete(resolved, snapshot, variant, reason)
-    return _fetched(resolved, snapshot, variant, _read_marker(repo_id, snapshot.name, variant))
+    return _fetched(resolved, snapshot, variant, _read_marker(resolved, snapshot.name, variant))
 
 
-def _marker_path(repo_id: str, commit: str, variant: str) -> Path:
-    return hubclient.repo_cache_folder(repo_id) / _FILE_LISTS / commit / f"{variant}.json"
+def _cached_snapshot(resolved: ResolvedRevision, *, reason: str) -> Path:
+    """The cached snapshot folder of the resolved revision, without any Hub call."""
+    from huggingface_hub import snapshot_download
+
+    repo_id = resolved.repo_id
+    try:
+        return Path(
+            snapshot_download(
+                repo_id,
+                revision=resolved.commit or resolved.revision,
+                repo_type=resolved.repo_type,
+                allow_patterns=[PREFERENCE_FILE],
+                local_files_only=True,
+            )
+        )
+    except Exception as exc:
+        raise KernelOfflineError(
+            f"{repo_id} ({resolved.how}) is not in the cache ({hubclient.cache_dir()}), and the "
+            f"Hub cannot be asked: {reason.rstrip('.')}."
+            f"{cached_other_type_hint(repo_id, resolved.repo_type)} {hubclient.offline_hint()}"
+        ) from exc
 
 
-def _record_files(repo_id: str, commit: str, variant: str, files: tuple[str, ...]) -> None:
+def _marker_path(resolved: ResolvedRevision, commit: str, variant: str) -> Path:
+    folder = hubclient.repo_cache_folder(resolved.repo_id, resolved.repo_type)
+    return folder / _FILE_LISTS / commit / f"{variant}.json"
+
+
+def _record_files(
+    resolved: ResolvedRevision, commit: str, variant: str, files: tuple[str, ...]
+) -> None:
     """Note which files the variant has at this commit, for offline completeness checks."""
-    path = _marker_path(repo_id, commit, variant)
+    path = _marker_path(resolved, commit, variant)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{id(files)}.tmp")
         tmp.write_text(json.dumps(list(files)))
         tmp.replace(path)
     except OSError as exc:  # a read-only cache still works; it just cannot be checked offline
-        logger.debug("could not record the file list of %s: %s", repo_id, exc)
+        logger.debug("could not record the file list of %s: %s", resolved.repo_id, exc)
 
 
-def _read_marker(repo_id: str, commit: str, variant: str) -> tuple[str, ...] | None:
-    path = _marker_path(repo_id, commit, variant)
+def _read_marker(resolved: ResolvedRevision, commit: str, variant: str) -> tuple[str, ...] | None:
+    path = _marker_path(resolved, commit, variant)
     try:
         return tuple(json.loads(path.read_text()))
     except (OSError, ValueError):
@@ -458,12 +565,13 @@ def _check_complete(resolved: ResolvedRevision, snapshot: Path, variant: str, re
         snapshot_download(
             repo_id,
             revision=snapshot.name,
+            repo_type=resolved.repo_type,
             allow_patterns=allow_patterns([variant]),
             local_files_only=True,
         )
     except Exception as exc:
         raise KernelOfflineError(f"{advice} ({hubclient.describe(exc)})") from exc
-    expected = _read_marker(repo_id, snapshot.name, variant)
+    expected = _read_marker(resolved, snapshot.name, variant)
     if expected is None:
         logger.debug(
             "%s: no record of a complete download of %s; trusting the cache", where, variant
@@ -475,7 +583,8 @@ def _check_complete(resolved: ResolvedRevision, snapshot: Path, variant: str, re
         raise KernelOfflineError(f"{advice} Missing: {', '.join(missing[:5])}.")
 
 
-def _check_repo_id(repo_id: object) -> None:
+def _check_repo_id(repo_id: object, repo_type: object = KERNEL_REPO_TYPE) -> None:
+    hubclient.check_repo_type(repo_type, where=f"{repo_id!r}")
     if not isinstance(repo_id, str) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id):
         raise KernelRepositoryNotFoundError(
             f"{repo_id!r} is not a Hub repository id; write it as 'org/name', e.g. "
@@ -486,9 +595,10 @@ def _check_repo_id(repo_id: object) -> None:
 
 __all__ = [
     "FetchedKernel",
-    "LoadedKernel",
+    "LoadedHubKernel",
     "fetch_kernel",
     "get_kernel",
+    "get_kernel_variants",
     "has_kernel",
     "install_kernel",
     "load_hub_kernel",

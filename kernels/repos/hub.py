@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from ..errors import KernelMappingError
+from .hubclient import KERNEL_REPO_TYPE, check_repo_type
 from .trust import normalize_trust
 from .versions import check_version_argument
 
@@ -31,6 +32,8 @@ class LayerRepository:
         trust_remote_code: run code from an organisation that is not trusted by default or
             by configuration: True for any, or a list of organisations / repository ids
             (docs/hub.md#trust).
+        repo_type: ``"kernel"`` (the Hub's kernel repositories, the default) or ``"model"``
+            for a kernel still published as a model repository (docs/hub.md#repository-types).
 
     Example:
         ```python
@@ -47,10 +50,12 @@ class LayerRepository:
     revision: str | None = field(default=None, kw_only=True)
     version: str | int | None = field(default=None, kw_only=True)
     trust_remote_code: bool | tuple[str, ...] = field(default=False, kw_only=True)
+    repo_type: str = field(default=KERNEL_REPO_TYPE, kw_only=True)
     # What the first load() resolved; not part of the repository's identity.
     _loaded: object = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        check_repo_type(self.repo_type, where=f"LayerRepository('{self.repo_id}')")
         if self.revision is not None and self.version is not None:
             raise KernelMappingError(
                 f"LayerRepository('{self.repo_id}') got both revision={self.revision!r} and "
@@ -78,6 +83,7 @@ class LayerRepository:
                     revision=self.revision,
                     version=self.version,
                     trust_remote_code=self.trust_remote_code,
+                    repo_type=self.repo_type,
                 )
                 object.__setattr__(self, "_loaded", loaded)
             return self._loaded.module  # type: ignore[attr-defined]
@@ -89,7 +95,14 @@ class LayerRepository:
         # Pickles what was asked, not what was loaded.
         return (
             _rebuild,
-            (self.repo_id, self.layer_name, self.revision, self.version, self.trust_remote_code),
+            (
+                self.repo_id,
+                self.layer_name,
+                self.revision,
+                self.version,
+                self.trust_remote_code,
+                self.repo_type,
+            ),
         )
 
     @property
@@ -112,16 +125,20 @@ class LayerRepository:
                 f" -> commit {fetched.commit[:12]}, variant {fetched.variant}; "
                 f"{loaded.trust.reason}"  # type: ignore[attr-defined]
             )
-        return f"{self.repo_id} ({pin}), layer {self.layer_name}"
+        kind = "" if self.repo_type == KERNEL_REPO_TYPE else f"{self.repo_type} repository "
+        return f"{kind}{self.repo_id} ({pin}), layer {self.layer_name}"
 
 
-def _rebuild(repo_id, layer_name, revision, version, trust_remote_code) -> LayerRepository:
+def _rebuild(
+    repo_id, layer_name, revision, version, trust_remote_code, repo_type=KERNEL_REPO_TYPE
+) -> LayerRepository:
     return LayerRepository(
         repo_id,
         layer_name=layer_name,
         revision=revision,
         version=version,
         trust_remote_code=trust_remote_code,
+        repo_type=repo_type,
     )
 
 
@@ -131,8 +148,8 @@ class FuncRepository:
 
     The kernel is the function `func_name` at the top level of the kernel package; it
     replaces a function made kernelizable with `use_kernel_func_from_hub` (newer transformers
-    tag ``apply_rotary_pos_emb`` as ``"rotary_pos_emb"``). Versions, revisions, trust and
-    caching are those of `LayerRepository`.
+    tag ``apply_rotary_pos_emb`` as ``"rotary_pos_emb"``). Versions, revisions, trust,
+    repository types and caching are those of `LayerRepository`.
 
     Example:
         ```python
@@ -149,6 +166,7 @@ class FuncRepository:
     revision: str | None = field(default=None, kw_only=True)
     version: str | int | None = field(default=None, kw_only=True)
     trust_remote_code: bool | tuple[str, ...] = field(default=False, kw_only=True)
+    repo_type: str = field(default=KERNEL_REPO_TYPE, kw_only=True)
     # The package source: resolution, download and import are LayerRepository's.
     _package: LayerRepository = field(init=False, repr=False, compare=False)
 
@@ -159,6 +177,7 @@ class FuncRepository:
             revision=self.revision,
             version=self.version,
             trust_remote_code=self.trust_remote_code,
+            repo_type=self.repo_type,
         )
         object.__setattr__(self, "trust_remote_code", package.trust_remote_code)
         object.__setattr__(self, "_package", package)
@@ -184,7 +203,14 @@ class FuncRepository:
     def __reduce__(self):
         return (
             _rebuild_func,
-            (self.repo_id, self.func_name, self.revision, self.version, self.trust_remote_code),
+            (
+                self.repo_id,
+                self.func_name,
+                self.revision,
+                self.version,
+                self.trust_remote_code,
+                self.repo_type,
+            ),
         )
 
     def __str__(self) -> str:
@@ -192,11 +218,14 @@ class FuncRepository:
         return described[: described.rindex(", layer ")] + f", function {self.func_name}"
 
 
-def _rebuild_func(repo_id, func_name, revision, version, trust_remote_code) -> FuncRepository:
+def _rebuild_func(
+    repo_id, func_name, revision, version, trust_remote_code, repo_type=KERNEL_REPO_TYPE
+) -> FuncRepository:
     return FuncRepository(
         repo_id,
         func_name=func_name,
         revision=revision,
         version=version,
         trust_remote_code=trust_remote_code,
+        repo_type=repo_type,
     )

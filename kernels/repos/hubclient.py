@@ -2,8 +2,13 @@
 
 Every Hub call, the cache layout, offline mode, the endpoint and the token are
 huggingface_hub's: this module only smooths over what moved between its releases (where
-offline mode is read, which HTTP library raises connection errors) and sorts its exceptions
-into the few cases `kernels` reports differently.
+offline mode is read, which HTTP library raises connection errors, which repository types
+it knows) and sorts its exceptions into the few cases `kernels` reports differently.
+
+Kernel repositories are the Hub's ``kernel`` repository type (``/api/kernels/``, cached as
+``kernels--<org>--<name>``); huggingface_hub knows that type from 1.10 on. Repositories
+still published as models (an old mirror, a private Hub) are asked for with
+``repo_type="model"`` explicitly (docs/hub.md#repository-types).
 """
 
 from __future__ import annotations
@@ -14,6 +19,61 @@ from pathlib import Path
 
 #: A full commit hash; shorter prefixes are not accepted by the Hub as revisions.
 COMMIT_PATTERN = re.compile(r"^[0-9a-f]{40}$")
+
+#: The Hub's repository type for kernels (``huggingface_hub.constants.REPO_TYPE_KERNEL``).
+KERNEL_REPO_TYPE = "kernel"
+#: Kernel repositories published before the Hub had the kernel type.
+MODEL_REPO_TYPE = "model"
+REPO_TYPES = (KERNEL_REPO_TYPE, MODEL_REPO_TYPE)
+
+#: The first huggingface_hub release that knows the kernel repository type.
+KERNEL_TYPE_MIN_HUB = "1.10"
+
+
+def check_repo_type(repo_type: object, *, where: str) -> str:
+    """Validate a `repo_type` argument: "kernel" (today's Hub) or "model" (older mirrors).
+
+    Raises:
+        KernelMappingError: anything else.
+    """
+    if repo_type not in REPO_TYPES:
+        from ..errors import KernelMappingError
+
+        raise KernelMappingError(
+            f"{where}: repo_type must be 'kernel' (kernel repositories on today's Hub) or "
+            f"'model' (a kernel still published as a model repository), got {repo_type!r}."
+        )
+    return repo_type  # type: ignore[return-value]
+
+
+def supports_kernel_repo_type() -> bool:
+    """Whether the installed huggingface_hub can address repositories of the kernel type."""
+    from huggingface_hub import constants
+
+    return getattr(constants, "REPO_TYPE_KERNEL", None) == KERNEL_REPO_TYPE
+
+
+def require_repo_type(repo_type: str, repo_id: str) -> None:
+    """Refuse, with the cause and the fix, a kernel-type repository huggingface_hub cannot ask for.
+
+    Raises:
+        KernelHubUnsupportedError: `repo_type` is "kernel" and huggingface_hub predates it.
+    """
+    if repo_type != KERNEL_REPO_TYPE or supports_kernel_repo_type():
+        return
+    import huggingface_hub
+
+    from ..errors import KernelHubUnsupportedError
+
+    raise KernelHubUnsupportedError(
+        f"Cannot load {repo_id} from the Hub: the Hub keeps kernels as repositories of type "
+        f"'kernel', which huggingface_hub {huggingface_hub.__version__} does not know (it was "
+        f"added in huggingface_hub {KERNEL_TYPE_MIN_HUB}). Upgrade it: pip install "
+        f"'huggingface_hub>={KERNEL_TYPE_MIN_HUB}' (transformers 4.x pins huggingface_hub<1.0; "
+        "transformers 5.x allows it). Without the Hub, our own kernels need no download: "
+        "register_kernel_mapping(library_mapping()), or LocalLayerRepository for a kernel "
+        "folder. A kernel still published as a model repository loads with repo_type='model'."
+    )
 
 
 def hub_api():
@@ -47,20 +107,21 @@ def cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-def repo_cache_folder(repo_id: str) -> Path:
-    """The cache folder of a model repository (``models--<org>--<name>``)."""
+def repo_cache_folder(repo_id: str, repo_type: str = KERNEL_REPO_TYPE) -> Path:
+    """The cache folder of a repository: ``kernels--<org>--<name>`` for the kernel type,
+    ``models--<org>--<name>`` for the model type (huggingface_hub's layout)."""
     from huggingface_hub.file_download import repo_folder_name
 
-    return cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model")
+    return cache_dir() / repo_folder_name(repo_id=repo_id, repo_type=repo_type)
 
 
-def cached_refs(repo_id: str) -> dict[str, str]:
+def cached_refs(repo_id: str, repo_type: str = KERNEL_REPO_TYPE) -> dict[str, str]:
     """Branch and tag names the cache has resolved for `repo_id`, each with its commit.
 
     huggingface_hub writes ``refs/<name>`` whenever it downloads by a branch or tag name;
     these files are how offline mode answers "which commit is v0.1.2?".
     """
-    refs_dir = repo_cache_folder(repo_id) / "refs"
+    refs_dir = repo_cache_folder(repo_id, repo_type) / "refs"
     if not refs_dir.is_dir():
         return {}
     refs: dict[str, str] = {}
@@ -72,9 +133,9 @@ def cached_refs(repo_id: str) -> dict[str, str]:
     return refs
 
 
-def cached_commits(repo_id: str) -> list[str]:
+def cached_commits(repo_id: str, repo_type: str = KERNEL_REPO_TYPE) -> list[str]:
     """Commits that have a snapshot folder in the cache."""
-    snapshots = repo_cache_folder(repo_id) / "snapshots"
+    snapshots = repo_cache_folder(repo_id, repo_type) / "snapshots"
     if not snapshots.is_dir():
         return []
     return sorted(p.name for p in snapshots.iterdir() if COMMIT_PATTERN.match(p.name))

@@ -6,6 +6,7 @@ per kernel::
 
     {
       "repo_id": "kernels-community/activation",
+      "repo_type": "kernel",               # or "model" for a kernel published as a model
       "sha": "<commit>",
       "version": ">=0.1,<0.2",            # what pyproject.toml asked for
       "ref": "v0.1.3",                     # the tag or branch it resolved to
@@ -21,6 +22,12 @@ Git LFS SHA-256 for LFS files and the Git blob SHA-1 otherwise. ``files`` keeps 
 digest, so a mismatch names the file. ``version``, ``ref``, ``trust`` and ``files`` are ours;
 Hugging Face's ``kernels`` ignores them.
 
+``repo_type`` says where the commit lives. Entries written before the Hub had a kernel
+repository type have none: they are looked for as kernel repositories (where the Hub moved
+them), then as model repositories (an old mirror, or snapshots already in the cache). The
+lock's hashes decide whether what was found is the locked code, so the second look can never
+load other code.
+
 Locked loads download exactly the locked commit, verify every file of the variant against
 the lock and only then import it: a mismatch raises `KernelHashMismatchError` naming the
 file, and nothing of that download is imported.
@@ -28,7 +35,6 @@ file, and nothing of that download is imported.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import inspect
 import json
@@ -37,14 +43,22 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from ..errors import KernelHashMismatchError, KernelLockError, KernelMappingError
+from ..errors import (
+    KernelLockError,
+    KernelMappingError,
+    KernelOfflineError,
+    KernelRepositoryNotFoundError,
+    KernelRevisionError,
+)
 from . import hubclient
-from .download import FetchedKernel, fetch_kernel
+from .download import FetchedKernel, LoadedHubKernel, fetch_kernel
+from .hashing import HASH_TYPE, combined_hash, verify_variant
+from .hubclient import KERNEL_REPO_TYPE, MODEL_REPO_TYPE
 from .loader import import_package
 from .project import Dependency, read_dependencies
 from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
@@ -54,8 +68,6 @@ from .versions import ResolvedRevision, hub_error, resolve_revision
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = "kernels.lock"
-HASH_TYPE = "git_lfs_concat"
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,15 @@ class KernelLock:
     trust: dict | None = None
     #: variant -> path inside ``build/<variant>/`` -> ``git-sha1:<hex>`` or ``sha256:<hex>``.
     files: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: "kernel" or "model"; None in entries written before the Hub had kernel repositories.
+    repo_type: str | None = None
+
+    @property
+    def repo_types(self) -> tuple[str, ...]:
+        """Where to look for the locked commit, in order (see the module docstring)."""
+        if self.repo_type is not None:
+            return (self.repo_type,)
+        return (KERNEL_REPO_TYPE, MODEL_REPO_TYPE)
 
     @classmethod
     def from_json(cls, data: object, *, where: str) -> KernelLock:
@@ -110,6 +131,12 @@ class KernelLock:
                 "variant to {path: 'git-sha1:<40 hex>' or 'sha256:<64 hex>'}. Re-create the lock "
                 "with `kernels lock PROJECT_DIR`."
             )
+        repo_type = data.get("repo_type")
+        if repo_type is not None:
+            try:
+                hubclient.check_repo_type(repo_type, where=f"{where}: {repo_id}")
+            except KernelMappingError as exc:
+                raise KernelLockError(str(exc)) from None
         return cls(
             repo_id=repo_id,
             sha=sha,
@@ -118,10 +145,14 @@ class KernelLock:
             ref=data.get("ref"),
             trust=data.get("trust"),
             files=files,
+            repo_type=repo_type,
         )
 
     def to_json(self) -> dict:
-        data: dict = {"repo_id": self.repo_id, "sha": self.sha}
+        data: dict = {"repo_id": self.repo_id}
+        if self.repo_type is not None:
+            data["repo_type"] = self.repo_type
+        data["sha"] = self.sha
         if self.version is not None:
             data["version"] = self.version
         if self.ref is not None:
@@ -147,125 +178,6 @@ def _valid_file_digests(files: object) -> bool:
         and all(isinstance(d, str) and _FILE_DIGEST.match(d) for d in paths.values())
         for paths in files.values()
     )
-
-
-# --- hashing -------------------------------------------------------------------------------
-
-
-def combined_hash(digests: Mapping[str, str]) -> str:
-    """The `HASH_TYPE` hash of a variant from its files' digests (path -> ``kind:hex``)."""
-    m = hashlib.sha256()
-    for path in sorted(digests, key=lambda p: p.encode()):
-        m.update(path.encode())
-        m.update(bytes.fromhex(digests[path].split(":", 1)[1]))
-    return f"sha256-{m.hexdigest()}"
-
-
-def file_digest(path: Path, kind: str) -> str:
-    """``git-sha1:<hex>`` (the Git blob id) or ``sha256:<hex>`` of a file's contents."""
-    if kind == "git-sha1":
-        m = hashlib.sha1()
-        m.update(f"blob {path.stat().st_size}\0".encode())
-    elif kind == "sha256":
-        m = hashlib.sha256()
-    else:
-        raise KernelLockError(f"Unknown file digest kind {kind!r}.")
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            m.update(chunk)
-    return f"{kind}:{m.hexdigest()}"
-
-
-def _files_on_disk(variant_dir: Path) -> list[str]:
-    """The files of a variant folder, without the bytecode Python writes when importing."""
-    found = []
-    for root, dirs, names in os.walk(variant_dir):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        for name in names:
-            found.append((Path(root) / name).relative_to(variant_dir).as_posix())
-    return sorted(found)
-
-
-_verified: set[tuple[Path, str]] = set()
-_verified_lock = threading.Lock()
-
-
-def verify_variant(
-    fetched: FetchedKernel,
-    variants: Mapping[str, object],
-    *,
-    files: Mapping[str, Mapping[str, str]] | None,
-    where: str = "the lock",
-) -> None:
-    """Check the downloaded variant's files against a lock before anything imports them.
-
-    Raises:
-        KernelLockError: the lock has no hash for this variant.
-        KernelHashMismatchError: a file is missing, extra or different; the message names it.
-    """
-    repo_id, variant = fetched.repo_id, fetched.variant
-    lock = variants.get(variant)
-    if lock is None:
-        raise KernelLockError(
-            f"{where} has no hash for variant {variant} of {repo_id} (it locks "
-            f"{', '.join(sorted(variants)) or 'no variants'}). Re-run `kernels lock` with a "
-            "kernel version that has this variant."
-        )
-    expected_hash = lock.hash if isinstance(lock, VariantLock) else lock["hash"]  # type: ignore[index]
-    variant_dir = fetched.variant_dir
-    key = (variant_dir.resolve(), expected_hash)
-    with _verified_lock:
-        if key in _verified:
-            return
-
-    on_disk = _files_on_disk(variant_dir)
-    expected = (files or {}).get(variant)
-    problem = f"{repo_id} at {fetched.commit[:12]}, variant {variant}, does not match {where}"
-    if expected:
-        for rel in sorted(set(expected) | set(on_disk)):
-            shown = f"build/{variant}/{rel}"
-            if rel not in on_disk:
-                raise KernelHashMismatchError(
-                    f"{problem}: file {shown} is missing from the download ({variant_dir}). "
-                    "Nothing was imported."
-                )
-            if rel not in expected:
-                raise KernelHashMismatchError(
-                    f"{problem}: file {shown} is not in the lock. Nothing was imported."
-                )
-            kind = expected[rel].split(":", 1)[0]
-            actual = file_digest(variant_dir / rel, kind)
-            if actual != expected[rel]:
-                raise KernelHashMismatchError(
-                    f"{problem}: file {shown} has {actual}, the lock records {expected[rel]}. "
-                    "Nothing was imported. If the kernel changed legitimately, re-run "
-                    "`kernels lock`; otherwise the download or the cache was tampered with."
-                )
-        if combined_hash(expected) != expected_hash:
-            raise KernelLockError(
-                f"{where} is inconsistent for {repo_id} variant {variant}: its file digests do "
-                "not add up to its variant hash. Re-create it with `kernels lock`."
-            )
-    else:
-        # A lock without per-file digests (e.g. written by Hugging Face's kernels): compare
-        # the combined hash, telling LFS files (SHA-256 blob names) from Git blobs in the cache.
-        digests = {
-            rel: file_digest(variant_dir / rel, _blob_kind(variant_dir / rel)) for rel in on_disk
-        }
-        actual_hash = combined_hash(digests)
-        if actual_hash != expected_hash:
-            raise KernelHashMismatchError(
-                f"{problem}: its files hash to {actual_hash}, the lock records {expected_hash}. "
-                f"The lock has no per-file digests, so the file cannot be named; files: "
-                f"{', '.join(on_disk)}. Nothing was imported."
-            )
-    with _verified_lock:
-        _verified.add(key)
-
-
-def _blob_kind(path: Path) -> str:
-    target = path.resolve().name if path.is_symlink() else ""
-    return "sha256" if len(target) == 64 else "git-sha1"
 
 
 # --- reading and writing locks ---------------------------------------------------------------
@@ -315,21 +227,29 @@ def lock_dependency(dependency: Dependency) -> KernelLock:
             otherwise carry code nobody agreed to run).
         and the errors of `resolve_revision`.
     """
-    repo_id = dependency.repo_id
+    repo_id, repo_type = dependency.repo_id, dependency.repo_type
     trust = require_trust(repo_id, dependency.trust_remote_code)
     resolved = resolve_revision(
-        repo_id, revision=dependency.revision, version=dependency.version, from_cache=False
+        repo_id,
+        revision=dependency.revision,
+        version=dependency.version,
+        from_cache=False,
+        repo_type=repo_type,
     )
     commit = resolved.commit
     api = hubclient.hub_api()
     try:
         if commit is None:
-            commit = api.repo_info(repo_id, revision=resolved.revision).sha
+            commit = api.repo_info(repo_id, revision=resolved.revision, repo_type=repo_type).sha
         entries = list(
-            api.list_repo_tree(repo_id, revision=commit, path_in_repo="build", recursive=True)
+            api.list_repo_tree(
+                repo_id, revision=commit, path_in_repo="build", recursive=True, repo_type=repo_type
+            )
         )
     except Exception as exc:
-        raise hub_error(exc, repo_id, f"list the files of {repo_id} at {commit}") from exc
+        raise hub_error(
+            exc, repo_id, f"list the files of {repo_id} at {commit}", repo_type
+        ) from exc
     files: dict[str, dict[str, str]] = {}
     for entry in entries:
         blob_id = getattr(entry, "blob_id", None)
@@ -357,6 +277,7 @@ def lock_dependency(dependency: Dependency) -> KernelLock:
         ref=resolved.revision if resolved.revision != commit else None,
         trust=trust.as_json(),
         files=files,
+        repo_type=repo_type,
     )
 
 
@@ -460,22 +381,77 @@ def _locked_trust(
     return require_trust(lock.repo_id, trust_remote_code)
 
 
+def fetch_locked(
+    lock: KernelLock, *, variant: str | None = None, local_files_only: bool = False
+) -> FetchedKernel:
+    """Make the locked commit's variant present in the cache (not yet verified).
+
+    An entry that names its repository type is fetched from that type only. One written
+    before repository types is looked for as a kernel repository, then as a model one.
+
+    Raises:
+        the errors of `fetch_kernel`; for an entry of no type, those of the first look.
+    """
+    first_error: Exception | None = None
+    for repo_type in lock.repo_types:
+        if (
+            lock.repo_type is None
+            and repo_type == KERNEL_REPO_TYPE
+            and not hubclient.supports_kernel_repo_type()
+        ):
+            continue  # an old entry, and a huggingface_hub that can only ask for models
+        hubclient.require_repo_type(repo_type, lock.repo_id)
+        resolved = ResolvedRevision(
+            lock.repo_id,
+            lock.sha,
+            lock.sha,
+            f"locked commit {lock.sha[:12]}",
+            repo_type=repo_type,
+        )
+        try:
+            fetched = fetch_kernel(resolved, variant=variant, local_files_only=local_files_only)
+        except (KernelRepositoryNotFoundError, KernelRevisionError, KernelOfflineError) as exc:
+            if len(lock.repo_types) == 1:
+                raise
+            first_error = first_error or exc
+            continue
+        if first_error is not None:
+            logger.info(
+                "%s: the lock entry names no repository type and no kernel repository has "
+                "commit %s; using the model repository that does (verified against the lock)",
+                lock.repo_id,
+                lock.sha[:12],
+            )
+        return fetched
+    assert first_error is not None
+    raise first_error
+
+
+def _verify_locked(fetched: FetchedKernel, lock: KernelLock, where: str) -> None:
+    verify_variant(
+        fetched.variant_dir,
+        lock.variants,
+        repo_id=lock.repo_id,
+        commit=fetched.commit,
+        variant=fetched.variant,
+        files=lock.files,
+        where=where,
+    )
+
+
 def _load_locked(
     repo_id: str,
     source: LockSource,
     *,
     local_files_only: bool,
     trust_remote_code: TrustArgument,
-):
-    from .download import LoadedKernel
-
+) -> LoadedHubKernel:
     lock = source.find(repo_id)
     trust = _locked_trust(lock, source, trust_remote_code)
-    resolved = ResolvedRevision(repo_id, lock.sha, lock.sha, f"locked commit {lock.sha[:12]}")
-    fetched = fetch_kernel(resolved, local_files_only=local_files_only)
-    verify_variant(fetched, lock.variants, files=lock.files, where=source.description)
+    fetched = fetch_locked(lock, local_files_only=local_files_only)
+    _verify_locked(fetched, lock, source.description)
     module = import_package(fetched.location.package_dir, fetched.location.package_name)
-    loaded = LoadedKernel(module, fetched, trust)
+    loaded = LoadedHubKernel(module, fetched, trust)
     logger.info("Loaded locked kernel %s (verified); %s", loaded.describe(), trust.reason)
     return loaded
 
@@ -551,14 +527,11 @@ def download_locked(
     done = []
     for lock in source.locks:
         trust = _locked_trust(lock, source, trust_remote_code)
-        resolved = ResolvedRevision(
-            lock.repo_id, lock.sha, lock.sha, f"locked commit {lock.sha[:12]}"
-        )
         variants = sorted(lock.variants) if all_variants else [None]
         fetched_all = []
         for variant in variants:
-            fetched = fetch_kernel(resolved, variant=variant)
-            verify_variant(fetched, lock.variants, files=lock.files, where=source.description)
+            fetched = fetch_locked(lock, variant=variant)
+            _verify_locked(fetched, lock, source.description)
             fetched_all.append(fetched)
         logger.info(
             "Downloaded %s at %s (%s); %s",

@@ -6,6 +6,7 @@
 "kernels-community/moe" = 1                         # the branch v1
 "my-org/fused-mlp" = { version = ">=1.0,<2", trust-remote-code = true }
 "someone/experiment" = { revision = "3f1c0d..." }  # a branch, tag or commit
+"old-org/mirrored" = { version = ">=0.1", repo-type = "model" }  # published as a model repo
 ```
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KernelLockError
+from .hubclient import KERNEL_REPO_TYPE, check_repo_type
 from .trust import TrustArgument, normalize_trust
 from .versions import check_version_argument
 
@@ -24,7 +26,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-_TABLE_KEYS = {"version", "revision", "trust-remote-code", "trust_remote_code"}
+_TABLE_KEYS = {
+    "version",
+    "revision",
+    "trust-remote-code",
+    "trust_remote_code",
+    "repo-type",
+    "repo_type",
+}
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,8 @@ class Dependency:
     version: str | int | None = None
     revision: str | None = None
     trust_remote_code: TrustArgument = False
+    #: "kernel" (the Hub's kernel repositories) or "model" (kernels published as models).
+    repo_type: str = KERNEL_REPO_TYPE
 
     @property
     def requirement(self) -> str:
@@ -84,7 +95,7 @@ def _dependency(repo_id: str, value: object, path: Path) -> Dependency:
             if unknown:
                 raise KernelLockError(
                     f"{where} has unknown keys {', '.join(sorted(unknown))}; use version, "
-                    "revision and trust-remote-code."
+                    "revision, trust-remote-code and repo-type."
                 )
             version = value.get("version")
             revision = value.get("revision")
@@ -92,11 +103,13 @@ def _dependency(repo_id: str, value: object, path: Path) -> Dependency:
                 raise KernelLockError(f"{where} gives both version and revision; give one.")
             check_version_argument(version, repo_id=repo_id)
             trust = value.get("trust-remote-code", value.get("trust_remote_code", False))
+            repo_type = value.get("repo-type", value.get("repo_type", KERNEL_REPO_TYPE))
             return Dependency(
                 repo_id,
                 version=version,
                 revision=revision,
                 trust_remote_code=normalize_trust(trust, where=f"{where}: trust-remote-code"),
+                repo_type=check_repo_type(repo_type, where=f"{where}: repo-type"),
             )
     except KernelLockError:
         raise
@@ -104,5 +117,5 @@ def _dependency(repo_id: str, value: object, path: Path) -> Dependency:
         raise KernelLockError(f"{where}: {exc}") from exc
     raise KernelLockError(
         f"{where} must be a version specifier string, an int (the branch vN) or a table with "
-        f"version / revision / trust-remote-code, got {value!r}."
+        f"version / revision / trust-remote-code / repo-type, got {value!r}."
     )

@@ -7,7 +7,9 @@
 * ``revision``: a branch, tag or full commit hash, taken as is.
 * neither: the ``main`` branch, with a WARNING that the kernel is unpinned.
 
-Online, tags and branches come from huggingface_hub's ``list_repo_refs``. Offline
+Repositories are of the Hub's ``kernel`` type unless ``repo_type="model"`` says otherwise
+(`kernels.repos.hubclient`). Online, tags and branches come from huggingface_hub's
+``list_repo_refs``. Offline
 (``HF_HUB_OFFLINE=1``) or when the Hub cannot be reached, the answer comes from the refs
 huggingface_hub cached when it last downloaded by a tag or branch name.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -29,7 +31,7 @@ from ..errors import (
     KernelVersionSpecError,
 )
 from . import hubclient
-from .hubclient import COMMIT_PATTERN, Failure
+from .hubclient import COMMIT_PATTERN, KERNEL_REPO_TYPE, MODEL_REPO_TYPE, Failure
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,8 @@ class ResolvedRevision:
     how: str
     #: True when the answer came from the cache because the Hub was off limits.
     from_cache: bool = False
+    #: The Hub repository type: "kernel", or "model" for kernels published as models.
+    repo_type: str = KERNEL_REPO_TYPE
 
 
 def parse_version_tag(name: str) -> Version | None:
@@ -131,10 +135,11 @@ def check_version_argument(version: object, *, repo_id: str) -> SpecifierSet | i
         ) from None
 
 
-def list_refs(repo_id: str) -> RepoRefs:
+def list_refs(repo_id: str, repo_type: str = KERNEL_REPO_TYPE) -> RepoRefs:
     """Branches and tags of `repo_id` on the Hub (one ``list_repo_refs`` call).
 
     Raises:
+        KernelHubUnsupportedError: a kernel-type repository and a huggingface_hub < 1.10.
         KernelRepositoryNotFoundError: the repository does not exist or is not accessible.
         KernelOfflineError: offline mode, or the Hub cannot be reached.
         KernelDownloadError: any other failure.
@@ -147,33 +152,58 @@ def list_refs(repo_id: str) -> RepoRefs:
         )
         error.reason = reason
         raise error
+    hubclient.require_repo_type(repo_type, repo_id)
     try:
-        refs = hubclient.hub_api().list_repo_refs(repo_id)
+        refs = hubclient.hub_api().list_repo_refs(repo_id, repo_type=repo_type)
     except Exception as exc:
-        raise hub_error(exc, repo_id, f"list the branches and tags of {repo_id}") from exc
+        error = hub_error(exc, repo_id, f"list the branches and tags of {repo_id}", repo_type)
+        if isinstance(error, KernelRepositoryNotFoundError):
+            error = KernelRepositoryNotFoundError(f"{error}{_other_type_hint(repo_id, repo_type)}")
+        raise error from exc
     return RepoRefs(
         branches={b.name: b.target_commit for b in refs.branches},
         tags={t.name: t.target_commit for t in refs.tags},
     )
 
 
-def hub_error(exc: BaseException, repo_id: str, doing: str) -> Exception:
+def _other_type_hint(repo_id: str, repo_type: str) -> str:
+    """Where a repository was not found: does one of the other type exist? (One more call.)
+
+    Never followed silently: the two could hold different code, so the user chooses.
+    """
+    other = MODEL_REPO_TYPE if repo_type == KERNEL_REPO_TYPE else KERNEL_REPO_TYPE
+    if other == KERNEL_REPO_TYPE and not hubclient.supports_kernel_repo_type():
+        return ""
+    try:
+        hubclient.hub_api().list_repo_refs(repo_id, repo_type=other)
+    except Exception:
+        return ""
+    return (
+        f" A {other} repository named {repo_id} exists: if it holds this kernel, ask for it "
+        f"with repo_type={other!r} (docs/hub.md#repository-types)."
+    )
+
+
+def hub_error(
+    exc: BaseException, repo_id: str, doing: str, repo_type: str = KERNEL_REPO_TYPE
+) -> Exception:
     """Turn a huggingface_hub exception into the `kernels` error that says what to do.
 
     `doing` completes "while trying to ...", e.g. "download org/name at v0.1.0".
     """
     failure = hubclient.classify(exc)
     where = hubclient.endpoint()
+    kind = "Kernel repository" if repo_type == KERNEL_REPO_TYPE else "Model repository"
     if failure in (Failure.NOT_FOUND, Failure.ENTRY_NOT_FOUND):
         # A 404 from a repository-level call: some servers (olah) do not say "repository".
         return KernelRepositoryNotFoundError(
-            f"Kernel repository {repo_id} was not found on {where} (while trying to {doing}). "
+            f"{kind} {repo_id} was not found on {where} (while trying to {doing}). "
             "Check the repository id; if it is private or gated, log in with `hf auth login` or "
             "set HF_TOKEN."
         )
     if failure is Failure.ACCESS_DENIED:
         return KernelRepositoryNotFoundError(
-            f"Access to kernel repository {repo_id} on {where} was denied (while trying to "
+            f"Access to {kind.lower()} {repo_id} on {where} was denied (while trying to "
             f"{doing}): it is private or gated. Log in with `hf auth login` or set HF_TOKEN to "
             f"a token that may read it. ({hubclient.describe(exc)})"
         )
@@ -198,8 +228,9 @@ def resolve_revision(
     revision: str | None = None,
     version: str | int | None = None,
     from_cache: bool = True,
+    repo_type: str = KERNEL_REPO_TYPE,
 ) -> ResolvedRevision:
-    """Decide which branch, tag or commit of `repo_id` to load.
+    """Decide which branch, tag or commit of `repo_id` (a repository of `repo_type`) to load.
 
     With `from_cache` (the default), offline or with the Hub unreachable the refs in the
     cache answer; without it, only the Hub does (`kernels lock` must not pin what an old
@@ -220,6 +251,7 @@ def resolve_revision(
         raise KernelRevisionError(
             f"{repo_id}: revision must be a branch, tag or commit name, got {revision!r}."
         )
+    hubclient.require_repo_type(repo_type, repo_id)
     if revision is None and wanted is None:
         logger.warning(
             "Kernel %s is unpinned: loading the main branch, which its authors may change "
@@ -230,17 +262,19 @@ def resolve_revision(
 
     if revision is not None and COMMIT_PATTERN.match(revision):
         # A commit is immutable: nothing to resolve, and no Hub call needed.
-        return ResolvedRevision(repo_id, revision, revision, f"commit {revision}")
+        return ResolvedRevision(
+            repo_id, revision, revision, f"commit {revision}", repo_type=repo_type
+        )
 
     # Messages quote the specifier as the caller wrote it (SpecifierSet reorders it).
     shown = version.strip() if isinstance(version, str) else str(wanted)
     try:
-        refs = list_refs(repo_id)
+        refs = list_refs(repo_id, repo_type)
     except KernelOfflineError as offline:
         if not from_cache:
             raise
-        return _resolve_from_cache(repo_id, revision, wanted, offline, shown)
-    return _resolve(repo_id, revision, wanted, refs, shown)
+        return _resolve_from_cache(repo_id, repo_type, revision, wanted, offline, shown)
+    return replace(_resolve(repo_id, revision, wanted, refs, shown), repo_type=repo_type)
 
 
 def _resolve(
@@ -310,13 +344,14 @@ def _what_exists(refs: RepoRefs) -> str:
 
 def _resolve_from_cache(
     repo_id: str,
+    repo_type: str,
     revision: str | None,
     wanted: SpecifierSet | int | None,
     offline: KernelOfflineError,
     shown: str,
 ) -> ResolvedRevision:
     """Answer from the refs huggingface_hub cached, when the Hub is off limits."""
-    cached = hubclient.cached_refs(repo_id)
+    cached = hubclient.cached_refs(repo_id, repo_type)
     reason = getattr(offline, "reason", str(offline))
     name = revision if revision is not None else f"v{wanted}" if isinstance(wanted, int) else None
     if name is not None:
@@ -328,11 +363,17 @@ def _resolve_from_cache(
                 cached[name][:12],
             )
             return ResolvedRevision(
-                repo_id, name, cached[name], f"{name} (resolved from the cache)", from_cache=True
+                repo_id,
+                name,
+                cached[name],
+                f"{name} (resolved from the cache)",
+                from_cache=True,
+                repo_type=repo_type,
             )
         raise KernelOfflineError(
             f"{reason} The cache has never resolved {name!r} of {repo_id}"
-            f"{_cached_names(cached)}. {hubclient.offline_hint()}"
+            f"{_cached_names(cached)}.{cached_other_type_hint(repo_id, repo_type)} "
+            f"{hubclient.offline_hint()}"
         )
 
     assert isinstance(wanted, SpecifierSet)
@@ -341,7 +382,8 @@ def _resolve_from_cache(
     if best is None:
         raise KernelOfflineError(
             f"{reason} No version of {repo_id} satisfying {shown!r} is in "
-            f"the cache{_cached_names(cached)}. {hubclient.offline_hint()}"
+            f"the cache{_cached_names(cached)}.{cached_other_type_hint(repo_id, repo_type)} "
+            f"{hubclient.offline_hint()}"
         )
     tag = versions[best]
     logger.warning(
@@ -357,6 +399,18 @@ def _resolve_from_cache(
         cached[tag],
         f"tag {tag}, the highest cached version satisfying {shown!r}",
         from_cache=True,
+        repo_type=repo_type,
+    )
+
+
+def cached_other_type_hint(repo_id: str, repo_type: str) -> str:
+    """Offline: say so when the cache holds the other repository type of the same name."""
+    other = MODEL_REPO_TYPE if repo_type == KERNEL_REPO_TYPE else KERNEL_REPO_TYPE
+    if not hubclient.cached_refs(repo_id, other) and not hubclient.cached_commits(repo_id, other):
+        return ""
+    return (
+        f" The cache does hold {repo_id} as a {other} repository (downloaded before kernels "
+        f"became their own repository type?): to use it, ask for it with repo_type={other!r}."
     )
 
 

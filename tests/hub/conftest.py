@@ -1,8 +1,14 @@
 """A real Hub-compatible server for the Hub tests: olah, serving git repositories we create.
 
 Kernel repositories are made as git repositories (commits, tags, branches) under
-``<session tmp>/mirrors/models/<org>/<name>``; olah (see ../../shared/HUB-TESTING.md) serves
-them to huggingface_hub over HTTP on 127.0.0.1. Between the client and olah sits `Proxy`, a
+``<session tmp>/mirrors/kernels/<org>/<name>``, which olah (see ../../shared/HUB-TESTING.md)
+serves to huggingface_hub over HTTP on 127.0.0.1 as repositories of the Hub's ``kernel`` type,
+as the Hub does today; ``create_repo(repo_type="model")`` makes one under ``mirrors/models/``
+instead, for kernels still published as models.
+
+Tests that need the kernel type are skipped where huggingface_hub predates it (< 1.10, the
+transformers 4.57 environment); they run in the transformers 5.x environment (`make test-5`).
+Tests marked ``any_hub_client`` run in both. Between the client and olah sits `Proxy`, a
 plain TCP relay the tests can stop, restart or make drop a connection mid-transfer, to
 test an unreachable Hub and interrupted downloads. Nothing of huggingface_hub is mocked.
 
@@ -181,9 +187,10 @@ def _close(sock: socket.socket) -> None:
 class HubRepo:
     """A kernel repository on the test server: a git repository we commit, tag and branch."""
 
-    def __init__(self, repo_id: str, path: Path):
+    def __init__(self, repo_id: str, path: Path, repo_type: str = "kernel"):
         self.repo_id = repo_id
         self.path = path
+        self.repo_type = repo_type
 
     def git(self, *args: str) -> str:
         result = subprocess.run(
@@ -322,13 +329,20 @@ class HubServer:
         except OSError:
             return "(no log)"
 
-    def create_repo(self, repo_id: str | None = None, *, org: str = "kernels-community") -> HubRepo:
-        """A new, empty git repository served as `repo_id` (a unique name by default)."""
+    def create_repo(
+        self,
+        repo_id: str | None = None,
+        *,
+        org: str = "kernels-community",
+        repo_type: str = "kernel",
+    ) -> HubRepo:
+        """A new, empty git repository served as `repo_id` (a unique name by default), as a
+        repository of `repo_type` ("kernel", or "model" for kernels published as models)."""
         if repo_id is None:
             repo_id = f"{org}/kernel-{uuid.uuid4().hex[:8]}"
-        path = MIRRORS / "models" / repo_id
+        path = MIRRORS / f"{repo_type}s" / repo_id
         path.mkdir(parents=True)
-        repo = HubRepo(repo_id, path)
+        repo = HubRepo(repo_id, path, repo_type)
         repo.git("init", "-q", "-b", "main")
         repo.write("README.md", f"# {repo_id}\n")
         return repo
@@ -357,9 +371,22 @@ def hub_server():
         server.stop()
 
 
+def _hub_client_knows_kernel_type() -> bool:
+    from kernels.repos.hubclient import supports_kernel_repo_type
+
+    return supports_kernel_repo_type()
+
+
 @pytest.fixture
-def hub(hub_server):
+def hub(hub_server, request):
     """The test server, with the proxy up and no fault pending after each test."""
+    if "any_hub_client" not in request.keywords and not _hub_client_knows_kernel_type():
+        import huggingface_hub
+
+        pytest.skip(
+            f"huggingface_hub {huggingface_hub.__version__} does not know the kernel repository "
+            "type; this test runs in the transformers 5.x environment (`make test-5`)"
+        )
     hub_server.proxy.cut_after(None)
     hub_server.proxy.start()
     hub_server.proxy.sent.clear()
@@ -372,8 +399,10 @@ def hub(hub_server):
 def released(hub):
     """A factory: released(*versions, org=...) -> a repository with one tagged commit per version."""
 
-    def make(*versions: str, org: str = "kernels-community", **kernel) -> HubRepo:
-        repo = hub.create_repo(org=org)
+    def make(
+        *versions: str, org: str = "kernels-community", repo_type: str = "kernel", **kernel
+    ) -> HubRepo:
+        repo = hub.create_repo(org=org, repo_type=repo_type)
         for i, version in enumerate(versions):
             repo.release(version, offset=float(i + 1), **kernel)
         return repo

@@ -106,7 +106,8 @@ def test_check_downloads_every_variant_of_a_hub_repository(hub, capsys):
     assert main(["check", repo.repo_id, "--version", "==0.1.0"]) == 0
     out = capsys.readouterr().out
     assert "torch27-cxx11-cu126-x86_64-linux (" in out and "torch-universal (" in out
-    assert "this machine loads torch-universal" in out
+    assert "torch-universal runs here, and is the one this machine loads" in out
+    assert "torch27-cxx11-cu126-x86_64-linux does not run here: " in out
 
 
 def test_upload_reaches_the_server_and_reports_its_refusal(hub, kernel_repo, cli):

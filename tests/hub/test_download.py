@@ -175,7 +175,7 @@ def test_hf_home_and_hf_token_are_honoured(released, hub, python, tmp_path):
         env={"HF_HOME": str(home), "HF_HUB_CACHE": None, "HF_TOKEN": "hf_kernels_test_token"},
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().startswith(str(home / "hub" / "models--"))
+    assert result.stdout.strip().startswith(str(home / "hub" / "kernels--"))
     sent = bytes(hub.proxy.sent)
     requests = re.findall(rb"(?m)^(?:GET|HEAD|POST) \S+ HTTP/1\.1\r$", sent)
     tokens = re.findall(rb"(?im)^authorization: bearer hf_kernels_test_token\r$", sent)

@@ -75,7 +75,7 @@ def seed_repos(hub_server):
 
 
 @pytest.fixture(autouse=True)
-def clean_mapping(seed_repos):
+def clean_mapping(seed_repos, hub):
     register_kernel_mapping({}, inherit_mapping=False)
     yield
     register_kernel_mapping({}, inherit_mapping=False)

@@ -11,7 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernels.repos.variants import choose_variant, describe_machine, machine_build
+from kernels.repos.variants import (
+    VariantAccepted,
+    choose_variant,
+    decide_variants,
+    describe_machine,
+    machine_build,
+)
 
 
 def fake_torch(version="2.8.0", *, cuda=None, hip=None, xpu=None, mps=False, cxx11=True):
@@ -55,8 +61,10 @@ def test_machine_names_the_variants_kernel_builder_publishes(
 ):
     described = describe_machine(torch, system=system, machine=machine)
     assert described.compiled_variant == compiled
-    assert described.acceptable_variants() == (compiled, noarch, "torch-universal")
     offered = ["torch-universal", noarch, compiled, "torch27-cxx11-cu126-x86_64-linux"]
+    decisions = decide_variants(offered, machine=described)
+    accepted = [d.variant.variant_str for d in decisions if isinstance(d, VariantAccepted)]
+    assert accepted == [compiled, noarch, "torch-universal"]
     assert choose_variant(offered, where="r", machine=described) == compiled
 
 
@@ -68,3 +76,67 @@ def test_this_machine_is_described_by_the_running_torch():
     assert machine_build() == describe_machine(
         torch, system=platform.system(), machine=platform.machine()
     )
+
+
+HERE = machine_build()
+STABLE_ABI_HERE = (
+    f"torch-stable-abi{HERE.torch.major}{HERE.torch.minor}-{HERE.runtime}-{HERE.cpu}-{HERE.os}"
+)
+NEWER_TORCH = f"torch{HERE.torch.major}{HERE.torch.minor + 1}-{HERE.runtime}-{HERE.cpu}-{HERE.os}"
+TVM_FFI = f"tvm-ffi01-{HERE.runtime}-{HERE.cpu}-{HERE.os}"
+
+
+@pytest.mark.hub
+def test_a_kernel_shipping_only_a_stable_abi_build_loads_it(released):
+    import kernels
+
+    repo = released("0.1.0", variants=(STABLE_ABI_HERE, NEWER_TORCH))
+    module = kernels.get_kernel(repo.repo_id, version=">=0.1")
+    assert module.VARIANT == STABLE_ABI_HERE
+
+
+@pytest.mark.hub
+def test_get_kernel_variants_says_which_run_here_and_why_not(released, python):
+    import kernels
+    from kernels import VariantAccepted, VariantRejected
+
+    repo = released("0.1.0", variants=("torch-universal", STABLE_ABI_HERE, NEWER_TORCH, TVM_FFI))
+    decisions = kernels.get_kernel_variants(repo.repo_id, version=">=0.1")
+    accepted = [
+        (d.variant.variant_str, d.rank) for d in decisions if isinstance(d, VariantAccepted)
+    ]
+    assert accepted == [(STABLE_ABI_HERE, 0), ("torch-universal", 1)]
+    rejected = {
+        d.variant.variant_str: d.reason for d in decisions if isinstance(d, VariantRejected)
+    }
+    assert rejected[NEWER_TORCH].startswith(f"built for torch {HERE.torch.major}.")
+    assert rejected[TVM_FFI] == "built for tvm-ffi 0.1, which is not installed"
+    # Nothing was downloaded to decide.
+    assert not kernels.repos.hubclient.cached_commits(repo.repo_id)
+
+    # Offline, the cached variants answer (only the one downloaded).
+    kernels.get_kernel(repo.repo_id, version=">=0.1")
+    result = python(
+        f"""
+        import kernels
+        for d in kernels.get_kernel_variants({repo.repo_id!r}, version=">=0.1"):
+            print(d.variant.variant_str, getattr(d, "rank", None))
+        """,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [STABLE_ABI_HERE, "0"]
+
+
+@pytest.mark.hub
+def test_no_variant_for_this_machine_lists_every_reason(released):
+    import kernels
+    from kernels import BuildVariantNotFoundError
+
+    repo = released("0.1.0", variants=(NEWER_TORCH, TVM_FFI))
+    with pytest.raises(BuildVariantNotFoundError) as info:
+        kernels.get_kernel(repo.repo_id, version=">=0.1")
+    message = str(info.value)
+    assert f"{NEWER_TORCH}: rejected (built for torch" in message
+    assert f"{TVM_FFI}: rejected (built for tvm-ffi 0.1, which is not installed)" in message
+    assert kernels.has_kernel(repo.repo_id, version=">=0.1") is False
