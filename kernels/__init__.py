@@ -36,7 +36,12 @@ from .mapping.registry import register_kernel_mapping, use_kernel_mapping
 from .repos.download import get_kernel, get_kernel_variants, has_kernel, install_kernel
 from .repos.hub import FuncRepository, LayerRepository
 from .repos.local import LocalFuncRepository, LocalLayerRepository, get_local_kernel
-from .repos.lock import LockedLayerRepository, get_locked_kernel, load_kernel
+from .repos.lock import (
+    LockedFuncRepository,
+    LockedLayerRepository,
+    get_locked_kernel,
+    load_kernel,
+)
 from .repos.variants import BuildVariant, VariantAccepted, VariantRejected
 
 __version__ = "0.1.0"
@@ -63,6 +68,7 @@ __all__ = [
     "LayerRepository",
     "LocalFuncRepository",
     "LocalLayerRepository",
+    "LockedFuncRepository",
     "LockedLayerRepository",
     "Mode",
     "NoKernelError",

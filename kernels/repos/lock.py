@@ -617,6 +617,59 @@ class LockedLayerRepository:
 _repo_lock = threading.Lock()
 
 
+@dataclass(frozen=True)
+class LockedFuncRepository:
+    """A function kernel from the commit of a Hub kernel that a lock file pins.
+
+    The kernel is the function `func_name` at the top level of the locked kernel package; it
+    replaces a function made kernelizable with `use_kernel_func_from_hub` (or
+    `use_kernelized_func`). Locks, verification and trust are those of
+    `LockedLayerRepository`.
+
+    Example:
+        ```python
+        from kernels import LockedFuncRepository
+
+        repo = LockedFuncRepository("kernels-community/rotary", func_name="apply_rotary_pos_emb")
+        ```
+    """
+
+    repo_id: str
+    func_name: str = field(kw_only=True)
+    lockfile: Path | None = field(default=None, kw_only=True)
+    trust_remote_code: bool | tuple[str, ...] = field(default=False, kw_only=True)
+    # The package source: lock lookup, verification and import are LockedLayerRepository's.
+    _package: LockedLayerRepository = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        package = LockedLayerRepository(
+            self.repo_id,
+            layer_name=self.func_name,
+            lockfile=self.lockfile,
+            trust_remote_code=self.trust_remote_code,
+        )
+        object.__setattr__(self, "lockfile", package.lockfile)
+        object.__setattr__(self, "trust_remote_code", package.trust_remote_code)
+        object.__setattr__(self, "_package", package)
+
+    @property
+    def layer_name(self) -> str:
+        return self.func_name
+
+    def load(self) -> type:
+        """Download (if needed), verify and import the locked kernel; its function as a layer."""
+        from .local import function_kernel
+
+        return function_kernel(self._package.load(), self.func_name, self)
+
+    def __deepcopy__(self, memo: dict) -> LockedFuncRepository:
+        return self
+
+    def __str__(self) -> str:
+        described = str(self._package)
+        return described[: described.rindex(", layer ")] + f", function {self.func_name}"
+
+
 def write_egg_lockfile(cmd, basename, filename) -> None:
     """setuptools ``egg_info.writers`` hook: ship a project's kernels.lock in its metadata.
 
@@ -631,6 +684,7 @@ def write_egg_lockfile(cmd, basename, filename) -> None:
 
 __all__ = [
     "KernelLock",
+    "LockedFuncRepository",
     "LockedLayerRepository",
     "VariantLock",
     "download_locked",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 
 import pytest
@@ -79,3 +80,36 @@ def test_a_value_that_pickles_and_copies_as_what_was_asked():
     again = pickle.loads(pickle.dumps(repo))
     assert again == repo and hash(again) == hash(repo)
     assert again.commit is None
+
+
+def test_a_locked_function_kernel_loads_the_locked_commit_verified(released, tmp_path, capsys):
+    from kernels import KernelHashMismatchError, LockedFuncRepository
+    from kernels.cli import main
+
+    repo = released("0.1.0")  # offset 1
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        f'[project]\nname = "p"\nversion = "0"\n[tool.kernels.dependencies]\n"{repo.repo_id}" = ">=0.1"\n'
+    )
+    assert main(["lock", str(project)]) == 0, capsys.readouterr().err
+    repo.release("0.1.1")  # published after locking: the lock keeps 0.1.0
+    lockfile = project / "kernels.lock"
+    func_repo = LockedFuncRepository(repo.repo_id, func_name="silu_and_mul", lockfile=lockfile)
+    model, x = Block(), torch.randn(3, 8)
+    with use_kernel_mapping({"silu_and_mul": {"cpu": func_repo}}):
+        kernelize(model, device="cpu", mode=Mode.INFERENCE)
+    assert offset_of(model, x) == 1
+    assert str(func_repo).endswith(", function silu_and_mul")
+    assert "verified" in str(func_repo)
+    assert copy.deepcopy(func_repo) is func_repo
+
+    # A lock whose hash does not match fails before anything is imported.
+    entries = json.loads(lockfile.read_text())
+    tampered = tmp_path / "tampered.lock"
+    entries[0]["files"] = {}
+    variant = next(iter(entries[0]["variants"]))
+    entries[0]["variants"][variant]["hash"] = "sha256-" + "0" * 64
+    tampered.write_text(json.dumps(entries))
+    with pytest.raises(KernelHashMismatchError):
+        LockedFuncRepository(repo.repo_id, func_name="silu_and_mul", lockfile=tampered).load()
