@@ -35,6 +35,7 @@ from .mapping.mode import Mode
 from .mapping.registry import register_kernel_mapping, use_kernel_mapping
 from .repos.download import get_kernel, get_kernel_variants, has_kernel, install_kernel
 from .repos.hub import FuncRepository, LayerRepository
+from .repos.loaded import LoadedKernel, Metadata, RepoInfo, get_loaded_kernels
 from .repos.local import LocalFuncRepository, LocalLayerRepository, get_local_kernel
 from .repos.lock import (
     LockedFuncRepository,
@@ -66,13 +67,16 @@ __all__ = [
     "KernelVersionSpecError",
     "FuncRepository",
     "LayerRepository",
+    "LoadedKernel",
     "LocalFuncRepository",
     "LocalLayerRepository",
     "LockedFuncRepository",
     "LockedLayerRepository",
+    "Metadata",
     "Mode",
     "NoKernelError",
     "ROCMProperties",
+    "RepoInfo",
     "UntrustedKernelError",
     "VariantAccepted",
     "VariantRejected",
@@ -80,6 +84,7 @@ __all__ = [
     "explain",
     "get_kernel",
     "get_kernel_variants",
+    "get_loaded_kernels",
     "get_local_kernel",
     "get_locked_kernel",
     "has_kernel",

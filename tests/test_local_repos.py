@@ -182,3 +182,44 @@ def test_local_repository_values():
     )
     assert "~" not in str(a.repo_path)
     assert str(a).endswith("package activation, layer SiluAndMul")
+
+
+def test_loaded_kernels_are_listed_with_their_metadata(kernel_repo):
+    import json
+
+    from kernels import LoadedKernel, Metadata, get_loaded_kernels
+
+    path = kernel_repo("with-metadata")
+    (path / "build" / "torch-universal" / "metadata.json").write_text(
+        json.dumps(
+            {
+                "id": "_activation_abc123",
+                "name": "activation",
+                "version": 2,
+                "license": "Apache-2.0",
+                "python-depends": ["einops"],
+                "backend": {"type": "universal"},
+            }
+        )
+    )
+    bare = kernel_repo("without-metadata")
+    before = len(get_loaded_kernels())
+    module = get_local_kernel(path)
+    get_local_kernel(path)  # once per folder
+    get_local_kernel(bare)
+    loaded = get_loaded_kernels()[before:]
+    assert [entry.module for entry in loaded] == [module, get_local_kernel(bare)]
+    first = loaded[0]
+    assert isinstance(first, LoadedKernel) and first.repo_info is None
+    assert first.metadata == Metadata(
+        id="_activation_abc123",
+        name="activation",
+        version=2,
+        license="Apache-2.0",
+        python_depends=("einops",),
+    )
+    assert first.metadata.backend == {"type": "universal"}
+    assert first.path == (path / "build" / "torch-universal" / "activation").resolve()
+    assert loaded[1].metadata == Metadata()
+    get_loaded_kernels().clear()  # a snapshot
+    assert len(get_loaded_kernels()) == before + 2

@@ -39,6 +39,7 @@ from . import hubclient
 from .hashing import verify_variant
 from .hubclient import COMMIT_PATTERN, KERNEL_REPO_TYPE, Failure
 from .layout import PackageLocation, locate_package, read_preference
+from .loaded import RepoInfo, record_origin
 from .loader import import_package
 from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
 from .variants import (
@@ -175,10 +176,19 @@ def load_hub_kernel(
     trust = require_trust(repo_id, normalize_trust(trust_remote_code))
     resolved = resolve_revision(repo_id, revision=revision, version=version, repo_type=repo_type)
     fetched = fetch_kernel(resolved, user_agent=user_agent)
-    module = import_package(fetched.location.package_dir, fetched.location.package_name)
-    loaded = LoadedHubKernel(module, fetched, trust)
+    loaded = import_fetched(fetched, trust)
     logger.info("Loaded kernel %s; %s", loaded.describe(), trust.reason)
     return loaded
+
+
+def import_fetched(fetched: FetchedKernel, trust: TrustDecision) -> LoadedHubKernel:
+    """Import a fetched (and, for locks, verified) kernel and record where it came from."""
+    location = fetched.location
+    module = import_package(location.package_dir, location.package_name)
+    record_origin(
+        location.package_dir, RepoInfo(fetched.repo_id, fetched.commit, fetched.repo_type)
+    )
+    return LoadedHubKernel(module, fetched, trust)
 
 
 def has_kernel(

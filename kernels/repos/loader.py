@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import KernelLoadError
+from .loaded import record_import
 
 logger = logging.getLogger(__name__)
 
@@ -66,4 +67,5 @@ def import_package(package_dir: Path, package_name: str) -> ModuleType:
             ) from exc
         logger.debug("imported kernel package %s from %s as %s", package_name, package_dir, name)
         _loaded[package_dir] = module
+        record_import(package_dir, module)
         return module

@@ -56,10 +56,9 @@ from ..errors import (
     KernelRevisionError,
 )
 from . import hubclient
-from .download import FetchedKernel, LoadedHubKernel, fetch_kernel
+from .download import FetchedKernel, LoadedHubKernel, fetch_kernel, import_fetched
 from .hashing import HASH_TYPE, combined_hash, verify_variant
 from .hubclient import KERNEL_REPO_TYPE, MODEL_REPO_TYPE
-from .loader import import_package
 from .project import Dependency, read_dependencies
 from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
 from .variants import VARIANT_PATTERN
@@ -450,8 +449,7 @@ def _load_locked(
     trust = _locked_trust(lock, source, trust_remote_code)
     fetched = fetch_locked(lock, local_files_only=local_files_only)
     _verify_locked(fetched, lock, source.description)
-    module = import_package(fetched.location.package_dir, fetched.location.package_name)
-    loaded = LoadedHubKernel(module, fetched, trust)
+    loaded = import_fetched(fetched, trust)
     logger.info("Loaded locked kernel %s (verified); %s", loaded.describe(), trust.reason)
     return loaded
 

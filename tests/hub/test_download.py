@@ -192,3 +192,13 @@ def test_the_cache_stays_readable_by_huggingface_hub(released, hub):
     assert not [w for w in info.warnings if repo.repo_id.split("/")[1] in str(w)]
     (cached,) = [r for r in info.repos if r.repo_id == repo.repo_id]
     assert {ref for revision in cached.revisions for ref in revision.refs} == {"v0.1.0"}
+
+
+def test_loaded_hub_kernels_record_their_repository_and_commit(released):
+    from kernels import RepoInfo, get_loaded_kernels
+
+    repo = released("0.1.0", "0.2.0")
+    module = kernels.get_kernel(repo.repo_id, version="<0.2")
+    (entry,) = [e for e in get_loaded_kernels() if e.module is module]
+    commit = repo.git("rev-parse", "v0.1.0")
+    assert entry.repo_info == RepoInfo(repo.repo_id, commit, "kernel")
