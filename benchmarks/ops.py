@@ -26,7 +26,7 @@ parameters (no gradient accumulation).
 
 L2 is cleared by reading, not by writing as ``triton.testing.do_bench`` does: writing leaves L2
 full of dirty lines that the timed call must write back to memory before it can use their
-space, work that belongs to the clearing. On an H200 (2026-11-24, ``diagnose.py timing``) that
+space, work that belongs to the clearing. On an H200 (2026-11-24, results/h200/NOTES.md) that
 cost every contender the same 3.5-5 us a call (a 256 MB copy 67.9 against 64.1 us), a tenth of a
 call at 4096x4096; cleared by reading, single calls time as the same calls do back to back in
 one graph over inputs that L2 cannot hold (within 1-2%), which is how a model runs them.
@@ -413,12 +413,6 @@ def captured(call, stream):
     return graph.replay
 
 
-def graph_ms(call, stream, rep_ms):
-    """Median device time of ``call`` captured in a CUDA graph and replayed alone: no host
-    overhead (the probes' timing; ``time_cases`` interleaves the contenders' replays)."""
-    return flushed_ms(captured(call, stream), rep_ms, warmup=25)
-
-
 def _calls(inputs, params, fn):
     """(forward, forward+backward) closures for ``fn``, compiled and warmed up.
 
@@ -492,12 +486,6 @@ def pooled_median(rounds: list) -> float:
     return statistics.median(ms for one_round in rounds for ms in one_round)
 
 
-def interleaved_ms(calls: dict, rep_ms: float, block: int = 6) -> dict:
-    """Median milliseconds of each call, timed in interleaved rounds (``interleaved_samples``)."""
-    samples = interleaved_samples(calls, rep_ms, block)
-    return {name: pooled_median(rounds) for name, rounds in samples.items()}
-
-
 def ratio_quartiles(peer_rounds: list, ours_rounds: list) -> tuple:
     """(25th, 50th, 75th percentile) over rounds of peer ms / ours ms, each round's medians
     paired: the two ran minutes apart at most, in the same state of the machine. When the
@@ -562,18 +550,6 @@ def same_bytes_pair(moved_fwd: int, moved_fwd_bwd: int) -> tuple:
     return fwd, fwd_bwd
 
 
-def copies_for(moved: int, times_l2: int = 4) -> int:
-    """How many copies of a pass's inputs to rotate through so that together they move at
-    least ``times_l2`` times the L2's size: then no call finds its inputs in L2."""
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    return max(1, -(-times_l2 * l2 // moved))
-
-
-def clone_inputs(inputs):
-    """Fresh copies of ``inputs``, with their strides (a transposed view stays one)."""
-    return [t.detach().clone() for t in inputs]
-
-
 def same_bytes_calls(moved: int, copies: int) -> list:
     """``copies`` calls of one element-wise kernel (``torch.neg``), each on its own buffers,
     each reading and writing ``moved`` bytes in all (half read, half written)."""
@@ -622,15 +598,6 @@ def interleaved_graphs_ms(graphs: dict, rounds: int = 9) -> dict:
             torch.cuda.synchronize()
             samples[name].append(start.elapsed_time(end) / calls)
     return {name: statistics.median(t) for name, t in samples.items()}
-
-
-def back_to_back_ms(calls: list, rep_ms: float = 40.0) -> float:
-    """Milliseconds per call of ``calls`` (one per copy of the inputs) captured back to back,
-    round after round, in one CUDA graph and replayed: the device time of a stream of such calls,
-    with no graph launch or L2 clearing between them. Rotating through copies whose bytes
-    outnumber L2's (``copies_for``) keeps every call's inputs out of L2, as in a model, where
-    other layers' data passes through L2 between two calls of a layer."""
-    return interleaved_graphs_ms({"calls": back_to_back_graph(calls, rep_ms)}, rounds=7)["calls"]
 
 
 def copy_bandwidth():
