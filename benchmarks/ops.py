@@ -1,6 +1,6 @@
 """Benchmark our library kernels beside eager PyTorch, torch.compile and Liger-Kernel.
 
-    python benchmarks/ops.py --out benchmarks/results/ops-<YYYY-MM-DD>-<device>
+    python benchmarks/ops.py --out benchmarks/results/<device>/ops
 
 Runs, in one process on one CUDA GPU: a device-to-device copy (the bandwidth ceiling), then for
 each op and shape, forward and forward+backward of
@@ -52,6 +52,7 @@ import datetime
 import functools
 import json
 import os
+import re
 import statistics
 import sys
 import types
@@ -791,6 +792,12 @@ def _column(impl: str) -> str:
     return "copy of the same bytes" if impl == COPY else impl
 
 
+def _best_peer(by_impl: dict, key: str) -> str:
+    """The fastest contender other than ours (eager, compile or Liger) in ``key``'s timing."""
+    peers = [i for i in by_impl if i not in ("ours", COPY) and key + "_ms" in by_impl[i]]
+    return min(peers, key=lambda i: by_impl[i][key + "_ms"])
+
+
 def card_tables(results, op) -> str:
     """The model-card tables of ``op`` (library/*/README.md): for eager calls and CUDA graph,
     ours against the fastest peer (eager, compile or Liger), forward and forward+backward; each
@@ -808,9 +815,7 @@ def card_tables(results, op) -> str:
             by = {r["impl"]: r for r in rows if tuple(r["shape"]) == shape}
             cells = [_shape_str(op, shape)]
             for key in (prefix + "fwd", prefix + "fwd_bwd"):
-                ours = by["ours"]
-                peers = [i for i in by if i not in ("ours", COPY) and key + "_ms" in by[i]]
-                best = min(peers, key=lambda i: by[i][key + "_ms"])
+                ours, best = by["ours"], _best_peer(by, key)
                 cells += [
                     f"{ours[key + '_gbs']:.0f} ({ours[key + '_pct']:.0f}%)",
                     f"{best} {by[best][key + '_gbs']:.0f}",
@@ -818,6 +823,35 @@ def card_tables(results, op) -> str:
                 ]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    return "\n".join(lines)
+
+
+def summary_table(results, folder: str) -> str:
+    """One row per op: ours / the fastest peer at each shape (speed, > 1: ours faster), forward
+    and forward+backward under CUDA graph (device time) and forward+backward in eager calls,
+    with links to the op's tables in ``folder``'s results.md and to its plot. ``folder`` is the
+    results folder as seen from the page the table goes in (benchmarks/README.md shows one
+    table per device)."""
+    lines = [
+        "| op | shapes | fwd, CUDA graph | fwd+bwd, CUDA graph | fwd+bwd, eager calls | tables |",
+        "|---|---|---|---|---|---|",
+    ]
+    for op in dict.fromkeys(r["op"] for r in results):
+        rows = [r for r in results if r["op"] == op]
+        shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
+        cells = [op, " / ".join(f"{a}x{b}" for a, b in shapes)]
+        cells[-1] += " (b x s)" if op == "rotary" else ""
+        for key in ("graph_fwd", "graph_fwd_bwd", "fwd_bwd"):
+            ratios = []
+            for shape in shapes:
+                by = {r["impl"]: r for r in rows if tuple(r["shape"]) == shape}
+                best = _best_peer(by, key)
+                ratios.append(f"{by[best][key + '_ms'] / by['ours'][key + '_ms']:.2f}")
+            cells.append(" / ".join(ratios))
+        # GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens.
+        anchor = re.sub(r"[^\w\- ]", "", f"{op}: forward, eager calls".lower()).replace(" ", "-")
+        cells.append(f"[{op}]({folder}/results.md#{anchor}), [plot]({folder}/{op}.png)")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -894,10 +928,18 @@ def main():
         action="store_true",
         help="print the model-card tables of --ops from --out/results.json (no GPU needed)",
     )
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        help="print benchmarks/README.md's table of --out/results.json (no GPU needed)",
+    )
     args = parser.parse_args()
-    if args.card:
+    if args.card or args.summary:
         with open(os.path.join(args.out, "results.json")) as f:
             results = json.load(f)["results"]
+        if args.summary:
+            print(summary_table(results, os.path.relpath(args.out, os.path.dirname(__file__))))
+            return
         for op in args.ops.split(","):
             print(f"### {op}\n\n{card_tables(results, op)}")
         return
