@@ -372,13 +372,13 @@ def clear_l2() -> None:
     torch.amax(_l2_buffer)
 
 
-def flushed_ms(fn, rep_ms: float, warmup: int = 5, clear=clear_l2) -> float:
-    """Median milliseconds of ``fn`` between two CUDA events, L2 cleared (``clear``) before
+def flushed_ms(fn, rep_ms: float, warmup: int = 5) -> float:
+    """Median milliseconds of ``fn`` between two CUDA events, L2 cleared (``clear_l2``) before
     each call: ``triton.testing.do_bench``'s method, with a clean clearing. Calls are queued
     ahead of the GPU (the host is not waited for), so this is device time where the host keeps
     up, as it does for a graph replay."""
     for _ in range(warmup):
-        clear()
+        clear_l2()
         fn()
     start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
     start.record()
@@ -390,7 +390,7 @@ def flushed_ms(fn, rep_ms: float, warmup: int = 5, clear=clear_l2) -> float:
     pairs = []
     for _ in range(n):
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        clear()
+        clear_l2()
         start.record()
         fn()
         end.record()
@@ -546,19 +546,14 @@ def same_bytes_pair(moved_fwd: int, moved_fwd_bwd: int) -> tuple:
     (2026-11-23) a copy of 64M bf16 elements (256 MB moved) reached only ~95% of the 1 GiB
     copy's bandwidth, as its ramp and tail weigh more. Not ``copy_``: captured in a graph, a
     1 GiB ``copy_`` became a memcpy node that ran at 2400 GB/s against 2960 GB/s outside."""
-    (fwd,) = same_bytes_calls(moved_fwd, 1)
-    (fwd_bwd,) = same_bytes_calls(moved_fwd_bwd, 1)
-    return fwd, fwd_bwd
+    return same_bytes_call(moved_fwd), same_bytes_call(moved_fwd_bwd)
 
 
-def same_bytes_calls(moved: int, copies: int) -> list:
-    """``copies`` calls of one element-wise kernel (``torch.neg``), each on its own buffers,
-    each reading and writing ``moved`` bytes in all (half read, half written)."""
-    calls = []
-    for _ in range(copies):
-        src = torch.zeros(moved // 2 // 2, device="cuda", dtype=torch.bfloat16)
-        calls.append(functools.partial(torch.neg, src, out=torch.empty_like(src)))
-    return calls
+def same_bytes_call(moved: int):
+    """A call of one element-wise kernel (``torch.neg``) on buffers of its own, reading and
+    writing ``moved`` bytes in all (half read, half written)."""
+    src = torch.zeros(moved // 2 // 2, device="cuda", dtype=torch.bfloat16)
+    return functools.partial(torch.neg, src, out=torch.empty_like(src))
 
 
 def back_to_back_graph(calls: list, rep_ms: float) -> tuple:
