@@ -1,6 +1,6 @@
 """End-to-end: a ~1.1B Llama-style transformers model, eager vs torch.compile vs Liger vs ours.
 
-    python benchmarks/e2e.py --shape 8x512 --out benchmarks/results/e2e-<date>-<device>
+    python benchmarks/e2e.py --shape 8x512 --out benchmarks/results/<device>/e2e
 
 Liger-Kernel 0.8 needs transformers 5; with transformers 4.57 use Liger-Kernel 0.7.0
 (benchmarks/README.md).
@@ -274,7 +274,7 @@ def run(shape: str, out: Path, skip: set[str], rounds: int = 12, warmup: int = 3
     makers = contender_makers(state)
     # Eager-mode contenders are timed before anything is compiled: with compiled models in the
     # process, host-bound steps of the others ran slower (1x4096 prefill, ours: 27.3 ms beside
-    # compiled models, 18.8 ms without; benchmarks/results/e2e-2026-11-23c-h100/NOTES.md).
+    # compiled models, 18.8 ms without; run e2e-2026-11-23c-h100, benchmarks/results/h100/NOTES.md).
     groups = [
         [name for name in makers if name not in COMPILED and name not in skip],
         [name for name in makers if name in COMPILED and name not in skip],

@@ -1,6 +1,6 @@
 """Benchmark our library kernels beside eager PyTorch, torch.compile and Liger-Kernel.
 
-    python benchmarks/ops.py --out benchmarks/results/ops-<YYYY-MM-DD>-<device>
+    python benchmarks/ops.py --out benchmarks/results/<device>/ops
 
 Runs, in one process on one CUDA GPU: a device-to-device copy (the bandwidth ceiling), then for
 each op and shape, forward and forward+backward of
@@ -26,7 +26,7 @@ parameters (no gradient accumulation).
 
 L2 is cleared by reading, not by writing as ``triton.testing.do_bench`` does: writing leaves L2
 full of dirty lines that the timed call must write back to memory before it can use their
-space, work that belongs to the clearing. On an H200 (2026-11-24, ``diagnose.py timing``) that
+space, work that belongs to the clearing. On an H200 (2026-11-24, results/h200/NOTES.md) that
 cost every contender the same 3.5-5 us a call (a 256 MB copy 67.9 against 64.1 us), a tenth of a
 call at 4096x4096; cleared by reading, single calls time as the same calls do back to back in
 one graph over inputs that L2 cannot hold (within 1-2%), which is how a model runs them.
@@ -52,6 +52,7 @@ import datetime
 import functools
 import json
 import os
+import re
 import statistics
 import sys
 import types
@@ -371,13 +372,13 @@ def clear_l2() -> None:
     torch.amax(_l2_buffer)
 
 
-def flushed_ms(fn, rep_ms: float, warmup: int = 5, clear=clear_l2) -> float:
-    """Median milliseconds of ``fn`` between two CUDA events, L2 cleared (``clear``) before
+def flushed_ms(fn, rep_ms: float, warmup: int = 5) -> float:
+    """Median milliseconds of ``fn`` between two CUDA events, L2 cleared (``clear_l2``) before
     each call: ``triton.testing.do_bench``'s method, with a clean clearing. Calls are queued
     ahead of the GPU (the host is not waited for), so this is device time where the host keeps
     up, as it does for a graph replay."""
     for _ in range(warmup):
-        clear()
+        clear_l2()
         fn()
     start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
     start.record()
@@ -389,7 +390,7 @@ def flushed_ms(fn, rep_ms: float, warmup: int = 5, clear=clear_l2) -> float:
     pairs = []
     for _ in range(n):
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        clear()
+        clear_l2()
         start.record()
         fn()
         end.record()
@@ -411,12 +412,6 @@ def captured(call, stream):
     with torch.cuda.graph(graph, stream=stream):
         call()
     return graph.replay
-
-
-def graph_ms(call, stream, rep_ms):
-    """Median device time of ``call`` captured in a CUDA graph and replayed alone: no host
-    overhead (the probes' timing; ``time_cases`` interleaves the contenders' replays)."""
-    return flushed_ms(captured(call, stream), rep_ms, warmup=25)
 
 
 def _calls(inputs, params, fn):
@@ -492,12 +487,6 @@ def pooled_median(rounds: list) -> float:
     return statistics.median(ms for one_round in rounds for ms in one_round)
 
 
-def interleaved_ms(calls: dict, rep_ms: float, block: int = 6) -> dict:
-    """Median milliseconds of each call, timed in interleaved rounds (``interleaved_samples``)."""
-    samples = interleaved_samples(calls, rep_ms, block)
-    return {name: pooled_median(rounds) for name, rounds in samples.items()}
-
-
 def ratio_quartiles(peer_rounds: list, ours_rounds: list) -> tuple:
     """(25th, 50th, 75th percentile) over rounds of peer ms / ours ms, each round's medians
     paired: the two ran minutes apart at most, in the same state of the machine. When the
@@ -557,31 +546,14 @@ def same_bytes_pair(moved_fwd: int, moved_fwd_bwd: int) -> tuple:
     (2026-11-23) a copy of 64M bf16 elements (256 MB moved) reached only ~95% of the 1 GiB
     copy's bandwidth, as its ramp and tail weigh more. Not ``copy_``: captured in a graph, a
     1 GiB ``copy_`` became a memcpy node that ran at 2400 GB/s against 2960 GB/s outside."""
-    (fwd,) = same_bytes_calls(moved_fwd, 1)
-    (fwd_bwd,) = same_bytes_calls(moved_fwd_bwd, 1)
-    return fwd, fwd_bwd
+    return same_bytes_call(moved_fwd), same_bytes_call(moved_fwd_bwd)
 
 
-def copies_for(moved: int, times_l2: int = 4) -> int:
-    """How many copies of a pass's inputs to rotate through so that together they move at
-    least ``times_l2`` times the L2's size: then no call finds its inputs in L2."""
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    return max(1, -(-times_l2 * l2 // moved))
-
-
-def clone_inputs(inputs):
-    """Fresh copies of ``inputs``, with their strides (a transposed view stays one)."""
-    return [t.detach().clone() for t in inputs]
-
-
-def same_bytes_calls(moved: int, copies: int) -> list:
-    """``copies`` calls of one element-wise kernel (``torch.neg``), each on its own buffers,
-    each reading and writing ``moved`` bytes in all (half read, half written)."""
-    calls = []
-    for _ in range(copies):
-        src = torch.zeros(moved // 2 // 2, device="cuda", dtype=torch.bfloat16)
-        calls.append(functools.partial(torch.neg, src, out=torch.empty_like(src)))
-    return calls
+def same_bytes_call(moved: int):
+    """A call of one element-wise kernel (``torch.neg``) on buffers of its own, reading and
+    writing ``moved`` bytes in all (half read, half written)."""
+    src = torch.zeros(moved // 2 // 2, device="cuda", dtype=torch.bfloat16)
+    return functools.partial(torch.neg, src, out=torch.empty_like(src))
 
 
 def back_to_back_graph(calls: list, rep_ms: float) -> tuple:
@@ -622,15 +594,6 @@ def interleaved_graphs_ms(graphs: dict, rounds: int = 9) -> dict:
             torch.cuda.synchronize()
             samples[name].append(start.elapsed_time(end) / calls)
     return {name: statistics.median(t) for name, t in samples.items()}
-
-
-def back_to_back_ms(calls: list, rep_ms: float = 40.0) -> float:
-    """Milliseconds per call of ``calls`` (one per copy of the inputs) captured back to back,
-    round after round, in one CUDA graph and replayed: the device time of a stream of such calls,
-    with no graph launch or L2 clearing between them. Rotating through copies whose bytes
-    outnumber L2's (``copies_for``) keeps every call's inputs out of L2, as in a model, where
-    other layers' data passes through L2 between two calls of a layer."""
-    return interleaved_graphs_ms({"calls": back_to_back_graph(calls, rep_ms)}, rounds=7)["calls"]
 
 
 def copy_bandwidth():
@@ -824,6 +787,12 @@ def _column(impl: str) -> str:
     return "copy of the same bytes" if impl == COPY else impl
 
 
+def _best_peer(by_impl: dict, key: str) -> str:
+    """The fastest contender other than ours (eager, compile or Liger) in ``key``'s timing."""
+    peers = [i for i in by_impl if i not in ("ours", COPY) and key + "_ms" in by_impl[i]]
+    return min(peers, key=lambda i: by_impl[i][key + "_ms"])
+
+
 def card_tables(results, op) -> str:
     """The model-card tables of ``op`` (library/*/README.md): for eager calls and CUDA graph,
     ours against the fastest peer (eager, compile or Liger), forward and forward+backward; each
@@ -841,9 +810,7 @@ def card_tables(results, op) -> str:
             by = {r["impl"]: r for r in rows if tuple(r["shape"]) == shape}
             cells = [_shape_str(op, shape)]
             for key in (prefix + "fwd", prefix + "fwd_bwd"):
-                ours = by["ours"]
-                peers = [i for i in by if i not in ("ours", COPY) and key + "_ms" in by[i]]
-                best = min(peers, key=lambda i: by[i][key + "_ms"])
+                ours, best = by["ours"], _best_peer(by, key)
                 cells += [
                     f"{ours[key + '_gbs']:.0f} ({ours[key + '_pct']:.0f}%)",
                     f"{best} {by[best][key + '_gbs']:.0f}",
@@ -851,6 +818,35 @@ def card_tables(results, op) -> str:
                 ]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    return "\n".join(lines)
+
+
+def summary_table(results, folder: str) -> str:
+    """One row per op: ours / the fastest peer at each shape (speed, > 1: ours faster), forward
+    and forward+backward under CUDA graph (device time) and forward+backward in eager calls,
+    with links to the op's tables in ``folder``'s results.md and to its plot. ``folder`` is the
+    results folder as seen from the page the table goes in (benchmarks/README.md shows one
+    table per device)."""
+    lines = [
+        "| op | shapes | fwd, CUDA graph | fwd+bwd, CUDA graph | fwd+bwd, eager calls | tables |",
+        "|---|---|---|---|---|---|",
+    ]
+    for op in dict.fromkeys(r["op"] for r in results):
+        rows = [r for r in results if r["op"] == op]
+        shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
+        cells = [op, " / ".join(f"{a}x{b}" for a, b in shapes)]
+        cells[-1] += " (b x s)" if op == "rotary" else ""
+        for key in ("graph_fwd", "graph_fwd_bwd", "fwd_bwd"):
+            ratios = []
+            for shape in shapes:
+                by = {r["impl"]: r for r in rows if tuple(r["shape"]) == shape}
+                best = _best_peer(by, key)
+                ratios.append(f"{by[best][key + '_ms'] / by['ours'][key + '_ms']:.2f}")
+            cells.append(" / ".join(ratios))
+        # GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens.
+        anchor = re.sub(r"[^\w\- ]", "", f"{op}: forward, eager calls".lower()).replace(" ", "-")
+        cells.append(f"[{op}]({folder}/results.md#{anchor}), [plot]({folder}/{op}.png)")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -927,10 +923,18 @@ def main():
         action="store_true",
         help="print the model-card tables of --ops from --out/results.json (no GPU needed)",
     )
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        help="print benchmarks/README.md's table of --out/results.json (no GPU needed)",
+    )
     args = parser.parse_args()
-    if args.card:
+    if args.card or args.summary:
         with open(os.path.join(args.out, "results.json")) as f:
             results = json.load(f)["results"]
+        if args.summary:
+            print(summary_table(results, os.path.relpath(args.out, os.path.dirname(__file__))))
+            return
         for op in args.ops.split(","):
             print(f"### {op}\n\n{card_tables(results, op)}")
         return

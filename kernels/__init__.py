@@ -25,10 +25,14 @@ from .errors import (
     NoKernelError,
     UntrustedKernelError,
 )
+from .layer.decorators import (
+    use_kernel_forward_from_hub,
+    use_kernel_func_from_hub,
+    use_kernelized_func,
+)
 from .layer.explain import explain
-from .layer.func import use_kernel_func_from_hub, use_kernelized_func
 from .layer.kernelize import kernelize
-from .layer.tagging import replace_kernel_forward_from_hub, use_kernel_forward_from_hub
+from .layer.tagging import replace_kernel_forward_from_hub
 from .library import library_mapping
 from .mapping.device import CUDAProperties, Device, ROCMProperties
 from .mapping.mode import Mode

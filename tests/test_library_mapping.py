@@ -4,7 +4,7 @@ import pytest
 import torch.nn as nn
 
 from kernels import KernelMappingError, LocalFuncRepository, LocalLayerRepository, library_mapping
-from kernels.layer.func import use_kernel_func_from_hub
+from kernels.layer.decorators import use_kernel_func_from_hub
 from kernels.layer.loading import load_kernel_layer
 from kernels.layer.validation import validate_kernel_layer
 from kernels.library import KERNELS, library_path

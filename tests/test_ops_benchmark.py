@@ -1,7 +1,10 @@
 """benchmarks/ops.py's model-card tables (``card_tables``), which need no GPU."""
 
+import json
 import os
+import re
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
@@ -46,8 +49,6 @@ def test_merge_keeps_each_runs_rows_and_copy_bandwidth(tmp_path):
     """``ops.py --merge``: a benchmark split over several runs (one GPU command each) becomes one
     result set whose rows keep the % of their own run's copy bandwidth, and whose tables name
     every run's bandwidth."""
-    import json
-
     meta = {"device": "GPU", "date": "2026-11-24", "torch": "t", "triton": "tr", "liger": "l",
             "dtype": "bf16", "timing": "graphs"}  # fmt: skip
     runs = [
@@ -97,3 +98,80 @@ def test_ratio_cells_show_the_rounds_quartiles_when_kept(tmp_path):
     (row,) = [line for line in graph_fwd.splitlines() if line.startswith("| 64x32")]
     # ours vs compile: no rounds kept, the ratio alone; ours vs liger with its quartiles
     assert row.strip("| ").split(" | ")[-2:] == ["2.00x", "1.00x (1.00-1.10)"]
+
+
+# ---- the kept results: what the README and the model cards show comes from them -------------
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def _results(folder: Path) -> list:
+    return json.loads((folder / "results.json").read_text())["results"]
+
+
+def _table_rows(text: str) -> list:
+    """The body rows of the markdown tables in ``text`` (no header or separator lines)."""
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    return [line for line in lines if not line.startswith(("| shape |", "| op |", "| contender |"))]
+
+
+def test_model_cards_render_from_the_kept_results():
+    """Every benchmark row of a model card is a row ``ops.py --card`` prints from the results
+    folder the card names: moving or re-running results cannot leave a card behind."""
+    for card in sorted((ROOT / "library").glob("*/README.md")):
+        text = card.read_text()
+        match = re.search(r"ops\.py\s+--card\s+--out\s+(benchmarks/results/\S+?)`", text)
+        assert match, f"{card} does not name the results its tables come from"
+        results = _results(ROOT / match.group(1))
+        rendered = {
+            line for op in dict.fromkeys(r["op"] for r in results)
+            for line in ops.card_tables(results, op).splitlines()
+        }  # fmt: skip
+        rows = [row for row in _table_rows(text) if re.match(r"\| \d+x\d+", row)]
+        assert rows, f"{card} has no benchmark table"
+        assert [row for row in rows if row not in rendered] == []
+
+
+def test_readme_shows_each_devices_latest_results():
+    """benchmarks/README.md's tables are ``ops.py --summary`` of each device's kept ops run
+    and the table of its kept e2e run."""
+    readme = (BENCHMARKS / "README.md").read_text()
+    devices = sorted(p.name for p in (BENCHMARKS / "results").iterdir() if p.is_dir())
+    assert devices == ["h100", "h200"]
+    for device in devices:
+        folder = BENCHMARKS / "results" / device
+        assert (folder / "NOTES.md").is_file()
+        table = ops.summary_table(_results(folder / "ops"), f"results/{device}/ops")
+        assert table in readme, f"README's {device} table differs from ops.py --summary"
+        if (folder / "e2e").is_dir():
+            e2e = (folder / "e2e" / "e2e.md").read_text()
+            first = e2e[e2e.index("| contender | train") :].split("\n\n")[0]
+            assert first in readme, f"README's {device} end-to-end table differs from e2e.md"
+
+
+def test_benchmark_pages_link_to_what_exists():
+    """Relative links of the benchmark pages and the pages that cite them resolve, anchors into
+    a results.md included."""
+    pages = [BENCHMARKS / "README.md", *sorted((BENCHMARKS / "results").glob("*/NOTES.md"))]
+    pages += [
+        *sorted((ROOT / "library").glob("*/README.md")),
+        *sorted((ROOT / "docs").glob("*.md")),
+    ]
+    broken = []
+    for page in pages:
+        # Code is not a link: ``kernel[grid](...)`` in a code span is not one.
+        text = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", page.read_text(), flags=re.S))
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if "://" in target or target.startswith("#"):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve()
+            if not resolved.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and resolved.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", resolved.read_text(), re.M)
+                slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+                if anchor not in slugs:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []

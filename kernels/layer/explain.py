@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..mapping.mode import Mode
-from .kernelize import DeviceSpec, plan
+from .decisions import DeviceSpec
+from .kernelize import plan
 
 if TYPE_CHECKING:
     from torch import nn

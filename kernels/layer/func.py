@@ -7,6 +7,9 @@ that `kernelize` finds; a kernel for it is a function in a kernel package, wrapp
 way, so the usual kernel layer rules (signature included) apply to it. A kernel function
 declares its support for backward and torch.compile as function attributes
 (``apply_rotary_pos_emb.can_torch_compile = True``), as a kernel layer does as class attributes.
+
+The decorators that use this (`use_kernel_func_from_hub`, `use_kernelized_func`) are in
+`decorators`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .tagging import Condition, _tag, replace_kernel_forward_from_hub
+from .tagging import Condition, replace_kernel_forward_from_hub, tag
 
 if TYPE_CHECKING:
     from torch import nn
@@ -51,43 +54,11 @@ def function_layer(func: Callable) -> type[nn.Module]:
 _FLAGS = ("has_backward", "can_torch_compile")
 
 
-def use_kernel_func_from_hub(func_name: str) -> Callable[[Callable], nn.Module]:
-    """Decorator: make a function kernelizable under the name `func_name`.
-
-    The decorated name becomes a module instance that behaves like the function (calling it
-    calls the function). Store it as an attribute of a module in your model, so that
-    `kernelize` can find it and swap in a kernel registered for `func_name`.
-
-    Example:
-        ```python
-        import torch
-        from kernels import use_kernel_func_from_hub
-
-        @use_kernel_func_from_hub("rotary_pos_emb")
-        def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-            ...
-
-        class Attention(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.rotary_fn = apply_rotary_pos_emb  # a submodule kernelize can see
-
-            def forward(self, q, k, cos, sin):
-                return self.rotary_fn(q, k, cos, sin)
-        ```
-    """
-
-    def decorator(func: Callable) -> nn.Module:
-        return _function_module(func, func_name, None)
-
-    return decorator
-
-
-def _function_module(func: Callable, name: str, condition: Condition | None) -> nn.Module:
+def function_module(func: Callable, name: str, condition: Condition | None = None) -> nn.Module:
     """The module instance that stands for `func`, tagged `name` (with `condition`)."""
     layer = type(function_layer(func).__name__, (function_layer(func),), {})
     replace_kernel_forward_from_hub(layer, name)  # checks the name
-    _tag(layer, name, condition)
+    tag(layer, name, condition)
     instance = layer()
     instance.__wrapped__ = func
     return instance
@@ -99,50 +70,13 @@ ATTACHED_ATTRIBUTE = "_kernelized_funcs"
 _TRANSFORMERS_ATTRIBUTE = "_hidden_kernels"
 
 
-def use_kernelized_func(*funcs: Callable | list[Callable] | tuple[Callable, ...]):
-    """Class decorator (kernels 0.16): attach kernelizable functions to a layer class.
-
-    Each function should be one decorated with `use_kernel_forward_from_hub(name)` or
-    `use_kernel_func_from_hub(name)` (so it is a module instance standing for the function).
-    `kernelize` then finds it through every module of the decorated class, as if it were a
-    submodule, and swaps its forward like any tagged layer; the layer keeps calling the
-    function by its global name. The functions are not submodules and not instance
-    attributes: ``state_dict``, ``named_modules`` and ``repr`` of the layer are unchanged, and
-    the class's ``__init__`` is not wrapped. Functions may be passed as several arguments or as
-    one list (transformers uses both spellings); undecorated plain functions are accepted
-    and ignored, since there is nothing to kernelize. Subclasses inherit the attachments.
-
-    Example:
-        ```python
-        import torch
-        import torch.nn as nn
-        from kernels import use_kernel_forward_from_hub, use_kernelized_func
-
-        @use_kernel_forward_from_hub("rotary_pos_emb")
-        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-            ...
-
-        @use_kernelized_func(apply_rotary_pos_emb)
-        class Attention(nn.Module):
-            def forward(self, q, k, cos, sin):
-                return apply_rotary_pos_emb(q, k, cos, sin)  # swapped by kernelize
-        ```
-    """
-    flat: list[Callable] = []
-    for item in funcs:
-        flat.extend(item if isinstance(item, (list, tuple)) else [item])
-    for fn in flat:
-        if not callable(fn):
-            raise TypeError(f"use_kernelized_func takes functions, got {fn!r}.")
-
-    def decorator(cls: type) -> type:
-        attached = dict(getattr(cls, ATTACHED_ATTRIBUTE, None) or {})
-        for fn in flat:
-            attached[_attached_name(fn)] = fn
-        setattr(cls, ATTACHED_ATTRIBUTE, attached)
-        return cls
-
-    return decorator
+def attach_functions(cls: type, funcs: list[Callable]) -> None:
+    """Record `funcs` on `cls` (what `use_kernelized_func` does), beside those already there,
+    keyed by each function's name; subclasses inherit the record."""
+    attached = dict(getattr(cls, ATTACHED_ATTRIBUTE, None) or {})
+    for fn in funcs:
+        attached[_attached_name(fn)] = fn
+    setattr(cls, ATTACHED_ATTRIBUTE, attached)
 
 
 def _attached_name(fn: Callable) -> str:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from ..errors import KernelLayerError, KernelLoadError, KernelMappingError, NoKernelError
 from ..mapping.capability import read_capability
@@ -12,49 +11,19 @@ from ..mapping.device import Device, validate_device_type
 from ..mapping.mode import Mode, validate_kernelize_mode
 from ..mapping.registry import current_mapping
 from ..mapping.resolve import Candidate, Resolution, resolve
+from .decisions import Decision, DeviceSpec, ExampleInputs, Plan, Target
 from .func import attached_functions
 from .loading import load_kernel_layer
 from .swap import use_kernel_forward, use_original_forward
 from .tagging import condition_of, tag_of
 from .validation import validate_kernel_layer
+from .verify import verify_plan
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
 logger = logging.getLogger(__name__)
-
-DeviceSpec = Union[str, Device, "torch.device"]
-#: Example inputs for `verify`: one tensor, a tuple of positional arguments, or a dict of
-#: keyword arguments for the model.
-ExampleInputs = Union["torch.Tensor", tuple, list, dict]
-
-
-@dataclass(frozen=True)
-class Target:
-    """The device kind kernels are chosen for, and the capability read for it."""
-
-    device_type: str
-    capability: int | None
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What kernelize does with one tagged module: which kernel it runs, or why none."""
-
-    path: str
-    module: nn.Module
-    layer_name: str
-    resolution: Resolution
-    #: The kernel layer class to run, or None to keep the module's own forward.
-    kernel: type | None
-    #: Why the module keeps its own forward (None when it gets a kernel).
-    fallback_reason: str | None = None
-    #: How loudly to log the fallback: a kernel that failed to load is a WARNING.
-    fallback_level: int = logging.INFO
-    #: True when the layer's condition (`use_kernel_forward_from_hub(..., condition=)`)
-    #: returned False for this instance, so kernelization was skipped for it.
-    skipped_by_condition: bool = False
 
 
 def kernelize(
@@ -100,8 +69,6 @@ def kernelize(
     """
     the_plan = plan(model, mode=mode, device=device, use_fallback=use_fallback)
     if verify is not None:
-        from .verify import verify_plan
-
         the_plan = verify_plan(model, the_plan, verify, use_fallback=use_fallback)
     for decision in the_plan.decisions:
         label = _label(decision)
@@ -124,15 +91,6 @@ def kernelize(
                 decision.resolution.reason,
             )
     return model
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What `kernelize` will do: the mode, the device it chose for, and a decision per module."""
-
-    mode: Mode
-    target: Target
-    decisions: tuple[Decision, ...]
 
 
 def plan(

@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import KernelVerificationError
 from ..mapping.mode import Mode
+from .decisions import ExampleInputs, Plan
 from .swap import kernel_layer_of, use_original_forward
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-    from .kernelize import ExampleInputs, Plan
 
 logger = logging.getLogger(__name__)
 

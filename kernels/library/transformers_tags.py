@@ -18,12 +18,8 @@ import textwrap
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..layer.func import (
-    ATTACHED_ATTRIBUTE,
-    attached_functions,
-    use_kernel_func_from_hub,
-    use_kernelized_func,
-)
+from ..layer.decorators import use_kernel_func_from_hub, use_kernelized_func
+from ..layer.func import ATTACHED_ATTRIBUTE, attached_functions
 from ..layer.tagging import (
     CONDITION_ATTRIBUTE,
     TAG_ATTRIBUTE,

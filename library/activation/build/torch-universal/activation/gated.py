@@ -129,7 +129,8 @@ def _gated_bwd_kernel(
 # them with 8 warps, 8 output elements a thread (one 16-byte bf16 vector per tensor), as
 # inductor's kernels do: level with torch.compile's, where 4 warps (16 a thread) were 0.2-1.2%
 # behind at every shape, forward and backward (L2-cleared CUDA-graph probe, H200, 2026-11-24,
-# benchmarks/results/ops-2026-11-24d-h200/probe-gated-configs.txt: SwiGLU forward+backward
+# benchmarks/results/ops-2026-11-24d-h200/probe-gated-configs.txt at 6035486, summed up in
+# benchmarks/results/h200/NOTES.md: SwiGLU forward+backward
 # 4096x4096 65.3 against 66.0 us, 32768x8192 988.5 against 991.5 us; compile 65.3 and 988.8).
 # The GELUs keep 4 warps: their arithmetic is heavier, and for the element-wise tanh GELU 16
 # elements a thread beat 8 (``elementwise.py``). Narrow rows (d < 2048) are packed several to a

@@ -52,7 +52,7 @@ WIDE_ROW_WARPS = 32
 # The backward kernels walk their rows in steps, loading the next step's rows before reducing
 # their own (so that loads stay in flight while a program reduces); a step's rows are held in
 # registers twice over. Configuration from a sweep of the backward launchers (kernel and
-# partial sums, CUDA graphs; H200, 2026-11-24, bf16; diagnose.py sweep):
+# partial sums, CUDA graphs; H200, 2026-11-24, bf16; benchmarks/diagnose/norm_backward.py):
 # - rows up to MAX_ONE_PASS: BWD_BLOCK_ELEMENTS a step (two rows of 4096, four of 2048, one of
 #   8192), one program per SM, 8 warps up to rows of 2048 and 16 beyond. RMSNorm 16384x4096
 #   110 us, 8192x8192 110 us, 32768x8192 410 us (3.9 TB/s); LayerNorm 119, 120 and 427 us.
@@ -65,7 +65,7 @@ BWD_BLOCK_ELEMENTS = 8192
 BWD_PROGRAMS_PER_SM = 1
 
 # The forward of rows up to FWD_NARROW_ELEMENTS wide, in both norms: such rows share blocks of
-# that many elements, 4 warps (interleaved A/B, H200, 2026-11-24; diagnose.py forward-ab):
+# that many elements, 4 warps (interleaved A/B, H200, 2026-11-24; diagnose/norm_forward.py):
 # RMSNorm 32768x2048 63.3 against 65.0 us and 65536x1024 64.3 against 65.1 us in blocks of 4096
 # elements (8 warps); LayerNorm 32768x2048 64.2 against 67.4 us, 65536x1024 64.5 against 71.2 us.
 # Each norm's wider rows follow its own sweep (``_fwd_block`` in its module).

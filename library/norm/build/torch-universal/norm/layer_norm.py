@@ -39,10 +39,10 @@ from ._library import (
 )
 
 # Forward launch configuration, from interleaved A/Bs of configurations at ~64M elements (H200,
-# CUDA graphs; diagnose.py forward-ab; us are per call):
+# CUDA graphs; benchmarks/diagnose/norm_forward.py; us are per call):
 # - rows up to FWD_NARROW_ELEMENTS as both norms (``_library``);
 # - wider rows up to 16384 in chunks, two passes (2026-11-24, benchmarks/results/
-#   ops-2026-11-24c-h200/forward-ab*.txt): chunks of the largest power of two up to
+#   ops-2026-11-24c-h200/forward-ab*.txt at 6035486): chunks of the largest power of two up to
 #   FWD_MAX_CHUNK that divides the row into two or more (at least FWD_MIN_CHUNK); 8 warps up
 #   to rows of 8192 elements, 16 past that and for fp32 (at most chunk / 128). Against the row
 #   in registers: bf16 16384x5120 82 against 99 us, 10923x6144 66 against 73, 8192x8192 66.5
@@ -85,7 +85,7 @@ def _fwd_block(n_cols: int, itemsize: int, many_rows: bool = True) -> tuple[bool
 # (16 KB), and wider fp32 rows, which do not fit a thread's registers twice, load the next row
 # after their step instead, with FP32_NO_LOOKAHEAD_WARPS warps. H200, 2026-11-24, fp32
 # backward against the bf16 configuration (benchmarks/results/ops-2026-11-24c-h200/
-# sweep-fp32*.txt): 16384x4096 212.7 against 217.4 us; 8192x8192 218.6 against 288.4;
+# sweep-fp32*.txt at 6035486): 16384x4096 212.7 against 217.4 us; 8192x8192 218.6 against 288.4;
 # 32768x8192 813.8 against 1088.4 (Liger 220.5 and 816.0). Narrower fp32 rows were not swept
 # and keep the bf16 configuration.
 FP32_NO_LOOKAHEAD_WARPS = 16
@@ -213,7 +213,8 @@ def _layer_norm_fwd_kernel(
         # The normalising pass unrolled (static trip count, up to FWD_UNROLL_CHUNKS chunks), so
         # that every chunk's loads are issued before the first chunk's arithmetic waits on them:
         # 8192x8192 65.6 against 67.5 us, 32768x8192 250.7 against 251.8 (H200, 2026-11-24,
-        # L2-cleared calls; benchmarks/results/ops-2026-11-24c-h200/probe-ln-flushed-unrolled.txt).
+        # L2-cleared calls; benchmarks/results/ops-2026-11-24c-h200/probe-ln-flushed-unrolled.txt
+        # at 6035486).
         y_row = Y + row * CHUNKED_COLS
         if (CHUNKED_COLS + BLOCK_N - 1) // BLOCK_N <= FWD_UNROLL_CHUNKS:
             for start in tl.static_range(0, CHUNKED_COLS, BLOCK_N):

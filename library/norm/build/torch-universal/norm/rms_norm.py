@@ -49,7 +49,7 @@ _GEMMA = tl.constexpr(GEMMA)
 
 
 # Forward launch configuration, from an interleaved A/B of configurations at ~64M elements
-# (H200, 2026-11-24, CUDA graphs; benchmarks/results/ops-2026-11-24-h200/):
+# (H200, 2026-11-24, CUDA graphs; run ops-2026-11-24-h200 in benchmarks/results/h200/NOTES.md):
 # - rows of two or more whole chunks of FWD_CHUNK_BYTES (bf16 8192 and 12288 wide, fp32 4096
 #   and 8192) are read in those chunks by 16 warps, twice (the second read from L2), as inductor
 #   does: bf16 32768x8192 249 us against 259 us with the row in registers, 5461x12288 67.5
@@ -60,8 +60,8 @@ _GEMMA = tl.constexpr(GEMMA)
 # The chunked loops take the row width as a constexpr (CHUNKED_COLS), as inductor's do: bf16
 # GemmaRMSNorm 8192x8192 64.9 against 66.0 us, 32768x8192 249.5 against 252.9 us, level with
 # torch.compile; Llama rows and fp32 within 0.3% either way (interleaved A/B, H200, 2026-11-24,
-# benchmarks/results/ops-2026-11-24b-h200/probe.txt). One-pass rows keep a runtime width: a
-# constexpr one was slower there (Gemma 16384x4096 67.7 against 66.1 us).
+# benchmarks/results/ops-2026-11-24b-h200/probe.txt at 6035486). One-pass rows keep a runtime
+# width: a constexpr one was slower there (Gemma 16384x4096 67.7 against 66.1 us).
 FWD_CHUNK_BYTES = 8192
 FWD_CHUNK_WARPS = 16
 
@@ -166,11 +166,12 @@ def _rms_norm_fwd_kernel(
             True,
             "",
         )
-        # Gemma's single rows in blocks of 4096 (2049-4096 wide) load the weight beside the row,
-        # so that its latency overlaps the row's: 1-1.6% faster at 3072-4096 wide, level at 2560
+        # Gemma's single rows in blocks of 4096 (2049-4096 wide) load the weight beside the row, so
+        # that its latency overlaps the row's: 1-1.6% faster at 3072-4096 wide, level at 2560
         # (L2-cleared probes, H200, 2026-11-24, benchmarks/results/ops-2026-11-24d-h200/
-        # probe-w-early*.txt). Llama rows gain nothing, and rows in larger blocks lose (Gemma
-        # 16384x5120: 87.9 against 84.6 us), as the weight then holds registers through the sum.
+        # probe-w-early*.txt at 6035486). Llama rows gain nothing, and rows in larger blocks lose
+        # (Gemma 16384x5120: 87.9 against 84.6 us), as the weight then holds registers through the
+        # sum.
         W_EARLY: tl.constexpr = (MODE == _GEMMA) and (ROWS == 1) and (BLOCK_N == 4096)
         if W_EARLY:
             w = tl.load(W + cols, mask=col_mask, other=0.0)
@@ -579,14 +580,14 @@ def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: int
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: int) -> torch.Tensor:
-    # Under torch.compile inductor gets the formula: it fuses the norm with the residual add
-    # before it and the casts around it, forward and backward, which an opaque op prevents.
-    # Measured on an H100 (2026-11-23, benchmarks/results/e2e-2026-11-23b-h100): a compiled
-    # 1.1B Llama's training step took 60.3 ms with `rms_norm_op` in the graph and 51.0 ms with
-    # the formula (51.7 ms compiled without any of our kernels). The op stays registered
-    # (and opcheck'd) for graphs that want it as a node. Eagerly, the op's dispatcher round
-    # trip costs more than the kernel at small sizes, so a plain autograd.Function (or the
-    # bare launcher, when no backward is needed) runs the same launchers.
+    # Under torch.compile inductor gets the formula: it fuses the norm with the residual add before
+    # it and the casts around it, forward and backward, which an opaque op prevents. Measured on an
+    # H100 (2026-11-23, run e2e-2026-11-23b-h100, benchmarks/results/h100/): a compiled 1.1B Llama's
+    # training step took 60.3 ms with `rms_norm_op` in the graph and 51.0 ms with the formula (51.7
+    # ms compiled without any of our kernels). The op stays registered (and opcheck'd) for graphs
+    # that want it as a node. Eagerly, the op's dispatcher round trip costs more than the kernel at
+    # small sizes, so a plain autograd.Function (or the bare launcher, when no backward is needed)
+    # runs the same launchers.
     if torch.compiler.is_compiling():
         return _torch_rms_norm(x, weight, eps, mode)
     if use_autograd_function(x, weight):

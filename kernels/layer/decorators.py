@@ -1,0 +1,138 @@
+"""The decorators a model's code applies to make its layers and functions kernelizable.
+
+They only record names on what they decorate; `kernelize` reads them later. Classes are
+tagged by `tagging`, functions become modules by `func`: these decorators sit above both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from .func import attach_functions, function_module
+from .tagging import Condition, replace_kernel_forward_from_hub, tag
+
+if TYPE_CHECKING:
+    from torch import nn
+
+ModuleClass = TypeVar("ModuleClass", bound=type)
+
+
+def use_kernel_forward_from_hub(
+    layer_name: str, condition: Condition | None = None
+) -> Callable[[ModuleClass], ModuleClass]:
+    """Class decorator: let `kernelize` replace this layer's `forward` with kernels named `layer_name`.
+
+    The decorator does not change the class's behaviour; it records the name that
+    `kernelize` looks up in the kernel mapping. Applied to a function, it acts as
+    `use_kernel_func_from_hub`; attach such a function to a layer with `use_kernelized_func`
+    so that `kernelize` finds it.
+
+    `condition` (kernels 0.17) is called with each instance of the layer every time
+    `kernelize` runs; where it returns False, that instance is not kernelized and keeps (or
+    gets back) its own forward, while other instances may still get a kernel.
+
+    Example:
+        ```python
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+        from kernels import use_kernel_forward_from_hub
+
+        @use_kernel_forward_from_hub("SiluAndMul")
+        class SiluAndMul(nn.Module):
+            def forward(self, input: torch.Tensor) -> torch.Tensor:
+                d = input.shape[-1] // 2
+                return F.silu(input[..., :d]) * input[..., d:]
+
+
+        # Only instances with an even width are kernelized:
+        @use_kernel_forward_from_hub("RMSNorm", condition=lambda m: m.weight.shape[0] % 2 == 0)
+        class RMSNorm(nn.Module): ...
+        ```
+    """
+
+    def decorator(cls: ModuleClass) -> ModuleClass:
+        if not isinstance(cls, type) and callable(cls):
+            # Newer transformers decorate functions too; they become function kernels.
+            return function_module(cls, layer_name, condition)
+        replace_kernel_forward_from_hub(cls, layer_name)  # checks the name and the class
+        tag(cls, layer_name, condition)
+        return cls
+
+    return decorator
+
+
+def use_kernel_func_from_hub(func_name: str) -> Callable[[Callable], nn.Module]:
+    """Decorator: make a function kernelizable under the name `func_name`.
+
+    The decorated name becomes a module instance that behaves like the function (calling it
+    calls the function). Store it as an attribute of a module in your model, so that
+    `kernelize` can find it and swap in a kernel registered for `func_name`.
+
+    Example:
+        ```python
+        import torch
+        from kernels import use_kernel_func_from_hub
+
+        @use_kernel_func_from_hub("rotary_pos_emb")
+        def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+            ...
+
+        class Attention(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rotary_fn = apply_rotary_pos_emb  # a submodule kernelize can see
+
+            def forward(self, q, k, cos, sin):
+                return self.rotary_fn(q, k, cos, sin)
+        ```
+    """
+
+    def decorator(func: Callable) -> nn.Module:
+        return function_module(func, func_name)
+
+    return decorator
+
+
+def use_kernelized_func(*funcs: Callable | list[Callable] | tuple[Callable, ...]):
+    """Class decorator (kernels 0.16): attach kernelizable functions to a layer class.
+
+    Each function should be one decorated with `use_kernel_forward_from_hub(name)` or
+    `use_kernel_func_from_hub(name)` (so it is a module instance standing for the function).
+    `kernelize` then finds it through every module of the decorated class, as if it were a
+    submodule, and swaps its forward like any tagged layer; the layer keeps calling the
+    function by its global name. The functions are not submodules and not instance
+    attributes: ``state_dict``, ``named_modules`` and ``repr`` of the layer are unchanged, and
+    the class's ``__init__`` is not wrapped. Functions may be passed as several arguments or as
+    one list (transformers uses both spellings); undecorated plain functions are accepted
+    and ignored, since there is nothing to kernelize. Subclasses inherit the attachments.
+
+    Example:
+        ```python
+        import torch
+        import torch.nn as nn
+        from kernels import use_kernel_forward_from_hub, use_kernelized_func
+
+        @use_kernel_forward_from_hub("rotary_pos_emb")
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            ...
+
+        @use_kernelized_func(apply_rotary_pos_emb)
+        class Attention(nn.Module):
+            def forward(self, q, k, cos, sin):
+                return apply_rotary_pos_emb(q, k, cos, sin)  # swapped by kernelize
+        ```
+    """
+    flat: list[Callable] = []
+    for item in funcs:
+        flat.extend(item if isinstance(item, (list, tuple)) else [item])
+    for fn in flat:
+        if not callable(fn):
+            raise TypeError(f"use_kernelized_func takes functions, got {fn!r}.")
+
+    def decorator(cls: type) -> type:
+        attach_functions(cls, flat)
+        return cls
+
+    return decorator
