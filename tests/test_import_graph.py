@@ -18,11 +18,7 @@ PACKAGE_ROOT = Path(kernels.__file__).parent
 
 #: Circles known and being removed elsewhere, each as the sorted tuple of its modules. Keep
 #: this empty: an entry is a debt with a named owner, not a way to accept a new circle.
-KNOWN_CYCLES = {
-    # download.py checks hashes through lock.py, which downloads through download.py; the
-    # Hub work moves hash verification into a module of its own and deletes this entry.
-    ("kernels.repos.download", "kernels.repos.lock"),
-}
+KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 
 def module_names() -> dict[str, Path]:
