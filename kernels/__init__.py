@@ -25,6 +25,7 @@ from .errors import (
     UntrustedKernelError,
 )
 from .layer.explain import explain
+from .layer.fallback import KernelizeFallback
 from .layer.func import use_kernel_func_from_hub, use_kernelized_func
 from .layer.kernelize import kernelize
 from .layer.tagging import replace_kernel_forward_from_hub, use_kernel_forward_from_hub
@@ -55,6 +56,7 @@ __all__ = [
     "KernelsError",
     "KernelVerificationError",
     "KernelVersionSpecError",
+    "KernelizeFallback",
     "FuncRepository",
     "LayerRepository",
     "LocalFuncRepository",
