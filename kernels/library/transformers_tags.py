@@ -234,15 +234,61 @@ def _rotary_module(namespace: dict) -> nn.Module | None:
         and inspect.isfunction(namespace.get("rotate_half"))
         and _same_definition(namespace["rotate_half"], _ROTATE_HALF_SOURCE)
         and namespace.get("torch") is sys.modules.get("torch")
+        and _calls_fit_new_signature(sys.modules.get(namespace.get("__name__", "")))
     ):
         return None
-    module = use_kernel_func_from_hub(ROTARY_FUNCTION_NAME)(current)
+    module = use_kernel_func_from_hub(ROTARY_FUNCTION_NAME)(_with_new_signature(current))
     namespace[_ROTARY_FUNCTION] = module
     _undo.append(functools.partial(namespace.__setitem__, _ROTARY_FUNCTION, current))
     logger.debug(
         "%s.%s now calls through a kernelizable module", namespace.get("__name__"), _ROTARY_FUNCTION
     )
     return module
+
+
+def _calls_fit_new_signature(module: object) -> bool:
+    """Whether every use of ``apply_rotary_pos_emb`` in `module`'s source is a call that passes
+    at most ``q, k, cos, sin`` positionally and no keyword but ``unsqueeze_dim``: such calls
+    mean the same with transformers 4.57's signature and with 5.x's, which dropped the unused
+    ``position_ids`` before ``unsqueeze_dim``."""
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    checked: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _is_rotary_name(node.func):
+            if (
+                len(node.args) > 4
+                or any(isinstance(a, ast.Starred) for a in node.args)
+                or any(kw.arg != "unsqueeze_dim" for kw in node.keywords)
+            ):
+                return False
+            checked.add(id(node.func))
+    # Any other read of the name (passed along, stored) could reach a call we cannot see.
+    return all(
+        id(node) in checked
+        for node in ast.walk(tree)
+        if _is_rotary_name(node) and isinstance(node.ctx, ast.Load)
+    )
+
+
+def _is_rotary_name(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == _ROTARY_FUNCTION
+
+
+def _with_new_signature(original: Callable) -> Callable:
+    """`original` (transformers 4.57's ``apply_rotary_pos_emb``) with transformers 5.x's
+    signature, the one our rotary kernel has, so that `kernelize` accepts the kernel for it."""
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+    # No ``__wrapped__``: inspect.signature would follow it back to the 4.57 signature.
+    apply_rotary_pos_emb.original = original
+    apply_rotary_pos_emb.__module__ = original.__module__
+    apply_rotary_pos_emb.__doc__ = original.__doc__
+    return apply_rotary_pos_emb
 
 
 def tag_rotary_embeddings(model: nn.Module) -> list[str]:
@@ -257,6 +303,9 @@ def tag_rotary_embeddings(model: nn.Module) -> list[str]:
     is replaced by a function module tagged ``"rotary_pos_emb"`` that calls the original, and
     the module is attached to the class with `use_kernelized_func`. A class whose function
     differs (partial rotary, interleaved, multimodal sections) is left alone and logged.
+    The function module has transformers 5.x's signature ``(q, k, cos, sin, unsqueeze_dim=1)``
+    (4.57's had an unused ``position_ids`` before ``unsqueeze_dim``), so it is only made where
+    every call in the modelling module passes at most ``q, k, cos, sin`` positionally.
 
     The replacement behaves as the original until `kernelize` runs with a mapping that serves
     ``"rotary_pos_emb"`` (`library_mapping()` does). It is one object per modelling module,
