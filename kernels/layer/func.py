@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .tagging import Condition, _tag, replace_kernel_forward_from_hub
+from .tagging import Condition, _tag, replace_kernel_forward_from_hub, tag_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -64,7 +64,7 @@ def use_kernel_func_from_hub(func_name: str) -> Callable[[Callable], nn.Module]:
         from kernels import use_kernel_func_from_hub
 
         @use_kernel_func_from_hub("rotary_pos_emb")
-        def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
             ...
 
         class Attention(torch.nn.Module):
@@ -93,8 +93,10 @@ def _function_module(func: Callable, name: str, condition: Condition | None) -> 
     return instance
 
 
-#: The class attribute `use_kernelized_func` fills: attached name -> function module.
-ATTACHED_ATTRIBUTE = "_kernelized_funcs"
+#: The class attribute `use_kernelized_func` fills: layer name -> function module. The name
+#: and the keys are Hugging Face's (kernels 0.18): transformers 5.x's ``KernelConfig`` reads
+#: them to learn which function layer names a model has.
+ATTACHED_ATTRIBUTE = "_kernel_funcs"
 #: Where transformers 5.x's own `use_kernelized_func` keeps them, on each instance.
 _TRANSFORMERS_ATTRIBUTE = "_hidden_kernels"
 
@@ -138,7 +140,9 @@ def use_kernelized_func(*funcs: Callable | list[Callable] | tuple[Callable, ...]
     def decorator(cls: type) -> type:
         attached = dict(getattr(cls, ATTACHED_ATTRIBUTE, None) or {})
         for fn in flat:
-            attached[_attached_name(fn)] = fn
+            layer_name = tag_of(type(fn))
+            if layer_name is not None:
+                attached[layer_name] = fn
         setattr(cls, ATTACHED_ATTRIBUTE, attached)
         return cls
 
@@ -163,8 +167,12 @@ def attached_functions(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """
     from torch import nn
 
-    found: dict[str, object] = dict(getattr(type(module), ATTACHED_ATTRIBUTE, None) or {})
+    found = list((getattr(type(module), ATTACHED_ATTRIBUTE, None) or {}).values())
     hidden = module.__dict__.get(_TRANSFORMERS_ATTRIBUTE)
     if isinstance(hidden, dict):
-        found.update({str(k): v for k, v in hidden.items()})
-    return [(name, fn) for name, fn in found.items() if isinstance(fn, nn.Module)]
+        found.extend(hidden.values())
+    named: dict[str, nn.Module] = {}
+    for fn in found:
+        if isinstance(fn, nn.Module):
+            named.setdefault(_attached_name(fn), fn)
+    return list(named.items())
