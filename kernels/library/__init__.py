@@ -12,12 +12,13 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KernelMappingError
-from ..mapping.device import validate_device_type
+from ..mapping.device import CUDAProperties, Device, validate_device_type
 from ..repos.local import LocalFuncRepository, LocalLayerRepository
 
 # Tagging what transformers 4.57 leaves untagged, re-exported where users look first.
@@ -34,6 +35,13 @@ HUB_ORGANISATION = "kernels-triton"
 
 #: Device types our Triton kernels are tested on and registered for by default.
 TESTED_DEVICE_TYPES = ("cuda",)
+
+#: The CUDA GPUs our kernels are registered for: compute capability 8.0 and newer (Ampere on),
+#: where current Triton releases run and bf16 is native; tested on 9.0 (H100). Registering
+#: for a range rather than all of ``cuda`` also means a narrower key, so our kernels win over
+#: kernels registered for ``"cuda"`` without a range (transformers 5.x re-registers its Hub
+#: defaults that way at every ``use_kernels``; docs/transformers.md).
+CUDA_CAPABILITIES = CUDAProperties(min_capability=80, max_capability=sys.maxsize)
 
 
 @dataclass(frozen=True)
@@ -53,12 +61,14 @@ KERNELS: tuple[LibraryKernel, ...] = (
     ),
     *(
         LibraryKernel(name, "activation", name)
-        for name in ("SiluAndMul", "GeluAndMul", "GeluTanhAndMul", "SwiGLUMLP")
+        for name in ("SiluAndMul", "GeluAndMul", "GeluTanhAndMul", "SwiGLUMLP", "GeGLUMLP")
     ),
     *(
         LibraryKernel(name, "norm", name)
         for name in ("RMSNorm", "GemmaRMSNorm", "FusedAddRMSNorm", "LayerNorm")
     ),
+    # transformers 5.x tags Gemma-style norms (Qwen3.5's ``(1 + weight)`` RMSNorm) so.
+    LibraryKernel("RMSNormZeroCentered", "norm", "GemmaRMSNorm"),
     LibraryKernel("rotary_pos_emb", "rotary", "apply_rotary_pos_emb", is_function=True),
 )
 
@@ -87,6 +97,9 @@ def library_mapping(
     """The kernel mapping from layer names to our Triton kernel repositories.
 
     Every kernel supports backward and torch.compile, so each is registered for all modes.
+    On ``cuda`` the key is ``Device("cuda", CUDA_CAPABILITIES)`` (capability 8.0 and newer):
+    a capability range is narrower than a bare ``"cuda"`` key, so our kernels win over Hub
+    kernels registered for ``"cuda"`` before or after them, as transformers 5.x's defaults are.
 
     Args:
         devices: device types to register the kernels for. By default ``cuda`` (where they
@@ -126,11 +139,16 @@ def library_mapping(
             repository = LocalLayerRepository(
                 root / kernel.repo, package_name=kernel.repo, layer_name=kernel.attribute
             )
-        mapping[kernel.layer_name] = {device: repository for device in devices}
+        mapping[kernel.layer_name] = {_device_key(device): repository for device in devices}
     return mapping
 
 
+def _device_key(device_type: str) -> str | Device:
+    return Device("cuda", CUDA_CAPABILITIES) if device_type == "cuda" else device_type
+
+
 __all__ = [
+    "CUDA_CAPABILITIES",
     "GATED_MLP_LAYER_NAME",
     "HUB_ORGANISATION",
     "KERNELS",
