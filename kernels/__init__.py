@@ -38,7 +38,7 @@ from .repos.hub import FuncRepository, LayerRepository
 from .repos.local import LocalFuncRepository, LocalLayerRepository, get_local_kernel
 from .repos.lock import LockedLayerRepository, get_locked_kernel, load_kernel
 
-__version__ = "0.1.0"
+__version__ = "0.18.2"
 
 __all__ = [
     "BuildVariantNotFoundError",
