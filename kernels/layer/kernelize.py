@@ -16,6 +16,7 @@ from .fallback import KernelizeFallback, as_fallback
 from .func import attached_functions
 from .loading import load_kernel_layer
 from .swap import use_kernel_forward, use_original_forward
+from .taggers import run_taggers
 from .tagging import condition_of, tag_of
 from .validation import validate_kernel_layer
 
@@ -73,7 +74,8 @@ def kernelize(
     and `mode`; where none fits, or the kernel lacks backward (TRAINING) or torch.compile
     support (TORCH_COMPILE), the module keeps its original forward and the reason is logged.
     Every kernel is resolved, loaded and validated before the model changes: if anything
-    raises, the model is left exactly as it was. Kernelizing again with another mode
+    raises, the model is left exactly as it was. Taggers added with
+    `kernels.layer.taggers.add_tagger` are called with the model first. Kernelizing again with another mode
     switches kernels. The model is changed in place and returned.
 
     Args:
@@ -102,6 +104,7 @@ def kernelize(
         ```
     """
     fallback = as_fallback(use_fallback)
+    run_taggers(model)
     the_plan = plan(model, mode=mode, device=device, use_fallback=fallback)
     if verify is not None:
         from .verify import verify_plan

@@ -19,14 +19,17 @@ from pathlib import Path
 
 from ..errors import KernelMappingError
 from ..mapping.device import CUDAProperties, Device, validate_device_type
+from ..mapping.registry import register_kernel_mapping
 from ..repos.local import LocalFuncRepository, LocalLayerRepository
 
-# Tagging what transformers 4.57 leaves untagged, re-exported where users look first.
+# Tagging what transformers leaves untagged, re-exported where users look first.
 from .transformers_tags import (
     GATED_MLP_LAYER_NAME,
     ROTARY_FUNCTION_NAME,
     tag_gated_mlps,
+    tag_on_kernelize,
     tag_rotary_embeddings,
+    tag_transformers_layers,
     untag,
 )
 
@@ -143,6 +146,35 @@ def library_mapping(
     return mapping
 
 
+def register_library_kernels(devices: Iterable[str] | None = None) -> None:
+    """Our kernels for every model kernelized from now on, in one step.
+
+    Registers `library_mapping(devices)` process-wide and has `kernelize` tag what
+    transformers leaves untagged (`tag_on_kernelize`: the gated MLPs, and on 4.57 the rotary
+    embeddings) in each model before planning it. Call it before loading: transformers'
+    ``from_pretrained(..., use_kernels=True)``, ``model.use_kernels = True`` and the
+    ``train()`` / ``eval()`` switches then give every RMSNorm, activation, gated MLP and
+    rotary call our kernels, on transformers 4.57 and 5.x alike. Our ``cuda`` keys carry a
+    capability range, so the Hub kernels transformers 5.x re-registers for ``"cuda"`` at
+    every ``use_kernels`` do not replace them. `untag` stops the tagging; the mapping stays
+    registered, as with `register_kernel_mapping`.
+
+    Args:
+        devices: as for `library_mapping`.
+
+    Example:
+        ```python
+        from transformers import AutoModelForCausalLM
+        from kernels.library import register_library_kernels
+
+        register_library_kernels()
+        model = AutoModelForCausalLM.from_pretrained(path, use_kernels=True)
+        ```
+    """
+    register_kernel_mapping(library_mapping(devices))
+    tag_on_kernelize()
+
+
 def _device_key(device_type: str) -> str | Device:
     return Device("cuda", CUDA_CAPABILITIES) if device_type == "cuda" else device_type
 
@@ -157,7 +189,10 @@ __all__ = [
     "LibraryKernel",
     "library_mapping",
     "library_path",
+    "register_library_kernels",
     "tag_gated_mlps",
+    "tag_on_kernelize",
     "tag_rotary_embeddings",
+    "tag_transformers_layers",
     "untag",
 ]

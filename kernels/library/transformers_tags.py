@@ -10,12 +10,13 @@ source of what it tags and leaves anything else alone (logged at INFO).
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import inspect
 import logging
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..layer.func import (
@@ -66,10 +67,13 @@ def rotate_half(x):
 
 # What the tag functions changed, as calls that put it back (newest last).
 _undo: list[Callable[[], None]] = []
+# The function `tag_on_kernelize` added as a tagger, while it is added.
+_kernelize_tagger: list[Callable[[], None]] = []
 
 
 def untag() -> None:
-    """Undo every change `tag_gated_mlps` and `tag_rotary_embeddings` made in this process.
+    """Undo every change `tag_gated_mlps` and `tag_rotary_embeddings` made in this process,
+    and stop `tag_on_kernelize`'s tagging.
 
     The tagged MLP classes lose their layer name, and each modelling module gets its own
     ``apply_rotary_pos_emb`` function back (and the attention classes their attachments).
@@ -77,8 +81,58 @@ def untag() -> None:
     original rotary function again. For programs that tag models they build and then hand the
     process back (a demo, a test), so that models built later start as transformers made them.
     """
+    while _kernelize_tagger:
+        _kernelize_tagger.pop()()
     while _undo:
         _undo.pop()()
+
+
+@contextlib.contextmanager
+def untag_on_exit() -> Iterator[None]:
+    """Undo, when the block exits, the tags made inside it (and only those).
+
+    Example:
+        ```python
+        from kernels import Mode, explain
+        from kernels.library.transformers_tags import tag_transformers_layers, untag_on_exit
+
+        with untag_on_exit():
+            tag_transformers_layers(model)
+            print(explain(model, mode=Mode.INFERENCE))
+        ```
+    """
+    start = len(_undo)
+    try:
+        yield
+    finally:
+        while len(_undo) > start:
+            _undo.pop()()
+
+
+def tag_transformers_layers(model: nn.Module) -> list[str]:
+    """`tag_gated_mlps` and `tag_rotary_embeddings` on `model`: the class names tagged.
+
+    On transformers 5.x, which tags ``apply_rotary_pos_emb`` itself, only the gated MLPs are
+    left to tag.
+    """
+    tagged = tag_gated_mlps(model) + tag_rotary_embeddings(model)
+    if tagged:
+        logger.info("tagged what transformers leaves untagged: %s", ", ".join(tagged))
+    return tagged
+
+
+def tag_on_kernelize() -> None:
+    """Have `kernelize` run `tag_transformers_layers` on every model before planning it.
+
+    Models that transformers builds and kernelizes itself (``from_pretrained(...,
+    use_kernels=True)``, ``model.use_kernels = True``, ``model.train()``) then get their gated
+    MLPs (and, on 4.57, their rotary embeddings) tagged before their layers are looked at. Calling
+    it again changes nothing; `untag` stops it. `register_library_kernels` calls it.
+    """
+    from ..layer.taggers import add_tagger
+
+    if not _kernelize_tagger:
+        _kernelize_tagger.append(add_tagger(tag_transformers_layers))
 
 
 def _remove_class_attributes(cls: type, names: tuple[str, ...]) -> None:
