@@ -7,6 +7,7 @@ See docs/layers.md.
 
 from __future__ import annotations
 
+from .benchmark import Benchmark
 from .errors import (
     BuildVariantNotFoundError,
     KernelDownloadError,
@@ -35,12 +36,14 @@ from .mapping.mode import Mode
 from .mapping.registry import register_kernel_mapping, use_kernel_mapping
 from .repos.download import get_kernel, has_kernel, install_kernel
 from .repos.hub import FuncRepository, LayerRepository
+from .repos.info import Metadata, RepoInfo
 from .repos.local import LocalFuncRepository, LocalLayerRepository, get_local_kernel
 from .repos.lock import LockedLayerRepository, get_locked_kernel, load_kernel
 
 __version__ = "0.18.2"
 
 __all__ = [
+    "Benchmark",
     "BuildVariantNotFoundError",
     "CUDAProperties",
     "Device",
@@ -62,9 +65,11 @@ __all__ = [
     "LocalFuncRepository",
     "LocalLayerRepository",
     "LockedLayerRepository",
+    "Metadata",
     "Mode",
     "NoKernelError",
     "ROCMProperties",
+    "RepoInfo",
     "UntrustedKernelError",
     "__version__",
     "explain",
