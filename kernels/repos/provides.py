@@ -51,9 +51,7 @@ def _layer_names(layers: ModuleType | None) -> list[str]:
     if layers is None:
         return []
     return sorted(
-        n
-        for n, v in vars(layers).items()
-        if inspect.isclass(v) and v.__module__ == layers.__name__
+        n for n, v in vars(layers).items() if inspect.isclass(v) and v.__module__ == layers.__name__
     )
 
 
