@@ -134,15 +134,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def parse_capability(value: str) -> int:
     """An argparse type: a capability such as 90 (or 9.0)."""
-    try:
-        number = float(value) * 10 if "." in value else int(value)
-    except ValueError:
-        number = -1
-    if number < 0 or number != int(number):
+    major, dot, minor = value.strip().partition(".")
+    if not major.isdigit() or (dot and not (minor.isdigit() and len(minor) == 1)):
         raise argparse.ArgumentTypeError(
             f"invalid capability {value!r}; give 10 * major + minor, e.g. 90 for 9.0 or 86 for 8.6"
         )
-    return int(number)
+    return int(major) * 10 + int(minor) if dot else int(major)
 
 
 @dataclass
