@@ -74,9 +74,9 @@ def kernelize(
     and `mode`; where none fits, or the kernel lacks backward (TRAINING) or torch.compile
     support (TORCH_COMPILE), the module keeps its original forward and the reason is logged.
     Every kernel is resolved, loaded and validated before the model changes: if anything
-    raises, the model is left exactly as it was. Taggers added with
-    `kernels.layer.taggers.add_tagger` are called with the model first. Kernelizing again with another mode
-    switches kernels. The model is changed in place and returned.
+    raises, the model is left exactly as it was. Kernelizing again with another mode
+    switches kernels. The model is changed in place and returned. Taggers added with
+    `kernels.layer.taggers.add_tagger` are called with the model first.
 
     Args:
         model: the model to kernelize.

@@ -70,7 +70,7 @@ KERNELS: tuple[LibraryKernel, ...] = (
         LibraryKernel(name, "norm", name)
         for name in ("RMSNorm", "GemmaRMSNorm", "FusedAddRMSNorm", "LayerNorm")
     ),
-    # transformers 5.x tags Gemma-style norms (Qwen3.5's ``(1 + weight)`` RMSNorm) so.
+    # transformers 5.x's name for Qwen3.5-style ``(1 + weight)`` norms: GemmaRMSNorm's formula.
     LibraryKernel("RMSNormZeroCentered", "norm", "GemmaRMSNorm"),
     LibraryKernel("rotary_pos_emb", "rotary", "apply_rotary_pos_emb", is_function=True),
 )
