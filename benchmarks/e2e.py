@@ -1,9 +1,10 @@
 """End-to-end: a ~1.1B Llama-style transformers model, eager vs torch.compile vs Liger vs ours.
 
     python benchmarks/e2e.py --shape 8x512 --out benchmarks/results/<device>/e2e
+    python benchmarks/e2e.py --shape 8x512 --vocab 128256 --out ...   # a Llama-3-sized vocabulary
 
-Liger-Kernel 0.8 needs transformers 5; with transformers 4.57 use Liger-Kernel 0.7.0
-(benchmarks/README.md).
+Runs on transformers 4.57 with Liger-Kernel 0.7.0, and on transformers 5.24 with Liger-Kernel
+0.8.5 (0.8 needs transformers 5; benchmarks/README.md).
 
 One process per shape; inside it every contender runs on the same weights and inputs:
 eager transformers, torch.compile(model), ours kernelized (our Triton kernels through
@@ -69,9 +70,9 @@ def build_ours(state_dict, compile_mode: bool):
     from kernels.library import tag_gated_mlps, tag_rotary_embeddings
 
     model = build(state_dict)
-    # transformers 4.57 leaves LlamaMLP and apply_rotary_pos_emb untagged: tag them, so that
-    # kernelize reaches them (SwiGLUMLP fuses SiLU and the multiply; rotary_pos_emb rotates
-    # q and k in one kernel).
+    # transformers 4.57 leaves LlamaMLP and apply_rotary_pos_emb untagged, 5.x LlamaMLP: tag
+    # them, so that kernelize reaches them (SwiGLUMLP fuses SiLU and the multiply;
+    # rotary_pos_emb rotates q and k in one kernel). On 5.x the rotary tag is a no-op.
     tag_gated_mlps(model)
     tag_rotary_embeddings(model)
     mode = Mode.TRAINING | Mode.TORCH_COMPILE if compile_mode else Mode.TRAINING
@@ -117,17 +118,21 @@ class ModuleState:
 
     Both ours (``tag_rotary_embeddings``) and Liger (``apply_liger_kernel_to_llama``) patch
     that module for the whole process: its ``apply_rotary_pos_emb`` global, and for Liger's
-    fused cross-entropy ``LlamaForCausalLM.forward``. Contenders run in interleaved rounds, so
-    each one's state is captured after its set-up and put back before each of its steps.
+    fused cross-entropy ``LlamaForCausalLM.forward``. On transformers 5.x that global is a
+    function module whose ``forward`` ``kernelize`` sets, for every model of the process, so
+    such module instances are owners too. Contenders run in interleaved rounds, so each one's
+    state is captured after its set-up and put back before each of its steps.
     """
 
     def __init__(self):
+        import torch
         import transformers.models.llama.modeling_llama as modeling
 
         self.owners = [modeling] + [
             v
             for v in vars(modeling).values()
-            if isinstance(v, type) and v.__module__ == modeling.__name__
+            if (isinstance(v, type) and v.__module__ == modeling.__name__)
+            or isinstance(v, torch.nn.Module)
         ]
         self.baseline = self._attributes()
         # (owner index, name) of every attribute some set-up changed: only these are put back,
@@ -425,6 +430,12 @@ def main() -> int:
         "--skip", action="append", default=[], help="contender to skip (repeatable)"
     )
     parser.add_argument(
+        "--vocab",
+        type=int,
+        default=CONFIG["vocab_size"],
+        help=f"vocabulary size (default {CONFIG['vocab_size']}; Llama 3's is 128256)",
+    )
+    parser.add_argument(
         "--report", action="store_true", help="write e2e.md and e2e.png from e2e.jsonl"
     )
     args = parser.parse_args()
@@ -434,6 +445,7 @@ def main() -> int:
     if not args.shape:
         parser.error("--shape is required unless --report")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    CONFIG["vocab_size"] = args.vocab  # recorded with every result (meta["config"])
     run(args.shape, args.out, set(args.skip))
     return 0
 

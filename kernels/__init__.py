@@ -7,6 +7,7 @@ See docs/layers.md.
 
 from __future__ import annotations
 
+from .benchmark import Benchmark
 from .errors import (
     BuildVariantNotFoundError,
     KernelDownloadError,
@@ -31,6 +32,7 @@ from .layer.decorators import (
     use_kernelized_func,
 )
 from .layer.explain import explain
+from .layer.fallback import KernelizeFallback
 from .layer.kernelize import kernelize
 from .layer.tagging import replace_kernel_forward_from_hub
 from .library import library_mapping
@@ -39,7 +41,8 @@ from .mapping.mode import Mode
 from .mapping.registry import register_kernel_mapping, use_kernel_mapping
 from .repos.download import get_kernel, get_kernel_variants, has_kernel, install_kernel
 from .repos.hub import FuncRepository, LayerRepository
-from .repos.loaded import LoadedKernel, Metadata, RepoInfo, get_loaded_kernels
+from .repos.info import Metadata, RepoInfo
+from .repos.loaded import LoadedKernel, get_loaded_kernels
 from .repos.local import LocalFuncRepository, LocalLayerRepository, get_local_kernel
 from .repos.lock import (
     LockedFuncRepository,
@@ -49,10 +52,11 @@ from .repos.lock import (
 )
 from .repos.variants import BuildVariant, VariantAccepted, VariantRejected
 
-__version__ = "0.1.0"
+__version__ = "0.18.2"
 
 __all__ = [
     "BuildVariant",
+    "Benchmark",
     "BuildVariantNotFoundError",
     "CUDAProperties",
     "Device",
@@ -69,6 +73,7 @@ __all__ = [
     "KernelsError",
     "KernelVerificationError",
     "KernelVersionSpecError",
+    "KernelizeFallback",
     "FuncRepository",
     "LayerRepository",
     "LoadedKernel",

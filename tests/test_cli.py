@@ -216,6 +216,9 @@ def test_init_scaffolds_a_repository_whose_tests_pass(tmp_path, capsys):
     capsys.readouterr()
     assert run("check", str(repo), "--layer-of", "SiLU=torch.nn:SiLU") == 0
     assert "0 failed, 0 warning(s)" in capsys.readouterr().out
+    # Its benchmark runs as generated, and matches PyTorch.
+    assert run("benchmark", str(repo), "--iterations", "1", "--warmup", "0") == 0
+    assert "SiLUWorkloads" in capsys.readouterr().out
 
 
 def test_init_refuses_to_overwrite_and_bad_names(tmp_path, capsys):

@@ -92,6 +92,19 @@ def test_explain_model_type_inference(capsys):
     assert "- SiLU (SiLUActivation) at model.layers.0.mlp.act_fn" in out
     assert "uses kernel layer RMSNorm from local repository" in out
     assert "uses kernel layer SiLU from local repository" in out
+    assert "- SwiGLUMLP (LlamaMLP) at model.layers.0.mlp" in out
+    # The tags explain made for it are gone again.
+    from transformers.models.llama import modeling_llama
+
+    assert "kernel_layer_name" not in vars(modeling_llama.LlamaMLP)
+
+
+def test_explain_capability_chooses_our_cuda_kernels_without_a_gpu(capsys):
+    assert run("explain", "llama", "--device", "cuda", "--capability", "9.0") == 0
+    out = capsys.readouterr().out
+    assert "on cuda, capability 90" in out
+    assert "uses kernel layer RMSNorm from local repository" in out
+    assert "registered for device cuda (capability 80..max)" in out
 
 
 def test_explain_training_compile(capsys):
@@ -131,7 +144,8 @@ def test_explain_demo_model_as_json(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["device_type"] == "cpu" and data["mode"] == "INFERENCE"
     layers = {layer["layer_name"]: layer for layer in data["layers"]}
-    assert set(layers) == {"RMSNorm", "SiLU"}
+    # With our kernels, explain tags what register_library_kernels() would have kernelize tag.
+    assert set(layers) == {"RMSNorm", "SiLU", "SwiGLUMLP", "rotary_pos_emb"}
     assert all(layer["outcome"] == "kernel" for layer in layers.values())
     assert layers["RMSNorm"]["candidates"][0]["why"] == "chosen"
     assert "model.norm" in layers["RMSNorm"]["paths"]
@@ -166,6 +180,7 @@ def test_explain_folder_without_config_is_an_error(tmp_path, capsys):
         (["--mode", "fast"], "invalid mode 'fast'; choose from inference, training,"),
         (["--mapping", "library,hub"], "invalid mapping 'library,hub'"),
         (["--mapping", "none,library"], "--mapping none cannot be combined"),
+        (["--capability", "sm90"], "invalid capability 'sm90'"),
     ],
 )
 def test_explain_bad_options_are_usage_errors(argv, message, capsys):

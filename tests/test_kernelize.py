@@ -309,7 +309,8 @@ def test_missing_layer_in_repository_lists_available(kernel_repo):
     repo = LocalLayerRepository(kernel_repo("activation"), layer_name="GeluAndMul")
     with use_kernel_mapping({"SiluAndMul": {"cpu": repo}}):
         with pytest.raises(
-            KernelLoadError, match="has no layer 'GeluAndMul'. Layers it provides: SiluAndMul"
+            KernelLoadError,
+            match="has no layer or function 'GeluAndMul'. Layers it provides: SiluAndMul",
         ):
             kernelize(SiluAndMul(), mode=Mode.INFERENCE, device="cpu", use_fallback=False)
 

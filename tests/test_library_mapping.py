@@ -3,11 +3,23 @@
 import pytest
 import torch.nn as nn
 
-from kernels import KernelMappingError, LocalFuncRepository, LocalLayerRepository, library_mapping
+from kernels import (
+    Device,
+    KernelMappingError,
+    LocalFuncRepository,
+    LocalLayerRepository,
+    Mode,
+    library_mapping,
+    use_kernel_mapping,
+)
 from kernels.layer.decorators import use_kernel_func_from_hub
 from kernels.layer.loading import load_kernel_layer
 from kernels.layer.validation import validate_kernel_layer
-from kernels.library import KERNELS, library_path
+from kernels.library import CUDA_CAPABILITIES, KERNELS, library_path
+from kernels.mapping.registry import current_mapping
+from kernels.mapping.resolve import resolve
+
+CUDA = Device("cuda", CUDA_CAPABILITIES)
 
 
 def test_every_kernel_is_registered_for_cuda_in_all_modes(monkeypatch):
@@ -15,15 +27,33 @@ def test_every_kernel_is_registered_for_cuda_in_all_modes(monkeypatch):
     mapping = library_mapping()
     assert set(mapping) == {k.layer_name for k in KERNELS}
     for by_device in mapping.values():
-        assert set(by_device) == {"cuda"}
-    assert isinstance(mapping["RMSNorm"]["cuda"], LocalLayerRepository)
-    assert isinstance(mapping["rotary_pos_emb"]["cuda"], LocalFuncRepository)
+        assert set(by_device) == {CUDA}
+    assert isinstance(mapping["RMSNorm"][CUDA], LocalLayerRepository)
+    assert isinstance(mapping["rotary_pos_emb"][CUDA], LocalFuncRepository)
 
 
 def test_cpu_is_added_under_the_triton_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert set(library_mapping()["SiLU"]) == {"cuda", "cpu"}
+    assert set(library_mapping()["SiLU"]) == {CUDA, "cpu"}
     assert set(library_mapping(devices=["rocm"])["SiLU"]) == {"rocm"}
+
+
+def test_ours_win_over_kernels_registered_for_all_of_cuda_before_or_after():
+    """transformers 5.x registers Hub kernels for a bare "cuda" key at every use_kernels; our
+    capability-range key is narrower, so it is chosen on GPUs in the range either way."""
+    hub = {"RMSNorm": {"cuda": LocalLayerRepository("/nowhere", layer_name="LigerRMSNorm")}}
+    ours = library_mapping(devices=["cuda"], layers=["RMSNorm"])
+    for first, second in ((hub, ours), (ours, hub)):
+        with use_kernel_mapping(first, inherit_mapping=False), use_kernel_mapping(second):
+            for capability, winner in ((90, ours["RMSNorm"][CUDA]), (75, hub["RMSNorm"]["cuda"])):
+                resolution = resolve(
+                    current_mapping(),
+                    "RMSNorm",
+                    device_type="cuda",
+                    capability=capability,
+                    mode=Mode.TRAINING,
+                )
+                assert resolution.chosen.repository is winner
 
 
 def test_selecting_layers():
@@ -46,12 +76,11 @@ def test_library_folder_holds_one_repository_per_kernel_repo():
 def reference_classes():
     """The layer classes model code tags with each name (transformers 4.57 where it has one)."""
     from transformers import activations
-    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
-    from transformers.models.llama.modeling_llama import (
-        LlamaMLP,
-        LlamaRMSNorm,
-        apply_rotary_pos_emb,
-    )
+    from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):  # transformers 5.x's signature
+        return q, k
 
     class SiluAndMul(nn.Module):
         def forward(self, x):
@@ -72,8 +101,10 @@ def reference_classes():
         "GeluAndMul": SiluAndMul,
         "GeluTanhAndMul": SiluAndMul,
         "SwiGLUMLP": LlamaMLP,
+        "GeGLUMLP": GemmaMLP,
         "RMSNorm": LlamaRMSNorm,
         "GemmaRMSNorm": GemmaRMSNorm,
+        "RMSNormZeroCentered": GemmaRMSNorm,  # transformers 5.x: Qwen3_5RMSNorm, same forward
         "FusedAddRMSNorm": FusedAddRMSNorm,
         "LayerNorm": nn.LayerNorm,
         "rotary_pos_emb": type(use_kernel_func_from_hub("rotary_pos_emb")(apply_rotary_pos_emb)),
@@ -83,7 +114,7 @@ def reference_classes():
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.layer_name)
 def test_each_kernel_loads_and_fits_the_layer_it_serves(kernel):
     repository = library_mapping(devices=["cuda"], layers=[kernel.layer_name])[kernel.layer_name][
-        "cuda"
+        CUDA
     ]
     layer = load_kernel_layer(repository)
     validate_kernel_layer(

@@ -43,7 +43,10 @@ def test_newer_layout_variant_folder_is_the_package(kernel_repo):
 def test_same_folder_gives_the_same_module(kernel_repo):
     path = kernel_repo("activation")
     assert get_local_kernel(path, "activation") is get_local_kernel(str(path), "activation")
-    assert LocalLayerRepository(path, layer_name="SiluAndMul").load() is get_local_kernel(path)
+    # load() hands over the layer itself, as transformers 5.x expects (it reads __module__).
+    layer = LocalLayerRepository(path, layer_name="SiluAndMul").load()
+    assert layer is get_local_kernel(path).layers.SiluAndMul
+    assert sys.modules[layer.__module__] is get_local_kernel(path).layers
 
 
 def test_two_repositories_with_one_package_name_do_not_clash(kernel_repo):

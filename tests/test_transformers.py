@@ -166,6 +166,37 @@ def test_tagged_gated_mlps_are_kernelized_by_model_kernelize(our_kernels):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+def test_register_library_kernels_is_one_step_for_4_57_too(clean_mapping, tmp_path):
+    """from_pretrained(..., use_kernels=True) kernelizes while loading; kernelize tags the gated
+    MLPs and the rotary embeddings first, so they are kernelized too, and stay so on train()."""
+    from transformers import AutoModelForCausalLM
+
+    from kernels.layer.func import attached_functions
+    from kernels.library import register_library_kernels, untag
+
+    make_model("llama").save_pretrained(tmp_path)
+    placement = {} if DEVICE == "cpu" else {"device_map": DEVICE}
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, **placement)
+    tokens = torch.randint(0, 128, (1, 7), device=DEVICE)
+    with torch.no_grad():
+        expected = plain(tokens).logits
+    try:
+        register_library_kernels(devices=[DEVICE])
+        model = AutoModelForCausalLM.from_pretrained(tmp_path, use_kernels=True, **placement)
+        layer = model.model.layers[0]
+        assert kernel_layer_of(layer.mlp).__name__ == "SwiGLUMLP"
+        [(_, rotary)] = attached_functions(layer.self_attn)
+        assert kernel_layer_of(rotary) is not None
+        assert all(kernel_layer_of(m) is not None for m in tagged(model).values())
+        with torch.no_grad():
+            got = model(tokens).logits
+        model.train()
+        assert kernel_layer_of(layer.mlp).__name__ == "SwiGLUMLP"
+    finally:
+        untag()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_scoped_mapping_with_transformers(clean_mapping):
     model = make_model("mistral")
     with use_kernel_mapping(library_mapping(devices=[DEVICE])):

@@ -26,6 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "lock",
     "download",
     "check",
+    "benchmark",
     "init",
     "upload",
 )
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kernels",
         description="Run the demo, explain what kernelize would do with a model, and find, "
-        "lock, download, check, scaffold and publish kernel repositories.",
+        "lock, download, check, benchmark, scaffold and publish kernel repositories.",
         epilog="Run `kernels COMMAND --help` for a command's options. Docs: docs/hub.md.",
     )
     parser.add_argument("--version", action="version", version=f"kernels {__version__}")

@@ -33,15 +33,21 @@ A folder whose name is also a model type is read as a folder when written as ./N
 --mapping lists where kernels come from, applied in order (later sources win for the same
 layer and device):
   transformers  transformers' default mapping of Hub kernels, which transformers registers
-                when it is imported (transformers.integrations.hub_kernels)
-  library       our Triton kernels (kernels.library_mapping), registered for the device
+                at import (4.57) or at every use_kernels (5.x)
+                (transformers.integrations.hub_kernels)
+  library       our Triton kernels (kernels.library_mapping), registered for the device,
+                with the gated MLPs (and on 4.57 the rotary embeddings) tagged as
+                kernels.library.register_library_kernels() has kernelize tag them
   none          no kernels at all: lists the tagged layers only
-The default, transformers,library, is what a program sees that imports transformers and
-kernelizes inside `with use_kernel_mapping(library_mapping()):`."""
+The default, transformers,library, is what a program sees that calls
+register_library_kernels() and loads with use_kernels=True.
+
+For --device cuda (or rocm) the GPU's capability decides between kernels registered for
+capability ranges; without a visible GPU give it with --capability (e.g. 90 for an H100)."""
 EPILOG = """\
 examples:
   kernels explain llama --device cpu
-  kernels explain qwen3 --device cuda --mode training+compile
+  kernels explain qwen3 --device cuda --capability 90 --mode training+compile
   kernels explain ./my-model --mode inference --mapping transformers
   kernels explain demo --mode training --json"""
 
@@ -116,7 +122,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="where kernels come from, comma-separated, later ones winning: "
         f"{', '.join(MAPPING_SOURCES)} (default: transformers,library)",
     )
+    parser.add_argument(
+        "--capability",
+        type=parse_capability,
+        metavar="N",
+        help="the GPU capability to choose kernels for, as 10 * major + minor (90 for 9.0); "
+        "default: read from the GPU, unknown when none is visible",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a report")
+
+
+def parse_capability(value: str) -> int:
+    """An argparse type: a capability such as 90 (or 9.0)."""
+    major, dot, minor = value.strip().partition(".")
+    if not major.isdigit() or (dot and not (minor.isdigit() and len(minor) == 1)):
+        raise argparse.ArgumentTypeError(
+            f"invalid capability {value!r}; give 10 * major + minor, e.g. 90 for 9.0 or 86 for 8.6"
+        )
+    return int(major) * 10 + int(minor) if dot else int(major)
 
 
 @dataclass
@@ -163,14 +186,23 @@ def run(args: argparse.Namespace) -> int:
     # A scope of its own, starting empty: the process-wide mapping (which transformers fills
     # at import) is neither used nor changed; registering inside the scope changes only it,
     # later sources replacing earlier ones per layer and device key.
-    with use_kernel_mapping({}, inherit_mapping=False):
+    from ..library.transformers_tags import tag_transformers_layers, untag_on_exit
+
+    with (
+        untag_on_exit(),
+        use_kernel_mapping({}, inherit_mapping=False),
+        _capability(args.capability),
+    ):
+        if "library" in args.mapping:
+            tag_transformers_layers(built.model)
         for part in parts:
             register_kernel_mapping(part)
         explanation = explain(built.model, mode=mode, device=device)
     if device_type in ("cuda", "rocm") and explanation.capability is None:
         notes.append(
             f"no {device} GPU is visible, so its capability is unknown: kernels registered for "
-            "a capability range are not chosen (run it on the GPU machine for its answer)"
+            "a capability range (ours among them) are not chosen; give one with --capability "
+            "(e.g. 90 for an H100), or run it on the GPU machine"
         )
 
     if args.json:
@@ -329,7 +361,9 @@ def _transformers_mapping() -> dict:
         from transformers.integrations import hub_kernels
     except ImportError as exc:
         raise CommandError(f"cannot import transformers.integrations.hub_kernels: {exc}") from exc
-    mapping = getattr(hub_kernels, "_KERNEL_MAPPING", None)
+    # transformers 5.x builds it lazily; 4.57 builds it at import.
+    build = getattr(hub_kernels, "get_kernel_mapping_transformers", None)
+    mapping = build() if callable(build) else getattr(hub_kernels, "_KERNEL_MAPPING", None)
     if mapping is None:
         raise CommandError(
             "this transformers version has no default kernel mapping "
@@ -340,15 +374,27 @@ def _transformers_mapping() -> dict:
 
 def _transformers_notes() -> list[str]:
     try:
-        from transformers.integrations import hub_kernels
+        from transformers.utils.import_utils import is_kernels_available
     except ImportError:
         return []
-    if getattr(hub_kernels, "_kernels_available", True):
+    if is_kernels_available():
         return []
     return [
         "transformers did not find the kernels package, so it tags no layers; install this "
         "package (transformers checks the installed distribution, not the import path)"
     ]
+
+
+@contextmanager
+def _capability(capability: int | None) -> Iterator[None]:
+    """Read `capability` for every GPU inside the block (nothing changes when None)."""
+    if capability is None:
+        yield
+        return
+    from ..mapping.capability import use_capability_reader
+
+    with use_capability_reader(lambda device_type, index: capability):
+        yield
 
 
 @contextmanager

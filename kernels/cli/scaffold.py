@@ -29,7 +29,7 @@ build/torch-universal/{package}/   the package the Hub serves (Triton: one build
     silu.py                         Triton kernels -> launchers -> autograd.Function -> silu()
     layers.py                       kernel layers for kernelize (stateless, forward only)
 tests/                              correctness against PyTorch (TRITON_INTERPRET=1 without a GPU)
-benchmarks/                         a triton.testing.perf_report benchmark to fill in
+benchmarks/                         benchmarks run by `kernels benchmark .` (kernels.benchmark.Benchmark)
 ```
 
 ## Use
@@ -48,7 +48,7 @@ mapping = {{"SiLU": {{"cuda": LayerRepository("{repo_id}", layer_name="SiLU", ve
 ```bash
 pytest tests                                  # on CPU, Triton runs through its interpreter
 kernels check .                               # layout, imports, layer rules, signatures
-python benchmarks/benchmark_{package}.py      # needs a CUDA GPU
+kernels benchmark .                           # times each workload against PyTorch
 kernels upload . --repo-id {repo_id} --tag v0.1.0
 ```
 
@@ -245,50 +245,40 @@ def test_kernelize_swaps_the_layer_forward():
 '''
 
 BENCHMARK = '''\
-"""Benchmark stub for {title}: the kernel against PyTorch, in GB/s, with triton.testing.
+"""Benchmarks of {title}: `kernels benchmark .` runs them (or `python {{this file}}`).
 
-Fill in the shapes and the providers that matter for your kernel. Needs a CUDA GPU; the
-table is printed and the plot written to benchmarks/results/.
+Each benchmark_<workload> method is timed; verify_<workload> returns what it must produce
+(PyTorch's result), checked against self.out and timed too, for the speedup column. Add the
+shapes that matter for your kernel. On a machine without a GPU the kernel runs through
+Triton's interpreter (set TRITON_INTERPRET=1): slow, so keep the CPU shapes small.
 """
-
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 
-from kernels import get_local_kernel
-
-REPO = Path(__file__).resolve().parents[1]
+from kernels.benchmark import Benchmark
 
 
-@triton.testing.perf_report(
-    triton.testing.Benchmark(
-        x_names=["n"],
-        x_vals=[2**i for i in range(12, 27, 2)],
-        line_arg="provider",
-        line_vals=["triton", "torch"],
-        line_names=["Triton", "PyTorch"],
-        ylabel="GB/s",
-        plot_name="{package}-silu",
-        args={{"dtype": torch.bfloat16}},
-    )
-)
-def benchmark(n, provider, dtype):
-    kernel = get_local_kernel(REPO, "{package}")
-    x = torch.randn(n, device="cuda", dtype=dtype)
-    fn = (lambda: kernel.silu(x)) if provider == "triton" else (lambda: F.silu(x))
-    ms = triton.testing.do_bench(fn)
-    bytes_moved = 2 * x.numel() * x.element_size()  # read x, write y
-    return bytes_moved / ms * 1e-6
+class SiLUWorkloads(Benchmark):
+    seed = 0
+
+    def setup_rows(self):
+        rows = 4096 if self.device == "cuda" else 16
+        self.x = torch.randn(rows, 4096, device=self.device, dtype=torch.bfloat16)
+
+    def benchmark_rows(self):
+        self.out = self.kernel.silu(self.x)
+
+    def verify_rows(self):
+        return F.silu(self.x)
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available():
-        raise SystemExit("the benchmark needs a CUDA GPU")
-    results = Path(__file__).parent / "results"
-    results.mkdir(exist_ok=True)
-    benchmark.run(print_data=True, save_path=str(results))
+    from pathlib import Path
+
+    from kernels.cli import main
+
+    raise SystemExit(main(["benchmark", str(Path(__file__).resolve().parents[1])]))
 '''
 
 GITIGNORE = """\

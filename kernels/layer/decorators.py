@@ -76,7 +76,7 @@ def use_kernel_func_from_hub(func_name: str) -> Callable[[Callable], nn.Module]:
         from kernels import use_kernel_func_from_hub
 
         @use_kernel_func_from_hub("rotary_pos_emb")
-        def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
             ...
 
         class Attention(torch.nn.Module):

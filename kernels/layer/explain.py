@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ..mapping.mode import Mode
 from .decisions import DeviceSpec
 from .kernelize import plan
+from .taggers import run_taggers
 
 if TYPE_CHECKING:
     from torch import nn
@@ -74,7 +75,8 @@ def explain(model: nn.Module, *, mode: Mode, device: DeviceSpec | None = None) -
     backward or torch.compile support, or breaking the kernel layer rules), or whether the
     layer's condition skips the instance. Functions attached with `use_kernelized_func`
     appear as ``"<owner path>:<name>"``. Kernels are
-    loaded (and downloaded if needed) to answer that, but the model is not touched.
+    loaded (and downloaded if needed) to answer that, but the model is not touched (the
+    taggers added with `kernels.layer.taggers.add_tagger` run first, as in `kernelize`).
 
     Example:
         ```python
@@ -83,6 +85,7 @@ def explain(model: nn.Module, *, mode: Mode, device: DeviceSpec | None = None) -
         print(explain(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE))
         ```
     """
+    run_taggers(model)
     the_plan = plan(model, mode=mode, device=device, use_fallback=True, raise_invalid=False)
     groups: dict[tuple, list] = {}
     for decision in the_plan.decisions:

@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .tagging import Condition, replace_kernel_forward_from_hub, tag
+from .tagging import Condition, replace_kernel_forward_from_hub, tag, tag_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -64,18 +64,23 @@ def function_module(func: Callable, name: str, condition: Condition | None = Non
     return instance
 
 
-#: The class attribute `use_kernelized_func` fills: attached name -> function module.
-ATTACHED_ATTRIBUTE = "_kernelized_funcs"
+#: The class attribute `use_kernelized_func` fills: layer name -> function module. The name
+#: and the keys are Hugging Face's (kernels 0.18): transformers 5.x's ``KernelConfig`` reads
+#: them to learn which function layer names a model has.
+ATTACHED_ATTRIBUTE = "_kernel_funcs"
 #: Where transformers 5.x's own `use_kernelized_func` keeps them, on each instance.
 _TRANSFORMERS_ATTRIBUTE = "_hidden_kernels"
 
 
 def attach_functions(cls: type, funcs: list[Callable]) -> None:
     """Record `funcs` on `cls` (what `use_kernelized_func` does), beside those already there,
-    keyed by each function's name; subclasses inherit the record."""
+    keyed by each function's layer name; untagged plain functions are skipped (nothing to
+    kernelize). Subclasses inherit the record."""
     attached = dict(getattr(cls, ATTACHED_ATTRIBUTE, None) or {})
     for fn in funcs:
-        attached[_attached_name(fn)] = fn
+        layer_name = tag_of(type(fn))
+        if layer_name is not None:
+            attached[layer_name] = fn
     setattr(cls, ATTACHED_ATTRIBUTE, attached)
 
 
@@ -97,8 +102,12 @@ def attached_functions(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """
     from torch import nn
 
-    found: dict[str, object] = dict(getattr(type(module), ATTACHED_ATTRIBUTE, None) or {})
+    found = list((getattr(type(module), ATTACHED_ATTRIBUTE, None) or {}).values())
     hidden = module.__dict__.get(_TRANSFORMERS_ATTRIBUTE)
     if isinstance(hidden, dict):
-        found.update({str(k): v for k, v in hidden.items()})
-    return [(name, fn) for name, fn in found.items() if isinstance(fn, nn.Module)]
+        found.extend(hidden.values())
+    named: dict[str, nn.Module] = {}
+    for fn in found:
+        if isinstance(fn, nn.Module):
+            named.setdefault(_attached_name(fn), fn)
+    return list(named.items())

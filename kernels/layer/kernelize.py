@@ -12,9 +12,11 @@ from ..mapping.mode import Mode, validate_kernelize_mode
 from ..mapping.registry import current_mapping
 from ..mapping.resolve import Candidate, Resolution, resolve
 from .decisions import Decision, DeviceSpec, ExampleInputs, Plan, Target
+from .fallback import KernelizeFallback, as_fallback
 from .func import attached_functions
 from .loading import load_kernel_layer
 from .swap import use_kernel_forward, use_original_forward
+from .taggers import run_taggers
 from .tagging import condition_of, tag_of
 from .validation import validate_kernel_layer
 from .verify import verify_plan
@@ -31,7 +33,7 @@ def kernelize(
     *,
     mode: Mode,
     device: DeviceSpec | None = None,
-    use_fallback: bool = True,
+    use_fallback: bool | KernelizeFallback = True,
     verify: ExampleInputs | None = None,
 ) -> nn.Module:
     """Replace the `forward` of every tagged layer in `model` with a kernel from the mapping.
@@ -42,7 +44,8 @@ def kernelize(
     support (TORCH_COMPILE), the module keeps its original forward and the reason is logged.
     Every kernel is resolved, loaded and validated before the model changes: if anything
     raises, the model is left exactly as it was. Kernelizing again with another mode
-    switches kernels. The model is changed in place and returned.
+    switches kernels. The model is changed in place and returned. Taggers added with
+    `kernels.layer.taggers.add_tagger` are called with the model first.
 
     Args:
         model: the model to kernelize.
@@ -51,8 +54,10 @@ def kernelize(
         device: the device type to choose kernels for (``"cuda"``, a `Device` or a
             ``torch.device``); by default the device of the model's first parameter or buffer.
             On ROCm builds of torch, ``cuda`` means ``rocm``.
-        use_fallback: when False, raise `NoKernelError` instead of keeping a layer's
-            original forward, and `KernelLoadError` when a kernel cannot be loaded.
+        use_fallback: for which causes a layer keeps its original forward (logged) instead
+            of raising: a `KernelizeFallback` set, ``True`` (`KernelizeFallback.ALL`, the
+            default) or ``False`` (`KernelizeFallback.NONE`: raise `NoKernelError` where no
+            kernel fits, `KernelLoadError` where one cannot be loaded).
         verify: example inputs for the model (a tensor, a tuple of positional arguments or a
             dict of keyword arguments). The model is run once on them to capture each tagged
             layer's real input; every chosen kernel's output (and, for TRAINING, its
@@ -67,9 +72,16 @@ def kernelize(
         model = kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE)
         ```
     """
-    the_plan = plan(model, mode=mode, device=device, use_fallback=use_fallback)
+    fallback = as_fallback(use_fallback)
+    run_taggers(model)
+    the_plan = plan(model, mode=mode, device=device, use_fallback=fallback)
     if verify is not None:
-        the_plan = verify_plan(model, the_plan, verify, use_fallback=use_fallback)
+        the_plan = verify_plan(
+            model,
+            the_plan,
+            verify,
+            use_fallback=KernelizeFallback.VERIFICATION_FAILURE in fallback,
+        )
     for decision in the_plan.decisions:
         label = _label(decision)
         if decision.kernel is None:
@@ -98,7 +110,7 @@ def plan(
     *,
     mode: Mode,
     device: DeviceSpec | None = None,
-    use_fallback: bool = True,
+    use_fallback: bool | KernelizeFallback = True,
     raise_invalid: bool = True,
 ) -> Plan:
     """Decide, without changing `model`, what `kernelize` would do with each tagged module.
@@ -107,6 +119,7 @@ def plan(
     fallback decision (logged at ERROR) instead of raising, as `explain` needs.
     """
     mode = validate_kernelize_mode(mode)
+    use_fallback = as_fallback(use_fallback)
     target = find_target(model, device)
     mapping = current_mapping()
     decisions: list[Decision] = []
@@ -171,20 +184,23 @@ def _decide(
     layer_name: str,
     resolution: Resolution,
     mode: Mode,
-    use_fallback: bool,
+    use_fallback: KernelizeFallback,
     loaded: dict[int, type | KernelLoadError],
     raise_invalid: bool = True,
 ) -> Decision:
     def fallback(
-        reason: str, error: type[Exception] = NoKernelError, level=logging.INFO
+        reason: str,
+        cause: KernelizeFallback,
+        error: type[Exception] = NoKernelError,
+        level=logging.INFO,
     ) -> Decision:
-        if not use_fallback:
+        if cause not in use_fallback:
             raise error(f"{path or '<model>'} ({type(module).__name__}): {reason}.")
         return Decision(path, module, layer_name, resolution, None, reason, level)
 
     chosen: Candidate | None = resolution.chosen
     if chosen is None:
-        return fallback(resolution.reason)
+        return fallback(resolution.reason, KernelizeFallback.NO_KERNEL)
     # Load each repository once per kernelize call, failures included, so a model with
     # many layers of one kind does not retry an unreachable repository for each of them.
     kernel = loaded.get(id(chosen.repository))
@@ -196,7 +212,10 @@ def _decide(
         loaded[id(chosen.repository)] = kernel
     if isinstance(kernel, KernelLoadError):
         return fallback(
-            f"loading {chosen.repository} failed: {kernel}", KernelLoadError, logging.WARNING
+            f"loading {chosen.repository} failed: {kernel}",
+            KernelizeFallback.LOAD_FAILURE,
+            KernelLoadError,
+            logging.WARNING,
         )
     try:
         validate_kernel_layer(
@@ -208,7 +227,10 @@ def _decide(
         return Decision(path, module, layer_name, resolution, None, str(exc), logging.ERROR)
     missing = _missing_support(kernel, mode)
     if missing:
-        return fallback(f"kernel layer {kernel.__name__} from {chosen.repository} {missing}")
+        return fallback(
+            f"kernel layer {kernel.__name__} from {chosen.repository} {missing}",
+            KernelizeFallback.UNSUPPORTED_MODE,
+        )
     return Decision(path, module, layer_name, resolution, kernel)
 
 

@@ -6,10 +6,16 @@ import inspect
 
 from ..errors import KernelLoadError
 from ..repos.base import LayerRepositoryProtocol
+from ..repos.provides import provided_kernel
+from .func import function_layer
 
 
 def load_kernel_layer(repository: LayerRepositoryProtocol) -> type:
     """Load `repository` and return its kernel layer class (not yet validated).
+
+    `repository.load()` may return the kernel layer class, a kernel function (wrapped here
+    as a layer whose forward calls it), or the kernel package, in which the layer or function
+    named ``repository.layer_name`` is looked up.
 
     Raises:
         KernelLoadError: the repository could not be loaded, or it has no such layer.
@@ -22,24 +28,13 @@ def load_kernel_layer(repository: LayerRepositoryProtocol) -> type:
     except Exception as exc:
         raise KernelLoadError(f"{type(exc).__name__}: {exc}") from exc
 
-    # Function repositories hand over the layer class itself.
+    if inspect.ismodule(loaded):
+        loaded = provided_kernel(loaded, repository.layer_name, repository)
     if inspect.isclass(loaded):
         return loaded
-    layers = getattr(loaded, "layers", None)
-    if layers is None:
-        raise KernelLoadError(
-            f"{repository} has no `layers` module, so it provides no kernel layers (package "
-            f"{getattr(loaded, '__name__', loaded)})."
-        )
-    layer = getattr(layers, repository.layer_name, None)
-    if layer is None:
-        available = sorted(
-            name
-            for name, value in vars(layers).items()
-            if inspect.isclass(value) and value.__module__ == layers.__name__
-        )
-        raise KernelLoadError(
-            f"{repository} has no layer '{repository.layer_name}'. Layers it provides: "
-            f"{', '.join(available) or 'none'}."
-        )
-    return layer
+    if callable(loaded):
+        return function_layer(loaded)
+    raise KernelLoadError(
+        f"{repository}.load() returned {loaded!r}; a repository's load() returns the kernel "
+        "layer class, a kernel function, or the kernel package."
+    )

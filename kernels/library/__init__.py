@@ -12,20 +12,24 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KernelMappingError
-from ..mapping.device import validate_device_type
+from ..mapping.device import CUDAProperties, Device, validate_device_type
+from ..mapping.registry import register_kernel_mapping
 from ..repos.local import LocalFuncRepository, LocalLayerRepository
 
-# Tagging what transformers 4.57 leaves untagged, re-exported where users look first.
+# Tagging what transformers leaves untagged, re-exported where users look first.
 from .transformers_tags import (
     GATED_MLP_LAYER_NAME,
     ROTARY_FUNCTION_NAME,
     tag_gated_mlps,
+    tag_on_kernelize,
     tag_rotary_embeddings,
+    tag_transformers_layers,
     untag,
 )
 
@@ -34,6 +38,13 @@ HUB_ORGANISATION = "kernels-triton"
 
 #: Device types our Triton kernels are tested on and registered for by default.
 TESTED_DEVICE_TYPES = ("cuda",)
+
+#: The CUDA GPUs our kernels are registered for: compute capability 8.0 and newer (Ampere on),
+#: where current Triton releases run and bf16 is native; tested on 9.0 (H100). Registering
+#: for a range rather than all of ``cuda`` also means a narrower key, so our kernels win over
+#: kernels registered for ``"cuda"`` without a range (transformers 5.x re-registers its Hub
+#: defaults that way at every ``use_kernels``; docs/transformers.md).
+CUDA_CAPABILITIES = CUDAProperties(min_capability=80, max_capability=sys.maxsize)
 
 
 @dataclass(frozen=True)
@@ -53,12 +64,14 @@ KERNELS: tuple[LibraryKernel, ...] = (
     ),
     *(
         LibraryKernel(name, "activation", name)
-        for name in ("SiluAndMul", "GeluAndMul", "GeluTanhAndMul", "SwiGLUMLP")
+        for name in ("SiluAndMul", "GeluAndMul", "GeluTanhAndMul", "SwiGLUMLP", "GeGLUMLP")
     ),
     *(
         LibraryKernel(name, "norm", name)
         for name in ("RMSNorm", "GemmaRMSNorm", "FusedAddRMSNorm", "LayerNorm")
     ),
+    # transformers 5.x's name for Qwen3.5-style ``(1 + weight)`` norms: GemmaRMSNorm's formula.
+    LibraryKernel("RMSNormZeroCentered", "norm", "GemmaRMSNorm"),
     LibraryKernel("rotary_pos_emb", "rotary", "apply_rotary_pos_emb", is_function=True),
 )
 
@@ -87,6 +100,9 @@ def library_mapping(
     """The kernel mapping from layer names to our Triton kernel repositories.
 
     Every kernel supports backward and torch.compile, so each is registered for all modes.
+    On ``cuda`` the key is ``Device("cuda", CUDA_CAPABILITIES)`` (capability 8.0 and newer):
+    a capability range is narrower than a bare ``"cuda"`` key, so our kernels win over Hub
+    kernels registered for ``"cuda"`` before or after them, as transformers 5.x's defaults are.
 
     Args:
         devices: device types to register the kernels for. By default ``cuda`` (where they
@@ -126,11 +142,45 @@ def library_mapping(
             repository = LocalLayerRepository(
                 root / kernel.repo, package_name=kernel.repo, layer_name=kernel.attribute
             )
-        mapping[kernel.layer_name] = {device: repository for device in devices}
+        mapping[kernel.layer_name] = {_device_key(device): repository for device in devices}
     return mapping
 
 
+def register_library_kernels(devices: Iterable[str] | None = None) -> None:
+    """Our kernels for every model kernelized from now on, in one step.
+
+    Registers `library_mapping(devices)` process-wide and has `kernelize` tag what
+    transformers leaves untagged (`tag_on_kernelize`: the gated MLPs, and on 4.57 the rotary
+    embeddings) in each model before planning it. Call it before loading: transformers'
+    ``from_pretrained(..., use_kernels=True)``, ``model.use_kernels = True`` and the
+    ``train()`` / ``eval()`` switches then give every RMSNorm, activation, gated MLP and
+    rotary call our kernels, on transformers 4.57 and 5.x alike. Our ``cuda`` keys carry a
+    capability range, so the Hub kernels transformers 5.x re-registers for ``"cuda"`` at
+    every ``use_kernels`` do not replace them. `untag` stops the tagging; the mapping stays
+    registered, as with `register_kernel_mapping`.
+
+    Args:
+        devices: as for `library_mapping`.
+
+    Example:
+        ```python
+        from transformers import AutoModelForCausalLM
+        from kernels.library import register_library_kernels
+
+        register_library_kernels()
+        model = AutoModelForCausalLM.from_pretrained(path, use_kernels=True)
+        ```
+    """
+    register_kernel_mapping(library_mapping(devices))
+    tag_on_kernelize()
+
+
+def _device_key(device_type: str) -> str | Device:
+    return Device("cuda", CUDA_CAPABILITIES) if device_type == "cuda" else device_type
+
+
 __all__ = [
+    "CUDA_CAPABILITIES",
     "GATED_MLP_LAYER_NAME",
     "HUB_ORGANISATION",
     "KERNELS",
@@ -139,7 +189,10 @@ __all__ = [
     "LibraryKernel",
     "library_mapping",
     "library_path",
+    "register_library_kernels",
     "tag_gated_mlps",
+    "tag_on_kernelize",
     "tag_rotary_embeddings",
+    "tag_transformers_layers",
     "untag",
 ]

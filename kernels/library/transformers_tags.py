@@ -10,12 +10,13 @@ source of what it tags and leaves anything else alone (logged at INFO).
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import inspect
 import logging
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..layer.decorators import use_kernel_func_from_hub, use_kernelized_func
@@ -62,10 +63,13 @@ def rotate_half(x):
 
 # What the tag functions changed, as calls that put it back (newest last).
 _undo: list[Callable[[], None]] = []
+# The function `tag_on_kernelize` added as a tagger, while it is added.
+_kernelize_tagger: list[Callable[[], None]] = []
 
 
 def untag() -> None:
-    """Undo every change `tag_gated_mlps` and `tag_rotary_embeddings` made in this process.
+    """Undo every change `tag_gated_mlps` and `tag_rotary_embeddings` made in this process,
+    and stop `tag_on_kernelize`'s tagging.
 
     The tagged MLP classes lose their layer name, and each modelling module gets its own
     ``apply_rotary_pos_emb`` function back (and the attention classes their attachments).
@@ -73,8 +77,58 @@ def untag() -> None:
     original rotary function again. For programs that tag models they build and then hand the
     process back (a demo, a test), so that models built later start as transformers made them.
     """
+    while _kernelize_tagger:
+        _kernelize_tagger.pop()()
     while _undo:
         _undo.pop()()
+
+
+@contextlib.contextmanager
+def untag_on_exit() -> Iterator[None]:
+    """Undo, when the block exits, the tags made inside it (and only those).
+
+    Example:
+        ```python
+        from kernels import Mode, explain
+        from kernels.library.transformers_tags import tag_transformers_layers, untag_on_exit
+
+        with untag_on_exit():
+            tag_transformers_layers(model)
+            print(explain(model, mode=Mode.INFERENCE))
+        ```
+    """
+    start = len(_undo)
+    try:
+        yield
+    finally:
+        while len(_undo) > start:
+            _undo.pop()()
+
+
+def tag_transformers_layers(model: nn.Module) -> list[str]:
+    """`tag_gated_mlps` and `tag_rotary_embeddings` on `model`: the class names tagged.
+
+    On transformers 5.x, which tags ``apply_rotary_pos_emb`` itself, only the gated MLPs are
+    left to tag.
+    """
+    tagged = tag_gated_mlps(model) + tag_rotary_embeddings(model)
+    if tagged:
+        logger.info("tagged what transformers leaves untagged: %s", ", ".join(tagged))
+    return tagged
+
+
+def tag_on_kernelize() -> None:
+    """Have `kernelize` run `tag_transformers_layers` on every model before planning it.
+
+    Models that transformers builds and kernelizes itself (``from_pretrained(...,
+    use_kernels=True)``, ``model.use_kernels = True``, ``model.train()``) then get their gated
+    MLPs (and, on 4.57, their rotary embeddings) tagged before their layers are looked at. Calling
+    it again changes nothing; `untag` stops it. `register_library_kernels` calls it.
+    """
+    from ..layer.taggers import add_tagger
+
+    if not _kernelize_tagger:
+        _kernelize_tagger.append(add_tagger(tag_transformers_layers))
 
 
 def _remove_class_attributes(cls: type, names: tuple[str, ...]) -> None:
@@ -230,15 +284,61 @@ def _rotary_module(namespace: dict) -> nn.Module | None:
         and inspect.isfunction(namespace.get("rotate_half"))
         and _same_definition(namespace["rotate_half"], _ROTATE_HALF_SOURCE)
         and namespace.get("torch") is sys.modules.get("torch")
+        and _calls_fit_new_signature(sys.modules.get(namespace.get("__name__", "")))
     ):
         return None
-    module = use_kernel_func_from_hub(ROTARY_FUNCTION_NAME)(current)
+    module = use_kernel_func_from_hub(ROTARY_FUNCTION_NAME)(_with_new_signature(current))
     namespace[_ROTARY_FUNCTION] = module
     _undo.append(functools.partial(namespace.__setitem__, _ROTARY_FUNCTION, current))
     logger.debug(
         "%s.%s now calls through a kernelizable module", namespace.get("__name__"), _ROTARY_FUNCTION
     )
     return module
+
+
+def _calls_fit_new_signature(module: object) -> bool:
+    """Whether every use of ``apply_rotary_pos_emb`` in `module`'s source is a call that passes
+    at most ``q, k, cos, sin`` positionally and no keyword but ``unsqueeze_dim``: such calls
+    mean the same with transformers 4.57's signature and with 5.x's, which dropped the unused
+    ``position_ids`` before ``unsqueeze_dim``."""
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    checked: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _is_rotary_name(node.func):
+            if (
+                len(node.args) > 4
+                or any(isinstance(a, ast.Starred) for a in node.args)
+                or any(kw.arg != "unsqueeze_dim" for kw in node.keywords)
+            ):
+                return False
+            checked.add(id(node.func))
+    # Any other read of the name (passed along, stored) could reach a call we cannot see.
+    return all(
+        id(node) in checked
+        for node in ast.walk(tree)
+        if _is_rotary_name(node) and isinstance(node.ctx, ast.Load)
+    )
+
+
+def _is_rotary_name(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == _ROTARY_FUNCTION
+
+
+def _with_new_signature(original: Callable) -> Callable:
+    """`original` (transformers 4.57's ``apply_rotary_pos_emb``) with transformers 5.x's
+    signature, the one our rotary kernel has, so that `kernelize` accepts the kernel for it."""
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+    # No ``__wrapped__``: inspect.signature would follow it back to the 4.57 signature.
+    apply_rotary_pos_emb.original = original
+    apply_rotary_pos_emb.__module__ = original.__module__
+    apply_rotary_pos_emb.__doc__ = original.__doc__
+    return apply_rotary_pos_emb
 
 
 def tag_rotary_embeddings(model: nn.Module) -> list[str]:
@@ -253,6 +353,9 @@ def tag_rotary_embeddings(model: nn.Module) -> list[str]:
     is replaced by a function module tagged ``"rotary_pos_emb"`` that calls the original, and
     the module is attached to the class with `use_kernelized_func`. A class whose function
     differs (partial rotary, interleaved, multimodal sections) is left alone and logged.
+    The function module has transformers 5.x's signature ``(q, k, cos, sin, unsqueeze_dim=1)``
+    (4.57's had an unused ``position_ids`` before ``unsqueeze_dim``), so it is only made where
+    every call in the modelling module passes at most ``q, k, cos, sin`` positionally.
 
     The replacement behaves as the original until `kernelize` runs with a mapping that serves
     ``"rotary_pos_emb"`` (`library_mapping()` does). It is one object per modelling module,

@@ -38,8 +38,9 @@ from ..errors import (
 from . import hubclient
 from .hashing import verify_variant
 from .hubclient import COMMIT_PATTERN, KERNEL_REPO_TYPE, Failure
+from .info import RepoInfo
 from .layout import PackageLocation, locate_package, read_preference
-from .loaded import RepoInfo, record_origin
+from .loaded import record_origin
 from .loader import import_package
 from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
 from .variants import (

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 
 from ..errors import KernelMappingError
 from .hubclient import KERNEL_REPO_TYPE, check_repo_type
+from .provides import provided_kernel
 from .trust import normalize_trust
 from .versions import check_version_argument
 
@@ -72,7 +74,12 @@ class LayerRepository:
             ),
         )
 
-    def load(self) -> ModuleType:
+    def load(self) -> type | Callable:
+        """Download (if needed) and import the kernel package; return the layer class (or the
+        kernel function) it provides as `layer_name`. Resolves once per instance."""
+        return provided_kernel(self.load_package(), self.layer_name, self)
+
+    def load_package(self) -> ModuleType:
         """Download (if needed) and import the kernel package; resolves once per instance."""
         from .download import load_hub_kernel
 
@@ -190,7 +197,7 @@ class FuncRepository:
         """Download (if needed) and import the kernel package; its function as a kernel layer."""
         from .local import function_kernel
 
-        return function_kernel(self._package.load(), self.func_name, self)
+        return function_kernel(self._package.load_package(), self.func_name, self)
 
     @property
     def commit(self) -> str | None:

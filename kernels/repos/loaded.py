@@ -8,82 +8,16 @@ record the repository and the exact commit they came from.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
+from ..errors import KernelLoadError
+from .info import METADATA_FILE, Metadata, RepoInfo
+
 logger = logging.getLogger(__name__)
-
-#: The file kernel-builder writes into each build variant folder.
-METADATA_FILE = "metadata.json"
-
-
-@dataclass(frozen=True)
-class RepoInfo:
-    """Where a loaded kernel came from on the Hub.
-
-    Attributes:
-        repo_id: the Hub repository, e.g. ``"kernels-community/activation"``.
-        revision: the commit that was loaded (a full hash, whatever tag or version was asked).
-        repo_type: ``"kernel"``, or ``"model"`` for a kernel published as a model repository.
-    """
-
-    repo_id: str
-    revision: str
-    repo_type: str = "kernel"
-
-
-@dataclass(frozen=True)
-class Metadata:
-    """A build variant's ``metadata.json``, as kernel-builder writes it; empty when absent.
-
-    Attributes:
-        id: the kernel's identifier, unique to its version and backend.
-        name: the kernel's name.
-        version: the kernel's version (an int N for the branch vN, as kernel-builder numbers it).
-        license: the kernel's license.
-        upstream: the repository the kernel was taken from, if any.
-        source: the kernel-builder source repository.
-        python_depends: Python packages the kernel needs.
-        backend: what the build targets (e.g. ``{"type": "cuda", ...}``), as the file says.
-    """
-
-    id: str | None = None
-    name: str | None = None
-    version: int | str | None = None
-    license: str | None = None
-    upstream: str | None = None
-    source: str | None = None
-    python_depends: tuple[str, ...] = ()
-    backend: dict | None = field(default=None, compare=False)
-
-    @classmethod
-    def from_variant(cls, variant_dir: Path) -> Metadata:
-        """Read ``<variant_dir>/metadata.json``; a missing or unreadable file gives empty metadata."""
-        path = Path(variant_dir) / METADATA_FILE
-        if not path.is_file():
-            return cls()
-        try:
-            data = json.loads(path.read_text())
-            if not isinstance(data, dict):
-                raise ValueError("not a JSON object")
-            depends = data.get("python-depends", data.get("python_depends", []))
-            return cls(
-                id=data.get("id"),
-                name=data.get("name"),
-                version=data.get("version"),
-                license=data.get("license"),
-                upstream=data.get("upstream"),
-                source=data.get("source"),
-                python_depends=tuple(depends) if isinstance(depends, list) else (),
-                backend=data.get("backend") if isinstance(data.get("backend"), dict) else None,
-            )
-        except (OSError, ValueError) as exc:
-            logger.warning("ignoring the unreadable %s (%s)", path, exc)
-            return cls()
 
 
 @dataclass(frozen=True)
@@ -113,10 +47,14 @@ def record_import(package_dir: Path, module: ModuleType) -> None:
     package_dir = Path(package_dir).resolve()
     # metadata.json sits in the variant folder: the package itself, or its parent.
     variant_dir = package_dir if (package_dir / METADATA_FILE).is_file() else package_dir.parent
+    try:
+        metadata = Metadata.load_from_variant(variant_dir)
+    except KernelLoadError as exc:
+        # The package imported; a malformed metadata.json must not undo that.
+        logger.warning("ignoring the metadata of %s: %s", variant_dir, exc)
+        metadata = Metadata()
     with _lock:
-        _loaded[package_dir] = LoadedKernel(
-            Metadata.from_variant(variant_dir), module, None, package_dir
-        )
+        _loaded[package_dir] = LoadedKernel(metadata, module, None, package_dir)
 
 
 def record_origin(package_dir: Path, repo_info: RepoInfo) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -10,6 +11,7 @@ from types import ModuleType
 from ..errors import KernelLoadError
 from .layout import locate_package
 from .loader import import_package
+from .provides import provided_kernel
 
 
 def get_local_kernel(
@@ -50,18 +52,16 @@ class LocalLayerRepository:
     Args:
         repo_path: the repository folder, which holds ``build/``.
         package_name: the package inside ``build/<variant>/`` (optional, as for
-            `get_local_kernel`).
-        layer_name: the class in the package's ``layers`` module.
+            `get_local_kernel`: transformers 5.x passes only `repo_path` and `layer_name`).
+        layer_name: the class in the package's ``layers`` module, or a function of the
+            package (a function kernel).
 
     Example:
         ```python
         from kernels import LocalLayerRepository
 
-        repo = LocalLayerRepository(
-            repo_path="/home/me/kernels/activation",
-            package_name="activation",
-            layer_name="SiluAndMul",
-        )
+        repo = LocalLayerRepository(repo_path="/home/me/kernels/activation", layer_name="SiluAndMul")
+        SiluAndMul = repo.load()  # the kernel layer class
         ```
     """
 
@@ -72,9 +72,11 @@ class LocalLayerRepository:
     def __post_init__(self) -> None:
         object.__setattr__(self, "repo_path", Path(self.repo_path).expanduser())
 
-    def load(self) -> ModuleType:
-        """Import the kernel package (cached per folder)."""
-        return get_local_kernel(self.repo_path, self.package_name)
+    def load(self) -> type | Callable:
+        """Import the kernel package (cached per folder); return its layer class or function."""
+        return provided_kernel(
+            get_local_kernel(self.repo_path, self.package_name), self.layer_name, self
+        )
 
     def __str__(self) -> str:
         package = f", package {self.package_name}" if self.package_name else ""

@@ -43,7 +43,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -60,6 +60,7 @@ from .download import FetchedKernel, LoadedHubKernel, fetch_kernel, import_fetch
 from .hashing import HASH_TYPE, combined_hash, verify_variant
 from .hubclient import KERNEL_REPO_TYPE, MODEL_REPO_TYPE
 from .project import Dependency, read_dependencies
+from .provides import provided_kernel
 from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
 from .variants import VARIANT_PATTERN
 from .versions import ResolvedRevision, hub_error, resolve_revision
@@ -582,7 +583,12 @@ class LockedLayerRepository:
             object.__setattr__(self, "_caller", calling_module())
         object.__setattr__(self, "trust_remote_code", normalize_trust(self.trust_remote_code))
 
-    def load(self) -> ModuleType:
+    def load(self) -> type | Callable:
+        """Download (if needed), verify and import the locked kernel; return the layer class
+        (or the kernel function) it provides as `layer_name`."""
+        return provided_kernel(self.load_package(), self.layer_name, self)
+
+    def load_package(self) -> ModuleType:
         """Download (if needed), verify and import the locked kernel; once per instance."""
         with _repo_lock:
             if self._loaded is None:
@@ -658,7 +664,7 @@ class LockedFuncRepository:
         """Download (if needed), verify and import the locked kernel; its function as a layer."""
         from .local import function_kernel
 
-        return function_kernel(self._package.load(), self.func_name, self)
+        return function_kernel(self._package.load_package(), self.func_name, self)
 
     def __deepcopy__(self, memo: dict) -> LockedFuncRepository:
         return self

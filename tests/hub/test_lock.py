@@ -159,7 +159,8 @@ def test_locked_repository_loads_the_locked_commit_after_newer_releases(released
             repo.repo_id, layer_name="SiluAndMul", lockfile=str(project / "kernels.lock")
         )
     )
-    assert locked.load().VERSION == "0.1.1"
+    assert locked.load_package().VERSION == "0.1.1"
+    assert locked.load().__name__ == "SiluAndMul"  # what the lock's package provides
     assert "verified" in str(locked) and "commit" in str(locked)
     assert (
         kernels.get_kernel(repo.repo_id, version="<0.2").VERSION == "0.1.2"

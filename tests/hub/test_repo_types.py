@@ -49,7 +49,7 @@ def test_a_model_repository_loads_when_asked_for_as_one(released, hub):
     layer = LayerRepository(
         repo.repo_id, layer_name="SiluAndMul", version=">=0.2", repo_type="model"
     )
-    assert layer.load().VERSION == "0.2.0"
+    assert layer.load_package().VERSION == "0.2.0"
     assert str(layer).startswith(f"model repository {repo.repo_id} (version >=0.2")
 
 
@@ -114,7 +114,7 @@ def test_locks_record_the_repository_type(released, tmp_path, capsys):
         assert locked["repo_type"] == expected
         loaded = LockedLayerRepository(
             repo.repo_id, layer_name="SiluAndMul", lockfile=project / "kernels.lock"
-        ).load()
+        ).load_package()
         assert Path(loaded.__file__).is_relative_to(repo_cache_folder(repo.repo_id, expected))
 
 

@@ -284,4 +284,6 @@ def test_transformers_style_construction():
         version=">=0.0.4,<0.1.0",
         revision=None,
     )
-    assert repo.load().VERSION == "0.0.5"
+    layer = repo.load()  # the layer class, as transformers 5.x reads it (__module__, __name__)
+    assert layer.__name__ == "SiluAndMul" and layer.__module__.endswith(".layers")
+    assert repo.load_package().VERSION == "0.0.5"

@@ -53,7 +53,7 @@ def fused_calls(activation, monkeypatch):
     """The fused functions the layer called: ``("silu_mul", shape)`` for the fused activation
     between module calls, ``("swiglu_mlp", shape)`` for the whole MLP as one function."""
     calls = []
-    for name in ("silu_mul", "swiglu_mlp"):
+    for name in ("silu_mul", "swiglu_mlp", "gelu_tanh_mul"):
         fused = getattr(activation.layers, name)
 
         def counting(first, *rest, name=name, fused=fused):
@@ -109,7 +109,28 @@ def test_swiglu_mlp_model_sized(activation, fused_calls, dtype):
     assert torch.isfinite(dx).all()
 
 
-@pytest.mark.parametrize("hidden_act", ["gelu", "gelu_pytorch_tanh", "relu"])
+@pytest.mark.parametrize("layer", ["SwiGLUMLP", "GeGLUMLP"])
+@pytest.mark.parametrize("hidden_act", ["gelu_pytorch_tanh", "gelu_python_tanh"])
+def test_tanh_gelu_is_fused(activation, fused_calls, layer, hidden_act):
+    """Gemma's activation: ``act(gate) * up`` runs as ``gelu_tanh_mul``, forward and backward."""
+    mlp = _mlp("llama", hidden_act=hidden_act)
+    fast = copy.deepcopy(mlp)
+    fast.forward = types.MethodType(getattr(activation.layers, layer).forward, fast)
+    x = randn(2, 5, HIDDEN).requires_grad_()
+    y = fast(x)
+    assert [c[0] for c in fused_calls] == ["gelu_tanh_mul"]
+    reference = copy.deepcopy(mlp).double()
+    x64 = x.detach().double().requires_grad_()
+    y64 = reference(x64)
+    assert_close(y, y64, torch.float32, f"{layer} {hidden_act} forward")
+    dy = randn(*y.shape)
+    got = grads(y, (x, *fast.parameters()), dy)
+    want = grads(y64, (x64, *reference.parameters()), dy.double())
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, torch.float32, f"{layer} {hidden_act} grad")
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "gelu_new", "relu"])
 def test_other_activations_run_the_modules_own_formula(activation, fused_calls, hidden_act):
     mlp = _mlp("llama", hidden_act=hidden_act)
     fast = _bind(mlp, activation)

@@ -13,7 +13,7 @@ from library_helpers import (
     SiluAndMul,
     transformers_activation,
 )
-from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from kernels.layer.validation import validate_kernel_layer
@@ -30,6 +30,7 @@ REPLACES = {
     ("activation", "GeluAndMul"): GeluAndMul,
     ("activation", "GeluTanhAndMul"): GeluTanhAndMul,
     ("activation", "SwiGLUMLP"): LlamaMLP,
+    ("activation", "GeGLUMLP"): GemmaMLP,
     ("norm", "RMSNorm"): LlamaRMSNorm,
     ("norm", "GemmaRMSNorm"): GemmaRMSNorm,
     ("norm", "FusedAddRMSNorm"): FusedAddRMSNorm,

@@ -127,8 +127,15 @@ def test_cpu_tensors_without_the_interpreter_take_pytorch(rotary, monkeypatch):
     assert torch.equal(qo, qr) and torch.equal(ko, kr)
 
 
-def test_signature_matches_transformers(rotary):
-    assert inspect.signature(rotary.apply_rotary_pos_emb) == inspect.signature(reference)
+def test_signature_is_transformers_5x(rotary):
+    """transformers 5.x's signature (kernelize compares names and defaults). 4.57's had an
+    unused position_ids before unsqueeze_dim; tag_rotary_embeddings bridges the two."""
+    signature = inspect.signature(rotary.apply_rotary_pos_emb)
+    assert str(signature) == "(q, k, cos, sin, unsqueeze_dim=1)"
+    theirs = inspect.signature(reference).parameters
+    assert [p for name, p in theirs.items() if name != "position_ids"] == list(
+        signature.parameters.values()
+    )
 
 
 @pytest.mark.skipif(not ON_GPU, reason="cos/sin in fp32 with fp16 q: exercised on the GPU")

@@ -2,6 +2,7 @@
 global ``apply_rotary_pos_emb``; after tagging, ``kernelize`` swaps it for our rotary kernel."""
 
 import importlib
+import inspect
 import logging
 import sys
 import textwrap
@@ -188,10 +189,47 @@ def test_only_the_rotate_half_formula_is_tagged(tmp_path, caplog, parts, tagged)
         assert names == (["Attention"] if tagged else [])
         assert (modeling.apply_rotary_pos_emb is not original) == tagged
         if tagged:
-            assert modeling.apply_rotary_pos_emb.__wrapped__ is original
+            # It calls the original through transformers 5.x's signature, our kernel's.
+            assert modeling.apply_rotary_pos_emb.__wrapped__.original is original
+            assert str(inspect.signature(modeling.apply_rotary_pos_emb.forward)) == (
+                "(q, k, cos, sin, unsqueeze_dim=1)"
+            )
         else:
             assert "not transformers' rotate-half formula" in caplog.text
     finally:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize(
+    "call,tagged",
+    [
+        ("apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)", True),
+        ("apply_rotary_pos_emb(q, k, cos, sin, None)", False),
+        ("apply_rotary_pos_emb(q, k, cos, sin, position_ids=None)", False),
+        ("apply_rotary_pos_emb(*(q, k, cos, sin))", False),
+        ("(lambda f: f(q, k, cos, sin))(apply_rotary_pos_emb)", False),
+    ],
+    ids=["unsqueeze-keyword", "fifth-positional", "position-ids", "starred", "passed-along"],
+)
+def test_the_5x_signature_is_given_only_where_every_call_fits_it(tmp_path, call, tagged):
+    """4.57's function has ``position_ids`` before ``unsqueeze_dim``; 5.x's (our kernel's) has
+    not. A call that passes a fifth positional argument, ``position_ids``, or the function
+    itself elsewhere could mean something else with 5.x's signature: nothing is tagged."""
+    attention = f"""
+class Attention(nn.Module):
+    def forward(self, q, k, cos, sin):
+        return {call}
+"""
+    name = f"modeling_rotary_calls_{tmp_path.name}"
+    modeling = _modeling_file(tmp_path, name, _ROTATE_HALF, _LLAMA_ROTARY, attention)
+    try:
+        original = modeling.apply_rotary_pos_emb
+        assert tag_rotary_embeddings(nn.Sequential(modeling.Attention())) == (
+            ["Attention"] if tagged else []
+        )
+        assert (modeling.apply_rotary_pos_emb is not original) == tagged
+    finally:
+        untag()
         del sys.modules[name]
 
 

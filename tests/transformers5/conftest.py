@@ -17,3 +17,18 @@ if Version(transformers.__version__).major < 5:
         "transformers 5.x environment (`make test-5`)",
         allow_module_level=True,
     )
+
+from tf5_models import restore_function_modules  # noqa: E402
+
+
+@pytest.fixture
+def clean_kernels():
+    """Put back the process-wide mapping and the library's tags and tagger afterwards."""
+    from kernels.library import untag
+    from kernels.mapping import registry
+
+    saved = registry._global_mapping
+    yield
+    untag()
+    registry._global_mapping = saved
+    restore_function_modules()

@@ -3,7 +3,8 @@
 A kernel layer has no state and no ``__init__``: ``kernelize`` binds ``forward`` to the original
 module instance. The element-wise layers replace transformers' activation modules (parameter
 ``input``); the gated ones replace vLLM-style ``SiluAndMul``-like modules (parameter ``x``);
-``SwiGLUMLP`` replaces the whole gated MLP of Llama-family models (parameter ``x``).
+``SwiGLUMLP`` and ``GeGLUMLP`` replace the whole gated MLP of Llama- and Gemma-family models
+(parameter ``x``).
 """
 
 import types
@@ -12,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .elementwise import fast_gelu, gelu, gelu_tanh, new_gelu, quick_gelu, silu
-from .gated import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul, silu_mul
+from .gated import gelu_and_mul, gelu_tanh_and_mul, gelu_tanh_mul, silu_and_mul, silu_mul
 from .mlp import swiglu_mlp
 
 
@@ -112,11 +113,28 @@ def _is_plain_silu(act: torch.nn.Module) -> bool:
     subclass, with no hooks, and running its own ``forward`` or our ``SiLU`` kernel layer's
     (which ``kernelize`` binds to it when it serves the ``"SiLU"`` layer too)."""
     cls = type(act)
-    if not (
-        cls is torch.nn.SiLU
-        or (cls.__name__ == "SiLUActivation" and cls.__module__ == "transformers.activations")
-    ):
-        return False
+    return (
+        cls is torch.nn.SiLU or _is_transformers_activation(cls, "SiLUActivation")
+    ) and _runs_own_or(act, SiLU)
+
+
+def _is_plain_gelu_tanh(act: torch.nn.Module) -> bool:
+    """Whether calling ``act`` is the tanh-approximated GELU: transformers' ``GELUTanh`` (what
+    ``ACT2FN["gelu_pytorch_tanh"]`` gives, Gemma's activation) or ``torch.nn.GELU("tanh")``,
+    not a subclass, with no hooks, running its own ``forward`` or our ``GeluTanh`` layer's."""
+    cls = type(act)
+    return (
+        (cls is torch.nn.GELU and act.approximate == "tanh")
+        or _is_transformers_activation(cls, "GELUTanh")
+    ) and _runs_own_or(act, GeluTanh)
+
+
+def _is_transformers_activation(cls: type, name: str) -> bool:
+    return cls.__name__ == name and cls.__module__ == "transformers.activations"
+
+
+def _runs_own_or(act: torch.nn.Module, kernel_layer: type) -> bool:
+    """No hooks, and ``act`` runs its class's ``forward`` or `kernel_layer`'s."""
     if _has_hooks(act):
         return False
     if "forward" not in act.__dict__:
@@ -124,7 +142,7 @@ def _is_plain_silu(act: torch.nn.Module) -> bool:
     # Spelled as attribute reads, not ``__dict__.get`` or ``getattr`` with a default: this is
     # the form torch.compile (dynamo, torch 2.11 and 2.13 tried) evaluates as Python does.
     forward = act.forward
-    return isinstance(forward, types.MethodType) and forward.__func__ is SiLU.forward
+    return isinstance(forward, types.MethodType) and forward.__func__ is kernel_layer.forward
 
 
 def _has_hooks(module: torch.nn.Module) -> bool:
@@ -168,24 +186,45 @@ def _takes_fused_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> bool:
     return all(_is_plain_linear(p, x.dtype, x.device) for p in projections)
 
 
-class SwiGLUMLP(torch.nn.Module):
-    """The gated MLP of transformers' Llama, Mistral, Qwen2, Qwen3 (``LlamaMLP`` & co.):
-    ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, with ``act_fn(gate) * up`` fused into
-    one kernel (``silu_mul``) when ``act_fn`` is SiLU. Any other ``act_fn`` (or a SiLU module
-    with hooks) is called as the module would call it, so the result never changes.
+def _gated_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))``, with ``act(gate) * up``
+    fused into one kernel when ``act_fn`` is plain SiLU or tanh GELU; the module's own formula
+    for any other ``act_fn``."""
+    if _is_plain_silu(mlp.act_fn):
+        if _takes_fused_mlp(mlp, x):
+            gate, up, down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+            return swiglu_mlp(x, gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias)
+        return mlp.down_proj(silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
+    if _is_plain_gelu_tanh(mlp.act_fn):
+        return mlp.down_proj(gelu_tanh_mul(mlp.gate_proj(x), mlp.up_proj(x)))
+    return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
 
-    When training eagerly with plain ``torch.nn.Linear`` projections, the whole MLP runs as
-    ``swiglu_mlp``, which keeps ``gate`` and ``up`` for backward but not their product (the
-    backward kernel recomputes it): a third less of the MLP's activation memory. Otherwise the
-    projections are called as modules (their hooks, LoRA wrappers etc. still run)."""
+
+class SwiGLUMLP(torch.nn.Module):
+    """The gated MLP of transformers' Llama, Mistral, Qwen2, Qwen3 (``LlamaMLP`` & co.), and of
+    Gemma (``GemmaMLP``, the same ``forward``): ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``,
+    with ``act_fn(gate) * up`` fused into one kernel when ``act_fn`` is SiLU (``silu_mul``) or
+    tanh GELU (``gelu_tanh_mul``, Gemma's). Any other ``act_fn`` (or an activation module with
+    hooks) is called as the module would call it, so the result never changes.
+
+    When training eagerly with SiLU and plain ``torch.nn.Linear`` projections, the whole MLP
+    runs as ``swiglu_mlp``, which keeps ``gate`` and ``up`` for backward but not their product
+    (the backward kernel recomputes it): a third less of the MLP's activation memory. Otherwise
+    the projections are called as modules (their hooks, LoRA wrappers etc. still run)."""
 
     has_backward = True
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not _is_plain_silu(self.act_fn):
-            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-        if _takes_fused_mlp(self, x):
-            gate, up, down = self.gate_proj, self.up_proj, self.down_proj
-            return swiglu_mlp(x, gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias)
-        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        return _gated_mlp(self, x)
+
+
+class GeGLUMLP(torch.nn.Module):
+    """The GELU-gated MLP (transformers 5.x lists ``"GeGLUMLP"`` in its default mapping):
+    the same computation as `SwiGLUMLP`, fused for tanh GELU (Gemma's ``act_fn``) and SiLU."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _gated_mlp(self, x)

@@ -1,6 +1,6 @@
 """Rotary position embedding for q and k, transformers' rotate-half convention.
 
-``apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)`` returns
+``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` returns
 ``(q * c + rotate_half(q) * s, k * c + rotate_half(k) * s)`` with ``c = cos.unsqueeze(unsqueeze_dim)``
 (likewise ``s``) and ``rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2])``.
 
@@ -386,12 +386,14 @@ rotary_op.register_autograd(_backward, setup_context=_setup_context)
 # --------------------------------------------------------------------------------------------
 
 
-def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-    """transformers' ``apply_rotary_pos_emb``: rotate-half RoPE of ``q`` and ``k``.
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers' ``apply_rotary_pos_emb`` (5.x signature): rotate-half RoPE of ``q`` and ``k``.
 
     ``q`` (batch, q_heads, seq, head_dim) and ``k`` (batch, k_heads, seq, head_dim) with
     ``unsqueeze_dim=1``, or (batch, seq, heads, head_dim) with ``unsqueeze_dim=2``; ``cos`` and
-    ``sin`` (batch or 1, seq, head_dim). ``position_ids`` is unused, as in transformers.
+    ``sin`` (batch or 1, seq, head_dim). transformers 4.57's function also had an unused
+    ``position_ids`` before ``unsqueeze_dim``; ``kernels.library.tag_rotary_embeddings`` gives
+    4.57 models this signature (see the repository's README).
     Gradients flow to q and k through the kernel, and to cos and sin (in PyTorch) if they
     require grad. Other layouts fall back to the PyTorch formula.
     """

@@ -1,0 +1,171 @@
+"""What is known about a kernel: its build's ``metadata.json`` (`Metadata`) and where on the Hub
+it came from (`RepoInfo`), as Hugging Face's `kernels` (2026) describes both.
+
+A build variant folder (``build/<variant>/``) may hold ``metadata.json``, written by
+kernel-builder, e.g.::
+
+    {"id": "_activation_cuda_34605e1", "name": "activation", "version": 1,
+     "license": "apache-2.0", "python-depends": [], "backend": {"type": "cuda"}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from ..errors import KernelLoadError
+
+METADATA_FILE = "metadata.json"
+
+
+@dataclass(frozen=True)
+class RepoInfo:
+    """The origin of a kernel loaded from the Hub: its repository and the revision loaded.
+
+    ``revision`` is the commit the kernel was resolved to (a branch or tag names different
+    code over time; the commit does not).
+
+    Example:
+        ```python
+        from kernels import RepoInfo
+
+        origin = RepoInfo(repo_id="kernels-community/activation", revision="0f3c1a...")
+        print(f"{origin.repo_id}@{origin.revision[:12]}")
+        ```
+    """
+
+    repo_id: str
+    revision: str
+    #: "kernel" (the Hub's kernel repositories), or "model" for a kernel published as a model.
+    repo_type: str = "kernel"
+
+    def __str__(self) -> str:
+        kind = "" if self.repo_type == "kernel" else f"{self.repo_type} repository "
+        return f"{kind}{self.repo_id} (revision {self.revision})"
+
+
+# metadata.json keys -> Metadata fields, where they differ.
+_RENAMED = {"python-depends": "python_depends", "kernels-minver": "kernels_minver"}
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """The metadata of one build of a kernel, read from its variant's ``metadata.json``.
+
+    Every field is optional (None, or empty for ``python_depends``): builds made before
+    kernel-builder wrote metadata have none, and `Metadata.load_from_variant` then returns an
+    empty `Metadata`. Keys this class does not know are kept, unread, in ``extra``.
+
+    Attributes:
+        id: identifier unique to the kernel's version and backend (its Python module name).
+        name: the kernel's name.
+        version: the kernel's major version (the ``v<N>`` branch it is published on).
+        license: its license, e.g. ``"apache-2.0"``.
+        upstream: the original upstream repository of the kernel, if it is a port.
+        source: the kernel-builder source repository it was built from.
+        python_depends: Python packages the kernel needs, as requirement strings.
+        backend: information about the backend it was built for, e.g. ``{"type": "cuda"}``.
+        kernels_minver: the oldest `kernels` version that can load it.
+
+    Example:
+        ```python
+        from kernels import Metadata
+
+        meta = Metadata.load_from_variant("activation/build/torch-universal")
+        print(meta.name, meta.version, meta.python_depends)
+        ```
+    """
+
+    id: str | None = None
+    name: str | None = None
+    version: int | None = None
+    license: str | None = None
+    upstream: str | None = None
+    source: str | None = None
+    python_depends: tuple[str, ...] = ()
+    backend: Mapping[str, object] | None = None
+    kernels_minver: str | None = None
+    extra: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object], *, where: str = "metadata") -> Metadata:
+        """Metadata from the parsed JSON object of a ``metadata.json``.
+
+        Raises:
+            KernelLoadError: a known key has a value of the wrong type (named with `where`).
+        """
+        if not isinstance(data, Mapping):
+            raise KernelLoadError(f"{where} must hold a JSON object, got {type(data).__name__}.")
+        values: dict[str, object] = {}
+        extra: dict[str, object] = {}
+        for key, value in data.items():
+            name = _RENAMED.get(key, key)
+            if name in _CHECKS:
+                values[name] = _CHECKS[name](value, f"{where}: '{key}'")
+            else:
+                extra[key] = value
+        return cls(**values, extra=MappingProxyType(extra))
+
+    @classmethod
+    def read_from_file(cls, path: str | os.PathLike[str]) -> Metadata:
+        """Read a ``metadata.json`` file.
+
+        Raises:
+            FileNotFoundError: there is no such file.
+            KernelLoadError: it is not valid JSON, or a value has the wrong type.
+        """
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise KernelLoadError(f"{path} is not valid JSON: {exc}") from exc
+        return cls.from_dict(data, where=str(path))
+
+    @classmethod
+    def load_from_variant(cls, variant_path: str | os.PathLike[str]) -> Metadata:
+        """The metadata of the build variant folder `variant_path`; empty when it has no
+        ``metadata.json`` (builds from before kernel-builder wrote one)."""
+        path = Path(variant_path) / METADATA_FILE
+        return cls.read_from_file(path) if path.is_file() else cls()
+
+
+def _optional(kind: type, label: str):
+    def check(value: object, where: str):
+        if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+            return value
+        raise KernelLoadError(f"{where} must be {label} or null, got {value!r}.")
+
+    return check
+
+
+def _python_depends(value: object, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise KernelLoadError(f"{where} must be a list of requirement strings, got {value!r}.")
+
+
+def _backend(value: object, where: str) -> Mapping[str, object] | None:
+    if value is None or isinstance(value, Mapping):
+        return None if value is None else MappingProxyType(dict(value))
+    if isinstance(value, str):  # a bare backend name
+        return MappingProxyType({"type": value})
+    raise KernelLoadError(f"{where} must be an object (or a backend name), got {value!r}.")
+
+
+_CHECKS = {
+    "id": _optional(str, "a string"),
+    "name": _optional(str, "a string"),
+    "version": _optional(int, "an integer"),
+    "license": _optional(str, "a string"),
+    "upstream": _optional(str, "a string"),
+    "source": _optional(str, "a string"),
+    "python_depends": _python_depends,
+    "backend": _backend,
+    "kernels_minver": _optional(str, "a string"),
+}
