@@ -329,6 +329,13 @@ class HubServer:
         except OSError:
             return "(no log)"
 
+    def repo(self, repo_id: str, *, repo_type: str = "kernel") -> HubRepo:
+        """The repository `repo_id`, created (empty, on `main`) if it does not exist yet."""
+        path = MIRRORS / f"{repo_type}s" / repo_id
+        if path.is_dir():
+            return HubRepo(repo_id, path, repo_type)
+        return self.create_repo(repo_id, repo_type=repo_type)
+
     def create_repo(
         self,
         repo_id: str | None = None,

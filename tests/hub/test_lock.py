@@ -301,7 +301,7 @@ def test_lock_is_found_beside_the_calling_package_source(released, tmp_path, cap
     import locked_app_src
 
     assert locked_app_src.kernel().VERSION == "0.1.0"
-    assert locked_app_src.REPO.load() is locked_app_src.kernel()
+    assert locked_app_src.REPO.load_package() is locked_app_src.kernel()
     assert "the lock of locked_app_src" in str(locked_app_src.REPO)
 
 
