@@ -22,8 +22,10 @@ from ..repos.local import LocalFuncRepository, LocalLayerRepository
 
 # Tagging what transformers 4.57 leaves untagged, re-exported where users look first.
 from .transformers_tags import (
+    CAUSAL_LM_LAYER_NAMES,
     GATED_MLP_LAYER_NAME,
     ROTARY_FUNCTION_NAME,
+    tag_causal_lm_losses,
     tag_gated_mlps,
     tag_rotary_embeddings,
     untag,
@@ -60,6 +62,12 @@ KERNELS: tuple[LibraryKernel, ...] = (
         for name in ("RMSNorm", "GemmaRMSNorm", "FusedAddRMSNorm", "LayerNorm")
     ),
     LibraryKernel("rotary_pos_emb", "rotary", "apply_rotary_pos_emb", is_function=True),
+    # transformers 5.x's name for its causal-LM loss function, and the whole *ForCausalLM
+    # forwards that tag_causal_lm_losses tags (transformers 4.57).
+    *(
+        LibraryKernel(name, "loss", name)
+        for name in ("ForCausalLMLoss", "CausalLMFusedLoss", "GemmaCausalLMFusedLoss")
+    ),
 )
 
 
@@ -131,6 +139,7 @@ def library_mapping(
 
 
 __all__ = [
+    "CAUSAL_LM_LAYER_NAMES",
     "GATED_MLP_LAYER_NAME",
     "HUB_ORGANISATION",
     "KERNELS",
@@ -139,6 +148,7 @@ __all__ = [
     "LibraryKernel",
     "library_mapping",
     "library_path",
+    "tag_causal_lm_losses",
     "tag_gated_mlps",
     "tag_rotary_embeddings",
     "untag",
