@@ -11,8 +11,10 @@ through an ``lm_head`` weight ``[vocab, hidden]``, and its gradients with respec
 - ``liger``: Liger-Kernel's ``LigerFusedLinearCrossEntropyFunction`` (its defaults: gradients made
   in the forward, weight gradient accumulated in the weight's dtype), when installed;
 - ``ours``: ``fused_linear_cross_entropy`` of library/loss (default chunk size);
-- ``ours-chunk-x4`` (with ``--big-chunks``): ours with chunks of four times the default rows,
-  to show what memory buys in speed where the loss is bound by memory bandwidth.
+- with ``--variants``, ours with its plan forced: ``ours-one-pass`` (Liger's plan: chunks of
+  tokens over the whole vocabulary, within the same budget) and ``ours-one-pass-x4`` (chunks of
+  four times as many tokens: what memory buys in speed where one pass is bound by memory
+  bandwidth); ``ours`` picks one pass or two passes over vocabulary tiles by itself.
 
 Timing: ``ops.interleaved_samples`` (rounds that run every contender in rotating order, a
 block of calls each, L2 cleared before every call, CUDA events), median over the rounds; the
@@ -47,7 +49,7 @@ HIDDEN = [2048, 4096]
 VOCAB = [32000, 128256, 151936, 262144]
 TOKENS = [4096, 16384]
 DTYPE = torch.bfloat16
-IMPLS = ["eager", "compile", "liger", "ours", "ours-chunk-x4"]
+IMPLS = ["eager", "compile", "liger", "ours", "ours-one-pass", "ours-one-pass-x4"]
 GiB = 2**30
 
 
@@ -80,7 +82,7 @@ def plain_loss(h, w, y):
     return F.cross_entropy(F.linear(h, w).float(), y, ignore_index=-100)
 
 
-def contenders(ours, liger, tokens, hidden, vocab, big_chunks: bool) -> dict:
+def contenders(ours, liger, tokens, hidden, vocab, variants: bool) -> dict:
     """{name: loss function of (h, w, y)}."""
     fns = {"eager": plain_loss, "compile": torch.compile(plain_loss, dynamic=False)}
     if liger is not None:
@@ -94,13 +96,17 @@ def contenders(ours, liger, tokens, hidden, vocab, big_chunks: bool) -> dict:
 
         fns["liger"] = liger_loss
     fns["ours"] = ours.fused_linear_cross_entropy
-    if big_chunks:
-        rows = 4 * ours.chunk_rows(tokens, hidden, vocab, 2, torch.device("cuda"))
+    if variants:
+        rows = ours.chunk_rows(tokens, hidden, vocab, 2, torch.device("cuda"))
 
-        def ours_big(h, w, y):
+        def one_pass(h, w, y):
             return ours.fused_linear_cross_entropy(h, w, y, chunk_size=rows)
 
-        fns["ours-chunk-x4"] = ours_big
+        def one_pass_x4(h, w, y):
+            return ours.fused_linear_cross_entropy(h, w, y, chunk_size=4 * rows)
+
+        fns["ours-one-pass"] = one_pass
+        fns["ours-one-pass-x4"] = one_pass_x4
     return fns
 
 
@@ -154,15 +160,15 @@ def spot_check(fns, h, w, y) -> dict:
         )
         results[name] = errors
         del loss, gh, gw
-    for name in ("ours", "ours-chunk-x4"):
+    for name in ("ours", "ours-one-pass", "ours-one-pass-x4"):
         if name in results and not max(results[name]) < 2e-2:
             raise AssertionError(f"{name} differs from {next(iter(results))}: {results[name]}")
     return results
 
 
-def run_shape(ours, liger, tokens, hidden, vocab, rep_ms, block, big_chunks) -> list:
+def run_shape(ours, liger, tokens, hidden, vocab, rep_ms, block, variants) -> list:
     h, w, y = make_inputs(tokens, hidden, vocab)
-    fns = contenders(ours, liger, tokens, hidden, vocab, big_chunks)
+    fns = contenders(ours, liger, tokens, hidden, vocab, variants)
     calls, rows, failed = {}, [], {}
     for name, fn in fns.items():
         call = fwd_bwd_call(fn, h, w, y)
@@ -179,10 +185,8 @@ def run_shape(ours, liger, tokens, hidden, vocab, rep_ms, block, big_chunks) -> 
     checked = spot_check({n: fns[n] for n in calls}, h, w, y)
     samples = ops.interleaved_samples({n: c for n, (c, _) in calls.items()}, rep_ms, block)
     shape = {"tokens": tokens, "hidden": hidden, "vocab": vocab}
-    chunks = {
-        "ours_chunk_rows": ours.chunk_rows(tokens, hidden, vocab, 2, h.device),
-        "liger_chunk_rows": liger_chunk_rows(tokens, hidden, vocab),
-    }
+    plan = ours.chunk_plan(tokens, hidden, vocab, 2, h.device, fp32_rows=True)
+    chunks = {"ours_plan": list(plan), "liger_chunk_rows": liger_chunk_rows(tokens, hidden, vocab)}
     for name in fns:
         row = {**shape, **chunks, "impl": name}
         if name in failed:
@@ -272,7 +276,8 @@ def write_markdown(meta, results, path) -> None:
         "",
         card_table(results),
         "",
-        "Chunk rows (tokens a chunk): ours by default, and Liger's.",
+        "Chunks: ours (tokens x vocabulary columns; fewer columns than the vocabulary is two "
+        "passes over tiles), and Liger's (tokens over the whole vocabulary).",
         "",
         "| tokens x hidden -> vocab | ours | liger |",
         "|---|---|---|",
@@ -283,8 +288,8 @@ def write_markdown(meta, results, path) -> None:
             continue
         seen.add(_key(r))
         lines.append(
-            f"| {r['tokens']} x {r['hidden']} -> {r['vocab']} | {r['ours_chunk_rows']} | "
-            f"{r['liger_chunk_rows']} |"
+            f"| {r['tokens']} x {r['hidden']} -> {r['vocab']} | {r['ours_plan'][0]} x "
+            f"{r['ours_plan'][1]} | {r['liger_chunk_rows']} x {r['vocab']} |"
         )
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -305,7 +310,9 @@ def main():
         "--rep-ms", type=float, default=2000.0, help="time each shape's rounds may take"
     )
     parser.add_argument("--block", type=int, default=3, help="calls a contender makes a round")
-    parser.add_argument("--big-chunks", action="store_true", help="also time ours-chunk-x4")
+    parser.add_argument(
+        "--variants", action="store_true", help="also time ours-one-pass and ours-one-pass-x4"
+    )
     parser.add_argument(
         "--card", action="store_true", help="print the model-card table from --out (no GPU)"
     )
@@ -342,7 +349,7 @@ def main():
             for tokens in map(int, args.tokens.split(",")):
                 torch._dynamo.reset()
                 rows = run_shape(
-                    ours, liger, tokens, hidden, vocab, args.rep_ms, args.block, args.big_chunks
+                    ours, liger, tokens, hidden, vocab, args.rep_ms, args.block, args.variants
                 )
                 results = _merge(results, rows)
                 with open(path, "w") as f:

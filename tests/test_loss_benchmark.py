@@ -10,7 +10,7 @@ import loss as bench  # noqa: E402
 
 def _row(impl, ms, gib, rounds=None, **shape):
     shape = {"tokens": 4096, "hidden": 2048, "vocab": 32000, **shape}
-    row = {**shape, "impl": impl, "ours_chunk_rows": 256, "liger_chunk_rows": 256}
+    row = {**shape, "impl": impl, "ours_plan": [256, 32000], "liger_chunk_rows": 256}
     if ms is None:
         return {**row, "error": "out of memory"}
     return {**row, "fwd_bwd_ms": ms, "rounds_ms": rounds or [ms] * 4, "peak_extra_gib": gib}
@@ -41,3 +41,14 @@ def test_merge_replaces_rows_of_the_same_shape_and_contender():
     new = [_row("ours", 8.0, 1.0)]
     merged = bench._merge(old, new)
     assert [(r["impl"], r["fwd_bwd_ms"]) for r in merged] == [("liger", 10.0), ("ours", 8.0)]
+
+
+def test_results_md_lists_the_plans(tmp_path):
+    meta = dict(
+        device="GPU", date="today", torch="t", triton="tr", liger="l", dtype="bfloat16",
+        timing="rounds", memory="peak",
+    )  # fmt: skip
+    results = [_row("ours", 8.0, 1.1), _row("liger", 10.0, 1.2)]
+    bench.write_markdown(meta, results, tmp_path / "results.md")
+    text = (tmp_path / "results.md").read_text()
+    assert "| 4096 x 2048 -> 32000 | 256 x 32000 | 256 x 32000 |" in text

@@ -88,16 +88,26 @@ CASES = [
     ("none", "transposed", {"reduction": "none", "ignored": 0.3, "bias": True}),
     ("num-items", "chunks-19-by-4", {"items": 25, "ignored": 0.2, "softcap": 30.0}),
     ("none-softcap", "split-rows", {"reduction": "none", "softcap": 5.0, "smoothing": 0.2}),
+    # Two passes over tiles of the vocabulary (the last one narrower), whole chunks and not.
+    ("two-pass", "odd-vocab", {"vocab_chunk": 300, "bias": True, "ignored": 0.3}),
+    ("two-pass-chunks", "chunks-19-by-4", {"vocab_chunk": 32, "softcap": 4.0, "smoothing": 0.1}),
+    ("two-pass-none", "sliced", {"vocab_chunk": 100, "reduction": "none", "items": None}),
 ]
 GPU_CASES = [
     pytest.param("llama2", ((4096,), 4096, 32001, None, None), {}, marks=pytest.mark.gpu),
     pytest.param(
         "llama3", ((2, 1024), 2048, 128256, None, None), {"ignored": 0.3}, marks=pytest.mark.gpu
     ),
-    pytest.param(
+    pytest.param(  # one pass of 128 chunks of 4 tokens
         "gemma3",
         ((512,), 2048, 262144, None, "slice"),
         {"softcap": 30.0, "smoothing": 0.1},
+        marks=pytest.mark.gpu,
+    ),
+    pytest.param(  # two passes: 4 chunks of 1024 tokens over 64 tiles of 4096 columns
+        "gemma3-two-pass",
+        ((2, 2048), 2048, 262144, None, "slice"),
+        {"softcap": 30.0, "ignored": 0.1},
         marks=pytest.mark.gpu,
     ),
     pytest.param(
@@ -121,7 +131,9 @@ def _check_against_reference(loss, shape, options, dtype, grad_scale=2.5):
         softcap=options.get("softcap"),
         num_items_in_batch=options.get("items"),
     )
-    out = loss.fused_linear_cross_entropy(h, w, y, b, chunk_size=chunk, **kwargs)
+    out = loss.fused_linear_cross_entropy(
+        h, w, y, b, chunk_size=chunk, vocab_chunk=options.get("vocab_chunk"), **kwargs
+    )
     assert out.dtype == torch.float32
     assert out.shape == (lead if reduction == "none" else ())
     leaves = [t for t in (h, w, b) if t is not None]
@@ -229,10 +241,11 @@ def test_autocast_computes_in_the_autocast_dtype(loss):
 
 def test_chunk_rows_rule(loss):
     cpu = torch.device("cpu")
-    # Logits of a chunk hold about as many elements as the hidden states (Liger's bound),
-    # rounded up to a power of two rows: 4096 x 4096 with vocabulary 128256 -> 256 rows.
-    assert loss.chunk_rows(4096, 4096, 128256, 2, cpu) == 256
-    assert loss.chunk_rows(16384, 4096, 262144, 2, cpu) == 128  # 256, capped at 64 MiB (CPU)
+    # Liger's bound: next_power_of_2(ceil(tokens / ceil(vocab / hidden))) tokens a chunk,
+    # 4096 / ceil(128256 / 4096) = 128.
+    assert loss.chunk_rows(4096, 4096, 128256, 2, cpu) == 128
+    # 512, capped at 64 MiB of logits on the CPU (261 tokens), evened out (63 chunks of 261).
+    assert loss.chunk_rows(16384, 4096, 128256, 2, cpu) == 261
     assert loss.chunk_rows(16, 4096, 128256, 2, cpu) == 1
     # 263 rows -> 512; 9 chunks of 456 rather than 8 of 512 and one of 4.
     assert loss.chunk_rows(4100, 64, 1000, 4, cpu) == 456
@@ -243,6 +256,26 @@ def test_chunk_rows_rule(loss):
     assert loss.chunk_rows(0, 16, 100, 4, cpu) == 1
     ops = _op_module(loss)
     assert ops.CPU_CHUNK_BYTES == 64 * 2**20
+
+
+def test_chunk_plan_takes_two_passes_where_one_would_be_bound_by_memory(loss, monkeypatch):
+    """With Liger's budget, one pass over 262144 columns takes 32 tokens a chunk and reads the
+    weight 128 times; two passes take 1024 tokens over tiles of 4096 columns. Where one pass
+    makes long chunks (16384 x 4096 -> 128256: 512 tokens) it stays."""
+    ops = _op_module(loss)
+    monkeypatch.setattr(ops, "_free_bytes", lambda device: 2**40)
+    gpu = torch.device("cpu")  # the plan's arithmetic; the device only bounds free memory
+    plan = loss.chunk_plan
+    assert plan(4096, 2048, 262144, 2, gpu, fp32_rows=True) == (1024, 4096)
+    assert plan(4096, 2048, 262144, 2, gpu, fp32_rows=False) == (4096, 2048)
+    assert plan(4096, 2048, 128256, 2, gpu, fp32_rows=True) == (1024, 11776)
+    assert plan(16384, 4096, 128256, 2, gpu, fp32_rows=True) == (512, 128256)
+    assert plan(4096, 2048, 32000, 2, gpu, fp32_rows=True) == (256, 32000)
+    # Overrides: chunk_size alone is one pass; vocab_chunk alone picks the tokens.
+    assert plan(4096, 2048, 262144, 2, gpu, chunk_size=64) == (64, 262144)
+    assert plan(4096, 2048, 262144, 2, gpu, vocab_chunk=8192) == (1024, 8192)
+    assert plan(40, 32, 1001, 4, gpu, chunk_size=7, vocab_chunk=300) == (7, 300)
+    assert plan(40, 32, 1001, 4, gpu, vocab_chunk=5000) == (2, 1001)
 
 
 # ---- the same kernels on logits ------------------------------------------------------------
@@ -491,17 +524,19 @@ def _op_cases(loss):
     items = torch.tensor(3.0, device=DEVICE)
     return {
         "fused_mean": (ops.fused_linear_cross_entropy_op,
-                       (h, w, b, y, None, IGNORE, 0.1, 3.0, 0, 2, False, True, True, True)),
+                       (h, w, b, y, None, IGNORE, 0.1, 3.0, 0, 2, 0, False, True, True, True)),
         "fused_items_bf16": (
             ops.fused_linear_cross_entropy_op,
             (h.detach().bfloat16().requires_grad_(), w.detach().bfloat16().requires_grad_(),
-             None, y, items, IGNORE, 0.0, 0.0, 0, 0, False, True, True, False),
+             None, y, items, IGNORE, 0.0, 0.0, 0, 0, 0, False, True, True, False),
         ),
         "fused_none": (ops.fused_linear_cross_entropy_op,
-                       (h, w, None, y, None, IGNORE, 0.0, 0.0, 2, 3, False, False, False, False)),
+                       (h, w, None, y, None, IGNORE, 0.0, 0.0, 2, 3, 0, False, False, False, False)),
         "fused_backward": (ops.fused_linear_cross_entropy_backward_op,
                            (randn(5), h.detach(), w.detach(), b.detach(), y, IGNORE, 0.0, 5.0,
-                            2, False, True, True, True)),
+                            2, 16, False, True, True, True)),
+        "fused_two_pass": (ops.fused_linear_cross_entropy_op,
+                           (h, w, b, y, None, IGNORE, 0.0, 0.0, 0, 2, 10, False, True, True, True)),
         "cross_entropy": (ops.cross_entropy_op, (logits, y, None, IGNORE, 0.1, 0.0, 1, True)),
         "cross_entropy_backward": (ops.cross_entropy_backward_op,
                                    (randn(5), logits.detach(), y, IGNORE, 0.0, 0.0)),
@@ -515,6 +550,7 @@ def _op_cases(loss):
         "fused_items_bf16",
         "fused_none",
         "fused_backward",
+        "fused_two_pass",
         "cross_entropy",
         "cross_entropy_backward",
     ],

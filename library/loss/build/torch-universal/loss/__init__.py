@@ -14,11 +14,17 @@ from .causal_lm import (
     lm_head_and_loss,
     shift_labels,
 )
-from .fused_linear_cross_entropy import chunk_rows, cross_entropy, fused_linear_cross_entropy
+from .fused_linear_cross_entropy import (
+    chunk_plan,
+    chunk_rows,
+    cross_entropy,
+    fused_linear_cross_entropy,
+)
 
 __all__ = [
     "causal_lm_cross_entropy",
     "causal_lm_loss",
+    "chunk_plan",
     "chunk_rows",
     "cross_entropy",
     "for_causal_lm_loss",

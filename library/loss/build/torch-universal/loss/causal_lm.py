@@ -44,6 +44,7 @@ def causal_lm_loss(
     label_smoothing: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    vocab_chunk: int | None = None,
     fp32_weight_grad: bool = False,
 ) -> torch.Tensor:
     """transformers' ``ForCausalLMLoss(lm_head(hidden_states), labels, ...)``, fused.
@@ -63,7 +64,7 @@ def causal_lm_loss(
     return fused_linear_cross_entropy(
         hidden, weight, targets, bias, ignore_index=ignore_index,
         num_items_in_batch=num_items_in_batch, label_smoothing=label_smoothing, softcap=softcap,
-        chunk_size=chunk_size, fp32_weight_grad=fp32_weight_grad,
+        chunk_size=chunk_size, vocab_chunk=vocab_chunk, fp32_weight_grad=fp32_weight_grad,
     )  # fmt: skip
 
 

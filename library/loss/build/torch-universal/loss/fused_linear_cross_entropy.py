@@ -23,6 +23,7 @@ loop), then the eager autograd functions, then the ``torch.library`` ops torch.c
 then the public functions.
 """
 
+import functools
 import os
 
 import torch
@@ -46,22 +47,42 @@ REDUCTIONS = {"mean": MEAN, "sum": SUM, "none": NONE}
 # (tests); otherwise CPU tensors take the PyTorch formula.
 _CPU_RUNS_KERNELS = os.environ.get("TRITON_INTERPRET") == "1"
 
-# ---- the chunk size -----------------------------------------------------------------------
+# ---- the chunk plan -----------------------------------------------------------------------
 #
-# A chunk's logits are its only large transient: rows x vocab elements of the input dtype
-# (the gradient overwrites them). Liger-Kernel bounds them by the size of the hidden states
-# (rows = next power of two of tokens / ceil(vocab / hidden)); we use the same bound, so the
-# peak memory of the loss is never above Liger's, and the chunks are as large, so the matmuls
-# are as efficient: with fewer rows than a few hundred a chunk, each of its three matmuls
-# reads the whole weight for little work, and the loss becomes bound by memory bandwidth.
-# Within that bound a chunk never takes more than FREE_MEMORY_SHARE of the memory still free
-# on the device (torch.cuda.mem_get_info, plus what PyTorch's allocator holds unused); on the
-# CPU, where the interpreter runs tiny shapes, at most CPU_CHUNK_BYTES. The chunks are then
-# evened out (17 chunks of 242 rows rather than 16 of 256 and one of 4). ``chunk_size=``
-# overrides all of it: larger chunks are faster where the loss is bound by memory bandwidth
-# (large vocabulary, small hidden size, few tokens), at the price of their logits' memory.
+# A chunk's logits are the loss's only large transient (the gradient overwrites them). Liger-
+# Kernel bounds them by the size of the hidden states: chunks of next_power_of_2(ceil(tokens /
+# ceil(vocab / hidden))) tokens over the whole vocabulary. We keep to the same budget in bytes,
+# so the peak memory of the loss is never above Liger's, capped by FREE_MEMORY_SHARE of the
+# device memory still free (torch.cuda.mem_get_info, plus what PyTorch's allocator holds
+# unused; CPU_CHUNK_BYTES on the CPU, where the interpreter runs tiny shapes), and spend it in
+# one of two ways:
+#
+# - one pass: chunks of that many tokens over the whole vocabulary (Liger's plan). Each chunk's
+#   three matmuls read the whole weight (and the weight's gradient is read and written), so
+#   where the chunks are short (a large vocabulary over a small hidden size: 32 tokens a chunk
+#   at 4096 x 2048 -> 262144) the loss is bound by memory bandwidth, far from the matmuls' peak;
+# - two passes: chunks of many tokens (up to 4096) over tiles of the vocabulary (at least
+#   MIN_TILE columns) that fit the same budget, with an fp32 accumulator for the chunk's
+#   hidden-state gradient (at most half the budget). A first pass over the tiles reduces each row to its log-sum-exp
+#   (logits computed and dropped), a second recomputes each tile's logits (but the last
+#   tile's, still in the buffer) and turns them into gradients. A third more matmul work, but
+#   each chunk reads the weight three times for thousands of tokens, and the weight's gradient
+#   is accumulated over few chunks (each rounding once to the weight's dtype).
+#
+# The plan with the lower cost max(matmul FLOPs, FLOPS_PER_BYTE x bytes of weight traffic) is
+# taken; FLOPS_PER_BYTE is the ratio of bf16 matmul throughput to memory bandwidth of the GPUs
+# we target (about 600-700 TFLOP/s achieved over 3.35-4.8 TB/s on H100/H200: 150-200). The
+# chunks are evened out (17 chunks of 242 tokens rather than 16 of 256 and one of 4).
+# ``chunk_size=`` (tokens) and ``vocab_chunk=`` (columns; the vocabulary size or more is one
+# pass) override the plan: larger chunks are faster where the loss is bound by memory
+# bandwidth, at the price of their logits' memory.
 FREE_MEMORY_SHARE = 0.5
 CPU_CHUNK_BYTES = 64 * 2**20
+FLOPS_PER_BYTE = 200
+TWO_PASS_ROWS = (4096, 2048, 1024, 512, 256)
+MIN_TILE = 1024
+TILE_ALIGN = 256
+TWO_PASS_MARGIN = 0.9  # two passes only where the model expects them 10% faster or more
 
 # ---- the row kernels ----------------------------------------------------------------------
 #
@@ -97,21 +118,28 @@ def _row_stats_kernel(
     SUM_PART,
     ZY,
     row_start,
+    col_start,
     n_cols,
     stride_x,
     span,
-    n_splits,
+    part_offset,
+    parts_stride,
     ignore_index,
     softcap,
     HAS_SOFTCAP: tl.constexpr,
     SMOOTHING: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    # Program (row, split) reduces columns [split * span, (split + 1) * span) of its row of
-    # (soft-capped) logits z to a running maximum and sum of exp(z - maximum), kept per lane
-    # (no reduction across the block inside the loop), and with label smoothing to the sum of
-    # z. The program whose span holds the row's label stores z[label]. Rows whose label is
-    # ignore_index are skipped: their loss and gradient are zero.
+    # X holds columns [col_start, col_start + n_cols) of the vocabulary (all of it, or one
+    # tile of a two-pass chunk). Program (row, split) reduces the columns [split * span,
+    # (split + 1) * span) of its row of (soft-capped) logits z to their maximum m and the sum
+    # of exp(z - m), online: each block takes one cross-lane maximum and one exp an element
+    # (the sum is kept per lane and reduced once at the end), so the exponentials stay under
+    # the bandwidth of the loads. With label smoothing it also sums z. The results go to slot
+    # part_offset + split of the row's parts_stride slots; a split past the end of a narrower
+    # tile stores the neutral (-1e30, 0, 0). The program whose columns hold the row's label
+    # stores z[label]. Rows whose label is ignore_index are skipped: their loss and gradient
+    # are zero.
     row = tl.program_id(0)
     split = tl.program_id(1)
     y = tl.load(LABELS + row_start + row)
@@ -120,9 +148,9 @@ def _row_stats_kernel(
     start = split * span
     end = tl.minimum(start + span, n_cols)
     x_row = X + row.to(tl.int64) * stride_x
-    # A large finite floor rather than -inf: lanes that never see a column keep s = 0 and
-    # never compute exp(-inf - -inf).
-    m = tl.full([BLOCK], -1.0e30, tl.float32)
+    # A large finite floor rather than -inf, so that the first block's rescaling
+    # exp(m - m_new) is exp(-huge) = 0, never exp(-inf - -inf).
+    m = -1.0e30
     s = tl.zeros([BLOCK], tl.float32)
     total = tl.zeros([BLOCK], tl.float32)
     for first in range(start, end, BLOCK):
@@ -134,17 +162,17 @@ def _row_stats_kernel(
         if SMOOTHING:
             total += tl.where(mask, z, 0.0)
         z = tl.where(mask, z, float("-inf"))
-        m_new = tl.maximum(m, z)
+        m_new = tl.maximum(m, tl.max(z, axis=0))
         s = s * tl.exp(m - m_new) + tl.exp(z - m_new)
         m = m_new
-    row_max = tl.max(m, axis=0)
-    part = row * n_splits + split
-    tl.store(M_PART + part, row_max)
-    tl.store(S_PART + part, tl.sum(s * tl.exp(m - row_max), axis=0))
+    part = row * parts_stride + part_offset + split
+    tl.store(M_PART + part, m)
+    tl.store(S_PART + part, tl.sum(s, axis=0))
     if SMOOTHING:
         tl.store(SUM_PART + part, tl.sum(total, axis=0))
-    if (y >= start) & (y < end):
-        zy = tl.load(x_row + y).to(tl.float32)
+    label_col = y - col_start
+    if (label_col >= start) & (label_col < end):
+        zy = tl.load(x_row + label_col).to(tl.float32)
         if HAS_SOFTCAP:
             zy = softcap * _tanh(zy / softcap)
         tl.store(ZY + row, zy)
@@ -162,31 +190,35 @@ def _loss_grad_kernel(
     LOSS,
     SCALE,
     row_start,
+    col_start,
     n_cols,
+    vocab,
     stride_x,
     stride_dx,
     span,
-    n_splits,
+    parts_stride,
     scale_stride,
     ignore_index,
     label_smoothing,
     softcap,
     HAS_SOFTCAP: tl.constexpr,
     SMOOTHING: tl.constexpr,
+    WRITE_LOSS: tl.constexpr,
     COMPUTE_GRAD: tl.constexpr,
     SPLITS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    # With lse the row's log-sum-exp (from the partial sums of _row_stats_kernel), eps the
-    # smoothing and V the vocabulary:
+    # With lse the row's log-sum-exp (from the parts_stride partial sums _row_stats_kernel
+    # left for the row), eps the smoothing and V the vocabulary:
     #   loss = lse - (1 - eps) z[y] - eps / V sum_j z_j
     #   dloss/dx_j = (softmax_j - eps / V - (1 - eps) [j == y]) * scale * dz_j/dx_j
     # with dz/dx = 1 - tanh^2(x / cap) under soft-capping, 1 otherwise. ``scale`` is the
     # reduction's (1 / number of items for a mean, 1 for a sum) or, recomputing for
-    # reduction="none", the row's own gradient. Split 0 of each row writes the loss; every
-    # split overwrites its span with the gradient (X and DX may be the same memory: each
-    # element is read, then written, by one program). A label outside [0, V) that is not
-    # ignore_index gives a NaN loss.
+    # reduction="none", the row's own gradient. With WRITE_LOSS split 0 of each row writes
+    # the loss; with COMPUTE_GRAD every split overwrites its span of the columns X holds
+    # ([col_start, col_start + n_cols) of the vocabulary) with their gradient (X and DX may be
+    # the same memory: each element is read, then written, by one program). A label outside
+    # [0, V) that is not ignore_index gives a NaN loss.
     row = tl.program_id(0)
     split = tl.program_id(1)
     y = tl.load(LABELS + row_start + row)
@@ -194,30 +226,34 @@ def _loss_grad_kernel(
     end = tl.minimum(start + span, n_cols)
     dx_row = DX + row.to(tl.int64) * stride_dx
     if y == ignore_index:
-        if split == 0:
-            tl.store(LOSS + row_start + row, 0.0)
+        if WRITE_LOSS:  # noqa: SIM102  (compiled in or out; then a test at run time)
+            if split == 0:
+                tl.store(LOSS + row_start + row, 0.0)
         if COMPUTE_GRAD:
             for first in range(start, end, BLOCK):
                 cols = first + tl.arange(0, BLOCK)
                 tl.store(dx_row + cols, tl.zeros([BLOCK], DX.dtype.element_ty), mask=cols < end)
         return
     parts = tl.arange(0, SPLITS)
-    part_mask = parts < n_splits
-    part_max = tl.load(M_PART + row * n_splits + parts, mask=part_mask, other=float("-inf"))
-    part_sum = tl.load(S_PART + row * n_splits + parts, mask=part_mask, other=0.0)
+    part_mask = parts < parts_stride
+    row_parts = row * parts_stride + parts
+    part_max = tl.load(M_PART + row_parts, mask=part_mask, other=float("-inf"))
+    part_sum = tl.load(S_PART + row_parts, mask=part_mask, other=0.0)
     row_max = tl.max(part_max, axis=0)
     lse = row_max + tl.log(tl.sum(part_sum * tl.exp(part_max - row_max), axis=0))
-    eps = label_smoothing / n_cols
-    if split == 0:
-        loss = lse - (1.0 - label_smoothing) * tl.load(ZY + row)
-        if SMOOTHING:
-            total = tl.load(SUM_PART + row * n_splits + parts, mask=part_mask, other=0.0)
-            loss -= eps * tl.sum(total, axis=0)
-        loss = tl.where((y < 0) | (y >= n_cols), float("nan"), loss)
-        tl.store(LOSS + row_start + row, loss)
+    eps = label_smoothing / vocab
+    if WRITE_LOSS:  # noqa: SIM102  (compiled in or out; then a test at run time)
+        if split == 0:
+            loss = lse - (1.0 - label_smoothing) * tl.load(ZY + row)
+            if SMOOTHING:
+                total = tl.load(SUM_PART + row_parts, mask=part_mask, other=0.0)
+                loss -= eps * tl.sum(total, axis=0)
+            loss = tl.where((y < 0) | (y >= vocab), float("nan"), loss)
+            tl.store(LOSS + row_start + row, loss)
     if COMPUTE_GRAD:
         scale = tl.load(SCALE + (row_start + row).to(tl.int64) * scale_stride).to(tl.float32)
         x_row = X + row.to(tl.int64) * stride_x
+        label_col = y - col_start
         for first in range(start, end, BLOCK):
             cols = first + tl.arange(0, BLOCK)
             mask = cols < end
@@ -226,7 +262,7 @@ def _loss_grad_kernel(
                 t = _tanh(z / softcap)
                 z = softcap * t
             g = tl.exp(z - lse) - eps
-            g = tl.where(cols == y, g - (1.0 - label_smoothing), g) * scale
+            g = tl.where(cols == label_col, g - (1.0 - label_smoothing), g) * scale
             if HAS_SOFTCAP:
                 g = g * (1.0 - t * t)
             tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=mask)
@@ -264,6 +300,11 @@ def _free_bytes(device: torch.device) -> int:
     return int(FREE_MEMORY_SHARE * (free + unused))
 
 
+def _even(n_rows: int, rows: int) -> int:
+    """``rows`` lowered so that the chunks of ``n_rows`` are as equal as their count allows."""
+    return cdiv(n_rows, cdiv(n_rows, rows))
+
+
 def chunk_rows(
     n_rows: int,
     hidden_size: int,
@@ -272,14 +313,85 @@ def chunk_rows(
     device: torch.device,
     chunk_size: int | None = None,
 ) -> int:
-    """Tokens a chunk of ``fused_linear_cross_entropy`` takes (see "the chunk size" above)."""
+    """Tokens a one-pass chunk takes: Liger's bound on the logits of a chunk (the size of the
+    hidden states), capped by free memory, evened out; ``chunk_size`` if given."""
     if n_rows == 0:
         return 1
     if chunk_size:
         return max(1, min(int(chunk_size), n_rows))
-    rows = next_power_of_2(cdiv(n_rows * hidden_size, max(vocab_size, 1)))
-    rows = min(rows, max(1, _free_bytes(device) // max(vocab_size * element_size, 1)), n_rows)
-    return cdiv(n_rows, cdiv(n_rows, rows))
+    rows = min(next_power_of_2(cdiv(n_rows, cdiv(vocab_size, hidden_size))), n_rows)
+    rows = min(rows, max(1, _free_bytes(device) // max(vocab_size * element_size, 1)))
+    return _even(n_rows, rows)
+
+
+def _two_pass_rows(budget: int, n_rows: int, tile: int, element_size: int, row_bytes: int):
+    """The most tokens (a power of two up to TWO_PASS_ROWS[0], or all) whose tile of
+    ``tile`` columns and ``row_bytes`` a token of accumulator fit ``budget``; None if none."""
+    for rows in TWO_PASS_ROWS:
+        rows = min(rows, n_rows)
+        if rows * (tile * element_size + row_bytes) <= budget:
+            return rows
+    return None
+
+
+def _plan_cost(n_rows, hidden, vocab, element_size, rows, tile, grads: bool) -> float:
+    """max(matmul FLOPs, FLOPS_PER_BYTE x bytes of weight traffic) of a plan."""
+    chunks, tiles, work = cdiv(n_rows, rows), cdiv(vocab, tile), n_rows * hidden * vocab
+    weight = vocab * hidden * element_size
+    if not grads:  # one projection; the weight read once a chunk
+        return max(2 * work, FLOPS_PER_BYTE * chunks * weight)
+    if tiles == 1:  # projection, two gradient matmuls; weight read twice, its gradient updated
+        return max(6 * work, FLOPS_PER_BYTE * chunks * 4 * weight)
+    # one more projection, but the last tile's; the weight read three times a chunk
+    return max((8 - 2 / tiles) * work, FLOPS_PER_BYTE * chunks * 5 * weight)
+
+
+def chunk_plan(
+    n_rows: int,
+    hidden_size: int,
+    vocab_size: int,
+    element_size: int,
+    device: torch.device,
+    chunk_size: int | None = None,
+    vocab_chunk: int | None = None,
+    grads: bool = True,
+    fp32_rows: bool = False,
+) -> tuple[int, int]:
+    """``(tokens, columns)`` of a chunk of ``fused_linear_cross_entropy``: columns equal to the
+    vocabulary is one pass, fewer two passes over tiles of that many columns (see "the chunk
+    plan" above). ``fp32_rows``: the two-pass plan keeps an fp32 hidden-state gradient a
+    token (half-precision inputs, gradients wanted)."""
+    if n_rows == 0:
+        return 1, vocab_size
+    single = chunk_rows(n_rows, hidden_size, vocab_size, element_size, device, chunk_size)
+    if vocab_chunk:
+        tile = max(1, min(int(vocab_chunk), vocab_size))
+        if chunk_size or tile == vocab_size:
+            return single, tile
+        rows = _two_pass_rows(
+            max(single * vocab_size * element_size, tile * element_size),
+            n_rows, tile, element_size, 4 * hidden_size if fp32_rows else 0,
+        )  # fmt: skip
+        return _even(n_rows, rows or 1), tile
+    if chunk_size:
+        return single, vocab_size
+    budget = single * vocab_size * element_size
+    accumulator = 4 * hidden_size if fp32_rows else 0
+    for rows in TWO_PASS_ROWS:  # the most tokens whose accumulator leaves half the budget
+        rows = min(rows, n_rows)
+        if rows * accumulator > budget // 2:
+            continue
+        tile = (budget // rows - accumulator) // element_size // TILE_ALIGN * TILE_ALIGN
+        if tile >= MIN_TILE:
+            break
+    else:
+        return single, vocab_size
+    if tile >= vocab_size:
+        return single, vocab_size
+    rows = _even(n_rows, rows)
+    one = _plan_cost(n_rows, hidden_size, vocab_size, element_size, single, vocab_size, grads)
+    two = _plan_cost(n_rows, hidden_size, vocab_size, element_size, rows, tile, grads)
+    return (rows, tile) if two < TWO_PASS_MARGIN * one else (single, vocab_size)
 
 
 def _row_config(rows: int, n_cols: int, device: torch.device) -> tuple[int, int, int, int]:
@@ -294,37 +406,60 @@ def _row_config(rows: int, n_cols: int, device: torch.device) -> tuple[int, int,
     return block, warps, span, cdiv(n_cols, span)
 
 
-def _work_buffers(max_rows: int, n_cols: int, device: torch.device):
-    """(partial maxima, partial sums, partial sums of z, z[label]) for chunks up to
-    ``max_rows`` rows: one allocation for every chunk (fewer rows never need more splits
-    than one row does)."""
-    _, _, _, splits = _row_config(1, n_cols, device)
-    work = torch.empty(max_rows * (3 * splits + 1), dtype=torch.float32, device=device)
-    parts = max_rows * splits
+def _work_buffers(max_rows: int, n_cols: int, tiles: int, device: torch.device):
+    """(partial maxima, partial sums, partial sums of z, z[label]) for chunks of up to
+    ``max_rows`` rows over ``tiles`` tiles of ``n_cols`` columns: one allocation for every
+    chunk (fewer rows never need more splits than one row does)."""
+    parts = max_rows * tiles * _row_config(1, n_cols, device)[3]
+    work = torch.empty(3 * parts + max_rows, dtype=torch.float32, device=device)
     return work[:parts], work[parts : 2 * parts], work[2 * parts : 3 * parts], work[3 * parts :]
+
+
+def _row_stats(x, labels, row_start, col_start, part_offset, parts_stride, options, work, config):
+    """Partial softmax statistics of rows ``x`` (columns ``col_start`` on of the vocabulary)
+    into slots ``part_offset`` on of each row's ``parts_stride``."""
+    ignore_index, smoothing, softcap = options
+    block, warps, span, n_splits = config
+    m_part, s_part, sum_part, zy = work
+    args = (
+        x, labels, m_part, s_part, sum_part, zy, row_start, col_start, x.shape[1], x.stride(0),
+        span, part_offset, parts_stride, ignore_index, softcap, softcap > 0, smoothing > 0,
+        block,
+    )  # fmt: skip
+    launch(_row_stats_kernel, (x.shape[0], n_splits), args, warps, x.device)
+
+
+def _loss_grad(
+    x, dx, labels, row_start, col_start, vocab, parts_stride, loss, scale, scale_stride,
+    options, work, config, write_loss, compute_grad,
+):  # fmt: skip
+    """With ``write_loss`` the loss of rows ``x`` into ``loss[row_start:]``; with
+    ``compute_grad`` the gradient of their columns into ``dx`` (which may be ``x``)."""
+    ignore_index, smoothing, softcap = options
+    block, warps, span, n_splits = config
+    m_part, s_part, sum_part, zy = work
+    args = (
+        x, dx, labels, m_part, s_part, sum_part, zy, loss, scale, row_start, col_start,
+        x.shape[1], vocab, x.stride(0), dx.stride(0), span, parts_stride, scale_stride,
+        ignore_index, smoothing, softcap, softcap > 0, smoothing > 0, write_loss, compute_grad,
+        next_power_of_2(parts_stride), block,
+    )  # fmt: skip
+    grid = (x.shape[0], n_splits if compute_grad else 1)
+    launch(_loss_grad_kernel, grid, args, warps, x.device)
 
 
 def _rows_loss_and_grad(
     x, dx, labels, row_start, loss, scale, scale_stride, options, compute_grad, work
 ) -> None:
-    """Loss of rows ``x`` (labels ``labels[row_start:]``) into ``loss[row_start:]``; with
-    ``compute_grad`` the gradient into ``dx`` (which may be ``x``)."""
-    ignore_index, smoothing, softcap = options
-    rows, n_cols = x.shape
-    block, warps, span, n_splits = _row_config(rows, n_cols, x.device)
-    m_part, s_part, sum_part, zy = work
-    has_softcap, smoothing_on = softcap > 0, smoothing > 0
-    stats = (
-        x, labels, m_part, s_part, sum_part, zy, row_start, n_cols, x.stride(0), span, n_splits,
-        ignore_index, softcap, has_softcap, smoothing_on, block,
+    """Loss of rows ``x`` (whole rows of the vocabulary; labels ``labels[row_start:]``) into
+    ``loss[row_start:]``; with ``compute_grad`` the gradient into ``dx`` (which may be ``x``)."""
+    config = _row_config(x.shape[0], x.shape[1], x.device)
+    n_splits = config[3]
+    _row_stats(x, labels, row_start, 0, 0, n_splits, options, work, config)
+    _loss_grad(
+        x, dx, labels, row_start, 0, x.shape[1], n_splits, loss, scale, scale_stride, options,
+        work, config, True, compute_grad,
     )  # fmt: skip
-    launch(_row_stats_kernel, (rows, n_splits), stats, warps, x.device)
-    args = (
-        x, dx, labels, m_part, s_part, sum_part, zy, loss, scale, row_start, n_cols, x.stride(0),
-        dx.stride(0), span, n_splits, scale_stride, ignore_index, smoothing, softcap,
-        has_softcap, smoothing_on, compute_grad, next_power_of_2(n_splits), block,
-    )  # fmt: skip
-    launch(_loss_grad_kernel, (rows, n_splits if compute_grad else 1), args, warps, x.device)
 
 
 def _scale_(t: torch.Tensor | None, g: torch.Tensor) -> None:
@@ -387,67 +522,117 @@ def _check_labels(what: str, rows: torch.Tensor, labels: torch.Tensor) -> None:
 
 
 def _flce_pass(
-    hidden, weight, bias, labels, options, chunk_size, scale, scale_stride, grads, fp32_weight_grad
+    hidden, weight, bias, labels, options, chunking, scale, scale_stride, grads, fp32_weight_grad
 ):
     """The chunk loop: (per-row loss [N] fp32, grad_hidden, grad_weight, grad_bias), the
     gradients None unless ``grads`` (hidden, weight, bias) asks for them. ``scale`` holds the
-    gradient's scale: one value (``scale_stride`` 0) or one a row (1)."""
+    gradient's scale: one value (``scale_stride`` 0) or one a row (1). ``chunking``:
+    (chunk_size, vocab_chunk) as the public function takes them."""
     n_rows, hidden_size = hidden.shape
     vocab = weight.shape[0]
     need_gh, need_gw, need_gb = grads
     compute_grad = need_gh or need_gw or need_gb
-    loss = torch.empty(n_rows, dtype=torch.float32, device=hidden.device)
-    gh = torch.empty_like(hidden) if need_gh else None
+    device = hidden.device
+    loss = torch.empty(n_rows, dtype=torch.float32, device=device)
+    gh = torch.empty(hidden.shape, dtype=hidden.dtype, device=device) if need_gh else None
     gw = gb = None
     if need_gw:
         accumulate = torch.float32 if fp32_weight_grad else weight.dtype
-        gw = torch.empty(weight.shape, dtype=accumulate, device=weight.device)
+        gw = torch.empty(weight.shape, dtype=accumulate, device=device)
     if need_gb:
-        gb = torch.zeros(vocab, dtype=torch.float32, device=hidden.device)
+        gb = torch.zeros(vocab, dtype=torch.float32, device=device)
     if n_rows == 0:
         if gw is not None:
             gw.zero_()
         return loss, gh, gw, gb
-    rows = chunk_rows(n_rows, hidden_size, vocab, hidden.element_size(), hidden.device, chunk_size)
-    buffer = hidden.new_empty((rows, vocab))
-    work = _work_buffers(rows, vocab, hidden.device)
-    w_t = weight.t()
+    fp32_rows = need_gh and hidden.dtype != torch.float32
+    rows, tile = chunk_plan(
+        n_rows, hidden_size, vocab, hidden.element_size(), device, *chunking,
+        grads=compute_grad, fp32_rows=fp32_rows,
+    )  # fmt: skip
+    tiles = cdiv(vocab, tile)
+    buffer = hidden.new_empty(rows * tile)
+    work = _work_buffers(rows, tile, tiles, device)
+    rows_acc = None
+    if tiles > 1 and fp32_rows:
+        rows_acc = torch.empty((rows, hidden_size), dtype=torch.float32, device=device)
     for start in range(0, n_rows, rows):
         end = min(start + rows, n_rows)
         h = hidden[start:end]
-        logits = buffer if end - start == rows else buffer[: end - start]
-        if bias is None:
-            torch.mm(h, w_t, out=logits)
-        else:
-            torch.addmm(bias, h, w_t, out=logits)
-        _rows_loss_and_grad(
-            logits, logits, labels, start, loss, scale, scale_stride, options, compute_grad, work
-        )
-        if not compute_grad:
-            continue
+        config = _row_config(end - start, tile, device)
+        parts = tiles * config[3]
+
+        for t in range(tiles):  # tiles == 1: the one pass; else the first of two
+            logits, first = _project(h, weight, bias, buffer, tile, t)
+            _row_stats(logits, labels, start, first, t * config[3], parts, options, work, config)
+        order = [tiles - 1, *range(tiles - 1)] if compute_grad else [tiles - 1]
+        gh_rows = None
         if need_gh:
-            torch.mm(logits, weight, out=gh[start:end])
-        if need_gw:
-            _accumulate_weight_grad(gw, logits.t(), h, first=start == 0)
-        if need_gb:
-            gb += logits.sum(0, dtype=torch.float32)
+            gh_rows = gh[start:end] if rows_acc is None else rows_acc[: end - start]
+        for i, t in enumerate(order):
+            if i:  # the last tile's logits are still in the buffer; the others are recomputed
+                logits, first = _project(h, weight, bias, buffer, tile, t)
+            _loss_grad(
+                logits, logits, labels, start, first, vocab, parts, loss, scale, scale_stride,
+                options, work, config, i == 0, compute_grad,
+            )  # fmt: skip
+            if not compute_grad:
+                break
+            columns = slice(first, first + logits.shape[1])
+            if need_gh:
+                _matmul_into(gh_rows, logits, weight[columns], accumulate=i > 0)
+            if need_gw:
+                _matmul_into(gw[columns], logits.t(), h, accumulate=start > 0)
+            if need_gb:
+                gb[columns] += logits.sum(0, dtype=torch.float32)
+        if rows_acc is not None and need_gh:
+            gh[start:end].copy_(gh_rows)
     return loss, gh, gw, gb
 
 
-def _accumulate_weight_grad(gw, g_t, h, first: bool) -> None:
-    """``gw (+)= g_t @ h``. Each product sums a chunk's tokens in fp32 inside cuBLAS and is
-    rounded once to ``gw``'s dtype (the weight's, like Liger's default, or fp32)."""
-    if gw.dtype == h.dtype:
-        if first:
-            torch.mm(g_t, h, out=gw)
-        else:
-            gw.addmm_(g_t, h)
-    elif gw.device.type == "cuda":  # fp32 accumulation of half-precision products
-        torch.addmm(gw, g_t, h, beta=0.0 if first else 1.0, out_dtype=torch.float32, out=gw)
-    elif first:  # the CPU has no addmm with out_dtype
-        torch.mm(g_t.float(), h.float(), out=gw)
+def _project(h, weight, bias, buffer, tile: int, t: int) -> tuple[torch.Tensor, int]:
+    """The logits of tile ``t`` (columns of ``tile`` each) of the chunk ``h``, computed into
+    ``buffer`` (as a contiguous [rows, columns] view); and the tile's first column."""
+    first, last = t * tile, min(weight.shape[0], (t + 1) * tile)
+    out = buffer[: h.shape[0] * (last - first)].view(h.shape[0], last - first)
+    w = weight[first:last]
+    if bias is None:
+        torch.mm(h, w.t(), out=out)
     else:
-        gw.addmm_(g_t.float(), h.float())
+        torch.addmm(bias[first:last], h, w.t(), out=out)
+    return out, first
+
+
+def _matmul_into(out, a, b, accumulate: bool) -> None:
+    """``out = a @ b`` or, with ``accumulate``, ``out += a @ b``: each product summed in fp32
+    inside cuBLAS and rounded once to ``out``'s dtype (the operands', or fp32)."""
+    if out.dtype == a.dtype:
+        if accumulate:
+            out.addmm_(a, b)
+        else:
+            torch.mm(a, b, out=out)
+    elif out.device.type == "cuda" and _addmm_out_dtype(out.device):
+        if not accumulate:
+            out.zero_()
+        torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+    elif out.device.type == "cuda":  # no fp32 output from half operands: a temporary product
+        product = torch.mm(a, b).float()
+        if accumulate:
+            out.add_(product)
+        else:
+            out.copy_(product)
+    elif accumulate:  # the CPU: fp32 operands
+        out.addmm_(a.float(), b.float())
+    else:
+        torch.mm(a.float(), b.float(), out=out)
+
+
+@functools.cache
+def _addmm_out_dtype(device: torch.device) -> bool:
+    # torch.addmm(..., out_dtype=torch.float32) with half operands: torch 2.8 on, sm80 on.
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, _ = torch.cuda.get_device_capability(index)
+    return major >= 8 and tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 8)
 
 
 def _reduce(loss_rows: torch.Tensor, scale: torch.Tensor, reduction: int) -> torch.Tensor:
@@ -457,7 +642,7 @@ def _reduce(loss_rows: torch.Tensor, scale: torch.Tensor, reduction: int) -> tor
 
 
 def _flce_forward(
-    hidden, weight, bias, labels, items, options, reduction, chunk_size, grads, fp32_weight_grad
+    hidden, weight, bias, labels, items, options, reduction, chunking, grads, fp32_weight_grad
 ):
     """(loss, grad_hidden, grad_weight, grad_bias) of the public function's semantics; for
     reduction="none" the gradients are not made here (they need the backward's per-row
@@ -465,7 +650,7 @@ def _flce_forward(
     _check(hidden, weight, bias, labels)
     scale = _inverse_items(labels, options[0], reduction, items)
     loss_rows, gh, gw, gb = _flce_pass(
-        hidden, weight, bias, labels, options, chunk_size, scale, 0, grads, fp32_weight_grad
+        hidden, weight, bias, labels, options, chunking, scale, 0, grads, fp32_weight_grad
     )
     if gw is not None:
         gw = gw.to(weight.dtype)
@@ -474,11 +659,11 @@ def _flce_forward(
     return _reduce(loss_rows, scale, reduction), gh, gw, gb
 
 
-def _flce_backward_none(grad_loss, hidden, weight, bias, labels, options, chunk_size, grads, fp32):
+def _flce_backward_none(grad_loss, hidden, weight, bias, labels, options, chunking, grads, fp32):
     """The gradients of reduction="none": the chunk loop again, each row's gradient scaled by
     its own ``grad_loss`` before the matmuls sum over tokens."""
     g = grad_loss.to(torch.float32).contiguous()
-    _, gh, gw, gb = _flce_pass(hidden, weight, bias, labels, options, chunk_size, g, 1, grads, fp32)
+    _, gh, gw, gb = _flce_pass(hidden, weight, bias, labels, options, chunking, g, 1, grads, fp32)
     if gw is not None:
         gw = gw.to(weight.dtype)
     if gb is not None:
@@ -494,7 +679,7 @@ def _ce_forward(logits, labels, items, options, reduction, compute_grad):
     loss_rows = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if compute_grad else None
     if logits.shape[0]:
-        work = _work_buffers(logits.shape[0], logits.shape[1], logits.device)
+        work = _work_buffers(logits.shape[0], logits.shape[1], 1, logits.device)
         dx = logits if grad is None else grad
         _rows_loss_and_grad(logits, dx, labels, 0, loss_rows, scale, 0, options, compute_grad, work)
     return _reduce(loss_rows, scale, reduction), grad
@@ -506,7 +691,7 @@ def _ce_backward_none(grad_loss, logits, labels, options):
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
     n_rows = logits.shape[0]
     if n_rows:
-        work = _work_buffers(n_rows, logits.shape[1], logits.device)
+        work = _work_buffers(n_rows, logits.shape[1], 1, logits.device)
         loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
         g = grad_loss.to(torch.float32).contiguous()
         _rows_loss_and_grad(logits, grad, labels, 0, loss_rows, g, 1, options, True, work)
@@ -533,20 +718,20 @@ def _once(ctx) -> None:
 class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, hidden, weight, bias, labels, items, options, reduction, chunk_size, fp32_weight_grad
+        ctx, hidden, weight, bias, labels, items, options, reduction, chunking, fp32_weight_grad
     ):
         grads = tuple(ctx.needs_input_grad[:3])
         ctx.reduction = reduction
         if reduction == NONE:
             loss, *_ = _flce_forward(
-                hidden, weight, bias, labels, items, options, reduction, chunk_size,
+                hidden, weight, bias, labels, items, options, reduction, chunking,
                 (False, False, False), fp32_weight_grad,
             )  # fmt: skip
             ctx.save_for_backward(hidden, weight, bias, labels)
-            ctx.recompute = (options, chunk_size, grads, fp32_weight_grad)
+            ctx.recompute = (options, chunking, grads, fp32_weight_grad)
             return loss
         loss, gh, gw, gb = _flce_forward(
-            hidden, weight, bias, labels, items, options, reduction, chunk_size, grads,
+            hidden, weight, bias, labels, items, options, reduction, chunking, grads,
             fp32_weight_grad,
         )  # fmt: skip
         ctx.save_for_backward(gh, gw, gb)
@@ -618,6 +803,7 @@ def fused_linear_cross_entropy_op(
     softcap: float,
     reduction: int,
     chunk_size: int,
+    vocab_chunk: int,
     fp32_weight_grad: bool,
     grad_hidden: bool,
     grad_weight: bool,
@@ -625,15 +811,16 @@ def fused_linear_cross_entropy_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     options = (ignore_index, label_smoothing, softcap)
     grads = (grad_hidden, grad_weight, grad_bias)
+    chunking = (chunk_size or None, vocab_chunk or None)
     loss, gh, gw, gb = _flce_forward(
-        hidden, weight, bias, labels, items, options, reduction, chunk_size, grads, fp32_weight_grad
+        hidden, weight, bias, labels, items, options, reduction, chunking, grads, fp32_weight_grad
     )
     return loss, _or_empty(gh, hidden), _or_empty(gw, weight), _or_empty(gb, weight)
 
 
 @fused_linear_cross_entropy_op.register_fake
 def _(hidden, weight, bias, labels, items, ignore_index, label_smoothing, softcap, reduction,
-      chunk_size, fp32_weight_grad, grad_hidden, grad_weight, grad_bias):  # fmt: skip
+      chunk_size, vocab_chunk, fp32_weight_grad, grad_hidden, grad_weight, grad_bias):  # fmt: skip
     _check(hidden, weight, bias, labels)
     gh = hidden.new_empty(hidden.shape if grad_hidden else (0,))
     gw = weight.new_empty(weight.shape if grad_weight else (0,))
@@ -652,6 +839,7 @@ def fused_linear_cross_entropy_backward_op(
     label_smoothing: float,
     softcap: float,
     chunk_size: int,
+    vocab_chunk: int,
     fp32_weight_grad: bool,
     grad_hidden: bool,
     grad_weight: bool,
@@ -660,15 +848,16 @@ def fused_linear_cross_entropy_backward_op(
     """The gradients of reduction="none" (recomputed with each row's ``grad_loss``)."""
     options = (ignore_index, label_smoothing, softcap)
     grads = (grad_hidden, grad_weight, grad_bias)
+    chunking = (chunk_size or None, vocab_chunk or None)
     gh, gw, gb = _flce_backward_none(
-        grad_loss, hidden, weight, bias, labels, options, chunk_size, grads, fp32_weight_grad
+        grad_loss, hidden, weight, bias, labels, options, chunking, grads, fp32_weight_grad
     )
     return _or_empty(gh, hidden), _or_empty(gw, weight), _or_empty(gb, weight)
 
 
 @fused_linear_cross_entropy_backward_op.register_fake
 def _(grad_loss, hidden, weight, bias, labels, ignore_index, label_smoothing, softcap, chunk_size,
-      fp32_weight_grad, grad_hidden, grad_weight, grad_bias):  # fmt: skip
+      vocab_chunk, fp32_weight_grad, grad_hidden, grad_weight, grad_bias):  # fmt: skip
     gh = hidden.new_empty(hidden.shape if grad_hidden else (0,))
     gw = weight.new_empty(weight.shape if grad_weight else (0,))
     gb = weight.new_empty(bias.shape if grad_bias and bias is not None else (0,))
@@ -684,7 +873,7 @@ def _flce_setup_context(ctx, inputs, output):
     ctx.reduction = reduction
     if reduction == NONE:
         ctx.save_for_backward(hidden, weight, bias, labels)
-        ctx.recompute = (ignore_index, smoothing, softcap, chunk_size, inputs[10])
+        ctx.recompute = (ignore_index, smoothing, softcap, chunk_size, *inputs[10:12])
     else:
         ctx.save_for_backward(gh, gw, gb)
 
@@ -700,7 +889,7 @@ def _flce_backward(ctx, grad_loss, _gh, _gw, _gb):
         # Out of place: inductor reuses the saved buffers where it can.
         gh, gw, gb = (t * grad_loss for t in ctx.saved_tensors)
     grads = tuple(g if n else None for g, n in zip((gh, gw, gb), need, strict=True))
-    return *grads, *(None,) * 11
+    return *grads, *(None,) * 12
 
 
 fused_linear_cross_entropy_op.register_autograd(_flce_backward, setup_context=_flce_setup_context)
@@ -831,7 +1020,7 @@ def _torch_cross_entropy(logits, labels, options, reduction, items):
     return _torch_reduce(loss_rows, labels, ignore_index, reduction, items)
 
 
-def _fused(hidden, weight, bias, flat, items, options, code, chunk_size, fp32_weight_grad):
+def _fused(hidden, weight, bias, flat, items, options, code, chunking, fp32_weight_grad):
     """The loss of 2-D ``hidden`` and 1-D ``flat`` labels, through whichever path fits: the
     PyTorch formula where the kernels do not run, the custom op under torch.compile, the
     autograd function when a backward is recorded, else the bare launcher."""
@@ -845,17 +1034,18 @@ def _fused(hidden, weight, bias, flat, items, options, code, chunk_size, fp32_we
             weight.requires_grad,
             bias is not None and bias.requires_grad,
         )
+        chunk_size, vocab_chunk = chunking
         return fused_linear_cross_entropy_op(
-            hidden, weight, bias, flat, items, *options, code, chunk_size or 0, fp32_weight_grad,
-            *needs,
+            hidden, weight, bias, flat, items, *options, code, chunk_size or 0, vocab_chunk or 0,
+            fp32_weight_grad, *needs,
         )[0]  # fmt: skip
     if use_autograd_function(hidden, weight, bias):
         return _FusedLinearCrossEntropyFunction.apply(
-            hidden, weight, bias, flat, items, options, code, chunk_size, fp32_weight_grad
+            hidden, weight, bias, flat, items, options, code, chunking, fp32_weight_grad
         )
     no_grads = (False, False, False)
     return _flce_forward(
-        hidden, weight, bias, flat, items, options, code, chunk_size, no_grads, False
+        hidden, weight, bias, flat, items, options, code, chunking, no_grads, False
     )[0]
 
 
@@ -871,6 +1061,7 @@ def fused_linear_cross_entropy(
     softcap: float | None = None,
     num_items_in_batch: int | float | torch.Tensor | None = None,
     chunk_size: int | None = None,
+    vocab_chunk: int | None = None,
     fp32_weight_grad: bool = False,
 ) -> torch.Tensor:
     """``F.cross_entropy(F.linear(hidden_states, weight, bias), labels)`` without the logits.
@@ -888,7 +1079,10 @@ def fused_linear_cross_entropy(
         softcap: Gemma's final-logit soft-capping: ``logits = softcap * tanh(logits / softcap)``.
         num_items_in_batch: the mean's denominator instead of the count of tokens not ignored
             (transformers' gradient accumulation: the summed loss divided by it).
-        chunk_size: tokens per chunk; default from the vocabulary and free memory (README).
+        chunk_size: tokens per chunk; by default planned from the sizes and free memory, within
+            Liger's bound on the logits of a chunk (README).
+        vocab_chunk: vocabulary columns a chunk's logits hold: fewer than the vocabulary runs
+            two passes over tiles of that many columns (README); planned by default.
         fp32_weight_grad: accumulate the weight's gradient over chunks in an fp32 buffer
             (costs 4 bytes a weight element while the loss runs) instead of in the weight's
             dtype (each chunk's product is summed in fp32 inside the matmul either way).
@@ -913,7 +1107,7 @@ def fused_linear_cross_entropy(
     hidden = _rows(hidden_states, hidden_states.shape[-1])
     flat = labels.reshape(-1)
     items = _items(num_items_in_batch, device)
-    args = (flat, items, options, code, chunk_size, fp32_weight_grad)
+    args = (flat, items, options, code, (chunk_size, vocab_chunk), fp32_weight_grad)
     if torch.is_autocast_enabled(device.type):
         # What lm_head computes under autocast: the matmul in the autocast dtype. The kernels'
         # matmuls run in the dtype they are given (``out=`` matmuls ignore autocast anyway).
