@@ -104,7 +104,7 @@ GPU_CASES = [
         {"softcap": 30.0, "smoothing": 0.1},
         marks=pytest.mark.gpu,
     ),
-    pytest.param(  # two passes: 4 chunks of 1024 tokens over 64 tiles of 4096 columns
+    pytest.param(  # two passes: 8 chunks of 512 tokens over 23 tiles of 11776 columns
         "gemma3-two-pass",
         ((2, 2048), 2048, 262144, None, "slice"),
         {"softcap": 30.0, "ignored": 0.1},
@@ -260,17 +260,21 @@ def test_chunk_rows_rule(loss):
 
 def test_chunk_plan_takes_two_passes_where_one_would_be_bound_by_memory(loss, monkeypatch):
     """With Liger's budget, one pass over 262144 columns takes 32 tokens a chunk and reads the
-    weight 128 times; two passes take 1024 tokens over tiles of 4096 columns. Where one pass
-    makes long chunks (16384 x 4096 -> 128256: 512 tokens) it stays."""
+    weight 128 times; two passes take 512 tokens over tiles of 11776 columns, within the same
+    budget. Where one pass makes long chunks (16384 x 4096 -> 128256: 512 tokens) it stays."""
     ops = _op_module(loss)
     monkeypatch.setattr(ops, "_free_bytes", lambda device: 2**40)
     gpu = torch.device("cpu")  # the plan's arithmetic; the device only bounds free memory
     plan = loss.chunk_plan
-    assert plan(4096, 2048, 262144, 2, gpu, fp32_rows=True) == (1024, 4096)
-    assert plan(4096, 2048, 262144, 2, gpu, fp32_rows=False) == (4096, 2048)
-    assert plan(4096, 2048, 128256, 2, gpu, fp32_rows=True) == (1024, 11776)
+    assert plan(4096, 2048, 262144, 2, gpu, fp32_rows=True) == (512, 11776)
+    assert plan(4096, 2048, 262144, 2, gpu, fp32_rows=False) == (4096, 1792)  # no accumulator
+    assert plan(4096, 2048, 128256, 2, gpu, fp32_rows=True) == (1024, 11264)
     assert plan(16384, 4096, 128256, 2, gpu, fp32_rows=True) == (512, 128256)
     assert plan(4096, 2048, 32000, 2, gpu, fp32_rows=True) == (256, 32000)
+    for tokens, hidden, vocab in ((4096, 2048, 262144), (4096, 4096, 151936)):
+        single = loss.chunk_rows(tokens, hidden, vocab, 2, gpu)
+        rows, tile = plan(tokens, hidden, vocab, 2, gpu, fp32_rows=True)
+        assert rows * (tile * 2 + hidden * 4) <= single * vocab * 2  # within Liger's budget
     # Overrides: chunk_size alone is one pass; vocab_chunk alone picks the tokens.
     assert plan(4096, 2048, 262144, 2, gpu, chunk_size=64) == (64, 262144)
     assert plan(4096, 2048, 262144, 2, gpu, vocab_chunk=8192) == (1024, 8192)

@@ -375,7 +375,8 @@ def chunk_plan(
         return _even(n_rows, rows or 1), tile
     if chunk_size:
         return single, vocab_size
-    budget = single * vocab_size * element_size
+    # Liger's budget, less 1/32 for the partial sums of the tiles (a few hundred KiB).
+    budget = single * vocab_size * element_size * 31 // 32
     accumulator = 4 * hidden_size if fp32_rows else 0
     for rows in TWO_PASS_ROWS:  # the most tokens whose accumulator leaves half the budget
         rows = min(rows, n_rows)
