@@ -61,20 +61,17 @@ def load_ours():
 
 def load_liger():
     """(LigerFusedLinearCrossEntropyFunction, version) or None when Liger-Kernel is missing."""
+    peer = ops.load_liger()  # Liger's other ops, and its version
+    if peer is None:
+        return None
     try:
-        import liger_kernel
         from liger_kernel.ops.fused_linear_cross_entropy import (
             LigerFusedLinearCrossEntropyFunction,
         )
     except Exception as exc:  # noqa: BLE001  (report and go on without the peer)
-        print(f"Liger-Kernel unavailable: {type(exc).__name__}: {exc}")
+        print(f"Liger-Kernel's fused linear cross-entropy unavailable: {exc}")
         return None
-    version = getattr(liger_kernel, "__version__", None)
-    if version is None:
-        from importlib.metadata import version as dist_version
-
-        version = dist_version("liger-kernel")
-    return LigerFusedLinearCrossEntropyFunction, version
+    return LigerFusedLinearCrossEntropyFunction, peer.version
 
 
 def plain_loss(h, w, y):

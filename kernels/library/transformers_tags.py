@@ -91,6 +91,23 @@ def untag() -> None:
         _undo.pop()()
 
 
+def _untagged_classes(model: nn.Module, qualifies: Callable[[nn.Module], bool]):
+    """``(name, class)`` of each class of ``model``'s modules that carries no layer name yet,
+    at its first module that ``qualifies`` (``name``: that module's path)."""
+    seen: set[type] = set()
+    for name, module in model.named_modules():
+        cls = type(module)
+        if cls in seen or not qualifies(module):
+            continue
+        seen.add(cls)
+        if tag_of(cls) is None:
+            yield name, cls
+
+
+# What tagging a class sets on it, and untag() removes.
+_TAG_ATTRIBUTES = (TAG_ATTRIBUTE, CONDITION_ATTRIBUTE)
+
+
 def _remove_class_attributes(cls: type, names: tuple[str, ...]) -> None:
     for name in names:
         if name in vars(cls):
@@ -127,6 +144,10 @@ def _same_definition(func: Callable, source: str) -> bool:
 
 
 # ---- gated MLPs ------------------------------------------------------------------------------
+
+
+def _has_gated_mlp_attributes(module: nn.Module) -> bool:
+    return all(hasattr(module, a) for a in _GATED_MLP_ATTRIBUTES)
 
 
 def _computes_gated_mlp(cls: type) -> bool:
@@ -194,14 +215,7 @@ def tag_gated_mlps(model: nn.Module) -> list[str]:
         ```
     """
     tagged: list[str] = []
-    seen: set[type] = set()
-    for name, module in model.named_modules():
-        cls = type(module)
-        if cls in seen or not all(hasattr(module, a) for a in _GATED_MLP_ATTRIBUTES):
-            continue
-        seen.add(cls)
-        if tag_of(cls) is not None:
-            continue
+    for name, cls in _untagged_classes(model, _has_gated_mlp_attributes):
         if not _computes_gated_mlp(cls):
             logger.info(
                 "%s (%s.%s) has gate_proj, up_proj, down_proj and act_fn but its forward is not "
@@ -213,9 +227,7 @@ def tag_gated_mlps(model: nn.Module) -> list[str]:
             )
             continue
         replace_kernel_forward_from_hub(cls, GATED_MLP_LAYER_NAME)
-        _undo.append(
-            functools.partial(_remove_class_attributes, cls, (TAG_ATTRIBUTE, CONDITION_ATTRIBUTE))
-        )
+        _undo.append(functools.partial(_remove_class_attributes, cls, _TAG_ATTRIBUTES))
         tagged.append(cls.__name__)
     return tagged
 
@@ -480,14 +492,7 @@ def tag_causal_lm_losses(model: nn.Module) -> list[str]:
         ```
     """
     tagged: list[str] = []
-    seen: set[type] = set()
-    for name, module in model.named_modules():
-        cls = type(module)
-        if cls in seen or not hasattr(module, "lm_head"):
-            continue
-        seen.add(cls)
-        if tag_of(cls) is not None:
-            continue
+    for name, cls in _untagged_classes(model, lambda module: hasattr(module, "lm_head")):
         layer_name = _causal_lm_layer(cls)
         if layer_name is None:
             logger.info(
@@ -500,8 +505,6 @@ def tag_causal_lm_losses(model: nn.Module) -> list[str]:
             continue
         condition = functools.partial(_runs_forward, cls.forward)
         use_kernel_forward_from_hub(layer_name, condition=condition)(cls)
-        _undo.append(
-            functools.partial(_remove_class_attributes, cls, (TAG_ATTRIBUTE, CONDITION_ATTRIBUTE))
-        )
+        _undo.append(functools.partial(_remove_class_attributes, cls, _TAG_ATTRIBUTES))
         tagged.append(cls.__name__)
     return tagged
