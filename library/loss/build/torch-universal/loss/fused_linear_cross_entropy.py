@@ -93,6 +93,7 @@ BLOCK = 4096
 BLOCK_WARPS = 8  # 16 elements a thread: two 16-byte loads of bf16
 SPLIT_PROGRAMS_PER_SM = 4
 CPU_BLOCK = 256  # the interpreter: small blocks, so that odd vocabularies span several
+CPU_BLOCK_WARPS = 4
 SCALE_BLOCK = 4096
 SCALE_PROGRAMS_PER_SM = 8
 
@@ -400,7 +401,7 @@ def _row_config(rows: int, n_cols: int, device: torch.device) -> tuple[int, int,
     if device.type == "cuda":
         block, warps = min(BLOCK, next_power_of_2(n_cols)), BLOCK_WARPS
     else:
-        block, warps = min(CPU_BLOCK, next_power_of_2(n_cols)), 4
+        block, warps = min(CPU_BLOCK, next_power_of_2(n_cols)), CPU_BLOCK_WARPS
     blocks = cdiv(n_cols, block)
     splits = max(1, min(blocks, cdiv(SPLIT_PROGRAMS_PER_SM * multiprocessors(device), rows)))
     span = cdiv(blocks, splits) * block
