@@ -337,7 +337,7 @@ def tag_rotary_embeddings(model: nn.Module) -> list[str]:
 # ---- causal-LM losses ------------------------------------------------------------------------
 
 # transformers 4.57's ``*ForCausalLM.forward`` bodies that our loss layers reimplement (argument
-# and variable annotations, docstrings and comments aside): ``LlamaForCausalLM``'s, which 32
+# and variable annotations, docstrings and comments aside): ``LlamaForCausalLM``'s, which 31
 # other classes share word for word, and ``Gemma2ForCausalLM``'s (Gemma 3, Gemma 3n and
 # VaultGemma share it), which soft-caps the logits.
 _CAUSAL_LM_FORWARDS = {

@@ -8,7 +8,7 @@ module's own ``model``, ``lm_head``, ``config`` and ``loss_function``.
   maps the layer name ``"ForCausalLMLoss"``); its signature is the function's.
 - ``CausalLMFusedLoss`` and ``GemmaCausalLMFusedLoss`` replace the whole ``forward`` of a
   ``*ForCausalLM`` model whose forward is, word for word, transformers 4.57's
-  ``LlamaForCausalLM.forward`` (33 models) or ``Gemma2ForCausalLM.forward`` (Gemma 2, Gemma 3,
+  ``LlamaForCausalLM.forward`` (32 classes) or ``Gemma2ForCausalLM.forward`` (Gemma 2, Gemma 3,
   Gemma 3n, VaultGemma; soft-capping); ``kernels.library.tag_causal_lm_losses`` reads the
   source before it tags a class. In training with labels they compute the loss fused and
   return no logits; otherwise they call the model's own forward.
@@ -44,7 +44,7 @@ class ForCausalLMLoss(torch.nn.Module):
 
 
 class CausalLMFusedLoss(torch.nn.Module):
-    """transformers 4.57 ``LlamaForCausalLM.forward`` (and the 32 other ``*ForCausalLM``
+    """transformers 4.57 ``LlamaForCausalLM.forward`` (and the 31 other ``*ForCausalLM``
     classes with the same forward: Mistral, Qwen2, Qwen3, Phi3, Gemma, Olmo2, ...), with the
     training loss fused: ``logits`` is None then (see ``takes_fused_loss``)."""
 
