@@ -25,7 +25,8 @@ out of memory is recorded as such.
 
 Writes ``results.md`` and ``results.json`` into ``--out``. A run of every shape may take longer
 than one command on the GPU machine may: select shapes (``--hidden``, ``--vocab``, ``--tokens``)
-and run several times into the same ``--out``; rows are merged by shape and contender.
+and run several times into the same ``--out`` (rows are merged by shape and contender), or into
+several folders joined with ``--merge``.
 """
 
 from __future__ import annotations
@@ -328,8 +329,26 @@ def main():
     parser.add_argument(
         "--card", action="store_true", help="print the model-card table from --out (no GPU)"
     )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="DIR",
+        help="write --out's results.json and results.md from these runs' results.json (no GPU)",
+    )
     args = parser.parse_args()
     path = os.path.join(args.out, "results.json")
+    if args.merge:
+        meta, results = None, []
+        for folder in args.merge:
+            with open(os.path.join(folder, "results.json")) as f:
+                data = json.load(f)
+            meta = meta or data["meta"]
+            results = _merge(results, data["results"])
+        os.makedirs(args.out, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=1)
+        write_markdown(meta, results, os.path.join(args.out, "results.md"))
+        return
     if args.card:
         with open(path) as f:
             print(card_table(json.load(f)["results"]))

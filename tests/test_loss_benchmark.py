@@ -73,3 +73,22 @@ def test_e2e_max_batch_table(tmp_path):
     assert "| eager | 3 (6144 tokens) | — |" in lines
     assert "| ours (kernelized, fused CE) | 9 (18432 tokens) | 4 (16384 tokens) |" in lines
     assert e2e._max_batch_table(tmp_path / "nothing") == []
+
+
+def test_merge_joins_runs_into_one_table(tmp_path, monkeypatch):
+    import json
+
+    meta = dict(
+        device="GPU", date="today", torch="t", triton="tr", liger="l", dtype="bfloat16",
+        timing="rounds", memory="peak",
+    )  # fmt: skip
+    for name, rows in (("a", [_row("ours", 8.0, 1.1)]), ("b", [_row("ours", 2.0, 1.0, vocab=5)])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({"meta": meta, "results": rows}))
+    out = tmp_path / "all"
+    argv = ["loss.py", "--out", str(out), "--merge", str(tmp_path / "a"), str(tmp_path / "b")]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    merged = json.loads((out / "results.json").read_text())["results"]
+    assert sorted(r["vocab"] for r in merged) == [5, 32000]
+    assert "| 4096 x 2048 -> 5 |" in (out / "results.md").read_text()
