@@ -10,7 +10,10 @@ One process per shape; inside it every contender runs on the same weights and in
 eager transformers, torch.compile(model), ours kernelized (our Triton kernels through
 `kernelize`), ours kernelized with Mode.TORCH_COMPILE and then compiled, and Liger-Kernel's
 own transformers patching (rope, rms_norm, swiglu) without and with its fused linear
-cross-entropy. They are timed in interleaved rounds, the eager-mode ones before anything is
+cross-entropy; ours also with our fused linear cross-entropy (``tag_causal_lm_losses``).
+``--vocab 128256`` sets the vocabulary (default 32000); ``--max-batch 512,2048,4096`` searches,
+instead of timing, the largest batch a training step fits for eager, ours with the fused loss
+and Liger with its fused loss, one contender on the GPU at a time. They are timed in interleaved rounds, the eager-mode ones before anything is
 compiled (see `run`); ours and Liger patch transformers' modelling module for the whole
 process, so each contender's module state is put back before its steps (`ModuleState`).
 
@@ -61,13 +64,13 @@ def build(state_dict=None):
 _MISSING = object()
 
 
-def build_ours(state_dict, compile_mode: bool):
+def build_ours(state_dict, compile_mode: bool, fused_ce: bool = False):
     """Our kernels through ``kernelize`` (TRAINING mode, or TRAINING | TORCH_COMPILE and then
-    ``torch.compile``)."""
+    ``torch.compile``); with ``fused_ce`` also our fused linear cross-entropy (library/loss)."""
     import torch
 
     from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
-    from kernels.library import tag_gated_mlps, tag_rotary_embeddings
+    from kernels.library import tag_causal_lm_losses, tag_gated_mlps, tag_rotary_embeddings
 
     model = build(state_dict)
     # transformers 4.57 leaves LlamaMLP and apply_rotary_pos_emb untagged, 5.x LlamaMLP: tag
@@ -75,6 +78,8 @@ def build_ours(state_dict, compile_mode: bool):
     # rotary_pos_emb rotates q and k in one kernel). On 5.x the rotary tag is a no-op.
     tag_gated_mlps(model)
     tag_rotary_embeddings(model)
+    if fused_ce:  # LlamaForCausalLM's loss without logits in training (CausalLMFusedLoss)
+        tag_causal_lm_losses(model)
     mode = Mode.TRAINING | Mode.TORCH_COMPILE if compile_mode else Mode.TRAINING
     with use_kernel_mapping(library_mapping(devices=["cuda"])):
         kernelize(model, mode=mode)
@@ -106,6 +111,7 @@ def contender_makers(state_dict) -> dict:
         "eager": lambda: build(state_dict),
         "torch.compile": lambda: torch.compile(build(state_dict)),
         "ours (kernelized)": lambda: build_ours(state_dict, False),
+        "ours (kernelized, fused CE)": lambda: build_ours(state_dict, False, fused_ce=True),
         "ours (kernelized + compile)": lambda: build_ours(state_dict, True),
         "liger (no fused CE)": lambda: build_liger(state_dict, False),
         "liger (fused linear CE)": lambda: build_liger(state_dict, True),
@@ -313,6 +319,105 @@ def run(shape: str, out: Path, skip: set[str], rounds: int = 12, warmup: int = 3
             f.write(json.dumps({**meta, **r}) + "\n")
 
 
+MAX_BATCH_CONTENDERS = ("eager", "ours (kernelized, fused CE)", "liger (fused linear CE)")
+
+
+def fits(model, batch: int, seq: int) -> bool:
+    """Whether a training step (forward + backward of the loss) at ``batch x seq`` fits."""
+    import torch
+
+    tokens = torch.randint(0, CONFIG["vocab_size"], (batch, seq), device="cuda")
+    try:
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        torch.cuda.synchronize()
+        return True
+    except torch.cuda.OutOfMemoryError:
+        return False
+    finally:
+        model.zero_grad(set_to_none=True)
+        del tokens
+        torch.cuda.empty_cache()
+
+
+def largest_batch(model, seq: int, limit: int = 1024) -> int:
+    """The largest batch of ``seq`` tokens a training step fits (doubling, then bisecting)."""
+    low, high = 0, 1
+    while high <= limit and fits(model, high, seq):
+        low, high = high, high * 2
+    high = min(high, limit + 1)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(model, middle, seq) else (low, middle)
+    return low
+
+
+def max_batch(seqs: list[int], out: Path, skip: set[str]) -> None:
+    """For each contender of MAX_BATCH_CONTENDERS alone on the GPU (built, searched, freed),
+    the largest batch x sequence a training step fits; appends to <out>/max_batch.jsonl."""
+    import torch
+    import transformers
+
+    from kernels.library import untag
+
+    reference = build()
+    state = {k: v.detach().cpu() for k, v in reference.state_dict().items()}
+    del reference
+    torch.cuda.empty_cache()
+    module_state = ModuleState()
+    makers = contender_makers(state)
+    rows = []
+    for name in MAX_BATCH_CONTENDERS:
+        if name in skip:
+            continue
+        model, own_state = build_contenders(makers, [name], module_state)[name]
+        module_state.restore(own_state)
+        model.train()
+        for seq in seqs:
+            batch = largest_batch(model, seq)
+            print(f"  {name:34s} seq {seq:6d}: batch {batch}", flush=True)
+            rows.append({"contender": name, "seq": seq, "batch": batch, "tokens": batch * seq})
+        module_state.restore()
+        del model
+        untag()
+        torch.cuda.empty_cache()
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.date.today().isoformat(),
+        "transformers": transformers.__version__,
+        "config": CONFIG,
+        "gpu_gib": torch.cuda.get_device_properties(0).total_memory / 2**30,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "max_batch.jsonl", "a") as f:
+        for r in rows:
+            f.write(json.dumps({**meta, **r}) + "\n")
+
+
+def _max_batch_table(out: Path) -> list[str]:
+    """Lines of e2e.md: the largest batch x sequence of a training step, from max_batch.jsonl."""
+    path = out / "max_batch.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+    seqs = sorted({r["seq"] for r in rows})
+    by = {(r["contender"], r["seq"]): r for r in rows}
+    lines = [
+        "",
+        f"Largest batch of a training step that fits ({rows[0]['device']}, "
+        f"{rows[0]['gpu_gib']:.0f} GiB; vocab {rows[0]['config']['vocab_size']}):",
+        "",
+        "| contender | " + " | ".join(f"seq {s}" for s in seqs) + " |",
+        "|---|" + "---|" * len(seqs),
+    ]
+    for c in dict.fromkeys(r["contender"] for r in rows):
+        cells = [
+            "—" if (c, s) not in by else f"{by[(c, s)]['batch']} ({by[(c, s)]['tokens']} tokens)"
+            for s in seqs
+        ]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _host_table(shapes, contenders, by) -> list[str]:
     """Lines of e2e.md: per training step, the host time to issue it beside its wall time (runs
     before that column was recorded have none)."""
@@ -388,7 +493,8 @@ def markdown(rows: list[dict]) -> str:
 def report(out: Path) -> None:
     """e2e.jsonl -> e2e.md (see `markdown`) and e2e.png (speedups over eager)."""
     rows = [json.loads(line) for line in (out / "e2e.jsonl").read_text().splitlines() if line]
-    (out / "e2e.md").write_text(markdown(rows))
+    tail = _max_batch_table(out)
+    (out / "e2e.md").write_text(markdown(rows) + ("\n".join(tail) + "\n" if tail else ""))
     shapes, contenders, by = _index(rows)
     meta = rows[0]
 
@@ -438,14 +544,23 @@ def main() -> int:
     parser.add_argument(
         "--report", action="store_true", help="write e2e.md and e2e.png from e2e.jsonl"
     )
+    parser.add_argument(
+        "--max-batch",
+        metavar="SEQS",
+        help="instead of timing: the largest batch that fits at each of these comma-separated "
+        "sequence lengths, for eager, ours with the fused CE and Liger with its fused CE",
+    )
     args = parser.parse_args()
     if args.report:
         report(args.out)
         return 0
-    if not args.shape:
-        parser.error("--shape is required unless --report")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     CONFIG["vocab_size"] = args.vocab  # recorded with every result (meta["config"])
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.max_batch:
+        max_batch([int(s) for s in args.max_batch.split(",")], args.out, set(args.skip))
+        return 0
+    if not args.shape:
+        parser.error("--shape is required unless --report or --max-batch")
     run(args.shape, args.out, set(args.skip))
     return 0
 

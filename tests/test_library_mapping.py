@@ -76,8 +76,14 @@ def test_library_folder_holds_one_repository_per_kernel_repo():
 def reference_classes():
     """The layer classes model code tags with each name (transformers 4.57 where it has one)."""
     from transformers import activations
+    from transformers.loss.loss_utils import ForCausalLMLoss
     from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
-    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2ForCausalLM
+    from transformers.models.llama.modeling_llama import (
+        LlamaForCausalLM,
+        LlamaMLP,
+        LlamaRMSNorm,
+    )
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):  # transformers 5.x's signature
         return q, k
@@ -108,6 +114,11 @@ def reference_classes():
         "FusedAddRMSNorm": FusedAddRMSNorm,
         "LayerNorm": nn.LayerNorm,
         "rotary_pos_emb": type(use_kernel_func_from_hub("rotary_pos_emb")(apply_rotary_pos_emb)),
+        # transformers 5.x's name for its loss function (as a function module), and the
+        # *ForCausalLM forwards tag_causal_lm_losses tags in 4.57.
+        "ForCausalLMLoss": type(use_kernel_func_from_hub("ForCausalLMLoss")(ForCausalLMLoss)),
+        "CausalLMFusedLoss": LlamaForCausalLM,
+        "GemmaCausalLMFusedLoss": Gemma2ForCausalLM,
     }
 
 

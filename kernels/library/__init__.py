@@ -24,8 +24,10 @@ from ..repos.local import LocalFuncRepository, LocalLayerRepository
 
 # Tagging what transformers leaves untagged, re-exported where users look first.
 from .transformers_tags import (
+    CAUSAL_LM_LAYER_NAMES,
     GATED_MLP_LAYER_NAME,
     ROTARY_FUNCTION_NAME,
+    tag_causal_lm_losses,
     tag_gated_mlps,
     tag_on_kernelize,
     tag_rotary_embeddings,
@@ -73,6 +75,12 @@ KERNELS: tuple[LibraryKernel, ...] = (
     # transformers 5.x's name for Qwen3.5-style ``(1 + weight)`` norms: GemmaRMSNorm's formula.
     LibraryKernel("RMSNormZeroCentered", "norm", "GemmaRMSNorm"),
     LibraryKernel("rotary_pos_emb", "rotary", "apply_rotary_pos_emb", is_function=True),
+    # transformers 5.x's name for its causal-LM loss function, and the whole *ForCausalLM
+    # forwards that tag_causal_lm_losses tags (transformers 4.57).
+    *(
+        LibraryKernel(name, "loss", name)
+        for name in ("ForCausalLMLoss", "CausalLMFusedLoss", "GemmaCausalLMFusedLoss")
+    ),
 )
 
 
@@ -180,6 +188,7 @@ def _device_key(device_type: str) -> str | Device:
 
 
 __all__ = [
+    "CAUSAL_LM_LAYER_NAMES",
     "CUDA_CAPABILITIES",
     "GATED_MLP_LAYER_NAME",
     "HUB_ORGANISATION",
@@ -190,6 +199,7 @@ __all__ = [
     "library_mapping",
     "library_path",
     "register_library_kernels",
+    "tag_causal_lm_losses",
     "tag_gated_mlps",
     "tag_on_kernelize",
     "tag_rotary_embeddings",

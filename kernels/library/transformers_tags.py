@@ -1,16 +1,19 @@
-"""Tagging what transformers 4.57 leaves untagged: gated MLPs and `apply_rotary_pos_emb`.
+"""Tagging what transformers 4.57 leaves untagged: gated MLPs, `apply_rotary_pos_emb` and the
+causal-LM loss.
 
 transformers 4.57 tags its norms and activation modules, so `kernelize` reaches those by
-itself. Its gated MLP classes carry no layer name, and its attention layers call the module
-global ``apply_rotary_pos_emb``, which `kernelize` cannot see. The two functions here make both
-reachable, and only where the code is exactly the formula our kernels compute: each reads the
-source of what it tags and leaves anything else alone (logged at INFO).
+itself. Its gated MLP classes carry no layer name, its attention layers call the module
+global ``apply_rotary_pos_emb``, which `kernelize` cannot see, and its ``*ForCausalLM`` models
+compute their logits and then their loss in one ``forward`` that nothing tags. The functions
+here make them reachable, and only where the code is exactly the formula our kernels compute:
+each reads the source of what it tags and leaves anything else alone (logged at INFO).
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import functools
 import inspect
 import logging
@@ -19,7 +22,11 @@ import textwrap
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from ..layer.decorators import use_kernel_func_from_hub, use_kernelized_func
+from ..layer.decorators import (
+    use_kernel_forward_from_hub,
+    use_kernel_func_from_hub,
+    use_kernelized_func,
+)
 from ..layer.func import ATTACHED_ATTRIBUTE, attached_functions
 from ..layer.tagging import (
     CONDITION_ATTRIBUTE,
@@ -38,6 +45,10 @@ GATED_MLP_LAYER_NAME = "SwiGLUMLP"
 #: The function kernel name transformers 5.x gives ``apply_rotary_pos_emb``; our rotary
 #: kernel is registered under it.
 ROTARY_FUNCTION_NAME = "rotary_pos_emb"
+#: The layer names of our kernels for whole ``*ForCausalLM`` forwards: transformers 4.57's
+#: ``LlamaForCausalLM.forward`` (and its copies), and ``Gemma2ForCausalLM.forward`` (Gemma 2, 3,
+#: 3n, VaultGemma: final-logit soft-capping).
+CAUSAL_LM_LAYER_NAMES = ("CausalLMFusedLoss", "GemmaCausalLMFusedLoss")
 
 _GATED_MLP_ATTRIBUTES = ("gate_proj", "up_proj", "down_proj", "act_fn")
 _GATED_MLP_EXPRESSION = "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
@@ -68,11 +79,12 @@ _kernelize_tagger: list[Callable[[], None]] = []
 
 
 def untag() -> None:
-    """Undo every change `tag_gated_mlps` and `tag_rotary_embeddings` made in this process,
-    and stop `tag_on_kernelize`'s tagging.
+    """Undo every change `tag_gated_mlps`, `tag_rotary_embeddings` and `tag_causal_lm_losses`
+    made in this process, and stop `tag_on_kernelize`'s tagging.
 
-    The tagged MLP classes lose their layer name, and each modelling module gets its own
-    ``apply_rotary_pos_emb`` function back (and the attention classes their attachments).
+    The tagged MLP and ``*ForCausalLM`` classes lose their layer name, and each modelling
+    module gets its own ``apply_rotary_pos_emb`` function back (and the attention classes
+    their attachments).
     Models kernelized before keep their swapped MLP forwards, but their attention calls the
     original rotary function again. For programs that tag models they build and then hand the
     process back (a demo, a test), so that models built later start as transformers made them.
@@ -131,6 +143,23 @@ def tag_on_kernelize() -> None:
         _kernelize_tagger.append(add_tagger(tag_transformers_layers))
 
 
+def _untagged_classes(model: nn.Module, qualifies: Callable[[nn.Module], bool]):
+    """``(name, class)`` of each class of ``model``'s modules that carries no layer name yet,
+    at its first module that ``qualifies`` (``name``: that module's path)."""
+    seen: set[type] = set()
+    for name, module in model.named_modules():
+        cls = type(module)
+        if cls in seen or not qualifies(module):
+            continue
+        seen.add(cls)
+        if tag_of(cls) is None:
+            yield name, cls
+
+
+# What tagging a class sets on it, and untag() removes.
+_TAG_ATTRIBUTES = (TAG_ATTRIBUTE, CONDITION_ATTRIBUTE)
+
+
 def _remove_class_attributes(cls: type, names: tuple[str, ...]) -> None:
     for name in names:
         if name in vars(cls):
@@ -167,6 +196,10 @@ def _same_definition(func: Callable, source: str) -> bool:
 
 
 # ---- gated MLPs ------------------------------------------------------------------------------
+
+
+def _has_gated_mlp_attributes(module: nn.Module) -> bool:
+    return all(hasattr(module, a) for a in _GATED_MLP_ATTRIBUTES)
 
 
 def _computes_gated_mlp(cls: type) -> bool:
@@ -234,14 +267,7 @@ def tag_gated_mlps(model: nn.Module) -> list[str]:
         ```
     """
     tagged: list[str] = []
-    seen: set[type] = set()
-    for name, module in model.named_modules():
-        cls = type(module)
-        if cls in seen or not all(hasattr(module, a) for a in _GATED_MLP_ATTRIBUTES):
-            continue
-        seen.add(cls)
-        if tag_of(cls) is not None:
-            continue
+    for name, cls in _untagged_classes(model, _has_gated_mlp_attributes):
         if not _computes_gated_mlp(cls):
             logger.info(
                 "%s (%s.%s) has gate_proj, up_proj, down_proj and act_fn but its forward is not "
@@ -253,9 +279,7 @@ def tag_gated_mlps(model: nn.Module) -> list[str]:
             )
             continue
         replace_kernel_forward_from_hub(cls, GATED_MLP_LAYER_NAME)
-        _undo.append(
-            functools.partial(_remove_class_attributes, cls, (TAG_ATTRIBUTE, CONDITION_ATTRIBUTE))
-        )
+        _undo.append(functools.partial(_remove_class_attributes, cls, _TAG_ATTRIBUTES))
         tagged.append(cls.__name__)
     return tagged
 
@@ -407,5 +431,181 @@ def tag_rotary_embeddings(model: nn.Module) -> list[str]:
         previous = vars(cls).get(ATTACHED_ATTRIBUTE)
         use_kernelized_func(rotary)(cls)
         _undo.append(functools.partial(_restore_class_attribute, cls, ATTACHED_ATTRIBUTE, previous))
+        tagged.append(cls.__name__)
+    return tagged
+
+
+# ---- causal-LM losses ------------------------------------------------------------------------
+
+# transformers 4.57's ``*ForCausalLM.forward`` bodies that our loss layers reimplement (argument
+# and variable annotations, docstrings and comments aside): ``LlamaForCausalLM``'s, which 31
+# other classes share word for word, and ``Gemma2ForCausalLM``'s (Gemma 3, Gemma 3n and
+# VaultGemma share it), which soft-caps the logits.
+_CAUSAL_LM_FORWARDS = {
+    "CausalLMFusedLoss": """
+@can_return_tuple
+@auto_docstring
+def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+            inputs_embeds=None, labels=None, use_cache=None, cache_position=None,
+            logits_to_keep=0, **kwargs):
+    outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, past_key_values=past_key_values,
+                         inputs_embeds=inputs_embeds, use_cache=use_cache,
+                         cache_position=cache_position, **kwargs)
+    hidden_states = outputs.last_hidden_state
+    slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    logits = self.lm_head(hidden_states[:, slice_indices, :])
+    loss = None
+    if labels is not None:
+        loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+    return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                  hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+""",
+    "GemmaCausalLMFusedLoss": """
+@can_return_tuple
+@auto_docstring
+def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+            inputs_embeds=None, labels=None, use_cache=None, output_attentions=None,
+            output_hidden_states=None, cache_position=None, logits_to_keep=0, **kwargs):
+    output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+    output_hidden_states = (
+        output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+    )
+    outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, past_key_values=past_key_values,
+                         inputs_embeds=inputs_embeds, use_cache=use_cache,
+                         output_attentions=output_attentions,
+                         output_hidden_states=output_hidden_states,
+                         cache_position=cache_position, **kwargs)
+    hidden_states = outputs.last_hidden_state
+    slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    logits = self.lm_head(hidden_states[:, slice_indices, :])
+    if self.config.final_logit_softcapping is not None:
+        logits = logits / self.config.final_logit_softcapping
+        logits = torch.tanh(logits)
+        logits = logits * self.config.final_logit_softcapping
+    loss = None
+    if labels is not None:
+        loss = self.loss_function(logits, labels, self.vocab_size, **kwargs)
+    return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                  hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+""",
+}
+
+
+class _WithoutAnnotations(ast.NodeTransformer):
+    """Drops type annotations: of arguments and return values, and ``x: T = v`` becomes
+    ``x = v`` (transformers annotates ``outputs`` in some copies and not in others)."""
+
+    def visit_arg(self, node: ast.arg) -> ast.arg:
+        node.annotation = None
+        return node
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:
+        node.returns = None
+        self.generic_visit(node)
+        return node
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        if node.value is None or not node.simple:
+            return node
+        return ast.Assign(targets=[node.target], value=node.value, lineno=node.lineno)
+
+
+def _definition_key(function: ast.FunctionDef) -> str:
+    return ast.dump(_WithoutAnnotations().visit(copy.deepcopy(function)))
+
+
+@functools.cache
+def _causal_lm_templates() -> dict[str, str]:
+    return {
+        _definition_key(ast.parse(source).body[0]): name
+        for name, source in _CAUSAL_LM_FORWARDS.items()
+    }
+
+
+def _causal_lm_layer(cls: type) -> str | None:
+    """The layer name of our kernel whose forward computes what ``cls.forward`` does, or None:
+    the forward (read from its source) must be one of ``_CAUSAL_LM_FORWARDS``, its names bound
+    to transformers' own (``can_return_tuple``, ``CausalLMOutputWithPast``, ``torch``)."""
+    forward = getattr(cls, "forward", None)
+    function = _function_ast(forward)
+    if function is None:
+        return None
+    name = _causal_lm_templates().get(_definition_key(function))
+    if name is None:
+        return None
+    try:
+        import torch
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+        from transformers.utils.generic import can_return_tuple
+    except ImportError:  # pragma: no cover - a class with transformers' source needs it
+        return None
+    namespace = inspect.unwrap(forward).__globals__
+    bound = (
+        namespace.get("CausalLMOutputWithPast") is CausalLMOutputWithPast
+        and namespace.get("can_return_tuple") is can_return_tuple
+        and namespace.get("torch") is torch
+    )
+    return name if bound else None
+
+
+def _runs_forward(forward: Callable, module: nn.Module) -> bool:
+    # The tag's condition: an instance of a subclass that defines its own forward keeps it.
+    return type(module).forward is forward
+
+
+def tag_causal_lm_losses(model: nn.Module) -> list[str]:
+    """Tag ``model``'s ``*ForCausalLM`` classes so that `kernelize` fuses their training loss.
+
+    transformers 4.57 computes a causal LM's loss from logits it materialises in full (and
+    copies to fp32): tokens x vocabulary, gigabytes per step for Llama 3, Qwen3 or Gemma
+    vocabularies. This tags, through `use_kernel_forward_from_hub`, every class of ``model``
+    (the model itself, usually) whose ``forward`` is exactly transformers 4.57's
+    ``LlamaForCausalLM.forward`` (shared by Mistral, Qwen2, Qwen3, Phi3, Gemma, Olmo2 and
+    others), tagged ``"CausalLMFusedLoss"``, or ``Gemma2ForCausalLM.forward`` (Gemma 2 and 3,
+    with final-logit soft-capping), tagged ``"GemmaCausalLMFusedLoss"``; it reads the source,
+    and leaves any other forward alone (INFO log line): MoE models that add a router loss,
+    encoder-decoder decoders, models with their own loss.
+
+    `library_mapping()` serves both names with layers of our ``loss`` repository. After
+    `kernelize`, a forward with ``labels`` in training mode (``model.train()``) computes the
+    loss with the fused linear cross-entropy and returns ``logits=None``: the logits are never
+    held. Everything else calls the model's own forward: ``labels=None`` (generation,
+    inference), evaluation mode (``model.eval()``, e.g. a Trainer computing metrics from the
+    logits), ``logits_to_keep`` other than 0, a ``loss_function`` of your own, an ``lm_head``
+    with hooks or that is not a plain ``torch.nn.Linear`` (LoRA, quantized, ZeRO-3), CPU
+    tensors without the Triton interpreter. The tag's condition leaves subclasses that define
+    their own ``forward`` alone.
+
+    Returns:
+        The names of the classes tagged by this call, in the order first met.
+
+    Example:
+        ```python
+        from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
+        from kernels.library import tag_causal_lm_losses
+
+        tag_causal_lm_losses(model)  # e.g. ["LlamaForCausalLM"]
+        with use_kernel_mapping(library_mapping()):
+            kernelize(model, mode=Mode.TRAINING)
+        model(input_ids, labels=input_ids).loss.backward()  # no logits held
+        ```
+    """
+    tagged: list[str] = []
+    for name, cls in _untagged_classes(model, lambda module: hasattr(module, "lm_head")):
+        layer_name = _causal_lm_layer(cls)
+        if layer_name is None:
+            logger.info(
+                "%s (%s.%s) has an lm_head but its forward is not transformers 4.57's "
+                "LlamaForCausalLM or Gemma2ForCausalLM forward; its loss is not fused",
+                name or "<model>",
+                cls.__module__,
+                cls.__qualname__,
+            )
+            continue
+        condition = functools.partial(_runs_forward, cls.forward)
+        use_kernel_forward_from_hub(layer_name, condition=condition)(cls)
+        _undo.append(functools.partial(_remove_class_attributes, cls, _TAG_ATTRIBUTES))
         tagged.append(cls.__name__)
     return tagged

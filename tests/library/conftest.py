@@ -29,3 +29,8 @@ def norm():
 @pytest.fixture(scope="session")
 def rotary():
     return load("rotary")
+
+
+@pytest.fixture(scope="session")
+def loss():
+    return load("loss")

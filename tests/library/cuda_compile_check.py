@@ -16,6 +16,7 @@ compiled); ``test_cuda_compile.py`` runs it in a subprocess.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -106,6 +107,32 @@ def _run_rotary(rotary) -> None:
             _grad(rotary.apply_rotary_pos_emb(q, k, cos, sin), (q, k))
 
 
+def _run_loss(loss) -> None:
+    # Without the interpreter, the loss hands CPU tensors to PyTorch; here they go to the
+    # kernels, with the GPU's blocks and warps. One pass and two passes over vocabulary tiles,
+    # with and without soft-capping and smoothing, gradients in the forward (mean), recomputed
+    # (none) and none at all; the same kernels on logits; int32 labels.
+    ops = sys.modules[f"{loss.__name__}.fused_linear_cross_entropy"]
+    ops._CPU_RUNS_KERNELS = True
+    ops.CPU_BLOCK, ops.CPU_BLOCK_WARPS = ops.BLOCK, ops.BLOCK_WARPS
+    for dtype in (torch.float32, torch.bfloat16):
+        h = torch.zeros(6, 64, dtype=dtype, requires_grad=True)
+        w = torch.zeros(5000, 64, dtype=dtype, requires_grad=True)
+        b = torch.zeros(5000, dtype=dtype, requires_grad=True)
+        x = torch.zeros(6, 5000, dtype=dtype, requires_grad=True)
+        y = torch.zeros(6, dtype=torch.long)
+        for softcap, smoothing in ((None, 0.0), (30.0, 0.1)):
+            options = {"softcap": softcap, "label_smoothing": smoothing}
+            for vocab_chunk in (None, 2048):
+                fused = functools.partial(loss.fused_linear_cross_entropy, vocab_chunk=vocab_chunk)
+                _grad(fused(h, w, y, b, **options), (h, w, b))
+                _grad(fused(h, w, y.int(), reduction="none", **options), (h, w))
+                with torch.no_grad():
+                    fused(h, w, y, **options)
+            for reduction in ("mean", "none"):
+                _grad(loss.cross_entropy(x, y, reduction=reduction, **options), (x,))
+
+
 def _signature(kernel, args) -> tuple[dict, dict]:
     """Triton's (signature, constexprs) for ``kernel`` called with ``args`` (all positional)."""
     signature, constexprs = {}, {}
@@ -139,6 +166,7 @@ def main() -> int:
         ("norm", _run_norm),
         ("activation", _run_activation),
         ("rotary", _run_rotary),
+        ("loss", _run_loss),
     ):
         package = load(name)
         _patch_launch(package, launches)

@@ -13,9 +13,12 @@ from library_helpers import (
     SiluAndMul,
     transformers_activation,
 )
+from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+from transformers.models.gemma2.modeling_gemma2 import Gemma2ForCausalLM
+from transformers.models.llama.modeling_llama import LlamaForCausalLM, LlamaMLP, LlamaRMSNorm
 
+from kernels.layer.decorators import use_kernel_func_from_hub
 from kernels.layer.validation import validate_kernel_layer
 
 # (repo, layer name) -> the module class whose forward the layer replaces
@@ -35,6 +38,9 @@ REPLACES = {
     ("norm", "GemmaRMSNorm"): GemmaRMSNorm,
     ("norm", "FusedAddRMSNorm"): FusedAddRMSNorm,
     ("norm", "LayerNorm"): torch.nn.LayerNorm,
+    ("loss", "ForCausalLMLoss"): type(use_kernel_func_from_hub("ForCausalLMLoss")(ForCausalLMLoss)),
+    ("loss", "CausalLMFusedLoss"): LlamaForCausalLM,
+    ("loss", "GemmaCausalLMFusedLoss"): Gemma2ForCausalLM,
 }
 
 ALLOWED = {"forward", "has_backward", "can_torch_compile"}

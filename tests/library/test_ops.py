@@ -487,7 +487,7 @@ def test_the_repositories_share_one_launch_helper():
 
     norm_copy = launching_section("norm")
     assert "def launch(" in norm_copy
-    for repo in ("activation", "rotary"):
+    for repo in ("activation", "rotary", "loss"):
         assert launching_section(repo) == norm_copy, f"{repo}/_library.py's launch helper differs"
 
 

@@ -1,0 +1,644 @@
+"""The fused lm_head + cross-entropy (library/loss) against float64 references: loss and the
+gradients of the hidden states, the weight and the bias; the same kernels on logits; the
+transformers semantics (label shift, num_items_in_batch); the layers and
+``kernels.library.tag_causal_lm_losses`` on tiny transformers models; opcheck and
+torch.compile; errors."""
+
+import copy
+import logging
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from library_helpers import DEVICE, DTYPES, ON_GPU, assert_close, grads, randn
+
+from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
+from kernels.layer.decorators import use_kernel_func_from_hub
+from kernels.layer.swap import kernel_layer_of
+from kernels.library import tag_causal_lm_losses, untag
+
+IGNORE = -100
+
+
+def _op_module(loss):
+    return sys.modules[f"{loss.__name__}.fused_linear_cross_entropy"]
+
+
+def _reference(h, w, b, y, *, reduction="mean", smoothing=0.0, softcap=None, items=None):
+    """The loss in float64 PyTorch: F.cross_entropy of the (soft-capped) logits."""
+    logits = F.linear(h, w, b)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    flat = logits.reshape(-1, logits.shape[-1])
+    if items is None and reduction == "mean":
+        count = (y != IGNORE).sum()
+        if count == 0:  # PyTorch gives NaN; ours gives 0 (with zero gradients)
+            return flat.sum() * 0.0
+    rows = F.cross_entropy(
+        flat, y.reshape(-1), ignore_index=IGNORE, reduction="none", label_smoothing=smoothing
+    )
+    if reduction == "none":
+        return rows.reshape(y.shape)
+    if reduction == "sum":
+        return rows.sum()
+    return rows.sum() / (items if items is not None else (y != IGNORE).sum())
+
+
+def _hidden(lead, hidden, layout, dtype):
+    if layout == "slice":  # rows of a wider tensor: a row stride, read in place
+        h = randn(*lead, hidden + 8, dtype=dtype)[..., 4 : 4 + hidden]
+    elif layout == "transpose":  # no view with unit column stride: copied
+        h = randn(hidden, *lead, dtype=dtype).movedim(0, -1)
+    else:
+        h = randn(*lead, hidden, dtype=dtype)
+    return h.requires_grad_()
+
+
+def _labels(lead, vocab, ignored=0.0):
+    y = torch.randint(0, vocab, lead, device=DEVICE)
+    if ignored:
+        y[torch.rand(lead, device=DEVICE) < ignored] = IGNORE
+    return y
+
+
+def _params(vocab, hidden, dtype, bias):
+    # Logits of a few units: softmax neither flat nor one-hot.
+    w = randn(vocab, hidden, dtype=dtype, scale=2.0 / hidden**0.5).requires_grad_()
+    b = randn(vocab, dtype=dtype, scale=0.5).requires_grad_() if bias else None
+    return w, b
+
+
+# (lead shape of the tokens, hidden, vocab, chunk_size, layout). An odd vocabulary spans several
+# blocks of the row kernels (256 columns on the CPU); chunks that do not divide the tokens;
+# a chunk of 1-3 rows, whose rows are split between programs; non-contiguous hidden states.
+SHAPES = {
+    "odd-vocab": ((2, 7), 32, 1001, None, None),
+    "chunks-19-by-4": ((19,), 16, 100, 4, None),
+    "split-rows": ((5,), 16, 1001, 2, None),
+    "sliced": ((3, 5), 24, 257, 7, "slice"),
+    "transposed": ((6,), 40, 129, None, "transpose"),
+}
+# (name, shape, options): every option on at least one shape and dtype loop.
+CASES = [
+    ("mean", "odd-vocab", {"bias": True}),
+    ("ignored", "chunks-19-by-4", {"ignored": 0.4}),
+    ("softcap-smoothing", "split-rows", {"softcap": 3.0, "smoothing": 0.1, "bias": True}),
+    ("sum", "sliced", {"reduction": "sum", "ignored": 0.3}),
+    ("none", "transposed", {"reduction": "none", "ignored": 0.3, "bias": True}),
+    ("num-items", "chunks-19-by-4", {"items": 25, "ignored": 0.2, "softcap": 30.0}),
+    ("none-softcap", "split-rows", {"reduction": "none", "softcap": 5.0, "smoothing": 0.2}),
+    # Two passes over tiles of the vocabulary (the last one narrower), whole chunks and not.
+    ("two-pass", "odd-vocab", {"vocab_chunk": 300, "bias": True, "ignored": 0.3}),
+    ("two-pass-chunks", "chunks-19-by-4", {"vocab_chunk": 32, "softcap": 4.0, "smoothing": 0.1}),
+    ("two-pass-none", "sliced", {"vocab_chunk": 100, "reduction": "none", "items": None}),
+]
+GPU_CASES = [
+    pytest.param("llama2", ((4096,), 4096, 32001, None, None), {}, marks=pytest.mark.gpu),
+    pytest.param(
+        "llama3", ((2, 1024), 2048, 128256, None, None), {"ignored": 0.3}, marks=pytest.mark.gpu
+    ),
+    pytest.param(  # one pass of 128 chunks of 4 tokens
+        "gemma3",
+        ((512,), 2048, 262144, None, "slice"),
+        {"softcap": 30.0, "smoothing": 0.1},
+        marks=pytest.mark.gpu,
+    ),
+    pytest.param(  # two passes: 8 chunks of 512 tokens over 23 tiles of 11776 columns
+        "gemma3-two-pass",
+        ((2, 2048), 2048, 262144, None, "slice"),
+        {"softcap": 30.0, "ignored": 0.1},
+        marks=pytest.mark.gpu,
+    ),
+    pytest.param(
+        "qwen3-none",
+        ((1000,), 1024, 151936, 300, None),
+        {"reduction": "none"},
+        marks=pytest.mark.gpu,
+    ),  # fmt: skip
+]
+
+
+def _check_against_reference(loss, shape, options, dtype, grad_scale=2.5):
+    lead, hidden, vocab, chunk, layout = shape
+    reduction = options.get("reduction", "mean")
+    h = _hidden(lead, hidden, layout, dtype)
+    w, b = _params(vocab, hidden, dtype, options.get("bias", False))
+    y = _labels(lead, vocab, options.get("ignored", 0.0))
+    kwargs = dict(
+        reduction=reduction,
+        label_smoothing=options.get("smoothing", 0.0),
+        softcap=options.get("softcap"),
+        num_items_in_batch=options.get("items"),
+    )
+    out = loss.fused_linear_cross_entropy(
+        h, w, y, b, chunk_size=chunk, vocab_chunk=options.get("vocab_chunk"), **kwargs
+    )
+    assert out.dtype == torch.float32
+    assert out.shape == (lead if reduction == "none" else ())
+    leaves = [t for t in (h, w, b) if t is not None]
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    h64, w64, b64 = (*leaves64, None)[:3]
+    ref = _reference(
+        h64, w64, b64, y, reduction=reduction, smoothing=kwargs["label_smoothing"],
+        softcap=kwargs["softcap"], items=kwargs["num_items_in_batch"],
+    )  # fmt: skip
+    assert_close(out, ref, dtype, "loss")
+    seed = randn(*out.shape, scale=grad_scale) if reduction == "none" else None
+    seed = torch.full((), grad_scale, device=DEVICE) if seed is None else seed
+    got = grads(out, leaves, seed)
+    want = grads(ref, leaves64, seed.double())
+    for g, g64, what in zip(got, want, ("grad hidden", "grad weight", "grad bias"), strict=False):
+        assert g.dtype == dtype, what
+        assert_close(g, g64, dtype, what)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name,shape,options", CASES, ids=[c[0] for c in CASES])
+def test_matches_float64_reference(loss, name, shape, options, dtype):
+    torch.manual_seed(0)
+    _check_against_reference(loss, SHAPES[shape], options, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name,shape,options", GPU_CASES)
+def test_model_sizes(loss, name, shape, options, dtype):
+    torch.manual_seed(0)
+    _check_against_reference(loss, shape, options, dtype)
+
+
+def test_gradient_of_one_skips_the_scaling(loss, monkeypatch):
+    """The backward's scaling kernel reads the loss's gradient on the device and leaves the
+    gradients alone when it is 1; with another value it scales them (the reference test)."""
+    torch.manual_seed(0)
+    _check_against_reference(loss, SHAPES["odd-vocab"], {"bias": True}, torch.float32, 1.0)
+
+
+@pytest.mark.parametrize("items", [None, 0], ids=["mean", "num_items=0"])
+def test_every_label_ignored_gives_zero_loss_and_zero_grads(loss, items):
+    h = _hidden((2, 5), 16, None, torch.float32)
+    w, b = _params(101, 16, torch.float32, bias=True)
+    y = torch.full((2, 5), IGNORE, device=DEVICE)
+    out = loss.fused_linear_cross_entropy(h, w, y, b, num_items_in_batch=items, chunk_size=3)
+    assert out.item() == 0.0
+    for g in grads(out, (h, w, b), torch.ones((), device=DEVICE)):
+        assert torch.count_nonzero(g) == 0
+    assert loss.fused_linear_cross_entropy(h, w, y, reduction="sum").item() == 0.0
+
+
+def test_fp32_weight_grad_accumulation(loss):
+    torch.manual_seed(0)
+    lead, hidden, vocab = (23,), 32, 300
+    h = _hidden(lead, hidden, None, torch.bfloat16)
+    w, _ = _params(vocab, hidden, torch.bfloat16, bias=False)
+    y = _labels(lead, vocab)
+    out = loss.fused_linear_cross_entropy(h, w, y, chunk_size=5, fp32_weight_grad=True)
+    gw = grads(out, w, torch.ones((), device=DEVICE))[0]
+    assert gw.dtype == torch.bfloat16
+    w64 = w.detach().double().requires_grad_()
+    ref = _reference(h.detach().double(), w64, None, y)
+    assert_close(gw, grads(ref, w64, torch.ones((), dtype=torch.float64, device=DEVICE))[0],
+                 torch.bfloat16, "grad weight")  # fmt: skip
+
+
+def test_no_grad_and_frozen_weight(loss):
+    """Without a recorded backward the launcher alone runs; with a frozen weight only the
+    hidden states' gradient is made."""
+    torch.manual_seed(0)
+    h = _hidden((9,), 16, None, torch.float32)
+    w, _ = _params(211, 16, torch.float32, bias=False)
+    w.requires_grad_(False)
+    y = _labels((9,), 211, 0.2)
+    with torch.no_grad():
+        plain = loss.fused_linear_cross_entropy(h, w, y)
+    assert plain.grad_fn is None
+    out = loss.fused_linear_cross_entropy(h, w, y, chunk_size=4)
+    torch.testing.assert_close(out, plain)
+    (gh,) = grads(out, h, torch.ones((), device=DEVICE))
+    h64 = h.detach().double().requires_grad_()
+    ref = _reference(h64, w.double(), None, y)
+    assert_close(gh, grads(ref, h64, torch.ones((), dtype=torch.float64, device=DEVICE))[0],
+                 torch.float32, "grad hidden")  # fmt: skip
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU's autocast; CUDA autocast is the same code path")
+def test_autocast_computes_in_the_autocast_dtype(loss):
+    torch.manual_seed(0)
+    h = _hidden((7,), 16, None, torch.float32)
+    w, b = _params(150, 16, torch.float32, bias=True)
+    y = _labels((7,), 150)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = loss.fused_linear_cross_entropy(h, w, y, b)
+    gh, gw, gb = grads(out, (h, w, b), torch.ones((), device=DEVICE))
+    assert (gh.dtype, gw.dtype, gb.dtype) == (torch.float32,) * 3
+    leaves = [t.detach().to(torch.bfloat16).double().requires_grad_() for t in (h, w, b)]
+    ref = _reference(*leaves, y)
+    assert_close(out, ref, torch.bfloat16, "loss")
+    for g, g64 in zip((gh, gw, gb), grads(ref, leaves, torch.ones((), dtype=torch.float64)),
+                      strict=True):  # fmt: skip
+        assert_close(g, g64, torch.bfloat16, "grad")
+
+
+def test_chunk_rows_rule(loss):
+    cpu = torch.device("cpu")
+    # Liger's bound: next_power_of_2(ceil(tokens / ceil(vocab / hidden))) tokens a chunk,
+    # 4096 / ceil(128256 / 4096) = 128.
+    assert loss.chunk_rows(4096, 4096, 128256, 2, cpu) == 128
+    # 512, capped at 64 MiB of logits on the CPU (261 tokens), evened out (63 chunks of 261).
+    assert loss.chunk_rows(16384, 4096, 128256, 2, cpu) == 261
+    assert loss.chunk_rows(16, 4096, 128256, 2, cpu) == 1
+    # 263 rows -> 512; 9 chunks of 456 rather than 8 of 512 and one of 4.
+    assert loss.chunk_rows(4100, 64, 1000, 4, cpu) == 456
+    assert loss.chunk_rows(10, 8, 100, 4, cpu) == 1
+    assert loss.chunk_rows(40, 32, 1001, 4, cpu) == 2
+    assert loss.chunk_rows(19, 16, 100, 4, cpu, chunk_size=4) == 4
+    assert loss.chunk_rows(19, 16, 100, 4, cpu, chunk_size=100) == 19
+    assert loss.chunk_rows(0, 16, 100, 4, cpu) == 1
+    ops = _op_module(loss)
+    assert ops.CPU_CHUNK_BYTES == 64 * 2**20
+
+
+def test_chunk_plan_takes_two_passes_where_one_would_be_bound_by_memory(loss, monkeypatch):
+    """With Liger's budget, one pass over 262144 columns takes 32 tokens a chunk and reads the
+    weight 128 times; two passes take 512 tokens over tiles of 11776 columns, within the same
+    budget. Where one pass makes long chunks (16384 x 4096 -> 128256: 512 tokens) it stays."""
+    ops = _op_module(loss)
+    monkeypatch.setattr(ops, "_free_bytes", lambda device: 2**40)
+    gpu = torch.device("cpu")  # the plan's arithmetic; the device only bounds free memory
+    plan = loss.chunk_plan
+    assert plan(4096, 2048, 262144, 2, gpu, fp32_rows=True) == (512, 11776)
+    assert plan(4096, 2048, 262144, 2, gpu, fp32_rows=False) == (4096, 1792)  # no accumulator
+    assert plan(4096, 2048, 128256, 2, gpu, fp32_rows=True) == (1024, 11264)
+    assert plan(16384, 4096, 128256, 2, gpu, fp32_rows=True) == (512, 128256)
+    assert plan(4096, 2048, 32000, 2, gpu, fp32_rows=True) == (256, 32000)
+    for tokens, hidden, vocab in ((4096, 2048, 262144), (4096, 4096, 151936)):
+        single = loss.chunk_rows(tokens, hidden, vocab, 2, gpu)
+        rows, tile = plan(tokens, hidden, vocab, 2, gpu, fp32_rows=True)
+        assert rows * (tile * 2 + hidden * 4) <= single * vocab * 2  # within Liger's budget
+    # Overrides: chunk_size alone is one pass; vocab_chunk alone picks the tokens.
+    assert plan(4096, 2048, 262144, 2, gpu, chunk_size=64) == (64, 262144)
+    assert plan(4096, 2048, 262144, 2, gpu, vocab_chunk=8192) == (1024, 8192)
+    assert plan(40, 32, 1001, 4, gpu, chunk_size=7, vocab_chunk=300) == (7, 300)
+    assert plan(40, 32, 1001, 4, gpu, vocab_chunk=5000) == (2, 1001)
+
+
+# ---- the same kernels on logits ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_on_logits(loss, dtype, reduction):
+    torch.manual_seed(0)
+    logits = randn(3, 4, 517, dtype=dtype, scale=3.0).requires_grad_()
+    before = logits.detach().clone()
+    y = _labels((3, 4), 517, 0.3)
+    out = loss.cross_entropy(logits, y, reduction=reduction, label_smoothing=0.05)
+    x64 = logits.detach().double().requires_grad_()
+    ref = F.cross_entropy(
+        x64.reshape(-1, 517), y.reshape(-1), ignore_index=IGNORE, reduction=reduction,
+        label_smoothing=0.05,
+    )  # fmt: skip
+    ref = ref.reshape(y.shape) if reduction == "none" else ref
+    assert_close(out, ref, dtype, "loss")
+    seed = randn(*out.shape, scale=1.5) if out.dim() else torch.full((), 1.5, device=DEVICE)
+    (g,) = grads(out, logits, seed)
+    assert g.dtype == dtype
+    assert_close(g, grads(ref, x64, seed.double())[0], dtype, "grad logits")
+    assert torch.equal(logits.detach(), before)  # the gradient went to a tensor of its own
+
+
+def test_causal_lm_loss_is_transformers_for_causal_lm_loss(loss):
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    torch.manual_seed(0)
+    h = _hidden((2, 9), 24, None, torch.float32)
+    w, _ = _params(333, 24, torch.float32, bias=False)
+    labels = _labels((2, 9), 333, 0.2)
+    for kwargs in ({}, {"num_items_in_batch": torch.tensor(11)}, {"shift_labels": labels}):
+        out = loss.causal_lm_loss(h, w, labels, chunk_size=5, **kwargs)
+        h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+        ref = ForCausalLMLoss(F.linear(h64, w64), labels, 333, **kwargs)
+        assert_close(out, ref, torch.float32, f"loss {list(kwargs)}")
+        got = grads(out, (h, w), torch.ones((), device=DEVICE))
+        want = grads(ref, (h64, w64), torch.ones((), dtype=torch.float64, device=DEVICE))
+        for g, g64 in zip(got, want, strict=True):
+            assert_close(g, g64, torch.float32, f"grad {list(kwargs)}")
+
+
+def test_lm_head_and_loss_makes_logits_only_when_wanted(loss):
+    torch.manual_seed(0)
+    h = _hidden((2, 6), 16, None, torch.float32)
+    w, b = _params(120, 16, torch.float32, bias=True)
+    labels = _labels((2, 6), 120)
+    expected = 4.0 * torch.tanh(F.linear(h, w, b) / 4.0)
+    none, logits = loss.lm_head_and_loss(h, w, b, softcap=4.0)
+    assert none is None and torch.equal(logits, expected)
+    fused, none = loss.lm_head_and_loss(h, w, b, labels, softcap=4.0)
+    assert none is None
+    both, logits = loss.lm_head_and_loss(h, w, b, labels, softcap=4.0, return_logits=True)
+    assert torch.equal(logits, expected)
+    torch.testing.assert_close(fused, both)
+    torch.testing.assert_close(fused, loss.causal_lm_cross_entropy(expected, labels))
+
+
+# ---- the ForCausalLMLoss layer (transformers 5.x's name) -----------------------------------
+
+
+def test_for_causal_lm_loss_layer(loss):
+    """Bound to a function module standing for transformers' ForCausalLMLoss, as kernelize binds
+    it: fused with hidden_states= and lm_head_weight= (logits None), through our kernels on
+    logits otherwise; both equal transformers' function."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    torch.manual_seed(0)
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.loss_fn = use_kernel_func_from_hub("ForCausalLMLoss")(ForCausalLMLoss)
+
+    head = Head().to(DEVICE)
+    with use_kernel_mapping(library_mapping(devices=[DEVICE], layers=["ForCausalLMLoss"])):
+        kernelize(head, mode=Mode.TRAINING, device=DEVICE)
+    assert kernel_layer_of(head.loss_fn).__name__ == "ForCausalLMLoss"
+    h = _hidden((2, 5), 16, None, torch.float32)
+    w, _ = _params(99, 16, torch.float32, bias=False)
+    labels = _labels((2, 5), 99, 0.2)
+    items = torch.tensor(7)
+    logits = F.linear(h, w)
+    expected = ForCausalLMLoss(logits, labels, 99, num_items_in_batch=items)
+    from_logits = head.loss_fn(logits, labels, 99, num_items_in_batch=items, output_attentions=1)
+    fused = head.loss_fn(
+        None, labels, 99, num_items_in_batch=items, hidden_states=h, lm_head_weight=w,
+        hidden_size=16,
+    )  # fmt: skip
+    torch.testing.assert_close(from_logits, expected)
+    torch.testing.assert_close(fused, expected)
+    torch.testing.assert_close(
+        grads(fused, (h, w), torch.ones((), device=DEVICE)),
+        grads(expected, (h, w), torch.ones((), device=DEVICE)),
+    )
+    with pytest.raises(ValueError, match="no logits, and not both hidden_states"):
+        head.loss_fn(None, labels, 99)
+
+
+# ---- tagging transformers 4.57 models ------------------------------------------------------
+
+
+@pytest.fixture
+def restore_tags():
+    yield
+    untag()
+
+
+def _tiny(family):
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(
+        hidden_size=32, intermediate_size=40, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=101,
+    )  # fmt: skip
+    if family == "gemma2":
+        config = transformers.Gemma2Config(
+            **common, head_dim=8, final_logit_softcapping=5.0, attn_implementation="eager"
+        )
+        return transformers.Gemma2ForCausalLM(config).to(DEVICE)
+    config = transformers.LlamaConfig(**common, attn_implementation="sdpa")
+    return transformers.LlamaForCausalLM(config).to(DEVICE)
+
+
+def _step(model, tokens, labels, **kwargs):
+    model.zero_grad(set_to_none=True)
+    out = model(tokens, labels=labels, **kwargs)
+    out.loss.backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_tagged_model_matches_the_untouched_one(loss, restore_tags, family):
+    model = _tiny(family).train()
+    reference = copy.deepcopy(model)
+    tokens = torch.randint(0, 101, (2, 9), device=DEVICE)
+    labels = tokens.clone()
+    labels[0, :4] = IGNORE
+    items = torch.tensor(13)  # gradient accumulation: the Trainer passes num_items_in_batch
+    expected, expected_grads = _step(reference, tokens, labels, num_items_in_batch=items)
+
+    layer = {"llama": "CausalLMFusedLoss", "gemma2": "GemmaCausalLMFusedLoss"}[family]
+    assert tag_causal_lm_losses(model) == [type(model).__name__]
+    assert type(model).kernel_layer_name == layer
+    assert tag_causal_lm_losses(model) == []  # already tagged
+    with use_kernel_mapping(library_mapping(devices=[DEVICE])):
+        kernelize(model, mode=Mode.TRAINING, device=DEVICE)
+    assert kernel_layer_of(model).__name__ == layer
+
+    out, got_grads = _step(model, tokens, labels, num_items_in_batch=items)
+    assert out.logits is None  # training with labels: no logits held, none returned
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=1e-6)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    as_tuple = model(tokens, labels=labels, return_dict=False)
+    torch.testing.assert_close(as_tuple[0], expected.loss, rtol=1e-5, atol=1e-6)
+
+    # The logits when they are asked for: no labels, or evaluation.
+    with torch.no_grad():
+        plain = reference(tokens).logits
+        torch.testing.assert_close(model(tokens).logits, plain)
+        model.eval()
+        evaluated = model(tokens, labels=labels)
+        torch.testing.assert_close(evaluated.logits, reference.eval()(tokens).logits)
+        torch.testing.assert_close(evaluated.loss, reference(tokens, labels=labels).loss)
+
+
+def test_tagged_model_compiles_fullgraph(loss, restore_tags):
+    model = _tiny("llama").train()
+    reference = copy.deepcopy(model)
+    tokens = torch.randint(0, 101, (1, 6), device=DEVICE)
+    tag_causal_lm_losses(model)
+    with use_kernel_mapping(library_mapping(devices=[DEVICE], layers=["CausalLMFusedLoss"])):
+        kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, device=DEVICE)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    out, got = _step(compiled, tokens, tokens)
+    expected, want = _step(reference, tokens, tokens)
+    assert out.logits is None
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=1e-6)
+    for name, grad in want.items():
+        torch.testing.assert_close(got[f"_orig_mod.{name}"], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_tagging_reads_the_forward(restore_tags, caplog):
+    """Only forwards that are word for word transformers' are tagged; a subclass of a tagged
+    class that defines its own forward keeps it (the tag's condition)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(
+        hidden_size=16, intermediate_size=20, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=50, num_local_experts=2,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="kernels.library"):
+        assert tag_causal_lm_losses(MixtralForCausalLM(config)) == []  # it adds a router loss
+    assert "its loss is not fused" in caplog.text
+
+    llama = _tiny("llama")
+
+    class WithOwnForward(type(llama)):
+        def forward(self, input_ids=None, labels=None, **kwargs):
+            return super().forward(input_ids, labels=labels, **kwargs)
+
+    custom = WithOwnForward(llama.config).to(DEVICE)
+    assert tag_causal_lm_losses(llama) == ["LlamaForCausalLM"]
+    assert tag_causal_lm_losses(custom) == []  # inherits the tag, not tagged itself
+    with use_kernel_mapping(library_mapping(devices=[DEVICE])):
+        kernelize(custom, mode=Mode.TRAINING, device=DEVICE)
+    assert kernel_layer_of(custom) is None
+    untag()
+    assert "kernel_layer_name" not in vars(type(llama))
+
+
+def test_fused_path_only_where_the_loss_is_transformers(loss, restore_tags):
+    """A loss_function of the user's own, or an lm_head with a hook, keeps the model's own
+    forward (logits returned, the user's loss used)."""
+    model = _tiny("llama").train()
+    tag_causal_lm_losses(model)
+    with use_kernel_mapping(library_mapping(devices=[DEVICE])):
+        kernelize(model, mode=Mode.TRAINING, device=DEVICE)
+    tokens = torch.randint(0, 101, (1, 5), device=DEVICE)
+    model.loss_function = lambda logits, labels, vocab_size, **kwargs: logits.sum() * 0
+    out = model(tokens, labels=tokens)
+    assert out.logits is not None and out.loss.item() == 0
+    del model._loss_function
+    handle = model.lm_head.register_forward_hook(lambda *args: None)
+    assert model(tokens, labels=tokens).logits is not None
+    handle.remove()
+    assert model(tokens, labels=tokens).logits is None
+
+
+# ---- ops and compile ------------------------------------------------------------------------
+
+
+def _op_cases(loss):
+    ops = _op_module(loss)
+    h = randn(5, 16).requires_grad_()
+    w = randn(37, 16, scale=0.3).requires_grad_()
+    b = randn(37, scale=0.1).requires_grad_()
+    y = torch.tensor([1, IGNORE, 36, 0, 5], device=DEVICE)
+    logits = randn(5, 37, dtype=torch.bfloat16, scale=2.0).requires_grad_()
+    items = torch.tensor(3.0, device=DEVICE)
+    return {
+        "fused_mean": (ops.fused_linear_cross_entropy_op,
+                       (h, w, b, y, None, IGNORE, 0.1, 3.0, 0, 2, 0, False, True, True, True)),
+        "fused_items_bf16": (
+            ops.fused_linear_cross_entropy_op,
+            (h.detach().bfloat16().requires_grad_(), w.detach().bfloat16().requires_grad_(),
+             None, y, items, IGNORE, 0.0, 0.0, 0, 0, 0, False, True, True, False),
+        ),
+        "fused_none": (ops.fused_linear_cross_entropy_op,
+                       (h, w, None, y, None, IGNORE, 0.0, 0.0, 2, 3, 0, False, False, False, False)),
+        "fused_backward": (ops.fused_linear_cross_entropy_backward_op,
+                           (randn(5), h.detach(), w.detach(), b.detach(), y, IGNORE, 0.0, 5.0,
+                            2, 16, False, True, True, True)),
+        "fused_two_pass": (ops.fused_linear_cross_entropy_op,
+                           (h, w, b, y, None, IGNORE, 0.0, 0.0, 0, 2, 10, False, True, True, True)),
+        "cross_entropy": (ops.cross_entropy_op, (logits, y, None, IGNORE, 0.1, 0.0, 1, True)),
+        "cross_entropy_backward": (ops.cross_entropy_backward_op,
+                                   (randn(5), logits.detach(), y, IGNORE, 0.0, 0.0)),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "fused_mean",
+        "fused_items_bf16",
+        "fused_none",
+        "fused_backward",
+        "fused_two_pass",
+        "cross_entropy",
+        "cross_entropy_backward",
+    ],
+)
+def test_opcheck(loss, case):
+    op, args = _op_cases(loss)[case]
+    torch.library.opcheck(op, args)
+
+
+def test_every_op_is_checked(loss):
+    checked = {op._qualname for op, _ in _op_cases(loss).values()}
+    registered = {
+        value._qualname
+        for value in vars(_op_module(loss)).values()
+        if isinstance(value, torch._library.custom_ops.CustomOpDef)
+    }
+    assert registered == checked, registered ^ checked
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_compile_fullgraph_matches_eager(loss, reduction):
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(24).to(DEVICE)
+    w, _ = _params(301, 24, torch.float32, bias=False)
+
+    def step(x, labels):
+        if reduction == "mean":
+            return loss.causal_lm_loss(norm(x), w, labels, softcap=10.0, chunk_size=4)
+        return loss.fused_linear_cross_entropy(norm(x), w, labels, reduction="none").sum()
+
+    x = randn(2, 7, 24).requires_grad_()
+    labels = _labels((2, 7), 301, 0.2)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    out = compiled(x, labels)
+    expected = step(x, labels)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    got = grads(out, (x, w, norm.weight), torch.ones((), device=DEVICE))
+    want = grads(expected, (x, w, norm.weight), torch.ones((), device=DEVICE))
+    for g, g_ref in zip(got, want, strict=True):
+        torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-6)
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+
+def test_bad_input_gives_clear_errors(loss):
+    h, w, y = randn(4, 8), randn(10, 8), torch.zeros(4, dtype=torch.long, device=DEVICE)
+    fused = loss.fused_linear_cross_entropy
+    with pytest.raises(ValueError, match="do not fit: the weight must be"):
+        fused(h, randn(10, 9), y)
+    with pytest.raises(ValueError, match="do not match hidden_states of shape"):
+        fused(h, w, y[:3])
+    with pytest.raises(TypeError, match="labels must be int64 or int32"):
+        fused(h, w, y.float())
+    with pytest.raises(TypeError, match="dtype torch.float64 is not supported"):
+        fused(h.double(), w.double(), y)
+    with pytest.raises(TypeError, match="weight dtype torch.bfloat16 differs"):
+        fused(h, w.bfloat16(), y)
+    with pytest.raises(ValueError, match="bias of shape"):
+        fused(h, w, y, randn(11))
+    with pytest.raises(ValueError, match="reduction must be 'mean', 'sum' or 'none'"):
+        fused(h, w, y, reduction="avg")
+    with pytest.raises(ValueError, match="num_items_in_batch replaces the mean's denominator"):
+        fused(h, w, y, reduction="sum", num_items_in_batch=3)
+    with pytest.raises(ValueError, match="label_smoothing must be in"):
+        fused(h, w, y, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="softcap must be a positive number"):
+        fused(h, w, y, softcap=0.0)
+    with pytest.raises(ValueError, match="labels for 8 positions"):
+        loss.causal_lm_loss(randn(2, 4, 8), w, torch.zeros(2, 3, dtype=torch.long))
+
+
+def test_second_backward_is_a_clear_error(loss):
+    h = randn(3, 8).requires_grad_()
+    out = loss.fused_linear_cross_entropy(h, randn(10, 8), torch.tensor([1, 2, 3], device=DEVICE))
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice through the same loss"):
+        out.backward()
+
+
+def test_label_out_of_range_gives_nan(loss):
+    h, w = randn(3, 8), randn(10, 8)
+    out = loss.fused_linear_cross_entropy(
+        h, w, torch.tensor([1, 10, 3], device=DEVICE), reduction="none"
+    )
+    assert torch.isnan(out[1]) and torch.isfinite(out[[0, 2]]).all()
