@@ -8,13 +8,10 @@ import logging
 
 import pytest
 import torch
+from generation_checks import NEW_TOKENS, eager_greedy, prompt, tiny_llama
 
-pytest.importorskip("transformers")
-
-from generation_checks import NEW_TOKENS, eager_greedy, prompt, tiny_llama  # noqa: E402
-
-from kernels.generation import CudaGraphGenerator, EagerBackend  # noqa: E402
-from kernels.generation.cache import capture_blocker, fingerprint  # noqa: E402
+from kernels.generation import CudaGraphGenerator, EagerBackend
+from kernels.generation.cache import capture_blocker, fingerprint
 
 
 class CountingBackend(EagerBackend):
@@ -43,6 +40,7 @@ class CountingBackend(EagerBackend):
 
 @pytest.fixture
 def model():
+    pytest.importorskip("transformers")
     return tiny_llama()
 
 

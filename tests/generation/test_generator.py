@@ -9,10 +9,7 @@ import logging
 
 import pytest
 import torch
-
-pytest.importorskip("transformers")
-
-from generation_checks import (  # noqa: E402
+from generation_checks import (
     NEW_TOKENS,
     check_greedy_matches_eager,
     check_sampling_matches_eager,
@@ -22,18 +19,19 @@ from generation_checks import (  # noqa: E402
     tiny_llama,
 )
 
-from kernels.generation import (  # noqa: E402
+from kernels.generation import (
     CudaGraphGenerator,
     EagerBackend,
     UnsupportedGenerationError,
     fast_generate,
 )
-from kernels.generation import generator as generator_module  # noqa: E402
-from kernels.library import untag  # noqa: E402
+from kernels.generation import generator as generator_module
+from kernels.library import untag
 
 
 @pytest.fixture
 def model():
+    pytest.importorskip("transformers")
     return tiny_llama()
 
 
