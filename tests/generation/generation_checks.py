@@ -52,11 +52,12 @@ def eager_greedy(model, ids, mask, new_tokens=NEW_TOKENS, **kwargs):
     )
 
 
-def eager_static_greedy(model, ids, mask, new_tokens=NEW_TOKENS):
-    """transformers' greedy decoding with a static cache of its own, not compiled."""
+def eager_static_greedy(model, ids, mask, new_tokens=NEW_TOKENS, cache_len=None):
+    """transformers' greedy decoding with a static cache of its own (``cache_len`` tokens, by
+    default just enough), not compiled."""
     from kernels.generation.cache import cache_argument, new_static_cache
 
-    cache = new_static_cache(model, ids.shape[1] + new_tokens)
+    cache = new_static_cache(model, cache_len or ids.shape[1] + new_tokens)
     return eager_greedy(
         model, ids, mask, new_tokens, disable_compile=True, **{cache_argument(model): cache}
     )
