@@ -45,8 +45,8 @@ TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rto
 
 def reference(layer_name: str) -> tuple[nn.Module, list[tuple[int, ...]]]:
     """A module the layer named ``layer_name`` replaces, and the shapes of its inputs."""
-    from transformers import LlamaConfig
-    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers import GemmaConfig, LlamaConfig
+    from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
     from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
     rows = (3, 37)  # 111 rows: not a multiple of any block
@@ -67,9 +67,15 @@ def reference(layer_name: str) -> tuple[nn.Module, list[tuple[int, ...]]]:
     if layer_name == "SwiGLUMLP":
         config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, hidden_act="silu")
         return LlamaMLP(config), [(*rows, HIDDEN)]
+    if layer_name == "GeGLUMLP":
+        config = GemmaConfig(
+            hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, hidden_activation="gelu_pytorch_tanh"
+        )
+        return GemmaMLP(config), [(*rows, HIDDEN)]
     norms = {
         "RMSNorm": lambda: LlamaRMSNorm(HIDDEN),
         "GemmaRMSNorm": lambda: GemmaRMSNorm(HIDDEN),
+        "RMSNormZeroCentered": lambda: GemmaRMSNorm(HIDDEN),  # the same formula, 1 + weight
         "LayerNorm": lambda: nn.LayerNorm(HIDDEN),
     }
     if layer_name in norms:
@@ -92,9 +98,10 @@ def kernelized(layer_name: str, mode: Mode, dtype: torch.dtype) -> tuple[nn.Modu
             parameter.normal_(
                 1.0 if parameter.dim() == 1 else 0.0, 0.3 if parameter.dim() == 1 else 0.05
             )
-    # The whole mapping: LlamaMLP's act_fn is tagged too ("SiLU").
+    # The whole mapping: the MLPs' act_fn is tagged too; an act_fn our library does not serve
+    # keeps its own forward (fallback), which the MLP's kernel layer then calls.
     with use_kernel_mapping(library_mapping(devices=[DEVICE])):
-        kernelize(module, mode=mode, device=DEVICE, use_fallback=False)
+        kernelize(module, mode=mode, device=DEVICE)
     assert "forward" in vars(module), f"{layer_name} kept its own forward"
     return module, shapes
 
