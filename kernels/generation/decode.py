@@ -69,9 +69,8 @@ class DecodeStats:
 
 @dataclass
 class _Graph:
-    inputs: StaticInputs
+    inputs: StaticInputs  # its kwargs hold the cache, which keeps it alive
     step: CapturedCall
-    cache: Any
     fingerprint: tuple[int, ...]
 
 
@@ -153,6 +152,12 @@ class DecodeGraphs:
             del self._graphs[key]
             graph = None
         if graph is None:
+            # Checked before a capture only: a cache's layers keep their types, and a layer
+            # re-allocated since a capture changes the fingerprint.
+            blocker = capture_blocker(cache)
+            if blocker is not None:
+                self._log_once(f"decode steps run eagerly: {blocker}")
+                return self._eager_step(forward, kwargs)
             if self._warm.get(key, 0) < self.warmup_steps:
                 self._warm[key] = self._warm.get(key, 0) + 1
                 return self._eager_step(forward, kwargs)
@@ -168,9 +173,6 @@ class DecodeGraphs:
         """The call's key, or None and why it cannot be captured."""
         if torch.is_grad_enabled():
             return None, "gradients are enabled (generate() runs under torch.no_grad())"
-        blocker = capture_blocker(cache)
-        if blocker is not None:
-            return None, blocker
         try:
             key = call_key(kwargs, {self.cache_argument: cache}, self.device)
         except NotCapturable as exc:
@@ -196,7 +198,7 @@ class DecodeGraphs:
                 exc,
             )
             return None
-        graph = _Graph(inputs, step, cache, fingerprint(cache))
+        graph = _Graph(inputs, step, fingerprint(cache))
         self._graphs[key] = graph
         self.stats.captures += 1
         logger.info(

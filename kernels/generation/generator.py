@@ -174,8 +174,6 @@ class CudaGraphGenerator:
         self._graphs.clear()
         self._caches.clear()
 
-    close = reset
-
     def __enter__(self) -> CudaGraphGenerator:
         return self
 
