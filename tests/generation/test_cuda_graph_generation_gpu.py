@@ -79,14 +79,16 @@ def test_batch_sizes_sharing_the_pool_keep_their_own_results(model):
 
 
 def test_without_an_attention_mask_or_pad_token(model):
-    """transformers then builds the causal mask inside the forward, in the graph."""
+    """generate() then makes the mask itself (the end token stands in for padding) and builds
+    each step's 4D decode mask before the forward: the graph takes it as an input."""
     model.generation_config.pad_token_id = None
     model.config.pad_token_id = None
-    ids, _ = prompt(1, device="cuda")
+    model.generation_config.eos_token_id = 2
+    ids, _ = prompt(2, device="cuda")
+    options = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)  # never stop early
     generator = CudaGraphGenerator(model)
-    got = generator.generate(ids, max_new_tokens=NEW_TOKENS, pad_token_id=None)
-    expected = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
-    assert torch.equal(got, expected)
+    got = generator.generate(ids, **options)
+    assert torch.equal(got, model.generate(ids, do_sample=False, **options))
     assert generator.stats.captures == 1 and generator.stats.replays == NEW_TOKENS - 2
 
 
