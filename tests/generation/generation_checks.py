@@ -9,6 +9,9 @@ token differs only if the computation does.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 
 TINY = dict(
@@ -27,6 +30,18 @@ TINY = dict(
     eos_token_id=None,
 )
 NEW_TOKENS = 6
+
+
+def undo_kernelize() -> None:
+    """Put back what ``kernels=True`` changed for the whole process: our tags (`untag`) and, on
+    transformers 5.x, the forward of its rotary function modules (shared by every model)."""
+    from kernels.library import untag
+
+    untag()
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "transformers5"))
+    from tf5_models import restore_function_modules
+
+    restore_function_modules()
 
 
 def tiny_llama(device="cpu", dtype=torch.float32, seed=0, **overrides):

@@ -16,10 +16,10 @@ from generation_checks import (
     eager_static_greedy,
     prompt,
     tiny_llama,
+    undo_kernelize,
 )
 
 from kernels.generation import CACHE_LENGTH_STEP, CudaGraphBackend, CudaGraphGenerator
-from kernels.library import untag
 
 pytestmark = pytest.mark.gpu
 
@@ -42,7 +42,7 @@ def model():
 @pytest.fixture
 def untagged():
     yield
-    untag()
+    undo_kernelize()
 
 
 def test_the_backend_is_cuda_graphs(model):

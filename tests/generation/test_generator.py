@@ -17,6 +17,7 @@ from generation_checks import (
     eager_greedy,
     prompt,
     tiny_llama,
+    undo_kernelize,
 )
 
 from kernels.generation import (
@@ -26,7 +27,6 @@ from kernels.generation import (
     fast_generate,
 )
 from kernels.generation import generator as generator_module
-from kernels.library import untag
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def model():
 def untagged():
     """Tagging for our kernels changes transformers' classes for the process: undo it."""
     yield
-    untag()
+    undo_kernelize()
 
 
 def test_greedy_tokens_are_transformers_tokens(model):
