@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..mapping.mode import Mode
 from .decisions import DeviceSpec
+from .graphs import graph_safety
 from .kernelize import plan
 from .taggers import run_taggers
 
@@ -32,6 +33,9 @@ class LayerExplanation:
     reason: str
     #: Every registered candidate for the layer on this device, with why it won or lost.
     candidates: tuple[tuple[str, str], ...]
+    #: Whether the forward it would run can be captured in a CUDA graph and a torch.compile
+    #: graph, and why not (`kernels.layer.graphs`); None for an invalid kernel.
+    graphs: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class Explanation:
                 lines.append(f"    INVALID kernel, kernelize would raise: {layer.reason}")
             else:
                 lines.append(f"    keeps its own forward: {layer.reason}")
+            if layer.graphs is not None:
+                lines.append(f"    graphs: {layer.graphs}")
             for candidate, why in layer.candidates:
                 lines.append(f"    candidate {candidate}: {why}")
         return "\n".join(lines)
@@ -102,6 +108,9 @@ def explain(model: nn.Module, *, mode: Mode, device: DeviceSpec | None = None) -
         candidates = tuple(
             [(str(decision.resolution.chosen), "chosen")] if decision.resolution.chosen else []
         ) + tuple((str(c), why) for c, why in decision.resolution.passed_over)
+        graphs = None
+        if outcome != "invalid":
+            graphs = str(graph_safety(type(decision.module), decision.kernel))
         key = (
             type(decision.module).__qualname__,
             decision.layer_name,
@@ -109,11 +118,12 @@ def explain(model: nn.Module, *, mode: Mode, device: DeviceSpec | None = None) -
             kernel,
             reason,
             candidates,
+            graphs,
         )
         groups.setdefault(key, []).append(decision.path)
     layers = tuple(
-        LayerExplanation(tuple(paths), cls, name, outcome, kernel, reason, candidates)
-        for (cls, name, outcome, kernel, reason, candidates), paths in groups.items()
+        LayerExplanation(tuple(paths), cls, name, outcome, kernel, reason, candidates, graphs)
+        for (cls, name, outcome, kernel, reason, candidates, graphs), paths in groups.items()
     )
     return Explanation(
         the_plan.mode, the_plan.target.device_type, the_plan.target.capability, layers

@@ -1,0 +1,505 @@
+"""Decode speed: milliseconds per new token of transformers' generate(), and host time per call.
+
+    python benchmarks/decode.py --out benchmarks/results/<device>/decode
+
+Part 1 (``decode``): the 1.1B Llama-style model of ``e2e.py`` (built by its ``build``), bf16,
+greedy, prompt 128, 128 new tokens, at batch 1 and 8, for
+
+- ``eager``: transformers' generate() with its dynamic cache;
+- ``ours kernelized``: the same, the model kernelized with our kernels (Mode.INFERENCE);
+- ``static + compile``: transformers' own static-cache path (``cache_implementation="static"``,
+  which torch.compiles the decode step on CUDA);
+- ``ours kernelized + static + compile``: the same, kernelized with Mode.INFERENCE |
+  TORCH_COMPILE first;
+- ``ours CUDA graphs`` and ``ours kernelized + CUDA graphs``: `kernels.generation`'s
+  `CudaGraphGenerator` (decode step captured in a CUDA graph per batch size), without and with
+  our kernels.
+
+Reported per contender and batch: decode ms per new token ((time of 128 new tokens - time of
+1, the prefill) / 127, median over interleaved rounds), the whole call per token, and, for the
+first call at that batch size on the freshly built model, the time to the first token and to
+the first token of a decode step (the second; that is where compiling or capturing happens)
+and of the whole call. Whether each contender's tokens match eager's is checked (bf16: a
+different cache layout or kernel may round a near-tie differently; the count of equal leading
+tokens is given).
+
+Part 2 (``host``): host microseconds per call of our RMSNorm, LayerNorm, SiluAndMul and rotary
+at 4096x4096 (bf16; forward, and forward+backward) beside the aten op (``F.rms_norm``,
+``F.layer_norm``, ``F.silu(a) * b``, transformers' eager rotary): the time to issue a block of
+back-to-back calls while the GPU is kept busy (so the launch queue never pushes back), the wall
+time per call of back-to-back calls, and the device time per call (the same calls captured back
+to back in a CUDA graph, ``ops.back_to_back_graph``).
+
+Contenders are built as ``e2e.py`` builds them, each from the modelling-module state its set-up
+left (``e2e.ModuleState``: our tagging patches transformers' Llama module), the eager-mode ones
+first and the compiled ones after (``--group`` runs one of them). Writes ``results.json`` and
+``results.md`` into ``--out``, merged with what an earlier run (another ``--group`` or
+``--only``) left there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # e2e.py and ops.py, imported for their model and timing code
+sys.path.insert(0, os.path.dirname(HERE))  # this checkout's kernels
+
+PROMPT = 128
+NEW_TOKENS = 128
+BATCHES = (1, 8)
+EAGER = "eager"
+#: contender -> (kernelize mode or None, how it generates: "dynamic", "static" or "graphs")
+CONTENDERS = {
+    EAGER: (None, "dynamic"),
+    "ours kernelized": ("INFERENCE", "dynamic"),
+    "ours CUDA graphs": (None, "graphs"),
+    "ours kernelized + CUDA graphs": ("INFERENCE", "graphs"),
+    "static + compile": (None, "static"),
+    "ours kernelized + static + compile": ("INFERENCE|TORCH_COMPILE", "static"),
+}
+GROUPS = {
+    "eager": [name for name, (_, how) in CONTENDERS.items() if how != "static"],
+    "compiled": [name for name, (_, how) in CONTENDERS.items() if how == "static"],
+}
+HOST_OPS = ("RMSNorm", "LayerNorm", "SiluAndMul", "rotary")
+
+
+# ---- part 1: decode -------------------------------------------------------------------------
+
+
+class Contender:
+    """A model and how it generates: ``generate(ids, mask, new_tokens, streamer)``."""
+
+    def __init__(self, model, how: str, generator=None):
+        self.model, self.how, self.generator = model, how, generator
+
+    def generate(self, ids, mask, new_tokens, streamer=None):
+        options = dict(
+            attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, streamer=streamer
+        )
+        if self.how == "graphs":
+            return self.generator.generate(ids, **options)
+        if self.how == "static":
+            options["cache_implementation"] = "static"
+        return self.model.generate(ids, **options)
+
+
+def make_contender(name: str, state_dict) -> Contender:
+    """Build contender ``name`` on ``state_dict``'s weights, as e2e.py builds its models."""
+    import e2e
+
+    from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
+    from kernels.generation import CudaGraphGenerator
+    from kernels.library import tag_gated_mlps, tag_rotary_embeddings
+
+    mode_names, how = CONTENDERS[name]
+    model = e2e.build(state_dict).eval()
+    # Every call generates all its tokens (random weights may emit the end token early).
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    if how == "graphs":
+        return Contender(model, how, CudaGraphGenerator(model, kernels=mode_names is not None))
+    if mode_names is not None:
+        mode = Mode[mode_names.split("|")[0]]
+        for extra in mode_names.split("|")[1:]:
+            mode = mode | Mode[extra]
+        tag_gated_mlps(model)
+        tag_rotary_embeddings(model)
+        with use_kernel_mapping(library_mapping(devices=["cuda"])):
+            kernelize(model, mode=mode)
+    return Contender(model, how)
+
+
+class TokenTimes:
+    """A generate() streamer that notes when each new token reaches the host."""
+
+    def __init__(self, batch: int):
+        self.batch = batch
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        if value.numel() == self.batch:  # new tokens (the prompt comes first, in one piece)
+            self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def timed(fn):
+    """(result, wall seconds) of ``fn()`` with the GPU drained before and after."""
+    import torch
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = fn()
+    torch.cuda.synchronize()
+    return result, time.perf_counter() - start
+
+
+def same_leading_tokens(got, expected) -> int:
+    """How many new tokens every sequence of ``got`` shares with ``expected`` from the start."""
+    new_got, new_expected = got[:, PROMPT:], expected[:, PROMPT:]
+    if new_got.shape == new_expected.shape and bool((new_got == new_expected).all()):
+        return new_got.shape[1]
+    differs = (new_got != new_expected).any(dim=0).nonzero()
+    return int(differs[0]) if len(differs) else new_got.shape[1]
+
+
+def prompt_ids(batch: int):
+    """The prompts of ``batch`` (the same for every contender) and their attention mask."""
+    import e2e
+    import torch
+
+    generator = torch.Generator().manual_seed(batch)
+    ids = torch.randint(1, e2e.CONFIG["vocab_size"], (batch, PROMPT), generator=generator)
+    ids = ids.to("cuda")
+    return ids, torch.ones_like(ids)
+
+
+def time_decode(contenders: dict, module_state, batch: int, rounds: int, reference) -> list:
+    """Rows of part 1 for ``batch``: each contender's first call, then ``rounds`` interleaved
+    rounds of a call with all new tokens and one with a single token (the prefill)."""
+    ids, mask = prompt_ids(batch)
+    rows = {}
+    for name, (contender, state) in contenders.items():
+        module_state.restore(state)
+        streamer = TokenTimes(batch)
+        start = time.perf_counter()
+        out, call_s = timed(lambda c=contender, s=streamer: c.generate(ids, mask, NEW_TOKENS, s))
+        first, decode = (t - start for t in streamer.times[:2])
+        contender.generate(ids, mask, NEW_TOKENS)  # a second warm-up call
+        rows[name] = {
+            "contender": name,
+            "batch": batch,
+            "cold_first_token_s": first,
+            "cold_first_decode_token_s": decode,
+            "cold_call_s": call_s,
+            "same_tokens_as_eager": same_leading_tokens(out, reference),
+        }
+        print(f"  batch {batch} {name:36s} first call {call_s:7.2f} s", flush=True)
+    samples = {name: {"full": [], "prefill": []} for name in contenders}
+    names = list(contenders)
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            contender, state = contenders[name]
+            module_state.restore(state)
+            full = timed(lambda c=contender: c.generate(ids, mask, NEW_TOKENS))[1]
+            prefill = timed(lambda c=contender: c.generate(ids, mask, 1))[1]
+            samples[name]["full"].append(full)
+            samples[name]["prefill"].append(prefill)
+    module_state.restore()
+    for name, row in rows.items():
+        full = statistics.median(samples[name]["full"])
+        prefill = statistics.median(samples[name]["prefill"])
+        row.update(
+            decode_ms_per_token=(full - prefill) / (NEW_TOKENS - 1) * 1e3,
+            call_ms_per_token=full / NEW_TOKENS * 1e3,
+            prefill_ms=prefill * 1e3,
+        )
+        print(
+            f"  batch {batch} {name:36s} {row['decode_ms_per_token']:7.2f} ms/token "
+            f"(call {row['call_ms_per_token']:.2f}), first decode token "
+            f"{row['cold_first_decode_token_s']:.2f} s, same tokens "
+            f"{row['same_tokens_as_eager']}/{NEW_TOKENS}",
+            flush=True,
+        )
+    return list(rows.values())
+
+
+def eager_tokens(state_dict, batches) -> dict:
+    """{batch: eager greedy tokens}, from a model of its own (so that a run of the compiled
+    group alone checks tokens too, and no eager model sits beside compiled ones)."""
+    import torch
+
+    contender = make_contender(EAGER, state_dict)
+    tokens = {b: contender.generate(*prompt_ids(b), NEW_TOKENS) for b in batches}
+    del contender
+    torch.cuda.empty_cache()
+    return tokens
+
+
+def run_decode(groups: list[str], batches, rounds: int) -> list:
+    import e2e
+    import torch
+
+    from kernels.library import untag
+
+    reference_model = e2e.build()
+    state = {k: v.detach().clone() for k, v in reference_model.state_dict().items()}
+    del reference_model
+    module_state = e2e.ModuleState()
+    reference = eager_tokens(state, batches)
+    makers = {name: (lambda n=name: make_contender(n, state)) for name in CONTENDERS}
+    rows = []
+    for group in groups:
+        contenders = e2e.build_contenders(makers, GROUPS[group], module_state)
+        for batch in batches:
+            rows += time_decode(contenders, module_state, batch, rounds, reference[batch])
+        del contenders
+        torch.cuda.empty_cache()
+    untag()
+    return rows
+
+
+# ---- part 2: host time per call ---------------------------------------------------------------
+
+
+def aten_function(op: str, params):
+    """The aten op (or eager PyTorch) that our kernel for ``op`` replaces, on ops.py's inputs."""
+    import ops
+    import torch.nn.functional as F
+
+    if op == "RMSNorm":
+        return lambda x: F.rms_norm(x, (x.shape[-1],), params[0], 1e-6)
+    if op == "LayerNorm":
+        return lambda x: F.layer_norm(x, (x.shape[-1],), params[0], params[1], 1e-5)
+    if op == "SiluAndMul":
+        return lambda x: F.silu(x[..., : x.shape[-1] // 2]) * x[..., x.shape[-1] // 2 :]
+    cos, sin = ops.rotary_tables(1, 4096)
+    return lambda q, k: ops.apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def host_case(op: str, lib):
+    """(inputs, params, {"aten": fn, "ours": fn}) of ``op`` at 4096x4096, from ops.py's cases."""
+    import ops
+
+    shape = (1, 4096) if op == "rotary" else (4096, 4096)  # rotary: 4096 tokens, 32 heads of 128
+    inputs, params, fns, _, _ = ops.make_case(op, lib, None, shape)
+    return inputs, params, {"aten": aten_function(op, params), "ours": fns["ours"]}
+
+
+def issue_us(call, calls: int = 50, blocks: int = 7) -> float:
+    """Median host microseconds to issue one of ``calls`` back-to-back calls, with the GPU kept
+    busy by a sleep kernel first so that the launch queue never makes the host wait."""
+    import torch
+
+    cycles = 100_000_000  # about 50-70 ms at an H100's or H200's clock
+    samples = []
+    while len(samples) < blocks and cycles < 10**10:
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+        busy = torch.cuda.Event()
+        busy.record()
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        elapsed = time.perf_counter() - start
+        if busy.query():  # the GPU finished sleeping before the host was done: sleep longer
+            cycles *= 2
+            torch.cuda.synchronize()
+            continue
+        samples.append(elapsed / calls * 1e6)
+    torch.cuda.synchronize()
+    if not samples:
+        raise RuntimeError("the GPU could not be kept busy for the issue of one block of calls")
+    return statistics.median(samples)
+
+
+def wall_us(call, calls: int = 50, blocks: int = 7) -> float:
+    """Median wall microseconds per call of back-to-back calls, the GPU drained at both ends."""
+    return statistics.median(
+        timed(lambda: [call() for _ in range(calls)])[1] / calls * 1e6 for _ in range(blocks)
+    )
+
+
+def device_us(call) -> float:
+    """Device microseconds per call of ``call`` captured back to back in one CUDA graph."""
+    import ops
+
+    graph = ops.back_to_back_graph([call], rep_ms=40.0)
+    return ops.interleaved_graphs_ms({"call": graph}, rounds=7)["call"] * 1e3
+
+
+def run_host() -> list:
+    import ops
+
+    lib = ops.load_library()
+    rows = []
+    for op in HOST_OPS:
+        inputs, params, fns = host_case(op, lib)
+        for impl, fn in fns.items():
+            forward, forward_backward = ops._calls(inputs, params, fn)
+            for pass_name, call in (("forward", forward), ("forward+backward", forward_backward)):
+                row = {
+                    "op": op,
+                    "pass": pass_name,
+                    "impl": impl,
+                    "host_us": issue_us(call),
+                    "wall_us": wall_us(call),
+                    "device_us": device_us(call),
+                }
+                print(
+                    f"  {op:10s} {pass_name:16s} {impl:5s} host {row['host_us']:7.1f} us  "
+                    f"wall {row['wall_us']:7.1f} us  device {row['device_us']:7.1f} us",
+                    flush=True,
+                )
+                rows.append(row)
+    return rows
+
+
+# ---- results ---------------------------------------------------------------------------------
+
+
+def metadata(args) -> dict:
+    from importlib.metadata import version
+
+    import e2e
+    import torch
+    import transformers
+
+    return {
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "triton": version("triton"),
+        "python": platform.python_version(),
+        "config": e2e.CONFIG,
+        "prompt": PROMPT,
+        "new_tokens": NEW_TOKENS,
+        "rounds": args.rounds,
+        "argv": sys.argv[1:],
+    }
+
+
+def merge(previous: dict, meta: dict, decode: list, host: list) -> dict:
+    """``previous`` results with this run's rows replacing those of the same contender and
+    batch (decode) or op, pass and implementation (host)."""
+    keys = {"decode": ("contender", "batch"), "host": ("op", "pass", "impl")}
+    merged = {"runs": [*previous.get("runs", []), meta]}
+    for section, new in (("decode", decode), ("host", host)):
+        fresh = {tuple(r[k] for k in keys[section]) for r in new}
+        old = [
+            r for r in previous.get(section, []) if tuple(r[k] for k in keys[section]) not in fresh
+        ]
+        merged[section] = old + new
+    return merged
+
+
+def markdown(results: dict) -> str:
+    """results.md: the decode table (speedups over eager and over transformers' static-cache
+    compiled path) and the host-time table (ours over aten)."""
+    meta = results["runs"][-1]
+    lines = [
+        "# Decode speed and host time per call",
+        "",
+        f"{meta['device']}, {meta['date']}; torch {meta['torch']}, transformers "
+        f"{meta['transformers']}, triton {meta['triton']}.",
+    ]
+    decode = results.get("decode", [])
+    if decode:
+        by = {(r["contender"], r["batch"]): r for r in decode}
+        batches = sorted({r["batch"] for r in decode})
+        lines += [
+            "",
+            f"## Decode: ms per new token (prompt {meta['prompt']}, {meta['new_tokens']} new "
+            "tokens, greedy, bf16)",
+            "",
+            "Decode ms per token: (call with all new tokens - call with one) / (new tokens - 1), "
+            "median over interleaved rounds; in brackets, over transformers' static-cache compiled "
+            "decode. First call: the first generate() at that batch size on the fresh model, until "
+            "its first token of a decode step (compiling or capturing included) / whole call. "
+            "Same tokens: leading new tokens equal to eager's in every sequence.",
+            "",
+            "| contender | "
+            + " | ".join(
+                f"batch {b}: ms/token | first decode token / call | same tokens" for b in batches
+            )
+            + " |",
+            "|---|" + "---|---|---|" * len(batches),
+        ]
+        for name in dict.fromkeys(r["contender"] for r in decode):
+            cells = []
+            for b in batches:
+                r, static = by.get((name, b)), by.get(("static + compile", b))
+                if r is None:
+                    cells += ["—", "—", "—"]
+                    continue
+                ratio = (
+                    f" ({r['decode_ms_per_token'] / static['decode_ms_per_token']:.2f}x)"
+                    if static
+                    else ""
+                )
+                same = r["same_tokens_as_eager"]
+                cells += [
+                    f"{r['decode_ms_per_token']:.2f}{ratio}",
+                    f"{r['cold_first_decode_token_s']:.1f} s / {r['cold_call_s']:.1f} s",
+                    "—" if same is None else f"{same}/{meta['new_tokens']}",
+                ]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    host = results.get("host", [])
+    if host:
+        by = {(r["op"], r["pass"], r["impl"]): r for r in host}
+        lines += [
+            "",
+            "## Host time per call, 4096x4096 bf16 (rotary: 4096 tokens, 32 q and 8 kv heads of 128)",
+            "",
+            "Host: microseconds to issue a call, back to back with the GPU kept busy. Wall: per "
+            "call of back-to-back calls. Device: per call, the calls captured back to back in a "
+            "CUDA graph. aten: F.rms_norm, F.layer_norm, F.silu(a) * b, transformers' eager "
+            "rotary (PyTorch ops). Target: ours host <= 1.5x aten's.",
+            "",
+            "| op | pass | aten host / wall / device us | ours host / wall / device us | ours / aten host |",
+            "|---|---|---|---|---|",
+        ]
+        for op, pass_name in dict.fromkeys((r["op"], r["pass"]) for r in host):
+            aten, ours = by.get((op, pass_name, "aten")), by.get((op, pass_name, "ours"))
+            cells = [
+                "—"
+                if r is None
+                else f"{r['host_us']:.1f} / {r['wall_us']:.1f} / {r['device_us']:.1f}"
+                for r in (aten, ours)
+            ]
+            ratio = f"{ours['host_us'] / aten['host_us']:.2f}x" if aten and ours else "—"
+            lines.append(f"| {op} | {pass_name} | {cells[0]} | {cells[1]} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--only", choices=("decode", "host"), help="run one part (default: both)")
+    parser.add_argument(
+        "--group",
+        choices=(*GROUPS, "all"),
+        default="all",
+        help="decode contenders to run: eager (no torch.compile), compiled, or all",
+    )
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    decode, host = [], []
+    if args.only in (None, "host"):
+        print("host time per call:", flush=True)
+        host = run_host()
+    if args.only in (None, "decode"):
+        groups = list(GROUPS) if args.group == "all" else [args.group]
+        print(f"decode, groups {groups}:", flush=True)
+        decode = run_decode(groups, args.batches, args.rounds)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "results.json"
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    results = merge(previous, metadata(args), decode, host)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "results.md").write_text(markdown(results))
+    print(f"wrote {path} and results.md", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

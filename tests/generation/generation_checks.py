@@ -1,0 +1,136 @@
+"""A tiny Llama and the checks of `kernels.generation` that run on every transformers version:
+tests/generation (transformers 4.57) and tests/transformers5 (5.x) call the same functions.
+
+The model is built from a config (no download). Its weights are drawn with a larger spread
+than transformers' default, so that the best and second-best logits of each step are far apart
+(0.03 at least, against float32 differences near 1e-6 between cache layouts and kernels): a
+token differs only if the computation does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=97,
+    max_position_embeddings=256,
+    initializer_range=0.1,
+    # No end-of-sequence token, so every call generates all its tokens (the counts below hold);
+    # a pad token, so that generate() builds the attention mask itself when none is passed.
+    pad_token_id=0,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+NEW_TOKENS = 6
+
+
+def undo_kernelize() -> None:
+    """Put back what ``kernels=True`` changed for the whole process: our tags (`untag`) and, on
+    transformers 5.x, the forward of its rotary function modules (shared by every model)."""
+    from kernels.library import untag
+
+    untag()
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "transformers5"))
+    from tf5_models import restore_function_modules
+
+    restore_function_modules()
+
+
+def tiny_llama(device="cpu", dtype=torch.float32, seed=0, **overrides):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{**TINY, **overrides}, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+
+
+def prompt(batch: int, length: int = 7, device="cpu", seed: int = 1):
+    """(input ids, attention mask) of ``batch`` random prompts without padding."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, TINY["vocab_size"], (batch, length), generator=generator)
+    ids = ids.to(device)
+    return ids, torch.ones_like(ids)
+
+
+def eager_greedy(model, ids, mask, new_tokens=NEW_TOKENS, **kwargs):
+    """transformers' own greedy decoding (dynamic cache unless ``kwargs`` say otherwise)."""
+    return model.generate(
+        ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, **kwargs
+    )
+
+
+def eager_static_greedy(model, ids, mask, new_tokens=NEW_TOKENS, cache_len=None):
+    """transformers' greedy decoding with a static cache of its own (``cache_len`` tokens, by
+    default just enough), not compiled."""
+    from kernels.generation.cache import cache_argument, new_static_cache
+
+    cache = new_static_cache(model, cache_len or ids.shape[1] + new_tokens)
+    return eager_greedy(
+        model, ids, mask, new_tokens, disable_compile=True, **{cache_argument(model): cache}
+    )
+
+
+def check_greedy_matches_eager(model, device="cpu", batches=(1, 3), **generator_options):
+    """The generator's greedy tokens are transformers' (dynamic and static cache), at each
+    batch size; each batch size is captured once and its later steps replayed."""
+    from kernels.generation import CudaGraphGenerator
+
+    generator = CudaGraphGenerator(model, **generator_options)
+    for i, batch in enumerate(batches):
+        ids, mask = prompt(batch, device=device, seed=batch)
+        expected = eager_greedy(model, ids, mask)
+        assert torch.equal(eager_static_greedy(model, ids, mask), expected)
+        got = generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+        assert torch.equal(got, expected), f"batch {batch}: {got.tolist()} != {expected.tolist()}"
+        stats = generator.stats
+        # One prefill and NEW_TOKENS - 1 decode steps per call: one warm-up, then replays.
+        assert stats.captures == i + 1 and stats.failed_captures == 0, stats
+        assert stats.eager_steps == i + 1, stats
+        assert stats.replays == (i + 1) * (NEW_TOKENS - 2), stats
+    assert "forward" not in vars(model), "the forward wrapper outlived generate()"
+    return generator
+
+
+def check_second_call_replays(model, device="cpu", **generator_options):
+    """A second call of the same batch size replays every decode step: no warm-up, no capture;
+    a different prompt gives transformers' tokens for it."""
+    from kernels.generation import CudaGraphGenerator
+
+    generator = CudaGraphGenerator(model, **generator_options)
+    ids, mask = prompt(2, device=device)
+    generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    before = generator.stats
+    other_ids, other_mask = prompt(2, length=5, device=device, seed=9)
+    got = generator.generate(other_ids, attention_mask=other_mask, max_new_tokens=NEW_TOKENS)
+    assert torch.equal(got, eager_greedy(model, other_ids, other_mask))
+    after = generator.stats
+    assert after.captures == before.captures and after.eager_steps == before.eager_steps
+    assert after.replays == before.replays + NEW_TOKENS - 1
+
+
+def check_sampling_matches_eager(model, device="cpu"):
+    """Sampling runs outside the graph: with the same seed, the generator draws the tokens
+    transformers draws with a static cache."""
+    from kernels.generation import CudaGraphGenerator
+    from kernels.generation.cache import cache_argument, new_static_cache
+
+    ids, mask = prompt(2, device=device)
+    options = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=True, top_k=20)
+    torch.manual_seed(123)
+    cache = new_static_cache(model, 64)
+    expected = model.generate(
+        ids, disable_compile=True, **{cache_argument(model): cache}, **options
+    )
+    generator = CudaGraphGenerator(model)
+    torch.manual_seed(123)
+    got = generator.generate(ids, **options)
+    assert torch.equal(got, expected)
+    assert generator.stats.replays > 0

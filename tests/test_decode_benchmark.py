@@ -1,0 +1,93 @@
+"""benchmarks/decode.py's parts that run without a GPU: merging runs, the report, token checks."""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+import decode  # noqa: E402
+
+META = {
+    "device": "GPU",
+    "date": "2026-11-25",
+    "torch": "t",
+    "transformers": "4.57.6",
+    "triton": "tr",
+    "prompt": 128,
+    "new_tokens": 128,
+}
+
+
+def decode_row(contender, batch, ms, same=128):
+    return {
+        "contender": contender,
+        "batch": batch,
+        "decode_ms_per_token": ms,
+        "call_ms_per_token": ms + 0.1,
+        "prefill_ms": 10.0,
+        "cold_first_token_s": 0.1,
+        "cold_first_decode_token_s": 30.0,
+        "cold_call_s": 31.0,
+        "same_tokens_as_eager": same,
+    }
+
+
+def host_row(op, pass_name, impl, host_us):
+    return {"op": op, "pass": pass_name, "impl": impl, "host_us": host_us, "wall_us": 50.0,
+            "device_us": 40.0}  # fmt: skip
+
+
+def test_a_later_run_replaces_its_own_rows_and_keeps_the_others():
+    first = decode.merge(
+        {}, META, [decode_row("eager", 1, 17.0), decode_row("static + compile", 1, 6.0)], []
+    )
+    second = decode.merge(first, {**META, "date": "later"}, [decode_row("eager", 1, 18.0)], [])
+    assert [r["decode_ms_per_token"] for r in second["decode"]] == [6.0, 18.0]
+    assert [m["date"] for m in second["runs"]] == ["2026-11-25", "later"]
+
+
+def test_report_compares_with_the_static_compiled_path_and_aten():
+    results = decode.merge(
+        {},
+        META,
+        [
+            decode_row("eager", 1, 17.0),
+            decode_row("static + compile", 1, 6.0),
+            decode_row("ours kernelized + CUDA graphs", 1, 3.0, same=97),
+        ],
+        [
+            host_row("RMSNorm", "forward", "aten", 10.0),
+            host_row("RMSNorm", "forward", "ours", 15.0),
+        ],
+    )
+    text = decode.markdown(results)
+    assert "| ours kernelized + CUDA graphs | 3.00 (0.50x) | 30.0 s / 31.0 s | 97/128 |" in text
+    assert "| eager | 17.00 (2.83x) |" in text
+    assert "| RMSNorm | forward | 10.0 / 50.0 / 40.0 | 15.0 / 50.0 / 40.0 | 1.50x |" in text
+
+
+def test_same_leading_tokens_counts_up_to_the_first_difference():
+    prompt = torch.zeros(2, decode.PROMPT, dtype=torch.long)
+    expected = torch.cat([prompt, torch.arange(8).repeat(2, 1)], dim=1)
+    got = expected.clone()
+    assert decode.same_leading_tokens(got, expected) == 8
+    got[1, decode.PROMPT + 5] = 99
+    assert decode.same_leading_tokens(got, expected) == 5
+
+
+def test_token_times_skip_the_prompt():
+    times = decode.TokenTimes(batch=2)
+    times.put(torch.zeros(2, decode.PROMPT))
+    times.put(torch.zeros(2))
+    times.put(torch.zeros(2))
+    assert len(times.times) == 2
+
+
+def test_groups_split_compiled_contenders_from_the_others():
+    assert set(decode.GROUPS["compiled"]) == {
+        "static + compile",
+        "ours kernelized + static + compile",
+    }
+    assert set(decode.GROUPS["eager"]) | set(decode.GROUPS["compiled"]) == set(decode.CONTENDERS)

@@ -1,0 +1,70 @@
+"""CudaGraphGenerator with transformers 5.x's generate(), on the CPU: the checks of
+tests/generation (transformers 4.57) on 5.x, whose forward takes the KV cache as ``cache``,
+whose static cache counts positions in a device tensor, and which builds the decode mask
+before the forward."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "generation"))
+
+from generation_checks import (  # noqa: E402
+    NEW_TOKENS,
+    check_greedy_matches_eager,
+    check_sampling_matches_eager,
+    check_second_call_replays,
+    eager_greedy,
+    prompt,
+    tiny_llama,
+)
+
+from kernels.generation import CudaGraphGenerator  # noqa: E402
+from kernels.generation.cache import cache_argument  # noqa: E402
+
+
+@pytest.fixture
+def model():
+    return tiny_llama()
+
+
+def test_the_cache_is_passed_as_cache(model):
+    assert cache_argument(model) == "cache"
+
+
+def test_greedy_tokens_are_transformers_tokens(model):
+    check_greedy_matches_eager(model)
+
+
+def test_a_second_call_replays_every_decode_step(model):
+    check_second_call_replays(model)
+
+
+def test_sampling_draws_the_tokens_transformers_draws(model):
+    check_sampling_matches_eager(model)
+
+
+def test_with_our_kernels_tokens_are_the_kernelized_models_own(model, clean_kernels):
+    # clean_kernels: on 5.x kernelize sets the rotary function module's forward process-wide.
+    generator = CudaGraphGenerator(model, kernels=True)
+    ids, mask = prompt(2)
+    expected = eager_greedy(model, ids, mask)
+    got = generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    assert torch.equal(got, expected)
+    assert generator.stats.captures == 1 and generator.stats.replays == NEW_TOKENS - 2
+
+
+def test_the_position_counter_is_reset_between_calls(model):
+    """5.x's StaticLayer counts positions in a device tensor the graph increments; each call
+    starts from a reset cache, so the second call's tokens are the first's."""
+    generator = CudaGraphGenerator(model)
+    ids, mask = prompt(1)
+    first = generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    second = generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    assert torch.equal(first, second)
+    layer = generator._caches[1][0].layers[0]
+    assert int(layer.cumulative_length) == ids.shape[1] + NEW_TOKENS - 1
