@@ -166,10 +166,23 @@ def test_training_forward_and_backward_replay_in_a_cuda_graph(layer_name, dtype)
     def forward_backward():
         out = module(*inputs)
         outs = out if isinstance(out, tuple) else (out,)
-        grads = torch.autograd.grad(outs, [*inputs, *parameters], seeds, allow_unused=True)
+        grads = torch.autograd.grad(
+            _seeded_loss(outs, seeds), [*inputs, *parameters], allow_unused=True
+        )
         return (*[o.detach() for o in outs], *[g for g in grads if g is not None])
 
     check_replays(forward_backward, inputs, dtype, f"{layer_name} forward+backward")
+
+
+def _seeded_loss(outputs, seeds) -> torch.Tensor:
+    """A scalar whose gradient with respect to each output is its seed.
+
+    Backward starts from this scalar rather than from seed tensors passed to
+    ``torch.autograd.grad``: seeds made on the default stream before the capture would make the
+    captured backward wait on that stream, which CUDA refuses inside a capture
+    (``cudaErrorStreamCaptureImplicit``), whatever the kernels do.
+    """
+    return sum((o.float() * s.float()).sum() for o, s in zip(outputs, seeds, strict=True))
 
 
 def _rotary_inputs(dtype, requires_grad=False):
@@ -193,7 +206,7 @@ def test_rotary_replays_in_a_cuda_graph(dtype, backward):
             with torch.no_grad():
                 return rotary.apply_rotary_pos_emb(q, k, cos, sin)
         q_out, k_out = rotary.apply_rotary_pos_emb(q, k, cos, sin)
-        grads = torch.autograd.grad((q_out, k_out), (q, k), seeds)
+        grads = torch.autograd.grad(_seeded_loss((q_out, k_out), seeds), (q, k))
         return (q_out.detach(), k_out.detach(), *grads)
 
     check_replays(call, [q, k], dtype, "rotary_pos_emb")
