@@ -315,8 +315,14 @@ def wall_us(call, calls: int = 50, blocks: int = 7) -> float:
 def device_us(call) -> float:
     """Device microseconds per call of ``call`` captured back to back in one CUDA graph."""
     import ops
+    import torch
 
-    graph = ops.back_to_back_graph([call], rep_ms=40.0)
+    # CUDA graphs are captured on a side stream (capture on the default stream is refused).
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph = ops.back_to_back_graph([call], rep_ms=40.0)
+    torch.cuda.current_stream().wait_stream(stream)
     return ops.interleaved_graphs_ms({"call": graph}, rounds=7)["call"] * 1e3
 
 
