@@ -135,6 +135,7 @@ def outcomes(request):
     return run_cases(__name__, list(CASES), backend=request.param)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_training_step_matches_one_process(outcomes, case):
     if outcomes[case] is not None:

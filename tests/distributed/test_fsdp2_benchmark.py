@@ -53,6 +53,7 @@ def time_tiny_contenders():
 CASES = {"time-tiny-contenders": time_tiny_contenders}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_benchmark_runs_on_two_cpu_ranks(case):
     outcome = run_cases(__name__, [case])[case]

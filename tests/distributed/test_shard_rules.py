@@ -418,6 +418,7 @@ def outcomes():
     return run_cases(__name__, list(CASES))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_rule_on_two_ranks(outcomes, case):
     if outcomes[case] is not None:
