@@ -24,6 +24,8 @@ kernel declares as an attribute of its forward function (``SiLU.forward.shard_ru
 ``"dtensor"``
     the kernel takes DTensors itself (``SwiGLUMLP`` calls the module's own projections, which
     are the parallelised modules): its forward is bound as it is.
+``"plain"``
+    the kernel takes plain tensors only: on DTensors the module runs its own forward.
 
 In every rule no input may be a partial sum (``Partial``), and DTensor and plain tensor
 arguments may not be mixed (a DTensor op refuses that too). When the rule holds, the kernel
@@ -335,6 +337,7 @@ RULES: dict[str | None, Rule] = {
     "gated": _trailing_whole(lambda module: 1, "splits into gate and up halves"),
     "norm": _trailing_whole(_normalised_dims, "normalises over"),
     "rotary": _rotary,
+    "plain": lambda module, arguments: "the kernel takes plain tensors only",
 }
 
 

@@ -349,7 +349,7 @@ def swiglu_mlp_with_dtensor_projections():
         untag()
 
 
-_NO_RULE_LAYER = """
+_OUTSIDE_LAYER = """
 import torch
 import torch.nn.functional as F
 
@@ -360,18 +360,19 @@ class SiluAndMul(torch.nn.Module):
 """
 
 
-def kernel_without_a_rule():
-    """A kernel that declares no rule gets no DTensors: the module runs its own forward."""
+def kernel_falls_back(rule_line: str, reason: str):
+    """A kernel layer from outside the library, declaring `rule_line` (or nothing), gets no
+    DTensors: the module runs its own forward, with one line giving `reason`."""
     from kernels import LocalLayerRepository
 
     with tempfile.TemporaryDirectory() as root:
-        package = os.path.join(root, "build", "torch-universal", "norule")
+        package = os.path.join(root, "build", "torch-universal", "outside")
         os.makedirs(package)
         with open(os.path.join(package, "__init__.py"), "w") as f:
             f.write("from . import layers\n")
         with open(os.path.join(package, "layers.py"), "w") as f:
-            f.write(textwrap.dedent(_NO_RULE_LAYER))
-        repository = LocalLayerRepository(root, package_name="norule", layer_name="SiluAndMul")
+            f.write(textwrap.dedent(_OUTSIDE_LAYER) + rule_line)
+        repository = LocalLayerRepository(root, package_name="outside", layer_name="SiluAndMul")
         module = _SiluAndMul()
         with use_kernel_mapping({"SiluAndMul": {"cpu": repository}}):
             kernelize(module, mode=Mode.TRAINING, device="cpu")
@@ -381,7 +382,7 @@ def kernel_without_a_rule():
             out = module(x)
             module(x)
         messages = [r.getMessage() for r in logged]
-        assert len(messages) == 1 and "declares no shard rule" in messages[0], messages
+        assert len(messages) == 1 and reason in messages[0], messages
         torch.testing.assert_close(out.full_tensor(), SiluAndMul()(x.full_tensor()))
 
 
@@ -409,7 +410,13 @@ CASES = {
     "rotary/head-dim-falls-back": P(rotary, P(_shard, HEAD_DIM), _replicate, "head_dim"),
     "rotary/cos-misplaced-falls-back": P(rotary, P(_shard, SEQUENCE), _replicate, "cos is placed"),
     "swiglu-mlp/dtensor-projections": swiglu_mlp_with_dtensor_projections,
-    "kernel-without-a-rule-falls-back": kernel_without_a_rule,
+    "kernel-without-a-rule-falls-back": P(kernel_falls_back, "", "declares no shard rule"),
+    "plain-rule-falls-back": P(
+        kernel_falls_back, 'SiluAndMul.forward.shard_rule = "plain"\n', "plain tensors only"
+    ),
+    "unknown-rule-falls-back": P(
+        kernel_falls_back, 'SiluAndMul.forward.shard_rule = "later"\n', "does not know"
+    ),
 }
 
 
