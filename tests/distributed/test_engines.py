@@ -115,8 +115,11 @@ def train_one_step(run: Run) -> None:
         if run.engine != "tp":  # data parallel: each rank its share of the rows
             ids = ids.chunk(dist.get_world_size())[dist.get_rank()]
         with dtensor_fallbacks() as fallbacks:
-            loss = step(model, ids)
+            loss, fused = step(model, ids)
         assert not fallbacks, [r.getMessage() for r in fallbacks]
+        # The fused loss needs a plain lm_head: under tensor parallelism it has the parallel
+        # hooks, and the model's own forward computes the loss (from the logits).
+        assert fused == (run.engine != "tp"), f"fused loss: {fused}"
         if run.engine != "tp":
             loss = mean_over_ranks(loss)
         dtype = torch.bfloat16 if run.bf16 else torch.float32

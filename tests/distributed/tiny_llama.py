@@ -32,8 +32,8 @@ BATCH, SEQUENCE = 4, 8
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 5e-2}
 
 #: The layers of the model that get our kernels, by kernel layer (the rotary kernel is a
-#: function kernel named after the function).
-KERNELS = {"RMSNorm", "SiLU", "SwiGLUMLP", "apply_rotary_pos_emb"}
+#: function kernel named after the function; CausalLMFusedLoss is the whole model's forward).
+KERNELS = {"RMSNorm", "SiLU", "SwiGLUMLP", "apply_rotary_pos_emb", "CausalLMFusedLoss"}
 
 
 def build(device: torch.device):
@@ -58,18 +58,20 @@ def batch(device: torch.device) -> torch.Tensor:
 def kernelize_with_library(model) -> None:
     """What a user does: tag what transformers 4.57 leaves untagged, kernelize for training."""
     from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
-    from kernels.library import tag_gated_mlps, tag_rotary_embeddings
+    from kernels.library import tag_causal_lm_losses, tag_gated_mlps, tag_rotary_embeddings
 
     tag_gated_mlps(model)
     tag_rotary_embeddings(model)
+    tag_causal_lm_losses(model)
     with use_kernel_mapping(library_mapping()):
         kernelize(model, mode=Mode.TRAINING)
 
 
-def step(model, ids: torch.Tensor) -> torch.Tensor:
-    loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    return loss.detach().float()
+def step(model, ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """One forward and backward: the loss, and whether it was fused (no logits returned)."""
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    return out.loss.detach().float(), out.logits is None
 
 
 @functools.cache
@@ -81,10 +83,10 @@ def reference(device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tenso
 
     from kernels.layer.tagging import tag_of
 
-    untouched = tag_of(modeling_llama.LlamaMLP) is None
+    untouched = tag_of(modeling_llama.LlamaMLP) is tag_of(modeling_llama.LlamaForCausalLM) is None
     assert untouched and inspect.isfunction(modeling_llama.apply_rotary_pos_emb), "tagged already"
     model = build(device)
-    loss = step(model, batch(device))
+    loss, _ = step(model, batch(device))
     return loss, {name: p.grad.float() for name, p in model.named_parameters()}
 
 
