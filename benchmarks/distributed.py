@@ -8,7 +8,8 @@ eager transformers against ours kernelized and Liger-Kernel.
 ``--shape`` is each rank's batch x sequence: N ranks train on N times its tokens (data
 parallel, every rank its own batch). Each contender is the e2e model (bf16 weights, SDPA
 attention) built on every rank from the same weights and set up as e2e.py sets it up (ours:
-tagged and kernelized for training before sharding; Liger: ``apply_liger_kernel_to_llama``),
+tagged and kernelized for training before sharding, without and with the fused lm_head and
+cross-entropy; Liger: ``apply_liger_kernel_to_llama``, without and with its fused CE),
 then sharded with FSDP2: ``fully_shard`` on every decoder layer and on the root, bf16 all the
 way (``--no-reshard``: the gathered weights stay from forward to backward). torch.compile'd
 contenders are left out: compiling FSDP2 models is its own study.
@@ -40,7 +41,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import e2e  # noqa: E402  (the model, its contenders and the module-state bookkeeping)
 
 #: The contenders timed by default (e2e.py's names); the compiled ones are not run here.
-CONTENDERS = ("eager", "ours (kernelized)", "liger (no fused CE)", "liger (fused linear CE)")
+CONTENDERS = (
+    "eager",
+    "ours (kernelized)",
+    "ours (kernelized, fused CE)",
+    "liger (no fused CE)",
+    "liger (fused linear CE)",
+)
 
 
 def shard(model, mesh, reshard_after_forward: bool = True):
