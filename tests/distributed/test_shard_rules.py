@@ -68,6 +68,18 @@ def test_kernelize_binds_the_shard_aware_forward():
     assert torch.allclose(act(x), F.silu(x), atol=1e-6)
 
 
+def test_the_shard_aware_forward_compiles_in_one_graph():
+    import torch.distributed.tensor  # noqa: F401  (so that the wrapper checks for DTensors)
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(8)
+    with use_kernel_mapping(library_mapping(layers=["RMSNorm"])):
+        kernelize(norm, mode=Mode.TRAINING | Mode.TORCH_COMPILE, device="cpu")
+    x = torch.randn(3, 8)
+    compiled = torch.compile(norm, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), type(norm).forward(norm, x))
+
+
 def test_a_kernel_that_takes_dtensors_is_bound_as_it_is():
     swiglu = next(k for k in KERNELS if k.layer_name == "SwiGLUMLP")
     layer = _library_kernel(swiglu)
