@@ -36,7 +36,9 @@ through both conversions: a replicated parameter's gradient is marked as a parti
 the mesh dimensions where the input is sharded, as DTensor's own ops mark it. Otherwise, or
 for a kernel that declares no rule, the call runs the module's own forward (whose DTensor ops
 redistribute as they need), logged once per layer class, kernel and reason on the
-``kernels.layer.dtensor`` logger: never a wrong result.
+``kernels.layer.dtensor`` logger: never a wrong result. A rule decides from meshes, placements
+and global shapes only, which every rank sees alike, so the ranks all run locally or all fall
+back (whose collectives they must run together).
 
 The rule is an attribute of the forward function rather than a class member, so a kernel layer
 keeps only the members Hugging Face's ``kernels`` allows, and loads there unchanged.
@@ -129,27 +131,27 @@ def _run_on_dtensors(dtensor: type, kernel: type, name, rule, module, args, kwar
     bound.apply_defaults()
     self_name, *names = bound.arguments
     if rule is None:
-        local = (
+        call = (
             "the kernel declares no shard rule"
             if name is None
             else f"the kernel declares shard rule {name!r}, which this version does not know"
         )
     else:
-        local = rule(module, {n: bound.arguments[n] for n in names})
-    if isinstance(local, LocalCall):
-        bound.arguments.update(local.arguments)
+        call = rule(module, {n: bound.arguments[n] for n in names})
+    if isinstance(call, LocalCall):
+        bound.arguments.update(call.arguments)
         left = [
             *bound.args[1:],
             *bound.kwargs.values(),
-            *(p for n, p in module._parameters.items() if n not in local.parameters),
+            *(p for n, p in module._parameters.items() if n not in call.parameters),
         ]
         if any(isinstance(value, dtensor) for value in left):
-            local = "a DTensor is left that its shard rule does not cover"
+            call = "a DTensor is left that its shard rule does not cover"
         else:
-            if local.parameters:
-                bound.arguments[self_name] = _LocalParameters(module, local.parameters)
-            return _to_dtensors(kernel.forward(*bound.args, **bound.kwargs), local.references)
-    _log_fallback(module, kernel, local)
+            if call.parameters:
+                bound.arguments[self_name] = _LocalParameters(module, call.parameters)
+            return _to_dtensors(kernel.forward(*bound.args, **bound.kwargs), call.references)
+    _log_fallback(module, kernel, call)
     return type(module).forward(module, *args, **kwargs)
 
 
