@@ -192,14 +192,20 @@ def check(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def _perturbed(norm: torch.nn.Module) -> torch.nn.Module:
+    """`norm` with its parameters moved off their initial ones and zeros (the same on every
+    call), so that a kernel that dropped one would show."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in norm.parameters():
+            p.add_(torch.randn(p.shape) * 0.1)
+    return norm
+
+
 def _rms_norm():
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    torch.manual_seed(0)
-    norm = LlamaRMSNorm(8)
-    with torch.no_grad():
-        norm.weight.add_(torch.randn(8) * 0.1)
-    return norm
+    return _perturbed(LlamaRMSNorm(8))
 
 
 @use_kernel_forward_from_hub("LayerNorm")
@@ -208,13 +214,7 @@ class _LayerNorm(torch.nn.LayerNorm):
 
 
 def _layer_norm(shape=(4, 8), affine=True):
-    torch.manual_seed(0)
-    norm = _LayerNorm(shape, elementwise_affine=affine)
-    if affine:
-        with torch.no_grad():
-            norm.weight.add_(torch.randn(shape) * 0.1)
-            norm.bias.add_(torch.randn(shape) * 0.1)
-    return norm
+    return _perturbed(_LayerNorm(shape, elementwise_affine=affine))
 
 
 @use_kernel_forward_from_hub("SiluAndMul")
@@ -228,11 +228,7 @@ class _FusedAddRMSNorm(FusedAddRMSNorm):
 
 
 def _fused_add_rms_norm():
-    torch.manual_seed(0)
-    norm = _FusedAddRMSNorm(8)
-    with torch.no_grad():
-        norm.weight.add_(torch.randn(8) * 0.1)
-    return norm
+    return _perturbed(_FusedAddRMSNorm(8))
 
 
 def _silu():
