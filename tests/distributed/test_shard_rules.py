@@ -70,14 +70,29 @@ def test_kernelize_binds_the_shard_aware_forward():
 
 def test_the_shard_aware_forward_compiles_in_one_graph():
     import torch.distributed.tensor  # noqa: F401  (so that the wrapper checks for DTensors)
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
-    norm = LlamaRMSNorm(8)
-    with use_kernel_mapping(library_mapping(layers=["RMSNorm"])):
-        kernelize(norm, mode=Mode.TRAINING | Mode.TORCH_COMPILE, device="cpu")
-    x = torch.randn(3, 8)
-    compiled = torch.compile(norm, fullgraph=True, backend="eager")
-    torch.testing.assert_close(compiled(x), type(norm).forward(norm, x))
+    from kernels.library import tag_gated_mlps, untag
+
+    config = LlamaConfig(hidden_size=8, intermediate_size=16, hidden_act="silu")
+    model = torch.nn.Sequential(LlamaRMSNorm(8), LlamaMLP(config))
+    try:
+        tag_gated_mlps(model)
+        with use_kernel_mapping(library_mapping(layers=["RMSNorm", "SwiGLUMLP", "SiLU"])):
+            kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, device="cpu")
+        mlp = model[1]
+        layer = kernel_layer_of(mlp)
+        assert layer.__name__ == "SwiGLUMLP" and kernel_layer_of(mlp.act_fn).__name__ == "SiLU"
+        # The gated MLP sees plain SiLU behind the wrapper, so it fuses in eager mode.
+        assert sys.modules[layer.__module__]._is_plain_silu(mlp.act_fn)
+        x = torch.randn(3, 8)
+        h = type(model[0]).forward(model[0], x)
+        expected = mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(x), expected)
+    finally:
+        untag()
 
 
 def test_a_kernel_that_takes_dtensors_is_bound_as_it_is():

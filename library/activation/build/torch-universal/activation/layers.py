@@ -142,7 +142,8 @@ def _runs_own_or(act: torch.nn.Module, kernel_layer: type) -> bool:
     # Spelled as attribute reads, not ``__dict__.get`` or ``getattr`` with a default: this is
     # the form torch.compile (dynamo, torch 2.11 and 2.13 tried) evaluates as Python does.
     # ``kernels`` binds the kernel layer's forward itself or its DTensor-aware wrapper, whose
-    # ``__wrapped__`` it is.
+    # ``__wrapped__`` it is (a function's attribute, read with a default: dynamo traces that;
+    # torch 2.13, fullgraph, tests/distributed/test_shard_rules.py).
     forward = act.forward
     if not isinstance(forward, types.MethodType):
         return False
