@@ -7,7 +7,7 @@ tagged layers through the wrappers and leaves the wrappers as they were); FSDP2 
 checkpointing; tensor parallelism with sequence parallel norms, whose kernels get DTensors and
 must run on the local shards without a fallback. On the CPU: gloo, two processes, Triton's
 interpreter. With two GPUs: NCCL (``torchrun --nproc-per-node 2 -m pytest tests/distributed -m
-gpu``, or plain pytest on a machine with two GPUs).
+gpu -p no:cacheprovider``, or plain pytest on a machine with two GPUs).
 """
 
 from __future__ import annotations

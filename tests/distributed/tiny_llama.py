@@ -27,9 +27,15 @@ CONFIG = dict(
 BATCH, SEQUENCE = 4, 8
 
 #: Largest relative L2 error of the loss and of any parameter's gradient against the fp32
-#: reference: fp32 differs by summation order only; under bf16 mixed precision every matmul
-#: rounds to bf16 (unit roundoff 2^-8).
-TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 5e-2}
+#: reference, by device type and dtype: fp32 differs by summation order only (4e-7 measured on
+#: the CPU; GPU kernels sum in other orders, and have not run yet); under bf16 mixed precision
+#: every matmul rounds to bf16 (unit roundoff 2^-8; 2.3e-2 measured on the CPU).
+TOLERANCE = {
+    ("cpu", torch.float32): 1e-5,
+    ("cuda", torch.float32): 1e-4,
+    ("cpu", torch.bfloat16): 5e-2,
+    ("cuda", torch.bfloat16): 5e-2,
+}
 
 #: The layers of the model that get our kernels, by kernel layer (the rotary kernel is a
 #: function kernel named after the function; CausalLMFusedLoss is the whole model's forward).
@@ -112,7 +118,7 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 def check_against_reference(loss, grads: dict, dtype: torch.dtype, device) -> None:
     ref_loss, ref_grads = reference(device)
-    tolerance = TOLERANCE[dtype]
+    tolerance = TOLERANCE[device.type, dtype]
     error = relative_error(loss, ref_loss)
     assert error <= tolerance, f"loss {loss.item()} vs {ref_loss.item()} (relative {error:.3g})"
     assert grads.keys() == ref_grads.keys(), sorted(grads.keys() ^ ref_grads.keys())
