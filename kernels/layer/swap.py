@@ -2,7 +2,9 @@
 
 A kernelized module carries the kernel's `forward`, bound to the module itself, as an
 instance attribute; its class is untouched, so other instances keep their forward.
-Restoring removes that attribute again, leaving the module exactly as it was.
+Restoring removes that attribute again, leaving the module exactly as it was. The forward is
+bound through `dtensor.shard_aware_forward`, which follows the kernel's shard rule when tensor
+parallelism hands the module DTensors.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import logging
 import weakref
 from types import MethodType
 from typing import TYPE_CHECKING
+
+from .dtensor import shard_aware_forward
 
 if TYPE_CHECKING:
     from torch import nn
@@ -40,8 +44,9 @@ def use_kernel_forward(module: nn.Module, kernel: type, *, path: str) -> None:
             path or "<model>",
             foreign,
         )
-    _kernel_of_forward[kernel.forward] = kernel
-    module.forward = MethodType(kernel.forward, module)
+    forward = shard_aware_forward(kernel)
+    _kernel_of_forward[forward] = kernel
+    module.forward = MethodType(forward, module)
 
 
 def use_original_forward(module: nn.Module) -> None:

@@ -141,8 +141,16 @@ def _runs_own_or(act: torch.nn.Module, kernel_layer: type) -> bool:
         return True
     # Spelled as attribute reads, not ``__dict__.get`` or ``getattr`` with a default: this is
     # the form torch.compile (dynamo, torch 2.11 and 2.13 tried) evaluates as Python does.
+    # ``kernels`` binds the kernel layer's forward itself or its DTensor-aware wrapper, whose
+    # ``__wrapped__`` it is (a function's attribute, read with a default: dynamo traces that;
+    # torch 2.13, fullgraph, tests/distributed/test_shard_rules.py).
     forward = act.forward
-    return isinstance(forward, types.MethodType) and forward.__func__ is kernel_layer.forward
+    if not isinstance(forward, types.MethodType):
+        return False
+    func = forward.__func__
+    return (
+        func is kernel_layer.forward or getattr(func, "__wrapped__", None) is kernel_layer.forward
+    )
 
 
 def _has_hooks(module: torch.nn.Module) -> bool:
@@ -194,10 +202,18 @@ def _gated_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         if _takes_fused_mlp(mlp, x):
             gate, up, down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
             return swiglu_mlp(x, gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias)
-        return mlp.down_proj(silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
-    if _is_plain_gelu_tanh(mlp.act_fn):
-        return mlp.down_proj(gelu_tanh_mul(mlp.gate_proj(x), mlp.up_proj(x)))
-    return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+        fused = silu_mul
+    elif _is_plain_gelu_tanh(mlp.act_fn):
+        fused = gelu_tanh_mul
+    else:
+        return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+    gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+    # DTensors (from projections parallelised with use_local_output=False) take the module's
+    # formula, whose act_fn runs our activation kernel on their local shards. Compiled, the fused
+    # functions are PyTorch ops, which take any tensor.
+    if torch.compiler.is_compiling() or (type(gate) is torch.Tensor and type(up) is torch.Tensor):
+        return mlp.down_proj(fused(gate, up))
+    return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 class SwiGLUMLP(torch.nn.Module):
@@ -228,3 +244,24 @@ class GeGLUMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _gated_mlp(self, x)
+
+
+# How ``kernels`` runs each layer when tensor parallelism hands it DTensors (its shard rule, an
+# attribute of the forward function so the classes keep only the members kernel layers may
+# have): on each rank's shard where that computes the same thing. ``"dtensor"``: the gated MLPs
+# call the module's own (parallelised) projections and take DTensors themselves.
+for _layer, _rule in (
+    (SiLU, "elementwise"),
+    (GeLU, "elementwise"),
+    (GeluTanh, "elementwise"),
+    (NewGELU, "elementwise"),
+    (FastGELU, "elementwise"),
+    (QuickGELU, "elementwise"),
+    (SiluAndMul, "gated"),
+    (GeluAndMul, "gated"),
+    (GeluTanhAndMul, "gated"),
+    (SwiGLUMLP, "dtensor"),
+    (GeGLUMLP, "dtensor"),
+):
+    _layer.forward.shard_rule = _rule
+del _layer, _rule

@@ -128,3 +128,12 @@ class GemmaCausalLMFusedLoss(torch.nn.Module):
         )
         softcap = config.final_logit_softcapping
         return fused_causal_lm_forward(self, inputs, labels, kwargs, softcap=softcap)
+
+
+# How ``kernels`` runs each layer when tensor parallelism hands it DTensors (its shard rule, an
+# attribute of the forward function so the classes keep only the members kernel layers may
+# have): ``"plain"``, the module's own forward. Where only the model's parameters are
+# parallelised, ``takes_fused_loss`` sees the hooks on ``lm_head`` and keeps the model's forward.
+for _layer in (ForCausalLMLoss, CausalLMFusedLoss, GemmaCausalLMFusedLoss):
+    _layer.forward.shard_rule = "plain"
+del _layer

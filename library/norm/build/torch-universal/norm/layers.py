@@ -55,3 +55,11 @@ class LayerNorm(torch.nn.Module):
 
     def forward(self, input: Tensor) -> Tensor:
         return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+# How ``kernels`` runs each layer when tensor parallelism hands it DTensors (its shard rule, an
+# attribute of the forward function so the classes keep only the members kernel layers may
+# have): on each rank's shard when the normalised dimensions are whole there.
+for _layer in (RMSNorm, GemmaRMSNorm, FusedAddRMSNorm, LayerNorm):
+    _layer.forward.shard_rule = "norm"
+del _layer

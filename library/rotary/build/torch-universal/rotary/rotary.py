@@ -415,3 +415,6 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
 # Function kernels declare what they support as attributes (layers do it as class members).
 apply_rotary_pos_emb.has_backward = True
 apply_rotary_pos_emb.can_torch_compile = True
+# Under tensor parallelism ``kernels`` runs it on each rank's shard of q, k, cos and sin when
+# head_dim is whole (q and k sharded by heads, batch or sequence).
+apply_rotary_pos_emb.shard_rule = "rotary"

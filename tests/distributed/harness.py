@@ -1,0 +1,175 @@
+"""Running test cases in the processes of one torch.distributed job.
+
+A test module keeps its cases in a dict ``CASES`` (name -> function without arguments, run
+in order on every rank); `run_cases` runs them in one job, so the process group and the imports are paid for once:
+
+- ``backend="gloo"``: two spawned CPU processes (``torch.multiprocessing``'s spawn context),
+  with Triton's interpreter, so the kernels run on CPU tensors. The group is set up through a
+  file in a temporary folder (no port to find), collectives time out after
+  `COLLECTIVE_TIMEOUT` seconds, and the whole job is killed after ``timeout`` seconds.
+- ``backend="nccl"``: one process a GPU. Under ``torchrun --nproc-per-node 2`` the cases run in
+  the torchrun processes themselves (each rank runs pytest, the same tests in the same order);
+  under plain pytest on a machine with two GPUs, two processes are spawned as for gloo.
+
+After each case the ranks exchange whether it passed; once a case failed on any rank, the
+group may be out of step, so the later cases are reported as not run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import queue as queue_module
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+#: Seconds a collective may wait for the other rank before it raises.
+COLLECTIVE_TIMEOUT = 60
+
+NOT_RUN = "not run: an earlier case failed"
+
+
+def under_torchrun() -> bool:
+    """Whether this process is one rank of a job torchrun (or another launcher) started."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def device() -> torch.device:
+    """The device the current job's cases run on: this rank's GPU under NCCL, else the CPU."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def run_cases(
+    module: str, cases: list[str], *, backend: str = "gloo", world_size: int = 2, timeout=240
+) -> dict[str, str | None]:
+    """Run the cases named `cases` of `module` (from its ``CASES``) in one job: {case: None
+    where it passed on every rank, else what failed, rank by rank}."""
+    if backend == "nccl" and under_torchrun():
+        return _run_in_this_process(module, cases)
+    return _spawn(module, cases, backend, world_size, timeout)
+
+
+def _run_in_this_process(module: str, cases: list[str]) -> dict[str, str | None]:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT))
+    outcomes = _run(module, cases)
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, outcomes)
+    return _merge(dict(enumerate(gathered)), cases)
+
+
+def _spawn(module, cases, backend, world_size, timeout) -> dict[str, str | None]:
+    import torch.multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        init_file = os.path.join(folder, "rendezvous")
+        processes = [
+            context.Process(
+                target=_child,
+                args=(rank, world_size, init_file, backend, module, cases, results),
+                daemon=True,
+            )
+            for rank in range(world_size)
+        ]
+        for process in processes:
+            process.start()
+        outcomes: dict[int, dict] = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(outcomes) < world_size and time.monotonic() < deadline:
+                try:
+                    rank, outcome = results.get(timeout=1)
+                    outcomes[rank] = outcome
+                except queue_module.Empty:
+                    if any(p.exitcode not in (None, 0) for p in processes):
+                        break  # a rank died without reporting; the other may be stuck
+        finally:
+            timed_out = len(outcomes) < world_size and time.monotonic() >= deadline
+            for process in processes:
+                process.join(timeout=10 if len(outcomes) == world_size else 0)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+    for rank, process in enumerate(processes):
+        if rank not in outcomes:
+            why = f"timed out after {timeout} s" if timed_out else f"exited with {process.exitcode}"
+            outcomes[rank] = {case: f"rank {rank} {why} without reporting" for case in cases}
+    return _merge(outcomes, cases)
+
+
+def _merge(outcomes: dict[int, dict], cases: list[str]) -> dict[str, str | None]:
+    merged = {}
+    for case in cases:
+        failures = [
+            f"--- rank {rank}:\n{outcome.get(case)}"
+            for rank, outcome in sorted(outcomes.items())
+            if outcome.get(case) is not None
+        ]
+        merged[case] = "\n".join(failures) or None
+    return merged
+
+
+def _child(rank, world_size, init_file, backend, module, cases, results) -> None:
+    # Before anything imports triton: the interpreter runs the kernels on CPU tensors.
+    if backend == "gloo":
+        os.environ["TRITON_INTERPRET"] = "1"
+    if REPO_ROOT not in sys.path:
+        sys.path.insert(0, REPO_ROOT)  # this checkout's `kernels`
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    torch.set_num_threads(1)  # two ranks share the CPU cores
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT),
+    )
+    try:
+        results.put((rank, _run(module, cases)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(module: str, cases: list[str]) -> dict[str, str | None]:
+    """Run the cases in order on this rank; {case: None or the traceback}."""
+    import torch.distributed as dist
+
+    functions = importlib.import_module(module).CASES
+    outcomes: dict[str, str | None] = {}
+    failed = False
+    for case in cases:
+        if failed:
+            outcomes[case] = NOT_RUN
+            continue
+        try:
+            functions[case]()
+            outcome = None
+        except Exception:
+            outcome = traceback.format_exc()
+        passed: list = [None] * dist.get_world_size()
+        dist.all_gather_object(passed, outcome is None)
+        if outcome is None and not all(passed):
+            outcome = "passed here, failed on another rank"
+        outcomes[case] = outcome
+        failed = not all(passed)
+    return outcomes

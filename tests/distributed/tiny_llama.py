@@ -1,0 +1,222 @@
+"""A tiny transformers 4.57 Llama for the distributed tests: the model, its batch, our kernels,
+the parallel plans, one training step and the checks against one process.
+
+Every rank builds the same model from the same seed; the reference is a single-process step of
+the untouched model on the whole batch, in fp32, computed on each rank before anything is tagged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+
+import torch
+import torch.distributed as dist
+
+CONFIG = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=64,
+    max_position_embeddings=64,
+)
+#: The whole batch: data parallel ranks take a share of its rows, tensor parallel ranks all.
+BATCH, SEQUENCE = 4, 8
+
+#: Largest relative L2 error of the loss and of any parameter's gradient against the fp32
+#: reference, by device type and dtype: fp32 differs by summation order only (4e-7 measured on
+#: the CPU; GPU kernels sum in other orders, and have not run yet); under bf16 mixed precision
+#: every matmul rounds to bf16 (unit roundoff 2^-8; 2.3e-2 measured on the CPU).
+TOLERANCE = {
+    ("cpu", torch.float32): 1e-5,
+    ("cuda", torch.float32): 1e-4,
+    ("cpu", torch.bfloat16): 5e-2,
+    ("cuda", torch.bfloat16): 5e-2,
+}
+
+#: The layers of the model that get our kernels, by kernel layer (the rotary kernel is a
+#: function kernel named after the function; CausalLMFusedLoss is the whole model's forward).
+KERNELS = {"RMSNorm", "SiLU", "SwiGLUMLP", "apply_rotary_pos_emb", "CausalLMFusedLoss"}
+
+
+def build(device: torch.device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**CONFIG, use_cache=False, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(device)
+    # Norm weights start at one; perturb them, so that a kernel that dropped them would show.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def batch(device: torch.device) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1)
+    return torch.randint(0, CONFIG["vocab_size"], (BATCH, SEQUENCE), generator=generator).to(device)
+
+
+def kernelize_with_library(model) -> None:
+    """What a user does: tag what transformers 4.57 leaves untagged, kernelize for training."""
+    from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
+    from kernels.library import tag_causal_lm_losses, tag_gated_mlps, tag_rotary_embeddings
+
+    tag_gated_mlps(model)
+    tag_rotary_embeddings(model)
+    tag_causal_lm_losses(model)
+    with use_kernel_mapping(library_mapping()):
+        kernelize(model, mode=Mode.TRAINING)
+
+
+def step(model, ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """One forward and backward: the loss, and whether it was fused (no logits returned)."""
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    return out.loss.detach().float(), out.logits is None
+
+
+@functools.cache
+def reference(device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The untouched model's loss and gradients on the whole batch, in this process alone."""
+    import inspect
+
+    from transformers.models.llama import modeling_llama
+
+    from kernels.layer.tagging import tag_of
+
+    untouched = tag_of(modeling_llama.LlamaMLP) is tag_of(modeling_llama.LlamaForCausalLM) is None
+    assert untouched and inspect.isfunction(modeling_llama.apply_rotary_pos_emb), "tagged already"
+    model = build(device)
+    loss, _ = step(model, batch(device))
+    return loss, {name: p.grad.float() for name, p in model.named_parameters()}
+
+
+def canonical(name: str) -> str:
+    """A parameter's name in the unwrapped model (without DDP's and checkpointing's prefixes)."""
+    return name.replace("_checkpoint_wrapped_module.", "").removeprefix("module.")
+
+
+def gathered_gradients(model) -> dict[str, torch.Tensor]:
+    """Every parameter's whole gradient, gathered from its shards (on every rank)."""
+    from torch.distributed.tensor import DTensor
+
+    grads = {}
+    for name, p in model.named_parameters():
+        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        grads[canonical(name)] = grad.float()
+    return grads
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+
+
+def check_against_reference(loss, grads: dict, dtype: torch.dtype, device) -> None:
+    ref_loss, ref_grads = reference(device)
+    tolerance = TOLERANCE[device.type, dtype]
+    error = relative_error(loss, ref_loss)
+    assert error <= tolerance, f"loss {loss.item()} vs {ref_loss.item()} (relative {error:.3g})"
+    assert grads.keys() == ref_grads.keys(), sorted(grads.keys() ^ ref_grads.keys())
+    errors = {name: relative_error(grads[name], ref_grads[name]) for name in ref_grads}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= tolerance, (
+        f"gradient of {worst} differs by {errors[worst]:.3g} (relative L2; tolerance "
+        f"{tolerance:g}); all: { {n: f'{e:.2g}' for n, e in errors.items()} }"
+    )
+
+
+def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
+    value = value.clone()
+    dist.all_reduce(value)
+    return value / dist.get_world_size()
+
+
+def wrapper_state(model) -> list:
+    """What kernelize must leave as it is: every module's class and hooks, every parameter."""
+    return [
+        (name, type(m), tuple(m._forward_pre_hooks), tuple(m._forward_hooks))
+        for name, m in model.named_modules()
+    ] + [(name, id(p)) for name, p in model.named_parameters()]
+
+
+def assert_kernelized(model) -> None:
+    """Every tagged layer of `model` runs one of our kernels."""
+    from kernels.layer.kernelize import _kernelizable_modules
+    from kernels.layer.swap import kernel_layer_of
+
+    bound = {path: kernel_layer_of(m) for path, m in _kernelizable_modules(model)}
+    missing = [path for path, kernel in bound.items() if kernel is None]
+    assert not missing, f"no kernel for {missing}"
+    assert {kernel.__name__ for kernel in bound.values()} == KERNELS, bound
+
+
+@contextlib.contextmanager
+def dtensor_fallbacks():
+    """The fallback lines the DTensor rules log inside the block (each logged anew)."""
+    from kernels.layer import dtensor
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    logger = logging.getLogger(dtensor.__name__)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    dtensor._logged.clear()
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+# ---- parallel plans -----------------------------------------------------------------------------
+
+
+def tensor_parallel_plan(model) -> dict:
+    """Megatron-style tensor parallelism with sequence parallel norms for `model`: q, k, v, gate
+    and up column-wise, o and down row-wise; the residual stream between them sharded along the
+    sequence (``SequenceParallel`` norms), gathered before attention and the MLP."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan = {
+        "model.embed_tokens": RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+        ),
+        "model.norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+    for index in range(len(model.model.layers)):
+        layer = f"model.layers.{index}"
+        plan |= {
+            f"{layer}.input_layernorm": SequenceParallel(),
+            f"{layer}.self_attn": PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            ),
+            **{f"{layer}.self_attn.{p}_proj": ColwiseParallel() for p in "qkv"},
+            f"{layer}.self_attn.o_proj": RowwiseParallel(
+                output_layouts=Shard(1), use_local_output=False
+            ),
+            f"{layer}.post_attention_layernorm": SequenceParallel(),
+            f"{layer}.mlp": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            ),
+            f"{layer}.mlp.gate_proj": ColwiseParallel(),
+            f"{layer}.mlp.up_proj": ColwiseParallel(),
+            f"{layer}.mlp.down_proj": RowwiseParallel(
+                output_layouts=Shard(1), use_local_output=False
+            ),
+        }
+    return plan
