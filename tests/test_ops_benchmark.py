@@ -116,14 +116,35 @@ def _table_rows(text: str) -> list:
     return [line for line in lines if not line.startswith(("| shape |", "| op |", "| contender |"))]
 
 
+def rendered_columns(lines: set[str]) -> int:
+    """The number of ``|`` in the rows of a rendered table (its header's)."""
+    return max((line.count("|") for line in lines), default=0)
+
+
 def test_model_cards_render_from_the_kept_results():
     """Every benchmark row of a model card is a row ``ops.py --card`` prints from the results
     folder the card names: moving or re-running results cannot leave a card behind."""
+    import loss
+
     for card in sorted((ROOT / "library").glob("*/README.md")):
         text = card.read_text()
-        match = re.search(r"ops\.py\s+--card\s+--out\s+(benchmarks/results/\S+?)`", text)
+        match = re.search(r"(ops|loss)\.py\s+--card\s+--out\s+(benchmarks/results/\S+?)`", text)
         assert match, f"{card} does not name the results its tables come from"
-        results = _results(ROOT / match.group(1))
+        command, folder = match.groups()
+        if command == "loss":  # the fused loss's card: loss.py's table of its own results
+            with open(ROOT / folder / "results.json") as f:
+                rendered = set(loss.card_table(json.load(f)["results"]).splitlines())
+            rows = [
+                row
+                for row in _table_rows(text)
+                if re.match(r"\| \d+ x \d+ -> \d+", row)
+                and "GiB" not in row
+                and row.count("|") == rendered_columns(rendered)
+            ]
+            assert rows, f"{card} has no benchmark table"
+            assert [row for row in rows if row not in rendered] == []
+            continue
+        results = _results(ROOT / folder)
         rendered = {
             line for op in dict.fromkeys(r["op"] for r in results)
             for line in ops.card_tables(results, op).splitlines()
