@@ -23,6 +23,31 @@ class LayerRepositoryProtocol(Protocol):
     def load(self) -> type | Callable | ModuleType: ...
 
 
+class PackageFunction:
+    """What a function kernel from a package repository is, given `func_name` and `_package`
+    (a repository with ``load_package()``): `FuncRepository` and `LockedFuncRepository`."""
+
+    func_name: str
+    _package: object
+
+    @property
+    def layer_name(self) -> str:
+        return self.func_name
+
+    def load(self) -> type:
+        """Download (if needed) and import the kernel package; its function as a kernel layer."""
+        from .local import function_kernel
+
+        return function_kernel(self._package.load_package(), self.func_name, self)  # type: ignore[attr-defined]
+
+    def __deepcopy__(self, memo: dict) -> PackageFunction:
+        return self  # an immutable value; the loaded package must not be copied
+
+    def __str__(self) -> str:
+        described = str(self._package)
+        return described[: described.rindex(", layer ")] + f", function {self.func_name}"
+
+
 def is_repository(value: object) -> bool:
     """Whether `value` can stand as a repository in a kernel mapping."""
     return isinstance(getattr(value, "layer_name", None), str) and callable(

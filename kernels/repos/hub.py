@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from ..errors import KernelMappingError
+from .base import PackageFunction
 from .hubclient import KERNEL_REPO_TYPE, check_repo_type
 from .provides import provided_kernel
 from .trust import normalize_trust
@@ -150,7 +151,7 @@ def _rebuild(
 
 
 @dataclass(frozen=True)
-class FuncRepository:
+class FuncRepository(PackageFunction):
     """A function kernel from a kernel repository on the Hugging Face Hub.
 
     The kernel is the function `func_name` at the top level of the kernel package; it
@@ -190,22 +191,9 @@ class FuncRepository:
         object.__setattr__(self, "_package", package)
 
     @property
-    def layer_name(self) -> str:
-        return self.func_name
-
-    def load(self) -> type:
-        """Download (if needed) and import the kernel package; its function as a kernel layer."""
-        from .local import function_kernel
-
-        return function_kernel(self._package.load_package(), self.func_name, self)
-
-    @property
     def commit(self) -> str | None:
         """The commit the first `load()` resolved to, or None before it."""
         return self._package.commit
-
-    def __deepcopy__(self, memo: dict) -> FuncRepository:
-        return self
 
     def __reduce__(self):
         return (
@@ -219,10 +207,6 @@ class FuncRepository:
                 self.repo_type,
             ),
         )
-
-    def __str__(self) -> str:
-        described = str(self._package)
-        return described[: described.rindex(", layer ")] + f", function {self.func_name}"
 
 
 def _rebuild_func(

@@ -56,6 +56,7 @@ from ..errors import (
     KernelRevisionError,
 )
 from . import hubclient
+from .base import PackageFunction
 from .download import FetchedKernel, LoadedHubKernel, fetch_kernel, import_fetched
 from .hashing import HASH_TYPE, combined_hash, verify_variant
 from .hubclient import KERNEL_REPO_TYPE, MODEL_REPO_TYPE
@@ -622,7 +623,7 @@ _repo_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
-class LockedFuncRepository:
+class LockedFuncRepository(PackageFunction):
     """A function kernel from the commit of a Hub kernel that a lock file pins.
 
     The kernel is the function `func_name` at the top level of the locked kernel package; it
@@ -655,23 +656,6 @@ class LockedFuncRepository:
         object.__setattr__(self, "lockfile", package.lockfile)
         object.__setattr__(self, "trust_remote_code", package.trust_remote_code)
         object.__setattr__(self, "_package", package)
-
-    @property
-    def layer_name(self) -> str:
-        return self.func_name
-
-    def load(self) -> type:
-        """Download (if needed), verify and import the locked kernel; its function as a layer."""
-        from .local import function_kernel
-
-        return function_kernel(self._package.load_package(), self.func_name, self)
-
-    def __deepcopy__(self, memo: dict) -> LockedFuncRepository:
-        return self
-
-    def __str__(self) -> str:
-        described = str(self._package)
-        return described[: described.rindex(", layer ")] + f", function {self.func_name}"
 
 
 def write_egg_lockfile(cmd, basename, filename) -> None:
