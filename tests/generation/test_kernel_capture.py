@@ -137,7 +137,12 @@ def check_replays(fn, inputs: list[torch.Tensor], dtype: torch.dtype, what: str)
             )
 
 
-LAYERS = sorted(k.layer_name for k in KERNELS if not k.is_function)
+# The loss layers (library/loss) replace a whole *ForCausalLM forward or transformers' loss
+# function, not a layer a decode step calls; their capture is not covered here yet.
+LOSS_LAYERS = {"ForCausalLMLoss", "CausalLMFusedLoss", "GemmaCausalLMFusedLoss"}
+LAYERS = sorted(
+    k.layer_name for k in KERNELS if not k.is_function and k.layer_name not in LOSS_LAYERS
+)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
