@@ -134,3 +134,19 @@ def check_sampling_matches_eager(model, device="cpu"):
     got = generator.generate(ids, **options)
     assert torch.equal(got, expected)
     assert generator.stats.replays > 0
+
+
+def check_kernelized_matches_its_own_eager(model):
+    """With our kernels, the generator's greedy tokens are the kernelized model's own eager
+    greedy tokens (not eager transformers': kernels round differently), every decode step
+    after the first two replayed from one captured graph. Returns the generator."""
+    from kernels.generation import CudaGraphGenerator
+
+    generator = CudaGraphGenerator(model, kernels=True)
+    assert generator.kernelized
+    ids, mask = prompt(2)
+    expected = eager_greedy(model, ids, mask)
+    got = generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    assert torch.equal(got, expected)
+    assert generator.stats.captures == 1 and generator.stats.replays == NEW_TOKENS - 2
+    return generator

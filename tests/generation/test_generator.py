@@ -12,6 +12,7 @@ import torch
 from generation_checks import (
     NEW_TOKENS,
     check_greedy_matches_eager,
+    check_kernelized_matches_its_own_eager,
     check_sampling_matches_eager,
     check_second_call_replays,
     eager_greedy,
@@ -55,16 +56,10 @@ def test_sampling_draws_the_tokens_transformers_draws(model):
 
 
 def test_with_our_kernels_tokens_are_the_kernelized_models_own(model, untagged):
-    generator = CudaGraphGenerator(model, kernels=True)
-    assert generator.kernelized
+    check_kernelized_matches_its_own_eager(model)
     # The swapped forwards are kernel layers' (bound to the modules by kernelize).
     mlp = model.model.layers[0].mlp
     assert "forward" in vars(mlp) and type(mlp).__name__ == "LlamaMLP"
-    ids, mask = prompt(2)
-    expected = eager_greedy(model, ids, mask)
-    got = generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
-    assert torch.equal(got, expected)
-    assert generator.stats.captures == 1 and generator.stats.replays == NEW_TOKENS - 2
 
 
 def test_off_cuda_it_says_so_once(model, caplog):

@@ -16,9 +16,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "generation"))
 from generation_checks import (  # noqa: E402
     NEW_TOKENS,
     check_greedy_matches_eager,
+    check_kernelized_matches_its_own_eager,
     check_sampling_matches_eager,
     check_second_call_replays,
-    eager_greedy,
     prompt,
     tiny_llama,
 )
@@ -50,12 +50,7 @@ def test_sampling_draws_the_tokens_transformers_draws(model):
 
 def test_with_our_kernels_tokens_are_the_kernelized_models_own(model, clean_kernels):
     # clean_kernels: on 5.x kernelize sets the rotary function module's forward process-wide.
-    generator = CudaGraphGenerator(model, kernels=True)
-    ids, mask = prompt(2)
-    expected = eager_greedy(model, ids, mask)
-    got = generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
-    assert torch.equal(got, expected)
-    assert generator.stats.captures == 1 and generator.stats.replays == NEW_TOKENS - 2
+    check_kernelized_matches_its_own_eager(model)
 
 
 def test_the_position_counter_is_reset_between_calls(model):
