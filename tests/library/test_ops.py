@@ -364,6 +364,26 @@ def test_repeated_launches_skip_tritons_runner(repo, activation, norm, rotary, m
 
 
 @_needs_cuda
+def test_a_cpu_tensor_where_a_cuda_one_was_is_refused_after_direct_launches(norm):
+    """Direct launches pass tensors as addresses, unchecked by Triton's launcher: a CPU tensor
+    given to a kernel already launched with CUDA tensors must still get Triton's error, not a
+    launch that reads host memory from the GPU."""
+    library = sys.modules[f"{norm.__name__}._library"]
+    partials = torch.randn(33, 256, device="cuda")
+    for _ in range(2):  # the second launch goes the direct way
+        out = library.sum_partials(partials, torch.float32)
+    torch.testing.assert_close(out, partials.sum(0))
+    with pytest.raises(ValueError, match="cpu tensor"):
+        library.launch(
+            library._sum_partials_kernel,
+            (4,),
+            (partials, out.cpu(), 33, 256, 256, 64, 64),
+            4,
+            partials.device,
+        )
+
+
+@_needs_cuda
 @pytest.mark.parametrize("repo", ["activation", "norm", "rotary"])
 def test_launch_hooks_see_every_launch(repo, activation, norm, rotary):
     """A profiler's launch hooks (Triton's ``knobs.runtime``) are called for repeated launches
@@ -453,7 +473,15 @@ def test_launch_key_function_gives_each_arguments_spec_whatever_its_kind(
             *(arg if c else library._spec(arg) for arg, c in zip(args, constexprs, strict=True)),
         )
         assert library._key(kernel, 1, 4, args) == expected, args
-    assert library._spec(t[1:]) == (torch.float32, False)
+        # What the compiled kernel's launcher gets: every tensor as its address, the rest as is.
+        _, launched = library._key_and_args(kernel, 1, 4, args)
+        assert launched == tuple(
+            a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args
+        ), args
+    # A tensor's spec says whether it is on a CUDA device: the direct launch passes addresses,
+    # which Triton's launcher does not check, so a CPU tensor must miss the cache (Triton's
+    # ordinary launch then refuses it).
+    assert library._spec(t[1:]) == (torch.float32, False, False)
     assert library._spec(-16) == (False, True, True)
     assert library._spec(True) == (bool, True)
 

@@ -77,9 +77,15 @@ def multiprocessors(device: torch.device) -> int:
 # dtypes and 16-byte alignment; integers equal to 1, divisible by 16, or past int32; the value of
 # every constexpr; num_warps; the device), and afterwards calls the compiled kernel's launcher
 # itself, skipping the per-call closure, device and stream lookups and launch-metadata hooks of
-# ``CompiledKernel.__getitem__``. Launch hooks are honoured: while a profiler has a hook
-# installed, launches go through Triton's own runner. On the CPU (the interpreter) every launch
-# is an ordinary one.
+# ``CompiledKernel.__getitem__``. Tensors reach that launcher as their addresses (ints): given a
+# tensor, it calls ``data_ptr()`` and asks the driver whether the address is a device pointer
+# (``cuPointerGetAttribute``), per tensor and per launch; an int it takes as it is. That check
+# cost 5-15 us a tensor on the H100 VMs (2026-11-24: an RMSNorm backward launch, 8 tensors, took
+# 43 us). The first launch of each key goes through Triton's runner with the tensors themselves,
+# so it is checked; the key holds whether each tensor is on a CUDA device, so a CPU tensor where
+# a CUDA one was gets another key, and Triton's error. Launch hooks are honoured: while a
+# profiler has a hook installed, launches go through Triton's own runner. On the CPU (the
+# interpreter) every launch is an ordinary one.
 
 
 def cdiv(a: int, b: int) -> int:
@@ -141,10 +147,11 @@ except ImportError:  # pragma: no cover - Triton before 3.4 has no knobs
 
 def _spec(arg) -> object:
     """What Triton specialises a non-constexpr argument on: a tensor's dtype and 16-byte
-    alignment; whether an integer is 1, divisible by 16, or past int32; a bool's value (it is
-    passed as i1); else the argument's type (a float is passed as fp32, whatever its value)."""
+    alignment (and, for `launch`, whether it is on a CUDA device); whether an integer is 1,
+    divisible by 16, or past int32; a bool's value (it is passed as i1); else the argument's
+    type (a float is passed as fp32, whatever its value)."""
     if isinstance(arg, torch.Tensor):
-        return arg.dtype, not arg.data_ptr() & 15
+        return arg.dtype, not arg.data_ptr() & 15, arg.is_cuda
     if type(arg) is int:
         return arg == 1, not arg & 15, _INT32_MIN <= arg <= _INT32_MAX
     if type(arg) is bool:
@@ -153,40 +160,54 @@ def _spec(arg) -> object:
 
 
 def _key_function(kernel, args: tuple):
-    """``kernel``'s launch-key function: ``(kernel, index, num_warps, *specs)`` with each
-    constexpr's value and each other argument's ``_spec``, written out argument by argument.
+    """``kernel``'s launch-key function: ``args -> (key, launch arguments)``. The key is
+    ``(kernel, index, num_warps, *specs)`` with each constexpr's value and each other
+    argument's ``_spec``; the launch arguments are ``args`` with each tensor replaced by its
+    address. Written out argument by argument.
 
     A loop over the arguments cost ~0.4 us an argument on the H100 VMs (2026-11-23), on every
     launch, and rotary passes 31; the written-out function costs about a third of that. It is
     generated from the first call's arguments only to put the likely kind first: a tensor
     where a tensor was, an integer where an integer was. Any other argument goes through
-    ``_spec``, so the key equals ``_spec``'s for every argument, whatever its kind.
+    ``_spec`` (and a tensor anywhere becomes its address), so the key equals ``_spec``'s for
+    every argument, whatever its kind.
     """
     names = [f"a{i}" for i in range(len(args))]
-    specs = []
+    lines, specs, values = [], [], []
     for name, arg, is_constexpr in zip(names, args, _kernel_shape(kernel), strict=True):
         if is_constexpr:
             specs.append(name)
+            values.append(name)
         elif isinstance(arg, torch.Tensor):
-            specs.append(
-                f"(({name}.dtype, not {name}.data_ptr() & 15) if isinstance({name}, Tensor) "
-                f"else _spec({name}))"
-            )
+            lines += [
+                f"    if isinstance({name}, Tensor):",
+                f"        p_{name} = {name}.data_ptr()",
+                f"        s_{name} = ({name}.dtype, not p_{name} & 15, {name}.is_cuda)",
+                "    else:",
+                f"        p_{name}, s_{name} = {name}, _spec({name})",
+            ]
+            specs.append(f"s_{name}")
+            values.append(f"p_{name}")
         elif type(arg) is int:
             specs.append(
                 f"(({name} == 1, not {name} & 15, {_INT32_MIN} <= {name} <= {_INT32_MAX}) "
                 f"if type({name}) is int else _spec({name}))"
             )
+            values.append(f"({name}.data_ptr() if isinstance({name}, Tensor) else {name})")
         else:
             specs.append(f"_spec({name})")
-    source = (
-        "def key(kernel, index, num_warps, args):\n"
-        f"    {', '.join(names)}, = args\n"
-        f"    return (kernel, index, num_warps, {', '.join(specs)})\n"
+            values.append(f"({name}.data_ptr() if isinstance({name}, Tensor) else {name})")
+    source = "\n".join(
+        [
+            "def key(kernel, index, num_warps, args):",
+            f"    {', '.join(names)}, = args",
+            *lines,
+            f"    return (kernel, index, num_warps, {', '.join(specs)}), ({', '.join(values)},)",
+        ]
     )
     namespace = {"Tensor": torch.Tensor, "_spec": _spec}
     label = f"<launch key of {getattr(kernel, '__name__', 'a kernel')}>"
-    exec(compile(source, label, "exec"), namespace)
+    exec(compile(source + "\n", label, "exec"), namespace)
     return namespace["key"]
 
 
@@ -195,12 +216,18 @@ def _kernel_shape(kernel) -> tuple[bool, ...]:
     return tuple(bool(p.is_constexpr) for p in kernel.params)
 
 
-def _key(kernel, index: int, num_warps: int, args: tuple) -> tuple:
-    """The launch cache's key: where it differs, Triton compiles another kernel."""
+def _key_and_args(kernel, index: int, num_warps: int, args: tuple) -> tuple[tuple, tuple]:
+    """The launch cache's key (where it differs, Triton compiles another kernel), and ``args``
+    as the compiled kernel's launcher takes them, tensors as addresses."""
     key_function = _key_functions.get(kernel)
     if key_function is None:
         key_function = _key_functions[kernel] = _key_function(kernel, args)
     return key_function(kernel, index, num_warps, args)
+
+
+def _key(kernel, index: int, num_warps: int, args: tuple) -> tuple:
+    """The launch cache's key alone."""
+    return _key_and_args(kernel, index, num_warps, args)[0]
 
 
 def _direct_launcher(compiled):
@@ -248,7 +275,7 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.devic
         with torch.cuda.device(index):
             launch(kernel, grid, args, num_warps, device)
         return
-    key = _key(kernel, index, num_warps, args)
+    key, addressed = _key_and_args(kernel, index, num_warps, args)
     entry = _compiled.get(key)
     if entry is None:
         compiled = kernel[grid](*args, num_warps=num_warps)
@@ -261,4 +288,4 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.devic
         compiled[grid](*args)  # also where a profiler wants launch metadata
         return
     run, function, metadata = direct
-    run(*grid, _current_stream(index), function, metadata, None, None, None, *args)
+    run(*grid, _current_stream(index), function, metadata, None, None, None, *addressed)

@@ -204,9 +204,15 @@ def _persistent_grid(n_rows: int, rows_per_block: int, max_programs: int):
 # dtypes and 16-byte alignment; integers equal to 1, divisible by 16, or past int32; the value of
 # every constexpr; num_warps; the device), and afterwards calls the compiled kernel's launcher
 # itself, skipping the per-call closure, device and stream lookups and launch-metadata hooks of
-# ``CompiledKernel.__getitem__``. Launch hooks are honoured: while a profiler has a hook
-# installed, launches go through Triton's own runner. On the CPU (the interpreter) every launch
-# is an ordinary one.
+# ``CompiledKernel.__getitem__``. Tensors reach that launcher as their addresses (ints): given a
+# tensor, it calls ``data_ptr()`` and asks the driver whether the address is a device pointer
+# (``cuPointerGetAttribute``), per tensor and per launch; an int it takes as it is. That check
+# cost 5-15 us a tensor on the H100 VMs (2026-11-24: an RMSNorm backward launch, 8 tensors, took
+# 43 us). The first launch of each key goes through Triton's runner with the tensors themselves,
+# so it is checked; the key holds whether each tensor is on a CUDA device, so a CPU tensor where
+# a CUDA one was gets another key, and Triton's error. Launch hooks are honoured: while a
+# profiler has a hook installed, launches go through Triton's own runner. On the CPU (the
+# interpreter) every launch is an ordinary one.
 
 
 def cdiv(a: int, b: int) -> int:
@@ -268,10 +274,11 @@ except ImportError:  # pragma: no cover - Triton before 3.4 has no knobs
 
 def _spec(arg) -> object:
     """What Triton specialises a non-constexpr argument on: a tensor's dtype and 16-byte
-    alignment; whether an integer is 1, divisible by 16, or past int32; a bool's value (it is
-    passed as i1); else the argument's type (a float is passed as fp32, whatever its value)."""
+    alignment (and, for `launch`, whether it is on a CUDA device); whether an integer is 1,
+    divisible by 16, or past int32; a bool's value (it is passed as i1); else the argument's
+    type (a float is passed as fp32, whatever its value)."""
     if isinstance(arg, torch.Tensor):
-        return arg.dtype, not arg.data_ptr() & 15
+        return arg.dtype, not arg.data_ptr() & 15, arg.is_cuda
     if type(arg) is int:
         return arg == 1, not arg & 15, _INT32_MIN <= arg <= _INT32_MAX
     if type(arg) is bool:
@@ -280,40 +287,54 @@ def _spec(arg) -> object:
 
 
 def _key_function(kernel, args: tuple):
-    """``kernel``'s launch-key function: ``(kernel, index, num_warps, *specs)`` with each
-    constexpr's value and each other argument's ``_spec``, written out argument by argument.
+    """``kernel``'s launch-key function: ``args -> (key, launch arguments)``. The key is
+    ``(kernel, index, num_warps, *specs)`` with each constexpr's value and each other
+    argument's ``_spec``; the launch arguments are ``args`` with each tensor replaced by its
+    address. Written out argument by argument.
 
     A loop over the arguments cost ~0.4 us an argument on the H100 VMs (2026-11-23), on every
     launch, and rotary passes 31; the written-out function costs about a third of that. It is
     generated from the first call's arguments only to put the likely kind first: a tensor
     where a tensor was, an integer where an integer was. Any other argument goes through
-    ``_spec``, so the key equals ``_spec``'s for every argument, whatever its kind.
+    ``_spec`` (and a tensor anywhere becomes its address), so the key equals ``_spec``'s for
+    every argument, whatever its kind.
     """
     names = [f"a{i}" for i in range(len(args))]
-    specs = []
+    lines, specs, values = [], [], []
     for name, arg, is_constexpr in zip(names, args, _kernel_shape(kernel), strict=True):
         if is_constexpr:
             specs.append(name)
+            values.append(name)
         elif isinstance(arg, torch.Tensor):
-            specs.append(
-                f"(({name}.dtype, not {name}.data_ptr() & 15) if isinstance({name}, Tensor) "
-                f"else _spec({name}))"
-            )
+            lines += [
+                f"    if isinstance({name}, Tensor):",
+                f"        p_{name} = {name}.data_ptr()",
+                f"        s_{name} = ({name}.dtype, not p_{name} & 15, {name}.is_cuda)",
+                "    else:",
+                f"        p_{name}, s_{name} = {name}, _spec({name})",
+            ]
+            specs.append(f"s_{name}")
+            values.append(f"p_{name}")
         elif type(arg) is int:
             specs.append(
                 f"(({name} == 1, not {name} & 15, {_INT32_MIN} <= {name} <= {_INT32_MAX}) "
                 f"if type({name}) is int else _spec({name}))"
             )
+            values.append(f"({name}.data_ptr() if isinstance({name}, Tensor) else {name})")
         else:
             specs.append(f"_spec({name})")
-    source = (
-        "def key(kernel, index, num_warps, args):\n"
-        f"    {', '.join(names)}, = args\n"
-        f"    return (kernel, index, num_warps, {', '.join(specs)})\n"
+            values.append(f"({name}.data_ptr() if isinstance({name}, Tensor) else {name})")
+    source = "\n".join(
+        [
+            "def key(kernel, index, num_warps, args):",
+            f"    {', '.join(names)}, = args",
+            *lines,
+            f"    return (kernel, index, num_warps, {', '.join(specs)}), ({', '.join(values)},)",
+        ]
     )
     namespace = {"Tensor": torch.Tensor, "_spec": _spec}
     label = f"<launch key of {getattr(kernel, '__name__', 'a kernel')}>"
-    exec(compile(source, label, "exec"), namespace)
+    exec(compile(source + "\n", label, "exec"), namespace)
     return namespace["key"]
 
 
@@ -322,12 +343,18 @@ def _kernel_shape(kernel) -> tuple[bool, ...]:
     return tuple(bool(p.is_constexpr) for p in kernel.params)
 
 
-def _key(kernel, index: int, num_warps: int, args: tuple) -> tuple:
-    """The launch cache's key: where it differs, Triton compiles another kernel."""
+def _key_and_args(kernel, index: int, num_warps: int, args: tuple) -> tuple[tuple, tuple]:
+    """The launch cache's key (where it differs, Triton compiles another kernel), and ``args``
+    as the compiled kernel's launcher takes them, tensors as addresses."""
     key_function = _key_functions.get(kernel)
     if key_function is None:
         key_function = _key_functions[kernel] = _key_function(kernel, args)
     return key_function(kernel, index, num_warps, args)
+
+
+def _key(kernel, index: int, num_warps: int, args: tuple) -> tuple:
+    """The launch cache's key alone."""
+    return _key_and_args(kernel, index, num_warps, args)[0]
 
 
 def _direct_launcher(compiled):
@@ -375,7 +402,7 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.devic
         with torch.cuda.device(index):
             launch(kernel, grid, args, num_warps, device)
         return
-    key = _key(kernel, index, num_warps, args)
+    key, addressed = _key_and_args(kernel, index, num_warps, args)
     entry = _compiled.get(key)
     if entry is None:
         compiled = kernel[grid](*args, num_warps=num_warps)
@@ -388,34 +415,35 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.devic
         compiled[grid](*args)  # also where a profiler wants launch metadata
         return
     run, function, metadata = direct
-    run(*grid, _current_stream(index), function, metadata, None, None, None, *args)
+    run(*grid, _current_stream(index), function, metadata, None, None, None, *addressed)
 
 
 # ---- the weight-gradient reduction -----------------------------------------------------------
 
 
 @triton.jit
-def _sum_partials_kernel(P, OUT, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+def _sum_partials_kernel(
+    P, OUT, n_partials, n_cols, stride_p, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr
+):
     # OUT[c] = sum over p of P[p, c], in fp32, cast to OUT's dtype. Each program owns BLOCK_N
-    # columns and walks the partial rows BLOCK_P at a time.
+    # columns and walks the partial rows (stride_p apart) BLOCK_P at a time.
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
     for first in range(0, n_partials, BLOCK_P):
         rows = first + tl.arange(0, BLOCK_P)
         mask = (rows < n_partials)[:, None] & col_mask[None, :]
-        acc += tl.load(P + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
+        acc += tl.load(P + rows[:, None] * stride_p + cols[None, :], mask=mask, other=0.0)
     tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=col_mask)
 
 
 def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``partials.sum(0).to(dtype)`` for a contiguous fp32 [programs, n_cols] tensor, in one
-    launch. 64 columns a program (256-byte row segments) gives 64 programs for 4096 columns;
-    64 x 64 tiles (16 fp32 a thread with 4 warps) keep several rows' loads in flight."""
+    """``partials.sum(0).to(dtype)`` for an fp32 [programs, n_cols] tensor with contiguous rows,
+    in one launch. 64 columns a program (256-byte row segments) gives 64 programs for 4096
+    columns; 64 x 64 tiles (16 fp32 a thread with 4 warps) keep several rows' loads in flight."""
     n_partials, n_cols = partials.shape
     out = partials.new_empty(n_cols, dtype=dtype)
     grid = (cdiv(n_cols, 64),)
-    launch(
-        _sum_partials_kernel, grid, (partials, out, n_partials, n_cols, 64, 64), 4, partials.device
-    )
+    args = (partials, out, n_partials, n_cols, partials.stride(0), 64, 64)
+    launch(_sum_partials_kernel, grid, args, 4, partials.device)
     return out
