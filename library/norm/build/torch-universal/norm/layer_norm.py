@@ -143,9 +143,11 @@ def _layer_norm_fwd_kernel(
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CHUNKED_COLS: tl.constexpr,
+    STORE_STATS: tl.constexpr,
 ):
     # Y is contiguous (row stride n_cols); X rows are strided. CHUNKED_COLS is n_cols when not
-    # ONE_PASS (else 0): the chunked loops then have a static trip count.
+    # ONE_PASS (else 0): the chunked loops then have a static trip count. STORE_STATS: mean and
+    # rstd are kept for a backward (else MEAN and RSTD are placeholders, never written).
     if ONE_PASS:
         rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
@@ -159,8 +161,9 @@ def _layer_norm_fwd_kernel(
         # mean is large next to the spread.
         xc = tl.where(mask, x - mean[:, None], 0.0)
         rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
-        tl.store(MEAN + rows, mean, mask=row_mask)
-        tl.store(RSTD + rows, rstd, mask=row_mask)
+        if STORE_STATS:
+            tl.store(MEAN + rows, mean, mask=row_mask)
+            tl.store(RSTD + rows, rstd, mask=row_mask)
         y = xc * rstd[:, None]
         if HAS_WEIGHT:
             y = y * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
@@ -208,8 +211,9 @@ def _layer_norm_fwd_kernel(
         spread = lane_mean - mean
         m2 = tl.sum(lane_m2 + lane_count * spread * spread, axis=0)
         rstd = tl.rsqrt(m2 / CHUNKED_COLS + eps)
-        tl.store(MEAN + row, mean)
-        tl.store(RSTD + row, rstd)
+        if STORE_STATS:
+            tl.store(MEAN + row, mean)
+            tl.store(RSTD + row, rstd)
         # The normalising pass unrolled (static trip count, up to FWD_UNROLL_CHUNKS chunks), so
         # that every chunk's loads are issued before the first chunk's arithmetic waits on them:
         # 8192x8192 65.6 against 67.5 us, 32768x8192 250.7 against 251.8 (H200, 2026-11-24,
@@ -281,8 +285,7 @@ def _layer_norm_bwd_kernel(
     RSTD,
     C,
     DX,
-    DW_PARTIAL,
-    DB_PARTIAL,
+    PARTIAL,
     n_rows,
     n_cols,
     rows_per_program,
@@ -297,7 +300,8 @@ def _layer_norm_bwd_kernel(
     LOOKAHEAD: tl.constexpr,
 ):
     # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w; dw = sum dy * xhat and
-    # db = sum dy over rows. A program walks a contiguous run of rows, ROWS at a time, over one
+    # db = sum dy over rows, each program's share stored in its row of PARTIAL: dw's (when
+    # COMPUTE_DW), then db's (when COMPUTE_DB). A program walks a contiguous run of rows, ROWS at a time, over one
     # block of columns: the whole row, or with SPLIT_COLS (rows too wide for registers) block
     # program_id(1) of BLOCK_N columns, the two means then coming from C (the row dot kernel).
     # With LOOKAHEAD each step loads the next step's rows before it reduces its own, so the
@@ -349,10 +353,11 @@ def _layer_norm_bwd_kernel(
                 DY, X, MEAN, RSTD, C, next_rows, row_end, n_rows, cols, col_mask, stride_dy,
                 stride_x, SPLIT_COLS,
             )  # fmt: skip
+    partial = PARTIAL + pid.to(tl.int64) * ((COMPUTE_DW + COMPUTE_DB) * n_cols) + cols
     if COMPUTE_DW:
-        tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
+        tl.store(partial, dw_acc, mask=col_mask)
     if COMPUTE_DB:
-        tl.store(DB_PARTIAL + pid.to(tl.int64) * n_cols + cols, db_acc, mask=col_mask)
+        tl.store(partial + COMPUTE_DW * n_cols, db_acc, mask=col_mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -394,13 +399,17 @@ def _stats_shape(x: torch.Tensor, normalized_shape) -> tuple[int, ...]:
     return tuple(x.shape[: x.dim() - len(tuple(normalized_shape))])
 
 
-def _forward(x, normalized_shape, weight, bias, eps):
-    """(y, mean, rstd); mean and rstd are fp32, one per normalised row."""
+def _forward(x, normalized_shape, weight, bias, eps, keep_stats: bool = True):
+    """(y, mean, rstd); mean and rstd are fp32, one per normalised row, or None unless
+    ``keep_stats`` (for a backward): two allocations less, a third of an inference call's
+    host time."""
     n_cols = _check(x, normalized_shape, weight, bias)
     y = x.new_empty(x.shape)
-    stats = _stats_shape(x, normalized_shape)
-    mean = x.new_empty(stats, dtype=torch.float32)
-    rstd = x.new_empty(stats, dtype=torch.float32)
+    mean = rstd = None
+    if keep_stats:
+        stats = _stats_shape(x, normalized_shape)
+        mean = x.new_empty(stats, dtype=torch.float32)
+        rstd = x.new_empty(stats, dtype=torch.float32)
     if y.numel() == 0:
         return y, mean, rstd
     x2, n_rows, stride_x = as_rows(x, n_cols)
@@ -413,15 +422,19 @@ def _forward(x, normalized_shape, weight, bias, eps):
         x2,
         x2 if w is None else w,  # placeholders are never read: HAS_WEIGHT / HAS_BIAS are False
         x2 if b is None else b,
-        y, mean, rstd, n_rows, n_cols, stride_x, eps,
+        y, y if mean is None else mean, y if rstd is None else rstd, n_rows, n_cols, stride_x, eps,
         w is not None, b is not None, one_pass, rows, block_n, 0 if one_pass else n_cols,
+        keep_stats,
     )  # fmt: skip
     launch(_layer_norm_fwd_kernel, grid, args, num_warps, x.device)
     return y, mean, rstd
 
 
-def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db, db_dtype):
-    """(dx, dw, db); dw/db are empty tensors when not asked for."""
+def _backward(
+    dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db, db_dtype, views=False
+):
+    """(dx, dw, db); dw/db are empty tensors when not asked for. ``views``: dw and db may be
+    views of one tensor (one launch less: the eager path; a custom op's outputs must not alias)."""
     n_cols = math.prod(tuple(normalized_shape))
     dx = x.new_empty(x.shape)
     param = weight if weight is not None else x  # dtype/device template when there is no weight
@@ -445,19 +458,26 @@ def _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_d
         launch(_layer_norm_row_dot_kernel, (n_rows,), args, WIDE_ROW_WARPS, x.device)
         col_blocks = cdiv(n_cols, block_n)
     programs, rows_per_program = persistent_grid(n_rows, rows, x.device, per_sm, col_blocks)
-    # One fp32 buffer for both partial sums: [0] weight, [1] bias.
-    partials = (rstd, rstd)  # placeholders, never touched when no parameter gradient is wanted
-    if compute_dw or compute_db:
-        partials = torch.empty((2, programs, n_cols), dtype=torch.float32, device=x.device)
+    # One fp32 buffer for the partial sums, a row a program: the weight's, then the bias's. Both
+    # are summed in one launch where their dtypes agree: each launch and allocation is host time.
+    parts = compute_dw + compute_db
+    partials = rstd  # a placeholder, never touched when no parameter gradient is wanted
+    if parts:
+        partials = torch.empty((programs, parts * n_cols), dtype=torch.float32, device=x.device)
     args = (
         dy2, x2, w, mean, rstd, c, dx,
-        partials[0], partials[1], n_rows, n_cols, rows_per_program, stride_dy, stride_x,
+        partials, n_rows, n_cols, rows_per_program, stride_dy, stride_x,
         weight is not None, compute_dw, compute_db, not one_pass, rows, block_n, lookahead,
     )  # fmt: skip
     launch(_layer_norm_bwd_kernel, (programs, col_blocks), args, num_warps, x.device)
-    # Placeholders for the gradients not asked for: the custom op returns tensors.
-    dw = sum_partials(partials[0], weight.dtype) if compute_dw else param.new_empty((0,))
-    db = sum_partials(partials[1], db_dtype) if compute_db else param.new_empty((0,))
+    if parts == 2 and views and weight.dtype == db_dtype:
+        dw, db = sum_partials(partials, db_dtype).split(n_cols)
+    elif parts == 2:
+        dw, db = partials.split(n_cols, dim=1)
+        dw, db = sum_partials(dw, weight.dtype), sum_partials(db, db_dtype)
+    else:  # placeholders for the gradients not asked for: the custom op returns tensors
+        dw = sum_partials(partials, weight.dtype) if compute_dw else param.new_empty((0,))
+        db = sum_partials(partials, db_dtype) if compute_db else param.new_empty((0,))
     if compute_dw and weight.dim() != 1:
         dw = dw.view(weight.shape)
     if compute_db and len(normalized_shape) != 1:
@@ -485,8 +505,9 @@ class _LayerNormFunction(torch.autograd.Function):
         compute_dw = ctx.needs_input_grad[2]
         compute_db = ctx.needs_input_grad[3]
         dx, dw, db = _backward(
-            dy, x, ctx.normalized_shape, weight, mean, rstd, compute_dw, compute_db, ctx.bias_dtype
-        )
+            dy, x, ctx.normalized_shape, weight, mean, rstd, compute_dw, compute_db,
+            ctx.bias_dtype, views=True,
+        )  # fmt: skip
         return dx, None, dw if compute_dw else None, db if compute_db else None, None
 
 
@@ -587,4 +608,4 @@ def layer_norm(
         return layer_norm_op(x, normalized_shape, weight, bias, eps)[0]
     if use_autograd_function(x, weight, bias):
         return _LayerNormFunction.apply(x, normalized_shape, weight, bias, eps)
-    return _forward(x, normalized_shape, weight, bias, eps)[0]
+    return _forward(x, normalized_shape, weight, bias, eps, keep_stats=False)[0]
