@@ -280,7 +280,13 @@ def host_case(op: str, lib):
 
 def issue_us(call, calls: int = 50, blocks: int = 7) -> float:
     """Median host microseconds to issue one of ``calls`` back-to-back calls, with the GPU kept
-    busy by a sleep kernel first so that the launch queue never makes the host wait."""
+    busy by a sleep kernel first so that the launch queue never makes the host wait.
+
+    Where the GPU finishes sleeping before the host is done, either the sleep was too short or
+    the calls filled the launch queue (a call of many small kernels, as eager rotary is: the
+    host then waits for the queue, which drains only once the sleep ends): the block is
+    retried with a longer sleep and half the calls.
+    """
     import torch
 
     cycles = 100_000_000  # about 50-70 ms at an H100's or H200's clock
@@ -294,8 +300,9 @@ def issue_us(call, calls: int = 50, blocks: int = 7) -> float:
         for _ in range(calls):
             call()
         elapsed = time.perf_counter() - start
-        if busy.query():  # the GPU finished sleeping before the host was done: sleep longer
+        if busy.query():  # the GPU finished sleeping before the host was done
             cycles *= 2
+            calls = max(4, calls // 2)
             torch.cuda.synchronize()
             continue
         samples.append(elapsed / calls * 1e6)
