@@ -1,12 +1,14 @@
-"""Tagging what transformers 4.57 leaves untagged: gated MLPs, `apply_rotary_pos_emb` and the
-causal-LM loss.
+"""Tagging what transformers leaves untagged: gated MLPs, `apply_rotary_pos_emb` (4.57) and
+the causal-LM loss.
 
 transformers 4.57 tags its norms and activation modules, so `kernelize` reaches those by
 itself. Its gated MLP classes carry no layer name, its attention layers call the module
 global ``apply_rotary_pos_emb``, which `kernelize` cannot see, and its ``*ForCausalLM`` models
-compute their logits and then their loss in one ``forward`` that nothing tags. The functions
-here make them reachable, and only where the code is exactly the formula our kernels compute:
-each reads the source of what it tags and leaves anything else alone (logged at INFO).
+compute their logits and then their loss in one ``forward`` that nothing tags. transformers
+5.24 tags ``apply_rotary_pos_emb`` itself, but still neither the gated MLPs nor the
+``*ForCausalLM`` forwards. The functions here make them reachable, and only where the code is
+exactly the formula our kernels compute: each reads the source of what it tags and leaves
+anything else alone (logged at INFO).
 """
 
 from __future__ import annotations
@@ -74,8 +76,8 @@ def rotate_half(x):
 
 # What the tag functions changed, as calls that put it back (newest last).
 _undo: list[Callable[[], None]] = []
-# The function `tag_on_kernelize` added as a tagger, while it is added.
-_kernelize_tagger: list[Callable[[], None]] = []
+# (tagger, the function that removes it) for the tagger `tag_on_kernelize` added, while it is.
+_kernelize_tagger: list[tuple[Callable[[nn.Module], object], Callable[[], None]]] = []
 
 
 def untag() -> None:
@@ -90,7 +92,7 @@ def untag() -> None:
     process back (a demo, a test), so that models built later start as transformers made them.
     """
     while _kernelize_tagger:
-        _kernelize_tagger.pop()()
+        _kernelize_tagger.pop()[1]()
     while _undo:
         _undo.pop()()
 
@@ -129,18 +131,37 @@ def tag_transformers_layers(model: nn.Module) -> list[str]:
     return tagged
 
 
-def tag_on_kernelize() -> None:
-    """Have `kernelize` run `tag_transformers_layers` on every model before planning it.
+def tag_on_kernelize(*, losses: bool = True) -> None:
+    """Have `kernelize` tag every model before planning it: `tag_transformers_layers` and, with
+    ``losses`` (the default), `tag_causal_lm_losses`.
 
     Models that transformers builds and kernelizes itself (``from_pretrained(...,
     use_kernels=True)``, ``model.use_kernels = True``, ``model.train()``) then get their gated
-    MLPs (and, on 4.57, their rotary embeddings) tagged before their layers are looked at. Calling
-    it again changes nothing; `untag` stops it. `register_library_kernels` calls it.
+    MLPs (and, on 4.57, their rotary embeddings) tagged before their layers are looked at, and
+    their ``*ForCausalLM`` forward tagged for the fused loss: in training with labels such a
+    model returns its loss and ``logits=None``. ``losses=False`` leaves the forwards alone (a
+    training loop that reads the logits). Calling it again with the same ``losses`` changes
+    nothing, with the other one replaces the tagger (tags already made stay); `untag` stops it.
+    `register_library_kernels` calls it with the default.
     """
     from ..layer.taggers import add_tagger
 
-    if not _kernelize_tagger:
-        _kernelize_tagger.append(add_tagger(tag_transformers_layers))
+    tagger = _tag_for_kernelize if losses else tag_transformers_layers
+    if _kernelize_tagger and _kernelize_tagger[0][0] is tagger:
+        return
+    while _kernelize_tagger:
+        _kernelize_tagger.pop()[1]()
+    _kernelize_tagger.append((tagger, add_tagger(tagger)))
+
+
+def _tag_for_kernelize(model: nn.Module) -> list[str]:
+    """The tagger `tag_on_kernelize` adds by default: `tag_transformers_layers` and
+    `tag_causal_lm_losses` (the class names tagged)."""
+    tagged = tag_transformers_layers(model)
+    losses = tag_causal_lm_losses(model)
+    if losses:
+        logger.info("tagged for the fused causal-LM loss: %s", ", ".join(losses))
+    return tagged + losses
 
 
 def _untagged_classes(model: nn.Module, qualifies: Callable[[nn.Module], bool]):
@@ -437,12 +458,15 @@ def tag_rotary_embeddings(model: nn.Module) -> list[str]:
 
 # ---- causal-LM losses ------------------------------------------------------------------------
 
-# transformers 4.57's ``*ForCausalLM.forward`` bodies that our loss layers reimplement (argument
-# and variable annotations, docstrings and comments aside): ``LlamaForCausalLM``'s, which 31
-# other classes share word for word, and ``Gemma2ForCausalLM``'s (Gemma 3, Gemma 3n and
-# VaultGemma share it), which soft-caps the logits.
-_CAUSAL_LM_FORWARDS = {
-    "CausalLMFusedLoss": """
+# The ``*ForCausalLM.forward`` bodies that our loss layers reimplement (argument and variable
+# annotations, docstrings and comments aside), per transformers line; the layer name each is
+# tagged with is the same on both lines, and the loss repository's ``layers`` module gives that
+# name the layer whose signature fits the installed transformers.
+#
+# transformers 4.57: ``LlamaForCausalLM``'s, which 31 other ``*ForCausalLM`` classes share word
+# for word, and ``Gemma2ForCausalLM``'s (Gemma 3, Gemma 3n and VaultGemma share it), which
+# soft-caps the logits.
+_LLAMA_FORWARD_4_57 = """
 @can_return_tuple
 @auto_docstring
 def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
@@ -460,8 +484,8 @@ def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_k
         loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
     return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
                                   hidden_states=outputs.hidden_states, attentions=outputs.attentions)
-""",
-    "GemmaCausalLMFusedLoss": """
+"""
+_GEMMA2_FORWARD_4_57 = """
 @can_return_tuple
 @auto_docstring
 def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
@@ -489,7 +513,73 @@ def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_k
         loss = self.loss_function(logits, labels, self.vocab_size, **kwargs)
     return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
                                   hidden_states=outputs.hidden_states, attentions=outputs.attentions)
-""",
+"""
+# transformers 5.24: the cache argument is ``cache`` (``past_key_values`` still accepted, renamed
+# by ``@deprecate_kwarg``), ``cache_position`` is gone, ``slice_logits_to_keep`` slices, the
+# output's field is ``cache``, and Gemma 2 no longer takes ``output_attentions`` /
+# ``output_hidden_states`` (they travel in ``**kwargs``). ``LlamaForCausalLM``'s is shared by
+# 32 other ``*ForCausalLM`` classes, ``Gemma2ForCausalLM``'s by Gemma 3, Gemma 3n, VaultGemma
+# and NanoChat. Some classes stack the three decorators in another order (see
+# `_definition_key`).
+_LLAMA_FORWARD_5_24 = """
+@deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+@can_return_tuple
+@auto_docstring
+def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
+            inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+    outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
+                         use_cache=use_cache, **kwargs)
+    hidden_states = outputs.last_hidden_state
+    hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
+    logits = self.lm_head(hidden_states)
+    loss = None
+    if labels is not None:
+        loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+    return CausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache,
+                                  hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+"""
+_GEMMA2_FORWARD_5_24 = """
+@can_return_tuple
+@auto_docstring
+@deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
+            inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+    outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
+                         use_cache=use_cache, **kwargs)
+    hidden_states = outputs.last_hidden_state
+    hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
+    logits = self.lm_head(hidden_states)
+    if self.config.final_logit_softcapping is not None:
+        logits = logits / self.config.final_logit_softcapping
+        logits = torch.tanh(logits)
+        logits = logits * self.config.final_logit_softcapping
+    loss = None
+    if labels is not None:
+        loss = self.loss_function(logits, labels, self.vocab_size, **kwargs)
+    return CausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache,
+                                  hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+"""
+
+#: (layer name, forward source) of every forward `tag_causal_lm_losses` recognises.
+_CAUSAL_LM_FORWARDS: tuple[tuple[str, str], ...] = (
+    ("CausalLMFusedLoss", _LLAMA_FORWARD_4_57),
+    ("GemmaCausalLMFusedLoss", _GEMMA2_FORWARD_4_57),
+    ("CausalLMFusedLoss", _LLAMA_FORWARD_5_24),
+    ("GemmaCausalLMFusedLoss", _GEMMA2_FORWARD_5_24),
+)
+
+# The module globals the forwards above read that decide what they compute, and where
+# transformers defines each (module, attribute; None: the module itself). A class whose forward
+# reads one of them bound to something else (its own output class, its own slicing) is not
+# tagged. ``auto_docstring`` only writes documentation and is not checked.
+_TRANSFORMERS_GLOBALS = {
+    "torch": ("torch", None),
+    "CausalLMOutputWithPast": ("transformers.modeling_outputs", "CausalLMOutputWithPast"),
+    "can_return_tuple": ("transformers.utils.generic", "can_return_tuple"),
+    "deprecate_kwarg": ("transformers.utils.deprecation", "deprecate_kwarg"),
+    "slice_logits_to_keep": ("transformers.modeling_utils", "slice_logits_to_keep"),
 }
 
 
@@ -513,40 +603,61 @@ class _WithoutAnnotations(ast.NodeTransformer):
 
 
 def _definition_key(function: ast.FunctionDef) -> str:
-    return ast.dump(_WithoutAnnotations().visit(copy.deepcopy(function)))
+    """What two forwards must share to compute the same: their definition without annotations,
+    and with the decorators in a fixed order. transformers 5.24 stacks ``deprecate_kwarg``,
+    ``can_return_tuple`` and ``auto_docstring`` outermost first in ``LlamaForCausalLM`` and
+    innermost first in ``Gemma2ForCausalLM`` and ``Ernie4_5ForCausalLM``; the order does not
+    change what the forward does (one renames a keyword argument, one pops ``return_dict``
+    and converts the output, one writes the docstring), and a forward must still carry exactly
+    the template's decorators, with the template's arguments."""
+    function = _WithoutAnnotations().visit(copy.deepcopy(function))
+    function.decorator_list = sorted(function.decorator_list, key=ast.dump)
+    return ast.dump(function)
 
 
 @functools.cache
-def _causal_lm_templates() -> dict[str, str]:
-    return {
-        _definition_key(ast.parse(source).body[0]): name
-        for name, source in _CAUSAL_LM_FORWARDS.items()
-    }
+def _causal_lm_templates() -> dict[str, tuple[str, frozenset[str]]]:
+    """Definition key -> (layer name, the `_TRANSFORMERS_GLOBALS` the forward reads)."""
+    templates = {}
+    for name, source in _CAUSAL_LM_FORWARDS:
+        function = ast.parse(source).body[0]
+        read = {node.id for node in ast.walk(function) if isinstance(node, ast.Name)}
+        templates[_definition_key(function)] = (
+            name,
+            frozenset(read & _TRANSFORMERS_GLOBALS.keys()),
+        )
+    return templates
+
+
+def _transformers_global(name: str) -> object:
+    """The object transformers (or torch) binds to `name` (see `_TRANSFORMERS_GLOBALS`), or a
+    fresh sentinel where the installed release does not define it."""
+    import importlib
+
+    module_name, attribute = _TRANSFORMERS_GLOBALS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return object()
+    return module if attribute is None else getattr(module, attribute, object())
 
 
 def _causal_lm_layer(cls: type) -> str | None:
     """The layer name of our kernel whose forward computes what ``cls.forward`` does, or None:
-    the forward (read from its source) must be one of ``_CAUSAL_LM_FORWARDS``, its names bound
-    to transformers' own (``can_return_tuple``, ``CausalLMOutputWithPast``, ``torch``)."""
+    the forward (read from its source) must be one of ``_CAUSAL_LM_FORWARDS``, the globals it
+    reads bound to transformers' own (``CausalLMOutputWithPast``, ``slice_logits_to_keep``, ...)."""
     forward = getattr(cls, "forward", None)
     function = _function_ast(forward)
     if function is None:
         return None
-    name = _causal_lm_templates().get(_definition_key(function))
-    if name is None:
+    template = _causal_lm_templates().get(_definition_key(function))
+    if template is None:
         return None
-    try:
-        import torch
-        from transformers.modeling_outputs import CausalLMOutputWithPast
-        from transformers.utils.generic import can_return_tuple
-    except ImportError:  # pragma: no cover - a class with transformers' source needs it
-        return None
+    name, read = template
+    # transformers wraps the forward (deprecated keyword arguments, return_dict): the innermost
+    # function's globals are its modelling module's.
     namespace = inspect.unwrap(forward).__globals__
-    bound = (
-        namespace.get("CausalLMOutputWithPast") is CausalLMOutputWithPast
-        and namespace.get("can_return_tuple") is can_return_tuple
-        and namespace.get("torch") is torch
-    )
+    bound = all(namespace.get(g, None) is _transformers_global(g) for g in read)
     return name if bound else None
 
 
@@ -558,15 +669,18 @@ def _runs_forward(forward: Callable, module: nn.Module) -> bool:
 def tag_causal_lm_losses(model: nn.Module) -> list[str]:
     """Tag ``model``'s ``*ForCausalLM`` classes so that `kernelize` fuses their training loss.
 
-    transformers 4.57 computes a causal LM's loss from logits it materialises in full (and
-    copies to fp32): tokens x vocabulary, gigabytes per step for Llama 3, Qwen3 or Gemma
-    vocabularies. This tags, through `use_kernel_forward_from_hub`, every class of ``model``
-    (the model itself, usually) whose ``forward`` is exactly transformers 4.57's
-    ``LlamaForCausalLM.forward`` (shared by Mistral, Qwen2, Qwen3, Phi3, Gemma, Olmo2 and
-    others), tagged ``"CausalLMFusedLoss"``, or ``Gemma2ForCausalLM.forward`` (Gemma 2 and 3,
-    with final-logit soft-capping), tagged ``"GemmaCausalLMFusedLoss"``; it reads the source,
-    and leaves any other forward alone (INFO log line): MoE models that add a router loss,
-    encoder-decoder decoders, models with their own loss.
+    transformers computes a causal LM's loss from logits it materialises in full (and copies
+    to fp32): tokens x vocabulary, gigabytes per step for Llama 3, Qwen3 or Gemma vocabularies.
+    This tags, through `use_kernel_forward_from_hub`, every class of ``model`` (the model
+    itself, usually) whose ``forward`` is exactly ``LlamaForCausalLM.forward`` of transformers
+    4.57 or 5.24 (shared by Mistral, Qwen2, Qwen3, Phi3, Gemma, Olmo2 and others), tagged
+    ``"CausalLMFusedLoss"``, or ``Gemma2ForCausalLM.forward`` (Gemma 2 and 3, with final-logit
+    soft-capping), tagged ``"GemmaCausalLMFusedLoss"``; it reads the source, and leaves any
+    other forward alone (INFO log line): MoE models that add a router loss, encoder-decoder
+    decoders, models with their own loss. The two transformers lines differ in the forward's
+    signature (5.24: ``cache`` for ``past_key_values``, no ``cache_position``) and output
+    (``cache=``); the loss repository gives each layer name the layer that fits the
+    installed transformers.
 
     `library_mapping()` serves both names with layers of our ``loss`` repository. After
     `kernelize`, a forward with ``labels`` in training mode (``model.train()``) computes the
@@ -576,7 +690,8 @@ def tag_causal_lm_losses(model: nn.Module) -> list[str]:
     logits), ``logits_to_keep`` other than 0, a ``loss_function`` of your own, an ``lm_head``
     with hooks or that is not a plain ``torch.nn.Linear`` (LoRA, quantized, ZeRO-3), CPU
     tensors without the Triton interpreter. The tag's condition leaves subclasses that define
-    their own ``forward`` alone.
+    their own ``forward`` alone. `tag_on_kernelize` (which `register_library_kernels` calls)
+    has `kernelize` call this on every model.
 
     Returns:
         The names of the classes tagged by this call, in the order first met.
@@ -597,7 +712,7 @@ def tag_causal_lm_losses(model: nn.Module) -> list[str]:
         layer_name = _causal_lm_layer(cls)
         if layer_name is None:
             logger.info(
-                "%s (%s.%s) has an lm_head but its forward is not transformers 4.57's "
+                "%s (%s.%s) has an lm_head but its forward is not transformers' (4.57 or 5.24) "
                 "LlamaForCausalLM or Gemma2ForCausalLM forward; its loss is not fused",
                 name or "<model>",
                 cls.__module__,

@@ -515,6 +515,44 @@ def test_fused_path_only_where_the_loss_is_transformers(loss, restore_tags):
     assert model(tokens, labels=tokens).logits is None
 
 
+@pytest.fixture
+def restore_registry():
+    from kernels.mapping import registry
+
+    saved = registry._global_mapping
+    yield
+    untag()
+    registry._global_mapping = saved
+
+
+def test_register_library_kernels_fuses_the_loss_on_kernelize(loss, restore_registry):
+    """transformers 4.57's ``model.use_kernels = True`` after `register_library_kernels()`:
+    kernelize tags the forward for the fused loss (`tag_on_kernelize`), unless
+    ``tag_on_kernelize(losses=False)`` asked to keep the logits."""
+    from kernels.library import register_library_kernels, tag_on_kernelize
+
+    model = _tiny("llama").train()
+    reference = copy.deepcopy(model)
+    tokens = torch.randint(0, 101, (2, 7), device=DEVICE)
+    expected, expected_grads = _step(reference, tokens, tokens)
+    register_library_kernels(devices=[DEVICE])
+    model.use_kernels = True  # 4.57: kernelize(model, mode=TRAINING, device=model's)
+    assert kernel_layer_of(model).__name__ == "CausalLMFusedLoss"
+    out, got_grads = _step(model, tokens, tokens)
+    assert out.logits is None
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-4, atol=1e-5)
+    for name, grad in expected_grads.items():  # the norms and MLP run our kernels too
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+    untag()
+    register_library_kernels(devices=[DEVICE])
+    tag_on_kernelize(losses=False)
+    other = _tiny("llama").train()
+    other.use_kernels = True
+    assert kernel_layer_of(other) is None
+    assert other(tokens, labels=tokens).logits is not None
+
+
 # ---- ops and compile ------------------------------------------------------------------------
 
 

@@ -93,11 +93,13 @@ def test_ours_win_over_the_defaults_transformers_registers_at_use_kernels(clean_
         "SiLU",
         "SwiGLUMLP",
         "rotary_pos_emb",
+        "CausalLMFusedLoss",  # the model's forward, tagged for the fused loss
     }
     for layer in explanation.layers:
         assert layer.outcome == "kernel", layer
         assert str(library_path()) in layer.kernel, layer
-        assert any("kernels-community/" in candidate for candidate, _ in layer.candidates), layer
+        if layer.layer_name != "CausalLMFusedLoss":  # a name of ours: transformers maps none
+            assert any("kernels-community/" in c for c, _ in layer.candidates), layer
 
 
 @pytest.mark.gpu

@@ -253,11 +253,29 @@ def takes_fused_loss(model: torch.nn.Module, labels, logits_to_keep) -> bool:
     )
 
 
-def fused_causal_lm_forward(model, model_inputs: dict, labels, kwargs: dict, softcap):
+def cache_output_field() -> str:
+    """The field of the installed transformers' ``CausalLMOutputWithPast`` that holds the KV
+    cache: ``"past_key_values"`` (4.57) or ``"cache"`` (5.24, which renamed it together with the
+    forwards' ``past_key_values`` argument). Read from the class itself, not from a version
+    number, so that the layers take the signature and output of the transformers in the
+    process. Raises ImportError without transformers."""
+    import dataclasses
+
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    fields = {field.name for field in dataclasses.fields(CausalLMOutputWithPast)}
+    return "cache" if "cache" in fields else "past_key_values"
+
+
+def fused_causal_lm_forward(
+    model, model_inputs: dict, labels, kwargs: dict, softcap, cache_field: str = "past_key_values"
+):
     """The rest of a Llama-style ``*ForCausalLM.forward`` with the fused loss: the base model on
     ``model_inputs`` and ``kwargs``, then ``causal_lm_loss`` of its last hidden state. Returns
-    ``CausalLMOutputWithPast(loss=..., logits=None, ...)``, or its tuple where transformers'
-    ``can_return_tuple`` would (``return_dict=False``, or a config that says so)."""
+    ``CausalLMOutputWithPast(loss=..., logits=None, <cache_field>=..., ...)`` (``cache_field``:
+    the name of the cache in the base model's output and in the returned one, which
+    transformers 5.24 renamed from ``past_key_values`` to ``cache``), or its tuple where
+    transformers' ``can_return_tuple`` would (``return_dict=False``, or a config that says so)."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     return_dict = model.config.return_dict if hasattr(model, "config") else True
@@ -275,8 +293,8 @@ def fused_causal_lm_forward(model, model_inputs: dict, labels, kwargs: dict, sof
     output = CausalLMOutputWithPast(
         loss=loss,
         logits=None,
-        past_key_values=outputs.past_key_values,
         hidden_states=outputs.hidden_states,
         attentions=outputs.attentions,
+        **{cache_field: getattr(outputs, cache_field)},
     )
     return output if return_dict else output.to_tuple()

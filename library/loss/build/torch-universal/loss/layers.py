@@ -5,18 +5,35 @@ module instance, so ``self`` is e.g. a transformers ``LlamaForCausalLM`` and the
 module's own ``model``, ``lm_head``, ``config`` and ``loss_function``.
 
 - ``ForCausalLMLoss`` stands for transformers' loss function of that name (transformers 5.x
-  maps the layer name ``"ForCausalLMLoss"``); its signature is the function's.
+  maps the layer name ``"ForCausalLMLoss"``); its signature is the function's, the same in
+  4.57 and 5.24.
 - ``CausalLMFusedLoss`` and ``GemmaCausalLMFusedLoss`` replace the whole ``forward`` of a
-  ``*ForCausalLM`` model whose forward is, word for word, transformers 4.57's
-  ``LlamaForCausalLM.forward`` (32 classes) or ``Gemma2ForCausalLM.forward`` (Gemma 2, Gemma 3,
-  Gemma 3n, VaultGemma; soft-capping); ``kernels.library.tag_causal_lm_losses`` reads the
-  source before it tags a class. In training with labels they compute the loss fused and
-  return no logits; otherwise they call the model's own forward.
+  ``*ForCausalLM`` model whose forward is, word for word, ``LlamaForCausalLM.forward`` or
+  ``Gemma2ForCausalLM.forward`` (soft-capping) of transformers 4.57 or 5.24;
+  ``kernels.library.tag_causal_lm_losses`` reads the source before it tags a class. In
+  training with labels they compute the loss fused and return no logits; otherwise they call
+  the model's own forward.
+
+The two transformers lines give those forwards different signatures (5.24: ``cache`` for
+``past_key_values``, no ``cache_position``, and for Gemma 2 no ``output_attentions`` /
+``output_hidden_states``), and ``kernelize`` accepts a layer only with the exact signature of
+the forward it replaces. So each of the two names has a layer per line, and the name resolves,
+on first look-up (``layers.CausalLMFusedLoss``, which is how ``kernels`` loads a layer), to
+the one whose signature fits the transformers in the process: decided by the fields of its
+``CausalLMOutputWithPast`` (`cache_output_field`), which importing transformers is needed for
+and nothing else here imports. Without transformers the names are the 4.57 layers.
 """
+
+import functools
 
 import torch
 
-from .causal_lm import for_causal_lm_loss, fused_causal_lm_forward, takes_fused_loss
+from .causal_lm import (
+    cache_output_field,
+    for_causal_lm_loss,
+    fused_causal_lm_forward,
+    takes_fused_loss,
+)
 
 
 class ForCausalLMLoss(torch.nn.Module):
@@ -43,7 +60,10 @@ class ForCausalLMLoss(torch.nn.Module):
         )
 
 
-class CausalLMFusedLoss(torch.nn.Module):
+# ---- transformers 4.57 ------------------------------------------------------------------------
+
+
+class _CausalLMFusedLoss457(torch.nn.Module):
     """transformers 4.57 ``LlamaForCausalLM.forward`` (and the 31 other ``*ForCausalLM``
     classes with the same forward: Mistral, Qwen2, Qwen3, Phi3, Gemma, Olmo2, ...), with the
     training loss fused: ``logits`` is None then (see ``takes_fused_loss``)."""
@@ -81,7 +101,7 @@ class CausalLMFusedLoss(torch.nn.Module):
         return fused_causal_lm_forward(self, inputs, labels, kwargs, softcap=None)
 
 
-class GemmaCausalLMFusedLoss(torch.nn.Module):
+class _GemmaCausalLMFusedLoss457(torch.nn.Module):
     """transformers 4.57 ``Gemma2ForCausalLM.forward`` (Gemma 3, Gemma 3n and VaultGemma have
     the same), with the training loss fused, the final-logit soft-capping
     (``config.final_logit_softcapping``) included: ``logits`` is None then."""
@@ -130,10 +150,170 @@ class GemmaCausalLMFusedLoss(torch.nn.Module):
         return fused_causal_lm_forward(self, inputs, labels, kwargs, softcap=softcap)
 
 
+# ---- transformers 5.24 ------------------------------------------------------------------------
+
+
+@functools.cache
+def _with_transformers_deprecation(forward):
+    # transformers' own decorator, with the arguments the tagged forwards carry (the tagger
+    # compares them), so that renaming, warnings (only ``past_key_values``: a FutureWarning
+    # while transformers is older than 5.40; both names: ``cache`` wins, always warned) and
+    # their messages are transformers' own, not a copy that could drift from them.
+    from transformers.utils.deprecation import deprecate_kwarg
+
+    return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")(forward)
+
+
+def _renames_past_key_values(forward):
+    """transformers 5.24's ``@deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")``
+    around ``forward``.
+
+    The forwards these layers replace carry that decorator, and ``kernelize`` binds the
+    layer's forward in place of the decorated one, so the layer must rename the old keyword
+    itself. Calls that pass ``past_key_values=`` go through transformers' decorator (built on
+    the first such call, so that this repository imports transformers only when a
+    transformers model runs it); every other call goes straight to ``forward``.
+    """
+
+    @functools.wraps(forward)  # keeps forward's signature for kernelize's check (__wrapped__)
+    def renaming(self, *args, **kwargs):
+        if "past_key_values" in kwargs:
+            return _with_transformers_deprecation(forward)(self, *args, **kwargs)
+        return forward(self, *args, **kwargs)
+
+    return renaming
+
+
+def _forward_5_24(
+    model, input_ids, attention_mask, position_ids, cache, inputs_embeds, labels, use_cache,
+    logits_to_keep, kwargs, softcap,
+):  # fmt: skip
+    """The body the two 5.24 forwards share (Gemma 2's adds soft-capping): the fused loss where
+    ``takes_fused_loss`` allows it, else the model's own forward."""
+    if not takes_fused_loss(model, labels, logits_to_keep):
+        return type(model).forward(
+            model, input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
+            use_cache, logits_to_keep, **kwargs,
+        )  # fmt: skip
+    inputs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        cache=cache,
+        inputs_embeds=inputs_embeds,
+        use_cache=use_cache,
+    )
+    return fused_causal_lm_forward(
+        model, inputs, labels, kwargs, softcap=softcap, cache_field="cache"
+    )
+
+
+class _CausalLMFusedLoss524(torch.nn.Module):
+    """transformers 5.24 ``LlamaForCausalLM.forward`` (and the 32 other ``*ForCausalLM``
+    classes with the same forward: Mistral, Qwen2, Qwen3, Qwen3.5, Phi3, Gemma, Olmo2, ...),
+    with the training loss fused: ``logits`` is None then (see ``takes_fused_loss``)."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    @_renames_past_key_values
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        return _forward_5_24(
+            self, input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
+            use_cache, logits_to_keep, kwargs, softcap=None,
+        )  # fmt: skip
+
+
+class _GemmaCausalLMFusedLoss524(torch.nn.Module):
+    """transformers 5.24 ``Gemma2ForCausalLM.forward`` (Gemma 3, Gemma 3n, VaultGemma and
+    NanoChat have the same), with the training loss fused, the final-logit soft-capping
+    (``config.final_logit_softcapping``) included: ``logits`` is None then."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    @_renames_past_key_values
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        return _forward_5_24(
+            self, input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
+            use_cache, logits_to_keep, kwargs, softcap=self.config.final_logit_softcapping,
+        )  # fmt: skip
+
+
+# ---- the layer names ------------------------------------------------------------------------
+
+# The layers of each transformers line, by layer name; keyed by `cache_output_field`.
+_CAUSAL_LM_LAYERS = {
+    "past_key_values": {
+        "CausalLMFusedLoss": _CausalLMFusedLoss457,
+        "GemmaCausalLMFusedLoss": _GemmaCausalLMFusedLoss457,
+    },
+    "cache": {
+        "CausalLMFusedLoss": _CausalLMFusedLoss524,
+        "GemmaCausalLMFusedLoss": _GemmaCausalLMFusedLoss524,
+    },
+}
+
+for _layers in _CAUSAL_LM_LAYERS.values():
+    for _name, _layer in _layers.items():
+        # Named as the layer name they serve, which is how kernelize's messages, `kernels
+        # explain` and ``kernel_layer_of(module).__name__`` show them.
+        _layer.__name__ = _layer.__qualname__ = _name
+del _layers, _name, _layer
+
+
+@functools.cache
+def _causal_lm_layers() -> dict:
+    try:
+        field = cache_output_field()
+    except ImportError:  # no transformers: nothing these layers could replace
+        field = "past_key_values"
+    return _CAUSAL_LM_LAYERS[field]
+
+
+def __getattr__(name):
+    # PEP 562: called for names this module does not define, i.e. the two causal-LM layer names.
+    if name in _CAUSAL_LM_LAYERS["cache"]:
+        return _causal_lm_layers()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_CAUSAL_LM_LAYERS["cache"]})
+
+
 # How ``kernels`` runs each layer when tensor parallelism hands it DTensors (its shard rule, an
 # attribute of the forward function so the classes keep only the members kernel layers may
 # have): ``"plain"``, the module's own forward. Where only the model's parameters are
 # parallelised, ``takes_fused_loss`` sees the hooks on ``lm_head`` and keeps the model's forward.
-for _layer in (ForCausalLMLoss, CausalLMFusedLoss, GemmaCausalLMFusedLoss):
+for _layer in (
+    ForCausalLMLoss,
+    _CausalLMFusedLoss457,
+    _GemmaCausalLMFusedLoss457,
+    _CausalLMFusedLoss524,
+    _GemmaCausalLMFusedLoss524,
+):
     _layer.forward.shard_rule = "plain"
 del _layer
