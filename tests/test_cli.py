@@ -182,6 +182,17 @@ def test_check_compares_signatures_with_layer_of(kernel_repo, capsys):
     assert "write LAYER=MODULE:CLASS" in capsys.readouterr().err
 
 
+def test_check_finds_layer_of_names_a_layers_module_resolves_on_look_up(capsys):
+    # Our loss repository resolves CausalLMFusedLoss on first look-up (one layer per
+    # transformers line, a module-level __getattr__), as kernels does when it loads a layer.
+    pytest.importorskip("transformers")
+    repo = REPO_ROOT / "library" / "loss"
+    spec = "CausalLMFusedLoss=transformers.models.llama.modeling_llama:LlamaForCausalLM"
+    assert run("check", str(repo), "--layer-of", spec) == 0
+    out = capsys.readouterr().out
+    assert "CausalLMFusedLoss.forward matches" in out, out
+
+
 def test_init_scaffolds_a_repository_whose_tests_pass(tmp_path, capsys):
     assert run("init", "my-org/fused-silu", "--dir", str(tmp_path)) == 0
     repo = tmp_path / "fused-silu"

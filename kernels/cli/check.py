@@ -251,6 +251,12 @@ def _check_variant(
         and issubclass(value, nn.Module)
         and value.__module__.startswith(module.__name__)
     }
+    for name in originals:
+        # A `layers` module may resolve a name on first look-up (a module-level __getattr__,
+        # as our loss repository does per transformers line); kernels loads layers that way.
+        value = found.get(name) or getattr(layers, name, None)
+        if inspect.isclass(value) and issubclass(value, nn.Module):
+            found[name] = value
     if not found:
         report.warn(f"layers: {variant}: the `layers` module defines no torch.nn.Module classes")
     for name, layer in sorted(found.items()):

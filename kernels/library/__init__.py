@@ -76,7 +76,7 @@ KERNELS: tuple[LibraryKernel, ...] = (
     LibraryKernel("RMSNormZeroCentered", "norm", "GemmaRMSNorm"),
     LibraryKernel("rotary_pos_emb", "rotary", "apply_rotary_pos_emb", is_function=True),
     # transformers 5.x's name for its causal-LM loss function, and the whole *ForCausalLM
-    # forwards that tag_causal_lm_losses tags (transformers 4.57).
+    # forwards that tag_causal_lm_losses tags (transformers 4.57 and 5.24).
     *(
         LibraryKernel(name, "loss", name)
         for name in ("ForCausalLMLoss", "CausalLMFusedLoss", "GemmaCausalLMFusedLoss")
@@ -158,11 +158,14 @@ def register_library_kernels(devices: Iterable[str] | None = None) -> None:
     """Our kernels for every model kernelized from now on, in one step.
 
     Registers `library_mapping(devices)` process-wide and has `kernelize` tag what
-    transformers leaves untagged (`tag_on_kernelize`: the gated MLPs, and on 4.57 the rotary
-    embeddings) in each model before planning it. Call it before loading: transformers'
-    ``from_pretrained(..., use_kernels=True)``, ``model.use_kernels = True`` and the
-    ``train()`` / ``eval()`` switches then give every RMSNorm, activation, gated MLP and
-    rotary call our kernels, on transformers 4.57 and 5.x alike. Our ``cuda`` keys carry a
+    transformers leaves untagged (`tag_on_kernelize`: the gated MLPs, on 4.57 the rotary
+    embeddings, and the ``*ForCausalLM`` forward for the fused loss) in each model before
+    planning it. Call it before loading: transformers' ``from_pretrained(...,
+    use_kernels=True)``, ``model.use_kernels = True`` and the ``train()`` / ``eval()``
+    switches then give every RMSNorm, activation, gated MLP and rotary call our kernels, and
+    a training forward with labels the fused ``lm_head`` + cross-entropy (it returns
+    ``logits=None``; ``tag_on_kernelize(losses=False)`` afterwards keeps the logits), on
+    transformers 4.57 and 5.x alike. Our ``cuda`` keys carry a
     capability range, so the Hub kernels transformers 5.x re-registers for ``"cuda"`` at
     every ``use_kernels`` do not replace them. `untag` stops the tagging; the mapping stays
     registered, as with `register_kernel_mapping`.
