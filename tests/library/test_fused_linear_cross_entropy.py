@@ -270,6 +270,10 @@ def test_chunk_plan_takes_two_passes_where_one_would_be_bound_by_memory(loss, mo
     assert plan(4096, 2048, 262144, 2, gpu, fp32_rows=False) == (4096, 1792)  # no accumulator
     assert plan(4096, 2048, 128256, 2, gpu, fp32_rows=True) == (1024, 11264)
     assert plan(16384, 4096, 128256, 2, gpu, fp32_rows=True) == (512, 128256)
+    # Matmul work and weight traffic add up (H100, 16384 x 4096 -> 262144: one pass in chunks of
+    # 256 tokens 258 ms, two passes 224 ms).
+    assert plan(16384, 4096, 262144, 2, gpu, fp32_rows=True) == (2048, 23552)
+    assert plan(16384, 2048, 151936, 2, gpu, fp32_rows=True) == (4096, 4864)
     assert plan(4096, 2048, 32000, 2, gpu, fp32_rows=True) == (256, 32000)
     for tokens, hidden, vocab in ((4096, 2048, 262144), (4096, 4096, 151936)):
         single = loss.chunk_rows(tokens, hidden, vocab, 2, gpu)

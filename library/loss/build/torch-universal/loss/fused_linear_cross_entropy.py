@@ -69,10 +69,14 @@ _CPU_RUNS_KERNELS = os.environ.get("TRITON_INTERPRET") == "1"
 #   each chunk reads the weight three times for thousands of tokens, and the weight's gradient
 #   is accumulated over few chunks (each rounding once to the weight's dtype).
 #
-# The plan with the lower cost max(matmul FLOPs, FLOPS_PER_BYTE x bytes of weight traffic) is
+# The plan with the lower cost, matmul FLOPs + FLOPS_PER_BYTE x bytes of weight traffic, is
 # taken; FLOPS_PER_BYTE is the ratio of bf16 matmul throughput to memory bandwidth of the GPUs
-# we target (about 600-700 TFLOP/s achieved over 3.35-4.8 TB/s on H100/H200: 150-200). The
-# chunks are evened out (17 chunks of 242 tokens rather than 16 of 256 and one of 4).
+# we target (about 600-700 TFLOP/s achieved over 3.35-4.8 TB/s on H100/H200: 150-200). The two
+# add up rather than overlap: the weight-gradient update of a short chunk is a matmul bound by
+# memory, run between matmuls bound by compute (H100, 2026-11-24, 16384 x 4096 -> 262144:
+# one pass with chunks of 256 tokens took 258 ms, as long as Liger's same plan, against 162 ms
+# for torch.compile's three whole matmuls; its matmuls alone would take about as long as
+# compile's). The chunks are evened out (17 chunks of 242 tokens rather than 16 of 256 and one of 4).
 # ``chunk_size=`` (tokens) and ``vocab_chunk=`` (columns; the vocabulary size or more is one
 # pass) override the plan: larger chunks are faster where the loss is bound by memory
 # bandwidth, at the price of their logits' memory.
@@ -336,15 +340,15 @@ def _two_pass_rows(budget: int, n_rows: int, tile: int, element_size: int, row_b
 
 
 def _plan_cost(n_rows, hidden, vocab, element_size, rows, tile, grads: bool) -> float:
-    """max(matmul FLOPs, FLOPS_PER_BYTE x bytes of weight traffic) of a plan."""
+    """Matmul FLOPs + FLOPS_PER_BYTE x bytes of weight traffic of a plan."""
     chunks, tiles, work = cdiv(n_rows, rows), cdiv(vocab, tile), n_rows * hidden * vocab
     weight = vocab * hidden * element_size
     if not grads:  # one projection; the weight read once a chunk
-        return max(2 * work, FLOPS_PER_BYTE * chunks * weight)
+        return 2 * work + FLOPS_PER_BYTE * chunks * weight
     if tiles == 1:  # projection, two gradient matmuls; weight read twice, its gradient updated
-        return max(6 * work, FLOPS_PER_BYTE * chunks * 4 * weight)
+        return 6 * work + FLOPS_PER_BYTE * chunks * 4 * weight
     # one more projection, but the last tile's; the weight read three times a chunk
-    return max((8 - 2 / tiles) * work, FLOPS_PER_BYTE * chunks * 5 * weight)
+    return (8 - 2 / tiles) * work + FLOPS_PER_BYTE * chunks * 5 * weight
 
 
 def chunk_plan(
