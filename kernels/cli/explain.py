@@ -186,7 +186,11 @@ def run(args: argparse.Namespace) -> int:
     # A scope of its own, starting empty: the process-wide mapping (which transformers fills
     # at import) is neither used nor changed; registering inside the scope changes only it,
     # later sources replacing earlier ones per layer and device key.
-    from ..library.transformers_tags import tag_transformers_layers, untag_on_exit
+    from ..library.transformers_tags import (
+        tag_causal_lm_losses,
+        tag_transformers_layers,
+        untag_on_exit,
+    )
 
     with (
         untag_on_exit(),
@@ -194,7 +198,10 @@ def run(args: argparse.Namespace) -> int:
         _capability(args.capability),
     ):
         if "library" in args.mapping:
+            # What register_library_kernels has kernelize tag: the gated MLPs (and rotary on
+            # 4.57), and the *ForCausalLM forward for the fused loss.
             tag_transformers_layers(built.model)
+            tag_causal_lm_losses(built.model)
         for part in parts:
             register_kernel_mapping(part)
         explanation = explain(built.model, mode=mode, device=device)
