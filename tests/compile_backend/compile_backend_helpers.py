@@ -9,9 +9,18 @@ import triton
 import triton.language as tl
 from torch import nn
 
-# transformers' RMSNorm as its models write it out (4.57: hidden_states.to(torch.float32),
-# pow(2).mean(-1, keepdim=True), * torch.rsqrt(variance + eps), weight * h.to(input_dtype)).
-from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: F401  (re-exported)
+
+def LlamaRMSNorm(hidden_size: int, eps: float = 1e-6) -> nn.Module:
+    """transformers' RMSNorm as its models write it out (4.57: hidden_states.to(torch.float32),
+    pow(2).mean(-1, keepdim=True), * torch.rsqrt(variance + eps), weight * h.to(input_dtype)).
+
+    Imported when called, not when this module is: importing transformers imports
+    huggingface_hub, which tests/hub's conftest must configure first, and this folder is
+    collected before tests/hub."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm as _LlamaRMSNorm
+
+    return _LlamaRMSNorm(hidden_size, eps=eps)
+
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ON_GPU = DEVICE == "cuda"
