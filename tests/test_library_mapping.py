@@ -84,6 +84,7 @@ def reference_classes():
         LlamaMLP,
         LlamaRMSNorm,
     )
+    from transformers.models.mixtral.modeling_mixtral import MixtralForCausalLM
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):  # transformers 5.x's signature
         return q, k
@@ -119,6 +120,7 @@ def reference_classes():
         "ForCausalLMLoss": type(use_kernel_func_from_hub("ForCausalLMLoss")(ForCausalLMLoss)),
         "CausalLMFusedLoss": LlamaForCausalLM,
         "GemmaCausalLMFusedLoss": Gemma2ForCausalLM,
+        "MoeCausalLMFusedLoss": MixtralForCausalLM,
     }
 
 

@@ -48,9 +48,10 @@ GATED_MLP_LAYER_NAME = "SwiGLUMLP"
 #: kernel is registered under it.
 ROTARY_FUNCTION_NAME = "rotary_pos_emb"
 #: The layer names of our kernels for whole ``*ForCausalLM`` forwards: transformers 4.57's
-#: ``LlamaForCausalLM.forward`` (and its copies), and ``Gemma2ForCausalLM.forward`` (Gemma 2, 3,
-#: 3n, VaultGemma: final-logit soft-capping).
-CAUSAL_LM_LAYER_NAMES = ("CausalLMFusedLoss", "GemmaCausalLMFusedLoss")
+#: ``LlamaForCausalLM.forward`` (and its copies), ``Gemma2ForCausalLM.forward`` (Gemma 2, 3,
+#: 3n, VaultGemma: final-logit soft-capping) and ``MixtralForCausalLM.forward`` (MoE models
+#: that add the router's load-balancing loss: Qwen2Moe, Qwen3Moe, OlMoE, ...).
+CAUSAL_LM_LAYER_NAMES = ("CausalLMFusedLoss", "GemmaCausalLMFusedLoss", "MoeCausalLMFusedLoss")
 
 _GATED_MLP_ATTRIBUTES = ("gate_proj", "up_proj", "down_proj", "act_fn")
 _GATED_MLP_EXPRESSION = "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
@@ -562,12 +563,82 @@ def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=
                                   hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 """
 
+# The MoE forward that adds the router's load-balancing loss: transformers 4.57's
+# ``MixtralForCausalLM.forward``, and 5.24's, which 19 other ``*ForCausalLM`` classes share
+# word for word (Qwen2Moe, Qwen3Moe, Qwen3.5Moe, Qwen3Next, OlMoE, PhiMoE, GptOss, MiniMax,
+# Jamba, Ernie 4.5 MoE, FlexOlmo, ...). ``load_balancing_loss_func`` is each modelling module's
+# own; the layer calls that one.
+_MIXTRAL_FORWARD_4_57 = """
+@can_return_tuple
+@auto_docstring
+def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+            inputs_embeds=None, labels=None, use_cache=None, output_router_logits=None,
+            cache_position=None, logits_to_keep=0, **kwargs):
+    output_router_logits = (
+        output_router_logits if output_router_logits is not None else self.config.output_router_logits
+    )
+    outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, past_key_values=past_key_values,
+                         inputs_embeds=inputs_embeds, use_cache=use_cache,
+                         output_router_logits=output_router_logits,
+                         cache_position=cache_position, **kwargs)
+    hidden_states = outputs.last_hidden_state
+    slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    logits = self.lm_head(hidden_states[:, slice_indices, :])
+    loss = None
+    if labels is not None:
+        loss = self.loss_function(logits, labels, self.vocab_size, **kwargs)
+    aux_loss = None
+    if output_router_logits:
+        aux_loss = load_balancing_loss_func(outputs.router_logits, self.num_experts,
+                                            self.num_experts_per_tok, attention_mask)
+        if labels is not None:
+            loss += self.router_aux_loss_coef * aux_loss.to(loss.device)
+    return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=logits,
+                                     past_key_values=outputs.past_key_values,
+                                     hidden_states=outputs.hidden_states,
+                                     attentions=outputs.attentions,
+                                     router_logits=outputs.router_logits)
+"""
+_MIXTRAL_FORWARD_5_24 = """
+@can_return_tuple
+@auto_docstring
+@deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
+            inputs_embeds=None, labels=None, use_cache=None, output_router_logits=None,
+            logits_to_keep=0, **kwargs):
+    output_router_logits = (
+        output_router_logits if output_router_logits is not None else self.config.output_router_logits
+    )
+    outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
+                         use_cache=use_cache, output_router_logits=output_router_logits, **kwargs)
+    hidden_states = outputs.last_hidden_state
+    hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
+    logits = self.lm_head(hidden_states)
+    loss = None
+    if labels is not None:
+        loss = self.loss_function(logits, labels, self.vocab_size, **kwargs)
+    aux_loss = None
+    if output_router_logits:
+        aux_loss = load_balancing_loss_func(outputs.router_logits, self.num_experts,
+                                            self.num_experts_per_tok, attention_mask)
+        if labels is not None:
+            loss += self.router_aux_loss_coef * aux_loss.to(loss.device)
+    return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=logits,
+                                     cache=outputs.cache, hidden_states=outputs.hidden_states,
+                                     attentions=outputs.attentions,
+                                     router_logits=outputs.router_logits)
+"""
+
 #: (layer name, forward source) of every forward `tag_causal_lm_losses` recognises.
 _CAUSAL_LM_FORWARDS: tuple[tuple[str, str], ...] = (
     ("CausalLMFusedLoss", _LLAMA_FORWARD_4_57),
     ("GemmaCausalLMFusedLoss", _GEMMA2_FORWARD_4_57),
     ("CausalLMFusedLoss", _LLAMA_FORWARD_5_24),
     ("GemmaCausalLMFusedLoss", _GEMMA2_FORWARD_5_24),
+    ("MoeCausalLMFusedLoss", _MIXTRAL_FORWARD_4_57),
+    ("MoeCausalLMFusedLoss", _MIXTRAL_FORWARD_5_24),
 )
 
 # The module globals the forwards above read that decide what they compute, and where
@@ -577,6 +648,7 @@ _CAUSAL_LM_FORWARDS: tuple[tuple[str, str], ...] = (
 _TRANSFORMERS_GLOBALS = {
     "torch": ("torch", None),
     "CausalLMOutputWithPast": ("transformers.modeling_outputs", "CausalLMOutputWithPast"),
+    "MoeCausalLMOutputWithPast": ("transformers.modeling_outputs", "MoeCausalLMOutputWithPast"),
     "can_return_tuple": ("transformers.utils.generic", "can_return_tuple"),
     "deprecate_kwarg": ("transformers.utils.deprecation", "deprecate_kwarg"),
     "slice_logits_to_keep": ("transformers.modeling_utils", "slice_logits_to_keep"),
@@ -674,15 +746,16 @@ def tag_causal_lm_losses(model: nn.Module) -> list[str]:
     This tags, through `use_kernel_forward_from_hub`, every class of ``model`` (the model
     itself, usually) whose ``forward`` is exactly ``LlamaForCausalLM.forward`` of transformers
     4.57 or 5.24 (shared by Mistral, Qwen2, Qwen3, Phi3, Gemma, Olmo2 and others), tagged
-    ``"CausalLMFusedLoss"``, or ``Gemma2ForCausalLM.forward`` (Gemma 2 and 3, with final-logit
-    soft-capping), tagged ``"GemmaCausalLMFusedLoss"``; it reads the source, and leaves any
-    other forward alone (INFO log line): MoE models that add a router loss, encoder-decoder
-    decoders, models with their own loss. The two transformers lines differ in the forward's
+    ``"CausalLMFusedLoss"``, ``Gemma2ForCausalLM.forward`` (Gemma 2 and 3, with final-logit
+    soft-capping), tagged ``"GemmaCausalLMFusedLoss"``, or ``MixtralForCausalLM.forward`` (MoE
+    models that add the router's load-balancing loss: Qwen2Moe, Qwen3Moe, OlMoE, ...), tagged
+    ``"MoeCausalLMFusedLoss"``; it reads the source, and leaves any other forward alone (INFO
+    log line): other MoE forwards, encoder-decoder decoders, models with their own loss. The two transformers lines differ in the forward's
     signature (5.24: ``cache`` for ``past_key_values``, no ``cache_position``) and output
     (``cache=``); the loss repository gives each layer name the layer that fits the
     installed transformers.
 
-    `library_mapping()` serves both names with layers of our ``loss`` repository. After
+    `library_mapping()` serves the three names with layers of our ``loss`` repository. After
     `kernelize`, a forward with ``labels`` in training mode (``model.train()``) computes the
     loss with the fused linear cross-entropy and returns ``logits=None``: the logits are never
     held. Everything else calls the model's own forward: ``labels=None`` (generation,
@@ -713,7 +786,8 @@ def tag_causal_lm_losses(model: nn.Module) -> list[str]:
         if layer_name is None:
             logger.info(
                 "%s (%s.%s) has an lm_head but its forward is not transformers' (4.57 or 5.24) "
-                "LlamaForCausalLM or Gemma2ForCausalLM forward; its loss is not fused",
+                "LlamaForCausalLM, Gemma2ForCausalLM or MixtralForCausalLM forward; its loss is "
+                "not fused",
                 name or "<model>",
                 cls.__module__,
                 cls.__qualname__,

@@ -156,7 +156,12 @@ def check_replays(fn, inputs: list[torch.Tensor], dtype: torch.dtype, what: str)
 
 # The loss layers (library/loss) replace a whole *ForCausalLM forward or transformers' loss
 # function, not a layer a decode step calls; their capture is not covered here yet.
-LOSS_LAYERS = {"ForCausalLMLoss", "CausalLMFusedLoss", "GemmaCausalLMFusedLoss"}
+LOSS_LAYERS = {
+    "ForCausalLMLoss",
+    "CausalLMFusedLoss",
+    "GemmaCausalLMFusedLoss",
+    "MoeCausalLMFusedLoss",
+}
 LAYERS = sorted(
     k.layer_name for k in KERNELS if not k.is_function and k.layer_name not in LOSS_LAYERS
 )

@@ -408,6 +408,12 @@ def _tiny(family):
             **common, head_dim=8, final_logit_softcapping=5.0, attn_implementation="eager"
         )
         return transformers.Gemma2ForCausalLM(config).to(DEVICE)
+    if family == "mixtral":  # the router's load-balancing loss is added to the loss
+        config = transformers.MixtralConfig(
+            **common, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+            router_aux_loss_coef=0.5, output_router_logits=True, attn_implementation="sdpa",
+        )  # fmt: skip
+        return transformers.MixtralForCausalLM(config).to(DEVICE)
     config = transformers.LlamaConfig(**common, attn_implementation="sdpa")
     return transformers.LlamaForCausalLM(config).to(DEVICE)
 
@@ -419,7 +425,7 @@ def _step(model, tokens, labels, **kwargs):
     return out, {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "mixtral"])
 def test_tagged_model_matches_the_untouched_one(loss, restore_tags, family):
     model = _tiny(family).train()
     reference = copy.deepcopy(model)
@@ -429,7 +435,11 @@ def test_tagged_model_matches_the_untouched_one(loss, restore_tags, family):
     items = torch.tensor(13)  # gradient accumulation: the Trainer passes num_items_in_batch
     expected, expected_grads = _step(reference, tokens, labels, num_items_in_batch=items)
 
-    layer = {"llama": "CausalLMFusedLoss", "gemma2": "GemmaCausalLMFusedLoss"}[family]
+    layer = {
+        "llama": "CausalLMFusedLoss",
+        "gemma2": "GemmaCausalLMFusedLoss",
+        "mixtral": "MoeCausalLMFusedLoss",
+    }[family]
     assert tag_causal_lm_losses(model) == [type(model).__name__]
     assert type(model).kernel_layer_name == layer
     assert tag_causal_lm_losses(model) == []  # already tagged
@@ -440,6 +450,9 @@ def test_tagged_model_matches_the_untouched_one(loss, restore_tags, family):
     out, got_grads = _step(model, tokens, labels, num_items_in_batch=items)
     assert out.logits is None  # training with labels: no logits held, none returned
     torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=1e-6)
+    if family == "mixtral":
+        assert expected.aux_loss is not None
+        torch.testing.assert_close(out.aux_loss, expected.aux_loss)
     for name, grad in expected_grads.items():
         torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
     as_tuple = model(tokens, labels=labels, return_dict=False)
@@ -475,14 +488,15 @@ def test_tagged_model_compiles_fullgraph(loss, restore_tags):
 def test_tagging_reads_the_forward(restore_tags, caplog):
     """Only forwards that are word for word transformers' are tagged; a subclass of a tagged
     class that defines its own forward keeps it (the tag's condition)."""
-    from transformers import MixtralConfig, MixtralForCausalLM
+    from transformers import GraniteMoeConfig, GraniteMoeForCausalLM
 
-    config = MixtralConfig(
+    config = GraniteMoeConfig(
         hidden_size=16, intermediate_size=20, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, vocab_size=50, num_local_experts=2,
     )  # fmt: skip
     with caplog.at_level(logging.INFO, logger="kernels.library"):
-        assert tag_causal_lm_losses(MixtralForCausalLM(config)) == []  # it adds a router loss
+        # scales its logits, and adds a router loss of its own
+        assert tag_causal_lm_losses(GraniteMoeForCausalLM(config)) == []
     assert "its loss is not fused" in caplog.text
 
     llama = _tiny("llama")

@@ -17,6 +17,7 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
 from transformers.models.gemma2.modeling_gemma2 import Gemma2ForCausalLM
 from transformers.models.llama.modeling_llama import LlamaForCausalLM, LlamaMLP, LlamaRMSNorm
+from transformers.models.mixtral.modeling_mixtral import MixtralForCausalLM
 
 from kernels.layer.decorators import use_kernel_func_from_hub
 from kernels.layer.validation import validate_kernel_layer
@@ -41,6 +42,7 @@ REPLACES = {
     ("loss", "ForCausalLMLoss"): type(use_kernel_func_from_hub("ForCausalLMLoss")(ForCausalLMLoss)),
     ("loss", "CausalLMFusedLoss"): LlamaForCausalLM,
     ("loss", "GemmaCausalLMFusedLoss"): Gemma2ForCausalLM,
+    ("loss", "MoeCausalLMFusedLoss"): MixtralForCausalLM,
 }
 
 ALLOWED = {"forward", "has_backward", "can_torch_compile"}

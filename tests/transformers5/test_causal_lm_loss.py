@@ -144,9 +144,10 @@ def kernelized(model, mode=Mode.TRAINING):
         ("Gemma2ForCausalLM", "GemmaCausalLMFusedLoss"),
         ("Gemma3ForCausalLM", "GemmaCausalLMFusedLoss"),
         ("NanoChatForCausalLM", "GemmaCausalLMFusedLoss"),
-        # left alone: a router loss (Mixtral), the router logits in an output of their own
-        # (DeepseekV3 in 5.24), another loss path (Gemma 4)
-        ("MixtralForCausalLM", None),
+        # a router loss: its own layer (test_moe_causal_lm_loss.py)
+        ("MixtralForCausalLM", "MoeCausalLMFusedLoss"),
+        # left alone: the router logits in an output of their own (DeepseekV3 in 5.24),
+        # another loss path (Gemma 4)
         ("DeepseekV3ForCausalLM", None),
         ("Gemma4ForCausalLM", None),
     ],

@@ -267,17 +267,10 @@ def cache_output_field() -> str:
     return "cache" if "cache" in fields else "past_key_values"
 
 
-def fused_causal_lm_forward(
-    model, model_inputs: dict, labels, kwargs: dict, softcap, cache_field: str = "past_key_values"
-):
-    """The rest of a Llama-style ``*ForCausalLM.forward`` with the fused loss: the base model on
-    ``model_inputs`` and ``kwargs``, then ``causal_lm_loss`` of its last hidden state. Returns
-    ``CausalLMOutputWithPast(loss=..., logits=None, <cache_field>=..., ...)`` (``cache_field``:
-    the name of the cache in the base model's output and in the returned one, which
-    transformers 5.24 renamed from ``past_key_values`` to ``cache``), or its tuple where
-    transformers' ``can_return_tuple`` would (``return_dict=False``, or a config that says so)."""
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
+def _base_model_and_loss(model, model_inputs: dict, labels, kwargs: dict, softcap):
+    """The base model on ``model_inputs`` and ``kwargs``, then ``causal_lm_loss`` of its last
+    hidden state: ``(outputs, loss, return_dict)``, ``return_dict`` as transformers'
+    ``can_return_tuple`` reads it (``kwargs``' ``return_dict`` popped)."""
     return_dict = model.config.return_dict if hasattr(model, "config") else True
     passed = kwargs.pop("return_dict", return_dict)
     if passed is not None:
@@ -290,11 +283,68 @@ def fused_causal_lm_forward(
         ignore_index=kwargs.get("ignore_index", -100), shift_labels=kwargs.get("shift_labels"),
         softcap=softcap,
     )  # fmt: skip
+    return outputs, loss, return_dict
+
+
+def fused_causal_lm_forward(
+    model, model_inputs: dict, labels, kwargs: dict, softcap, cache_field: str = "past_key_values"
+):
+    """The rest of a Llama-style ``*ForCausalLM.forward`` with the fused loss: the base model on
+    ``model_inputs`` and ``kwargs``, then ``causal_lm_loss`` of its last hidden state. Returns
+    ``CausalLMOutputWithPast(loss=..., logits=None, <cache_field>=..., ...)`` (``cache_field``:
+    the name of the cache in the base model's output and in the returned one, which
+    transformers 5.24 renamed from ``past_key_values`` to ``cache``), or its tuple where
+    transformers' ``can_return_tuple`` would (``return_dict=False``, or a config that says so)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    outputs, loss, return_dict = _base_model_and_loss(model, model_inputs, labels, kwargs, softcap)
     output = CausalLMOutputWithPast(
         loss=loss,
         logits=None,
         hidden_states=outputs.hidden_states,
         attentions=outputs.attentions,
+        **{cache_field: getattr(outputs, cache_field)},
+    )
+    return output if return_dict else output.to_tuple()
+
+
+def _model_global(model, name: str):
+    """What the module that defines ``type(model).forward`` binds to ``name`` (the forward's
+    own globals, read through transformers' decorators): e.g. Mixtral's
+    ``load_balancing_loss_func``, which each MoE modelling module defines for itself."""
+    import inspect
+
+    return inspect.unwrap(type(model).forward).__globals__[name]
+
+
+def fused_moe_causal_lm_forward(
+    model, model_inputs: dict, labels, kwargs: dict, attention_mask, output_router_logits,
+    cache_field: str = "past_key_values",
+):  # fmt: skip
+    """The rest of ``MixtralForCausalLM.forward`` (and its copies) with the fused loss:
+    ``model_inputs`` hold the resolved ``output_router_logits`` already. The cross-entropy is
+    `causal_lm_loss`'s; where the router logits are output, the load-balancing loss is the
+    model's own ``load_balancing_loss_func`` (from its modelling module) of them, added to the
+    loss times ``router_aux_loss_coef``, as the model adds it. Returns
+    ``MoeCausalLMOutputWithPast(loss=..., aux_loss=..., logits=None, ...)``, or its tuple
+    where ``can_return_tuple`` would."""
+    from transformers.modeling_outputs import MoeCausalLMOutputWithPast
+
+    outputs, loss, return_dict = _base_model_and_loss(model, model_inputs, labels, kwargs, None)
+    aux_loss = None
+    if output_router_logits:
+        load_balancing_loss_func = _model_global(model, "load_balancing_loss_func")
+        aux_loss = load_balancing_loss_func(
+            outputs.router_logits, model.num_experts, model.num_experts_per_tok, attention_mask
+        )
+        loss = loss + model.router_aux_loss_coef * aux_loss.to(loss.device)
+    output = MoeCausalLMOutputWithPast(
+        loss=loss,
+        aux_loss=aux_loss,
+        logits=None,
+        hidden_states=outputs.hidden_states,
+        attentions=outputs.attentions,
+        router_logits=outputs.router_logits,
         **{cache_field: getattr(outputs, cache_field)},
     )
     return output if return_dict else output.to_tuple()

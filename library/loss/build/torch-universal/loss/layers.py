@@ -13,11 +13,15 @@ module's own ``model``, ``lm_head``, ``config`` and ``loss_function``.
   ``kernels.library.tag_causal_lm_losses`` reads the source before it tags a class. In
   training with labels they compute the loss fused and return no logits; otherwise they call
   the model's own forward.
+- ``MoeCausalLMFusedLoss`` does the same for ``MixtralForCausalLM.forward`` (4.57 or 5.24)
+  and its copies (Qwen2Moe, Qwen3Moe, OlMoE, ...): the fused cross-entropy plus
+  ``router_aux_loss_coef`` times the model's own ``load_balancing_loss_func`` of the router
+  logits (when they are output), ``aux_loss`` and ``router_logits`` returned as the model does.
 
 The two transformers lines give those forwards different signatures (5.24: ``cache`` for
 ``past_key_values``, no ``cache_position``, and for Gemma 2 no ``output_attentions`` /
 ``output_hidden_states``), and ``kernelize`` accepts a layer only with the exact signature of
-the forward it replaces. So each of the two names has a layer per line, and the name resolves,
+the forward it replaces. So each of the names has a layer per line, and the name resolves,
 on first look-up (``layers.CausalLMFusedLoss``, which is how ``kernels`` loads a layer), to
 the one whose signature fits the transformers in the process: decided by the fields of its
 ``CausalLMOutputWithPast`` (`cache_output_field`), which importing transformers is needed for
@@ -32,6 +36,7 @@ from .causal_lm import (
     cache_output_field,
     for_causal_lm_loss,
     fused_causal_lm_forward,
+    fused_moe_causal_lm_forward,
     takes_fused_loss,
 )
 
@@ -150,6 +155,51 @@ class _GemmaCausalLMFusedLoss457(torch.nn.Module):
         return fused_causal_lm_forward(self, inputs, labels, kwargs, softcap=softcap)
 
 
+class _MoeCausalLMFusedLoss457(torch.nn.Module):
+    """transformers 4.57 ``MixtralForCausalLM.forward`` (and the ``*ForCausalLM`` MoE classes
+    with the same forward: Qwen2Moe, Qwen3Moe, OlMoE, ...), with the training loss fused,
+    the router's load-balancing loss added as the model adds it: ``logits`` is None then."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        output_router_logits=None,
+        cache_position=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        if not takes_fused_loss(self, labels, logits_to_keep):
+            return type(self).forward(
+                self, input_ids, attention_mask, position_ids, past_key_values, inputs_embeds,
+                labels, use_cache, output_router_logits, cache_position, logits_to_keep,
+                **kwargs,
+            )  # fmt: skip
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
+        inputs = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_router_logits=output_router_logits,
+            cache_position=cache_position,
+        )
+        return fused_moe_causal_lm_forward(
+            self, inputs, labels, kwargs, attention_mask, output_router_logits
+        )
+
+
 # ---- transformers 5.24 ------------------------------------------------------------------------
 
 
@@ -262,6 +312,50 @@ class _GemmaCausalLMFusedLoss524(torch.nn.Module):
         )  # fmt: skip
 
 
+class _MoeCausalLMFusedLoss524(torch.nn.Module):
+    """transformers 5.24 ``MixtralForCausalLM.forward`` (and the 19 other ``*ForCausalLM`` MoE
+    classes with the same forward: Qwen2Moe, Qwen3Moe, Qwen3.5Moe, Qwen3Next, OlMoE, PhiMoE,
+    GptOss, MiniMax, Jamba, ...), with the training loss fused, the router's load-balancing
+    loss added as the model adds it: ``logits`` is None then (see ``takes_fused_loss``)."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    @_renames_past_key_values
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        output_router_logits=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        if not takes_fused_loss(self, labels, logits_to_keep):
+            return type(self).forward(
+                self, input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
+                use_cache, output_router_logits, logits_to_keep, **kwargs,
+            )  # fmt: skip
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
+        inputs = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_router_logits=output_router_logits,
+        )
+        return fused_moe_causal_lm_forward(
+            self, inputs, labels, kwargs, attention_mask, output_router_logits, cache_field="cache"
+        )
+
+
 # ---- the layer names ------------------------------------------------------------------------
 
 # The layers of each transformers line, by layer name; keyed by `cache_output_field`.
@@ -269,10 +363,12 @@ _CAUSAL_LM_LAYERS = {
     "past_key_values": {
         "CausalLMFusedLoss": _CausalLMFusedLoss457,
         "GemmaCausalLMFusedLoss": _GemmaCausalLMFusedLoss457,
+        "MoeCausalLMFusedLoss": _MoeCausalLMFusedLoss457,
     },
     "cache": {
         "CausalLMFusedLoss": _CausalLMFusedLoss524,
         "GemmaCausalLMFusedLoss": _GemmaCausalLMFusedLoss524,
+        "MoeCausalLMFusedLoss": _MoeCausalLMFusedLoss524,
     },
 }
 
@@ -294,7 +390,7 @@ def _causal_lm_layers() -> dict:
 
 
 def __getattr__(name):
-    # PEP 562: called for names this module does not define, i.e. the two causal-LM layer names.
+    # PEP 562: called for names this module does not define, i.e. the causal-LM layer names.
     if name in _CAUSAL_LM_LAYERS["cache"]:
         return _causal_lm_layers()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -314,6 +410,8 @@ for _layer in (
     _GemmaCausalLMFusedLoss457,
     _CausalLMFusedLoss524,
     _GemmaCausalLMFusedLoss524,
+    _MoeCausalLMFusedLoss457,
+    _MoeCausalLMFusedLoss524,
 ):
     _layer.forward.shard_rule = "plain"
 del _layer

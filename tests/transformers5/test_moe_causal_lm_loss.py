@@ -1,0 +1,252 @@
+"""The fused lm_head + cross-entropy on transformers 5.24's MoE ``*ForCausalLM`` models.
+
+5.24's ``MixtralForCausalLM.forward``, shared word for word by 19 other MoE classes, adds
+``router_aux_loss_coef`` times the router's load-balancing loss to the cross-entropy and
+returns ``aux_loss`` and ``router_logits``; `tag_causal_lm_losses` tags it
+``"MoeCausalLMFusedLoss"``. Every test compares with an untouched copy of the model: loss,
+aux loss, every parameter's gradient. On the CPU the kernels run through Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import pytest
+import torch
+import transformers
+from test_causal_lm_loss import IGNORE, VOCAB, assert_same_step, batch, kernelized, step
+from tf5_models import DEVICE
+
+from kernels import get_local_kernel
+from kernels.layer.swap import kernel_layer_of
+from kernels.layer.validation import validate_kernel_layer
+from kernels.library import library_path, tag_causal_lm_losses
+from kernels.library.transformers_tags import _causal_lm_layer
+
+LAYER = "MoeCausalLMFusedLoss"
+
+#: family -> (config class, model class, extra config)
+MOE_FAMILIES = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4}),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {"num_experts": 4, "moe_intermediate_size": 24, "decoder_sparse_step": 1},
+    ),
+}
+
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=40,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=32,
+    num_experts_per_tok=2,
+    router_aux_loss_coef=0.5,  # large enough that the aux loss shows in the loss
+    attn_implementation="sdpa",
+)
+
+
+def tiny(family: str, **config):
+    config_name, model_name, extra = MOE_FAMILIES[family]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(**TINY, **extra, **config)
+    model = getattr(transformers, model_name)(config).to(DEVICE)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    return model.train()
+
+
+# 5.24's MoE *ForCausalLM classes whose forward is MixtralForCausalLM's, word for word.
+MIXTRAL_FORWARD_CLASSES = {
+    "DeepseekV4ForCausalLM",
+    "Ernie4_5_MoeForCausalLM",
+    "FlexOlmoForCausalLM",
+    "FlintForCausalLM",
+    "GptOssForCausalLM",
+    "JambaForCausalLM",
+    "LagunaForCausalLM",
+    "LaraMiniForCausalLM",
+    "MellumForCausalLM",
+    "MiniMaxForCausalLM",
+    "MiniMaxM2ForCausalLM",
+    "MiniMaxM3VLForCausalLM",
+    "MixtralForCausalLM",
+    "OlmoeForCausalLM",
+    "PhimoeForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Qwen3NextForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen4ExpForCausalLM",
+}
+
+
+def test_the_classes_tagged():
+    """Every class of transformers' ``*ForCausalLM`` modelling modules: exactly the 20 with
+    Mixtral's forward are recognised as ``"MoeCausalLMFusedLoss"``."""
+    import importlib
+    import pkgutil
+
+    import transformers.models
+
+    found = set()
+    for package in pkgutil.iter_modules(transformers.models.__path__):
+        try:
+            imported = importlib.import_module(f"transformers.models.{package.name}")
+        except Exception:  # noqa: BLE001 - a model whose optional dependency is missing
+            continue
+        for sub in pkgutil.iter_modules(imported.__path__):
+            if not sub.name.startswith("modeling_"):
+                continue
+            try:
+                module = importlib.import_module(f"{imported.__name__}.{sub.name}")
+            except Exception:  # noqa: BLE001
+                continue
+            for name, cls in vars(module).items():
+                if (
+                    inspect.isclass(cls)
+                    and cls.__module__ == module.__name__
+                    and "forward" in vars(cls)
+                    and _causal_lm_layer(cls) == LAYER
+                ):
+                    found.add(name)
+    assert found == MIXTRAL_FORWARD_CLASSES
+    assert len(found) == 20
+
+
+@pytest.mark.parametrize(
+    "name,layer",
+    [
+        ("MixtralForCausalLM", LAYER),
+        ("Qwen3MoeForCausalLM", LAYER),
+        ("Qwen2MoeForCausalLM", LAYER),
+        ("OlmoeForCausalLM", LAYER),
+        # left alone: the router logits output without an aux loss (DeepseekV3 in 5.24),
+        # another aux-loss formula (GraniteMoe, Dbrx, JetMoe)
+        ("DeepseekV3ForCausalLM", None),
+        ("GraniteMoeForCausalLM", None),
+        ("DbrxForCausalLM", None),
+        ("JetMoeForCausalLM", None),
+    ],
+)
+def test_recognised_forwards(name, layer):
+    assert _causal_lm_layer(getattr(transformers, name)) == layer
+
+
+def test_a_forward_with_another_output_class_is_not_tagged(monkeypatch):
+    from transformers.models.mixtral import modeling_mixtral
+
+    monkeypatch.setattr(modeling_mixtral, "MoeCausalLMOutputWithPast", dict)
+    assert _causal_lm_layer(transformers.MixtralForCausalLM) is None
+
+
+def test_layer_name_resolves_to_the_5_24_signature():
+    loss = get_local_kernel(library_path() / "loss", "loss")
+    layer = getattr(loss.layers, LAYER)
+    assert layer.__name__ == LAYER and LAYER in dir(loss.layers)
+    original = transformers.MixtralForCausalLM
+    parameters = inspect.signature(layer.forward).parameters
+    assert list(parameters) == list(inspect.signature(original.forward).parameters)
+    validate_kernel_layer(layer, original, kernel_source="library/loss", layer_name=LAYER)
+
+
+@pytest.mark.parametrize("router_logits", [True, False])
+@pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
+def test_fused_loss_matches_the_untouched_model(clean_kernels, family, router_logits):
+    model = tiny(family)
+    reference = copy.deepcopy(model)
+    tokens, labels, mask = batch()
+    items = torch.tensor(11, device=DEVICE)
+    kwargs = dict(
+        attention_mask=mask,
+        labels=labels,
+        num_items_in_batch=items,
+        output_router_logits=router_logits,
+    )
+    want = step(reference, tokens, **kwargs)
+
+    assert tag_causal_lm_losses(model) == [type(model).__name__]
+    kernelized(model)
+    assert kernel_layer_of(model).__name__ == LAYER
+
+    got = step(model, tokens, **kwargs)
+    out, expected = got[0], want[0]
+    assert out.logits is None
+    assert type(out.cache) is type(expected.cache)
+    if router_logits:
+        assert expected.aux_loss is not None
+        torch.testing.assert_close(out.aux_loss, expected.aux_loss)
+        assert len(out.router_logits) == len(expected.router_logits)
+        for a, b in zip(out.router_logits, expected.router_logits, strict=True):
+            torch.testing.assert_close(a, b)
+        # the aux loss is in the loss: without it the loss is smaller by coef * aux
+        ce = out.loss - model.router_aux_loss_coef * out.aux_loss
+        assert not torch.allclose(ce, out.loss)
+    else:
+        assert out.aux_loss is None and expected.aux_loss is None
+        assert out.router_logits is None and expected.router_logits is None
+    assert_same_step(got, want)
+
+    # the config's default decides where the argument is not given
+    model.config.output_router_logits = reference.config.output_router_logits = router_logits
+    plain = step(reference, tokens, labels=labels)
+    fused = step(model, tokens, labels=labels)
+    assert fused[0].logits is None
+    assert (fused[0].aux_loss is None) == (not router_logits)
+    assert_same_step(fused, plain)
+    as_tuple = model(tokens, labels=labels, return_dict=False)
+    torch.testing.assert_close(as_tuple[0], plain[0].loss, rtol=1e-5, atol=1e-6)
+
+    # The model's own forward where the logits are asked for: no labels, or evaluation.
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens).logits, reference(tokens).logits)
+        model.eval()
+        reference.eval()
+        evaluated = model(tokens, labels=labels, output_router_logits=True)
+        expected = reference(tokens, labels=labels, output_router_logits=True)
+    assert evaluated.logits is not None
+    torch.testing.assert_close(evaluated.logits, expected.logits)
+    torch.testing.assert_close(evaluated.loss, expected.loss)
+    torch.testing.assert_close(evaluated.aux_loss, expected.aux_loss)
+
+
+def test_the_model_s_own_forward_where_the_fused_loss_does_not_apply(clean_kernels):
+    model = tiny("mixtral")
+    reference = copy.deepcopy(model)
+    kernelized(model)
+    tokens, labels, _ = batch()
+    with torch.no_grad():
+        out = model(tokens, output_router_logits=True)  # labels=None: generation, inference
+        expected = reference(tokens, output_router_logits=True)
+        assert out.logits is not None and out.loss is None
+        torch.testing.assert_close(out.logits, expected.logits)
+        torch.testing.assert_close(out.aux_loss, expected.aux_loss)
+        kept = model(tokens, labels=labels, logits_to_keep=torch.arange(tokens.shape[1]))
+        assert kept.logits is not None
+    # an lm_head with a hook: the model's own forward
+    handle = model.lm_head.register_forward_hook(lambda *args: None)
+    assert model(tokens, labels=labels).logits is not None
+    handle.remove()
+    assert model(tokens, labels=labels).logits is None
+
+
+def test_shift_labels_and_ignore_index_kwargs(clean_kernels):
+    model = tiny("qwen3_moe")
+    reference = copy.deepcopy(model)
+    kernelized(model)
+    tokens, labels, mask = batch()
+    shifted = torch.roll(labels, -1, dims=1)
+    shifted[:, -1] = IGNORE
+    for kwargs in (
+        dict(labels=labels, shift_labels=shifted),
+        dict(labels=torch.where(labels == IGNORE, -1, labels), ignore_index=-1),
+    ):
+        kwargs.update(attention_mask=mask, output_router_logits=True)
+        got, want = step(model, tokens, **kwargs), step(reference, tokens, **kwargs)
+        assert got[0].logits is None, kwargs
+        assert_same_step(got, want)
