@@ -11,10 +11,12 @@ through an ``lm_head`` weight ``[vocab, hidden]``, and its gradients with respec
 - ``liger``: Liger-Kernel's ``LigerFusedLinearCrossEntropyFunction`` (its defaults: gradients made
   in the forward, weight gradient accumulated in the weight's dtype), when installed;
 - ``ours``: ``fused_linear_cross_entropy`` of library/loss (default chunk size);
-- with ``--variants``, ours with its plan forced: ``ours-one-pass`` (Liger's plan: chunks of
-  tokens over the whole vocabulary, within the same budget) and ``ours-one-pass-x4`` (chunks of
-  four times as many tokens: what memory buys in speed where one pass is bound by memory
-  bandwidth); ``ours`` picks one pass or two passes over vocabulary tiles by itself.
+- with ``--variants``, ours with its plan forced: ``ours-chunks-only`` (its chunks without the
+  resident first chunk), ``ours-one-pass`` (Liger's plan: chunks of tokens over the whole
+  vocabulary, within the same budget) and ``ours-one-pass-x4`` (chunks of four times as many
+  tokens: what memory buys in speed where one pass is bound by memory bandwidth); ``ours``
+  holds its first tokens' logits in the weight gradient's buffer and picks one pass or two
+  passes over vocabulary tiles for the rest by itself.
 
 Timing: ``ops.interleaved_samples`` (rounds that run every contender in rotating order, a
 block of calls each, L2 cleared before every call, CUDA events), median over the rounds; the
@@ -50,7 +52,15 @@ HIDDEN = [2048, 4096]
 VOCAB = [32000, 128256, 151936, 262144]
 TOKENS = [4096, 16384]
 DTYPE = torch.bfloat16
-IMPLS = ["eager", "compile", "liger", "ours", "ours-one-pass", "ours-one-pass-x4"]
+IMPLS = [
+    "eager",
+    "compile",
+    "liger",
+    "ours",
+    "ours-chunks-only",
+    "ours-one-pass",
+    "ours-one-pass-x4",
+]
 GiB = 2**30
 
 
@@ -103,6 +113,12 @@ def contenders(ours, liger, tokens, hidden, vocab, variants: bool) -> dict:
         def one_pass_x4(h, w, y):
             return ours.fused_linear_cross_entropy(h, w, y, chunk_size=4 * rows)
 
+        plan = ours.chunk_plan(tokens, hidden, vocab, 2, torch.device("cuda"), fp32_rows=True)
+
+        def chunks_only(h, w, y):  # the plan without its resident first chunk
+            return ours.fused_linear_cross_entropy(h, w, y, chunk_size=plan[0], vocab_chunk=plan[1])
+
+        fns["ours-chunks-only"] = chunks_only
         fns["ours-one-pass"] = one_pass
         fns["ours-one-pass-x4"] = one_pass_x4
     return fns
@@ -167,7 +183,7 @@ def spot_check(fns, h, w, y) -> dict:
             _relative_error(a, b) for a, b in zip((loss, gh, gw), reference, strict=True)
         )
         del loss, gh, gw
-    for name in ("ours", "ours-one-pass", "ours-one-pass-x4"):
+    for name in ("ours", "ours-chunks-only", "ours-one-pass", "ours-one-pass-x4"):
         if results.get(name) is not None and not max(results[name]) < 2e-2:
             raise AssertionError(f"{name} differs from {next(iter(results))}: {results[name]}")
     return results
@@ -199,7 +215,11 @@ def run_shape(ours, liger, tokens, hidden, vocab, rep_ms, block, variants) -> li
         samples = ops.interleaved_samples({n: c for n, (c, _) in calls.items()}, rep_ms, block)
     shape = {"tokens": tokens, "hidden": hidden, "vocab": vocab}
     plan = ours.chunk_plan(tokens, hidden, vocab, 2, h.device, fp32_rows=True)
-    chunks = {"ours_plan": list(plan), "liger_chunk_rows": liger_chunk_rows(tokens, hidden, vocab)}
+    chunks = {
+        "ours_plan": list(plan),
+        "ours_resident": ours.resident_rows(tokens, hidden, 2, 2),
+        "liger_chunk_rows": liger_chunk_rows(tokens, hidden, vocab),
+    }
     for name in fns:
         row = {**shape, **chunks, "impl": name}
         if name in failed:
@@ -289,7 +309,8 @@ def write_markdown(meta, results, path) -> None:
         "",
         card_table(results),
         "",
-        "Chunks: ours (tokens x vocabulary columns; fewer columns than the vocabulary is two "
+        "Chunks: ours (the resident first chunk, whose logits the weight gradient's buffer "
+        "holds, then tokens x vocabulary columns; fewer columns than the vocabulary is two "
         "passes over tiles), and Liger's (tokens over the whole vocabulary).",
         "",
         "| tokens x hidden -> vocab | ours | liger |",
@@ -301,11 +322,19 @@ def write_markdown(meta, results, path) -> None:
             continue
         seen.add(_key(r))
         lines.append(
-            f"| {r['tokens']} x {r['hidden']} -> {r['vocab']} | {r['ours_plan'][0]} x "
-            f"{r['ours_plan'][1]} | {r['liger_chunk_rows']} x {r['vocab']} |"
+            f"| {r['tokens']} x {r['hidden']} -> {r['vocab']} | {_ours_chunks(r)} | "
+            f"{r['liger_chunk_rows']} x {r['vocab']} |"
         )
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def _ours_chunks(r: dict) -> str:
+    resident, rest = r.get("ours_resident", 0), r["tokens"] - r.get("ours_resident", 0)
+    chunks = f"{r['ours_plan'][0]} x {r['ours_plan'][1]}"
+    if not resident:
+        return chunks
+    return f"{resident} resident" + (f", then {chunks}" if rest else "")
 
 
 def _merge(previous: list, new: list) -> list:
@@ -324,7 +353,9 @@ def main():
     )
     parser.add_argument("--block", type=int, default=3, help="calls a contender makes a round")
     parser.add_argument(
-        "--variants", action="store_true", help="also time ours-one-pass and ours-one-pass-x4"
+        "--variants",
+        action="store_true",
+        help="also time ours-chunks-only, ours-one-pass and ours-one-pass-x4",
     )
     parser.add_argument(
         "--card", action="store_true", help="print the model-card table from --out (no GPU)"

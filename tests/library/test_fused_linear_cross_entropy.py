@@ -78,6 +78,11 @@ SHAPES = {
     "split-rows": ((5,), 16, 1001, 2, None),
     "sliced": ((3, 5), 24, 257, 7, "slice"),
     "transposed": ((6,), 40, 129, None, "transpose"),
+    # The resident plan: as many tokens as the hidden size fill the weight gradient's buffer
+    # (every tile of it computed through the temporary); more tokens than that continue in
+    # chunks that accumulate into it.
+    "resident-square": ((2, 12), 24, 515, None, None),
+    "resident-then-chunks": ((45,), 16, 300, None, "slice"),
 }
 # (name, shape, options): every option on at least one shape and dtype loop.
 CASES = [
@@ -88,6 +93,13 @@ CASES = [
     ("none", "transposed", {"reduction": "none", "ignored": 0.3, "bias": True}),
     ("num-items", "chunks-19-by-4", {"items": 25, "ignored": 0.2, "softcap": 30.0}),
     ("none-softcap", "split-rows", {"reduction": "none", "softcap": 5.0, "smoothing": 0.2}),
+    (
+        "resident",
+        "resident-square",
+        {"bias": True, "softcap": 4.0, "smoothing": 0.1, "ignored": 0.3},
+    ),
+    ("resident-none", "resident-square", {"reduction": "none", "ignored": 0.2}),
+    ("resident-then-chunks", "resident-then-chunks", {"ignored": 0.2, "items": 30, "bias": True}),
     # Two passes over tiles of the vocabulary (the last one narrower), whole chunks and not.
     ("two-pass", "odd-vocab", {"vocab_chunk": 300, "bias": True, "ignored": 0.3}),
     ("two-pass-chunks", "chunks-19-by-4", {"vocab_chunk": 32, "softcap": 4.0, "smoothing": 0.1}),
@@ -186,13 +198,18 @@ def test_every_label_ignored_gives_zero_loss_and_zero_grads(loss, items):
     assert loss.fused_linear_cross_entropy(h, w, y, reduction="sum").item() == 0.0
 
 
-def test_fp32_weight_grad_accumulation(loss):
+@pytest.mark.parametrize(
+    "hidden,chunk_size",
+    [(32, 5), (8, None)],
+    ids=["chunks", "resident-then-chunks"],  # the fp32 buffer holds 16 tokens' bf16 logits
+)
+def test_fp32_weight_grad_accumulation(loss, hidden, chunk_size):
     torch.manual_seed(0)
-    lead, hidden, vocab = (23,), 32, 300
+    lead, vocab = (23,), 300
     h = _hidden(lead, hidden, None, torch.bfloat16)
     w, _ = _params(vocab, hidden, torch.bfloat16, bias=False)
     y = _labels(lead, vocab)
-    out = loss.fused_linear_cross_entropy(h, w, y, chunk_size=5, fp32_weight_grad=True)
+    out = loss.fused_linear_cross_entropy(h, w, y, chunk_size=chunk_size, fp32_weight_grad=True)
     gw = grads(out, w, torch.ones((), device=DEVICE))[0]
     assert gw.dtype == torch.bfloat16
     w64 = w.detach().double().requires_grad_()
@@ -284,6 +301,16 @@ def test_chunk_plan_takes_two_passes_where_one_would_be_bound_by_memory(loss, mo
     assert plan(4096, 2048, 262144, 2, gpu, vocab_chunk=8192) == (1024, 8192)
     assert plan(40, 32, 1001, 4, gpu, chunk_size=7, vocab_chunk=300) == (7, 300)
     assert plan(40, 32, 1001, 4, gpu, vocab_chunk=5000) == (2, 1001)
+
+
+def test_resident_rows_rule(loss):
+    """The weight gradient's buffer holds the logits of as many tokens as the hidden size (in
+    the same dtype), twice that many in an fp32 buffer; never more tokens than there are."""
+    assert loss.resident_rows(4096, 4096, 2, 2) == 4096
+    assert loss.resident_rows(16384, 4096, 2, 2) == 4096
+    assert loss.resident_rows(4096, 2048, 2, 4) == 4096
+    assert loss.resident_rows(4096, 1024, 4, 4) == 1024
+    assert loss.resident_rows(10, 4096, 2, 2) == 10
 
 
 # ---- the same kernels on logits ------------------------------------------------------------

@@ -19,6 +19,7 @@ from .fused_linear_cross_entropy import (
     chunk_rows,
     cross_entropy,
     fused_linear_cross_entropy,
+    resident_rows,
 )
 
 __all__ = [
@@ -31,5 +32,6 @@ __all__ = [
     "fused_linear_cross_entropy",
     "layers",
     "lm_head_and_loss",
+    "resident_rows",
     "shift_labels",
 ]

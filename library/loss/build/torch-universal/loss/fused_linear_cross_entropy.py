@@ -12,6 +12,11 @@ without ever holding the logits of every token. The tokens are taken in chunks; 
 3. ``grad_hidden_chunk = grad_logits @ weight`` and ``grad_weight += grad_logits.T @
    hidden_chunk`` (``grad_bias += grad_logits.sum(0)``), matmuls again.
 
+Where the weight's gradient is wanted, the first chunk (as many tokens as the hidden size) is
+the *resident* one: its logits are held in the weight gradient's own buffer, before that
+gradient is written, so that these tokens cost what torch.compile's three whole matmuls cost,
+without memory beyond Liger's ("the chunk plan" below).
+
 The gradients are made in the forward (the loss is the last op of a training step, so its
 backward follows at once) and only scaled by the loss's gradient in the backward, as
 Liger-Kernel's fused linear cross-entropy does. ``cross_entropy(logits, labels)`` runs the same
@@ -69,6 +74,21 @@ _CPU_RUNS_KERNELS = os.environ.get("TRITON_INTERPRET") == "1"
 #   each chunk reads the weight three times for thousands of tokens, and the weight's gradient
 #   is accumulated over few chunks (each rounding once to the weight's dtype).
 #
+# Before either, where the weight's gradient is wanted and the plan is not forced, the resident
+# plan takes the first tokens: the gradient's own buffer (vocab x hidden, in the weight's dtype)
+# is free until the gradient is written, and holds the logits of as many tokens as the hidden
+# size (`resident_rows`; twice that many in an fp32 buffer). Those tokens get torch.compile's
+# program inside that buffer: one projection over the whole vocabulary (their logits held
+# transposed, vocabulary-major, so that the weight's gradient can later be written over logits
+# already used), the row statistics and gradient by two kernels that read the logits a tile
+# of tokens at a time, one matmul for the hidden states' gradient, and the weight's gradient a
+# tile of vocabulary entries at a time, each written once, in place, summed over every token in
+# fp32 inside the matmul. No logits are computed twice and the weight's gradient is not read
+# back; nothing beyond Liger's budget is allocated (the last tile's logits sit in a temporary
+# of that size). With at most hidden-size tokens (4096 x 4096 -> 262144) the loss is three
+# matmuls and three memory-bound passes, as compile's is; with more, the chunks below take the
+# rest and accumulate into the gradient the resident chunk wrote.
+#
 # The plan with the lower cost, matmul FLOPs + FLOPS_PER_BYTE x bytes of weight traffic, is
 # taken; FLOPS_PER_BYTE is the ratio of bf16 matmul throughput to memory bandwidth of the GPUs
 # we target (about 600-700 TFLOP/s achieved over 3.35-4.8 TB/s on H100/H200: 150-200). The two
@@ -98,6 +118,12 @@ BLOCK_WARPS = 8  # 16 elements a thread: two 16-byte loads of bf16
 SPLIT_PROGRAMS_PER_SM = 4
 CPU_BLOCK = 256  # the interpreter: small blocks, so that odd vocabularies span several
 CPU_BLOCK_WARPS = 4
+# The transposed kernels of the resident plan: [COL_BLOCK_V, COL_BLOCK_N] tiles (vocabulary
+# entries x tokens, tokens contiguous), split over the vocabulary like the row kernels.
+COL_BLOCK_V = 64
+COL_BLOCK_N = 64
+COL_WARPS = 8
+CPU_COL_BLOCK = 16
 SCALE_BLOCK = 4096
 SCALE_PROGRAMS_PER_SM = 8
 
@@ -274,6 +300,158 @@ def _loss_grad_kernel(
 
 
 @triton.jit
+def _col_stats_kernel(
+    ZT,
+    LABELS,
+    M_PART,
+    S_PART,
+    SUM_PART,
+    ZY,
+    row_start,
+    n_rows,
+    v_start,
+    n_vocab,
+    stride_z,
+    span,
+    part_offset,
+    parts_stride,
+    ignore_index,
+    softcap,
+    HAS_SOFTCAP: tl.constexpr,
+    SMOOTHING: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # _row_stats_kernel for logits held transposed (the resident plan): ZT[v, n] is token n's
+    # logit of vocabulary entry v_start + v (ZT holds n_vocab entries), tokens contiguous.
+    # Program (block, split) reduces the entries [split * span, (split + 1) * span) of BLOCK_N
+    # tokens, loading [BLOCK_V, BLOCK_N] tiles whose rows are contiguous tokens (coalesced; a
+    # walk down one token's column would read a sector per element). Every lane keeps its own
+    # running maximum and sum, updated with one exponential an element and no exchange
+    # between threads until the end. Same partial sums, in slots token * parts_stride +
+    # part_offset + split, and z[label] from the split that holds the label.
+    block = tl.program_id(0)
+    split = tl.program_id(1)
+    tokens = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_rows = tokens < n_rows
+    y = tl.load(LABELS + row_start + tokens, mask=in_rows, other=ignore_index)
+    live = in_rows & (y != ignore_index)
+    start = split * span
+    end = tl.minimum(start + span, n_vocab)
+    m = tl.full([BLOCK_V, BLOCK_N], -1.0e30, tl.float32)
+    s = tl.zeros([BLOCK_V, BLOCK_N], tl.float32)
+    total = tl.zeros([BLOCK_V, BLOCK_N], tl.float32)
+    for first in range(start, end, BLOCK_V):
+        v = first + tl.arange(0, BLOCK_V)
+        mask = (v < end)[:, None] & live[None, :]
+        offsets = v[:, None].to(tl.int64) * stride_z + tokens[None, :]
+        z = tl.load(ZT + offsets, mask=mask, other=0.0).to(tl.float32)
+        if HAS_SOFTCAP:
+            z = softcap * _tanh(z / softcap)
+        if SMOOTHING:
+            total += tl.where(mask, z, 0.0)
+        z = tl.where(mask, z, float("-inf"))
+        # A new maximum rescales the sum by exp(m - z) and adds 1; otherwise exp(z - m) is
+        # added: either way the one exponential is exp(-|z - m|).
+        e = tl.exp(-tl.abs(z - m))
+        s = tl.where(z > m, s * e + 1.0, s + e)
+        m = tl.maximum(m, z)
+    m_row = tl.max(m, axis=0)
+    s_row = tl.sum(s * tl.exp(m - m_row[None, :]), axis=0)
+    part = tokens * parts_stride + part_offset + split
+    tl.store(M_PART + part, m_row, mask=live)
+    tl.store(S_PART + part, s_row, mask=live)
+    if SMOOTHING:
+        tl.store(SUM_PART + part, tl.sum(total, axis=0), mask=live)
+    label = y - v_start
+    has_label = live & (label >= start) & (label < end)
+    zy = tl.load(ZT + label.to(tl.int64) * stride_z + tokens, mask=has_label, other=0.0)
+    zy = zy.to(tl.float32)
+    if HAS_SOFTCAP:
+        zy = softcap * _tanh(zy / softcap)
+    tl.store(ZY + tokens, zy, mask=has_label)
+
+
+@triton.jit
+def _col_loss_grad_kernel(
+    ZT,
+    LABELS,
+    M_PART,
+    S_PART,
+    SUM_PART,
+    ZY,
+    LOSS,
+    SCALE,
+    row_start,
+    n_rows,
+    v_start,
+    n_vocab,
+    vocab,
+    stride_z,
+    span,
+    parts_stride,
+    scale_stride,
+    ignore_index,
+    label_smoothing,
+    softcap,
+    HAS_SOFTCAP: tl.constexpr,
+    SMOOTHING: tl.constexpr,
+    WRITE_LOSS: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # _loss_grad_kernel for transposed logits (ZT: entries [v_start, v_start + n_vocab) of
+    # a vocabulary of ``vocab``), in place: the same formula, each token's log-sum-exp
+    # combined from all its parts by every program of its block; with WRITE_LOSS split 0
+    # writes the loss. Ignored tokens get loss 0 and a zero gradient column.
+    block = tl.program_id(0)
+    split = tl.program_id(1)
+    tokens = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_rows = tokens < n_rows
+    y = tl.load(LABELS + row_start + tokens, mask=in_rows, other=ignore_index)
+    live = in_rows & (y != ignore_index)
+    parts = tl.arange(0, SPLITS)
+    part_mask = live[:, None] & (parts < parts_stride)[None, :]
+    slots = tokens[:, None] * parts_stride + parts[None, :]
+    part_max = tl.load(M_PART + slots, mask=part_mask, other=float("-inf"))
+    part_sum = tl.load(S_PART + slots, mask=part_mask, other=0.0)
+    # Tokens not live have no parts: a neutral lse of 0 keeps their (discarded) values finite.
+    row_max = tl.where(live, tl.max(part_max, axis=1), 0.0)
+    row_sum = tl.sum(part_sum * tl.exp(part_max - row_max[:, None]), axis=1)
+    lse = row_max + tl.log(tl.where(live, row_sum, 1.0))
+    eps = label_smoothing / vocab
+    if WRITE_LOSS:  # noqa: SIM102  (compiled in or out; then a test at run time)
+        if split == 0:
+            loss = lse - (1.0 - label_smoothing) * tl.load(ZY + tokens, mask=live, other=0.0)
+            if SMOOTHING:
+                sums = tl.load(SUM_PART + slots, mask=part_mask, other=0.0)
+                loss -= eps * tl.sum(sums, axis=1)
+            loss = tl.where((y < 0) | (y >= vocab), float("nan"), loss)
+            tl.store(LOSS + row_start + tokens, tl.where(live, loss, 0.0), mask=in_rows)
+    scale = tl.load(SCALE + (row_start + tokens).to(tl.int64) * scale_stride, mask=in_rows)
+    scale = scale.to(tl.float32)
+    label = y - v_start
+    start = split * span
+    end = tl.minimum(start + span, n_vocab)
+    for first in range(start, end, BLOCK_V):
+        v = first + tl.arange(0, BLOCK_V)
+        mask = (v < end)[:, None] & in_rows[None, :]
+        offsets = v[:, None].to(tl.int64) * stride_z + tokens[None, :]
+        z = tl.load(ZT + offsets, mask=mask & live[None, :], other=0.0).to(tl.float32)
+        if HAS_SOFTCAP:
+            t = _tanh(z / softcap)
+            z = softcap * t
+        g = tl.exp(z - lse[None, :]) - eps
+        g = tl.where(v[:, None] == label[None, :], g - (1.0 - label_smoothing), g)
+        g = g * scale[None, :]
+        if HAS_SOFTCAP:
+            g = g * (1.0 - t * t)
+        g = tl.where(live[None, :], g, 0.0)
+        tl.store(ZT + offsets, g.to(ZT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _scale_kernel(X, G, n, BLOCK: tl.constexpr):
     # X *= G[0] in place, unless G[0] is 1 (the usual gradient of a loss): then every program
     # returns at once, without the host having to read G (no synchronisation). Programs walk
@@ -416,8 +594,11 @@ def _work_buffers(max_rows: int, n_cols: int, tiles: int, device: torch.device):
     """(partial maxima, partial sums, partial sums of z, z[label]) for chunks of up to
     ``max_rows`` rows over ``tiles`` tiles of ``n_cols`` columns: one allocation for every
     chunk (fewer rows never need more splits than one row does)."""
-    parts = max_rows * tiles * _row_config(1, n_cols, device)[3]
-    work = torch.empty(3 * parts + max_rows, dtype=torch.float32, device=device)
+    return _work_buffers_for(max_rows * tiles * _row_config(1, n_cols, device)[3], max_rows, device)
+
+
+def _work_buffers_for(parts: int, rows: int, device: torch.device):
+    work = torch.empty(3 * parts + rows, dtype=torch.float32, device=device)
     return work[:parts], work[parts : 2 * parts], work[2 * parts : 3 * parts], work[3 * parts :]
 
 
@@ -466,6 +647,55 @@ def _rows_loss_and_grad(
         x, dx, labels, row_start, 0, x.shape[1], n_splits, loss, scale, scale_stride, options,
         work, config, True, compute_grad,
     )  # fmt: skip
+
+
+def _col_config(n_rows: int, vocab: int, device: torch.device) -> tuple[int, int, int, int, int]:
+    """(block_v, block_n, num_warps, span, n_splits) of the transposed kernels."""
+    if device.type == "cuda":
+        block_v, block_n, warps = COL_BLOCK_V, COL_BLOCK_N, COL_WARPS
+    else:
+        block_v = block_n = CPU_COL_BLOCK
+        warps = CPU_BLOCK_WARPS
+    blocks = cdiv(vocab, block_v)
+    splits = max(
+        1, min(blocks, cdiv(SPLIT_PROGRAMS_PER_SM * multiprocessors(device), cdiv(n_rows, block_n)))
+    )
+    span = cdiv(blocks, splits) * block_v
+    return block_v, block_n, warps, span, cdiv(vocab, span)
+
+
+def _cols_loss_and_grad(pieces, labels, loss, scale, scale_stride, options) -> None:
+    """Loss and gradient of the tokens whose logits ``pieces`` hold transposed: a list of
+    ``(zt, v_start)``, ``zt`` [entries, tokens] the logits of vocabulary entries ``v_start``
+    on, together the whole vocabulary. The loss goes into ``loss[:tokens]``, each piece's
+    gradient into it in place."""
+    ignore_index, smoothing, softcap = options
+    n_rows = pieces[0][0].shape[1]
+    vocab = sum(zt.shape[0] for zt, _ in pieces)
+    device = pieces[0][0].device
+    configs = [_col_config(n_rows, zt.shape[0], device) for zt, _ in pieces]
+    parts = sum(config[4] for config in configs)
+    m_part, s_part, sum_part, zy = _work_buffers_for(n_rows * parts, n_rows, device)
+    offset = 0
+    for (zt, v_start), (block_v, block_n, warps, span, n_splits) in zip(
+        pieces, configs, strict=True
+    ):
+        stats = (
+            zt, labels, m_part, s_part, sum_part, zy, 0, n_rows, v_start, zt.shape[0],
+            zt.stride(0), span, offset, parts, ignore_index, softcap, softcap > 0, smoothing > 0,
+            block_v, block_n,
+        )  # fmt: skip
+        launch(_col_stats_kernel, (cdiv(n_rows, block_n), n_splits), stats, warps, device)
+        offset += n_splits
+    for i, ((zt, v_start), config) in enumerate(zip(pieces, configs, strict=True)):
+        block_v, block_n, warps, span, n_splits = config
+        grads = (
+            zt, labels, m_part, s_part, sum_part, zy, loss, scale, 0, n_rows, v_start,
+            zt.shape[0], vocab, zt.stride(0), span, parts, scale_stride, ignore_index, smoothing,
+            softcap, softcap > 0, smoothing > 0, i == 0, next_power_of_2(parts), block_v,
+            block_n,
+        )  # fmt: skip
+        launch(_col_loss_grad_kernel, (cdiv(n_rows, block_n), n_splits), grads, warps, device)
 
 
 def _scale_(t: torch.Tensor | None, g: torch.Tensor) -> None:
@@ -552,17 +782,30 @@ def _flce_pass(
             gw.zero_()
         return loss, gh, gw, gb
     fp32_rows = need_gh and hidden.dtype != torch.float32
+    element = hidden.element_size()
+    resident = 0
+    if need_gw and not any(chunking):
+        resident = resident_rows(n_rows, hidden_size, element, gw.element_size())
+        budget = chunk_rows(n_rows, hidden_size, vocab, element, device) * vocab * element
+        gh_rows = None if gh is None else gh[:resident]
+        _resident_chunk(
+            hidden[:resident], weight, bias, labels, options, scale, scale_stride, loss,
+            gh_rows, gw, gb, budget,
+        )  # fmt: skip
+        if resident == n_rows:
+            return loss, gh, gw, gb
     rows, tile = chunk_plan(
-        n_rows, hidden_size, vocab, hidden.element_size(), device, *chunking,
+        n_rows, hidden_size, vocab, element, device, *chunking,
         grads=compute_grad, fp32_rows=fp32_rows,
     )  # fmt: skip
+    rows = _even(n_rows - resident, rows)
     tiles = cdiv(vocab, tile)
     buffer = hidden.new_empty(rows * tile)
     work = _work_buffers(rows, tile, tiles, device)
     rows_acc = None
     if tiles > 1 and fp32_rows:
         rows_acc = torch.empty((rows, hidden_size), dtype=torch.float32, device=device)
-    for start in range(0, n_rows, rows):
+    for start in range(resident, n_rows, rows):
         end = min(start + rows, n_rows)
         h = hidden[start:end]
         config = _row_config(end - start, tile, device)
@@ -594,6 +837,55 @@ def _flce_pass(
         if rows_acc is not None and need_gh:
             gh[start:end].copy_(gh_rows)
     return loss, gh, gw, gb
+
+
+def resident_rows(
+    n_rows: int, hidden_size: int, element_size: int, weight_grad_element_size: int
+) -> int:
+    """Tokens whose logits (``element_size`` bytes each) the weight gradient's buffer
+    (``hidden_size`` elements of ``weight_grad_element_size`` bytes a vocabulary entry) holds:
+    the resident plan's first chunk (see "the chunk plan" above)."""
+    return min(n_rows, hidden_size * weight_grad_element_size // element_size)
+
+
+def _resident_chunk(
+    h, weight, bias, labels, options, scale, scale_stride, loss, gh, gw, gb, budget
+):
+    """Loss and gradients of the first ``len(h)`` tokens (their loss into ``loss[:len(h)]``),
+    with their logits held transposed in ``gw``'s memory (see `resident_rows`): ``gw`` is
+    written, not accumulated into; ``gh`` (these tokens' rows) and ``gb`` (accumulated) when
+    not None. At most ``budget`` bytes of temporary memory.
+
+    The weight's gradient is made a tile of T vocabulary entries at a time, each written over
+    logits already used: the logits of all but the last T entries sit at the end of ``gw``'s
+    memory, the last T entries' in a temporary, and the tiles run from the first (the
+    narrowest, V mod T entries) to the last. Tile t's rows of ``gw`` then end before the
+    logits of tile t itself start, so every product is written in place, without a copy."""
+    n_rows, hidden_size = h.shape
+    vocab = weight.shape[0]
+    rows = max(1, min(vocab, budget // max(1, n_rows * h.element_size())))
+    split = vocab - rows
+    flat = gw.view(-1).view(h.dtype)
+    pieces = [(h.new_empty((rows, n_rows)), split)]
+    if split:
+        pieces.insert(0, (flat[flat.numel() - split * n_rows :].view(split, n_rows), 0))
+    for zt, first in pieces:
+        w = weight[first : first + zt.shape[0]]
+        if bias is None:
+            torch.mm(w, h.t(), out=zt)
+        else:
+            torch.addmm(bias[first : first + zt.shape[0]].unsqueeze(1), w, h.t(), out=zt)
+    _cols_loss_and_grad(pieces, labels, loss, scale, scale_stride, options)
+    if gb is not None:
+        for zt, first in pieces:
+            gb[first : first + zt.shape[0]] += zt.sum(1, dtype=torch.float32)
+    if gh is not None:  # the temporary's few entries first: the rounding of the partial sum
+        for i, (zt, first) in enumerate(reversed(pieces)):  # falls on the smaller part
+            _matmul_into(gh, zt.t(), weight[first : first + zt.shape[0]], accumulate=i > 0)
+    edges = sorted({0, *range(split % rows, split + 1, rows)})
+    for first, last in zip(edges, edges[1:], strict=False):
+        _matmul_into(gw[first:last], pieces[0][0][first:last], h, accumulate=False)
+    _matmul_into(gw[split:], pieces[-1][0], h, accumulate=False)
 
 
 def _project(h, weight, bias, buffer, tile: int, t: int) -> tuple[torch.Tensor, int]:
