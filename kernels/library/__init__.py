@@ -76,16 +76,9 @@ KERNELS: tuple[LibraryKernel, ...] = (
     LibraryKernel("RMSNormZeroCentered", "norm", "GemmaRMSNorm"),
     LibraryKernel("rotary_pos_emb", "rotary", "apply_rotary_pos_emb", is_function=True),
     # transformers 5.x's name for its causal-LM loss function, and the whole *ForCausalLM
-    # forwards that tag_causal_lm_losses tags (transformers 4.57 and 5.24; MoE: Mixtral's).
-    *(
-        LibraryKernel(name, "loss", name)
-        for name in (
-            "ForCausalLMLoss",
-            "CausalLMFusedLoss",
-            "GemmaCausalLMFusedLoss",
-            "MoeCausalLMFusedLoss",
-        )
-    ),
+    # forwards that tag_causal_lm_losses tags (transformers 4.57 and 5.24; MoE: Mixtral's, and
+    # 5.24's DeepSeek-V3 one, which returns the router logits without an aux loss).
+    *(LibraryKernel(name, "loss", name) for name in ("ForCausalLMLoss", *CAUSAL_LM_LAYER_NAMES)),
 )
 
 

@@ -49,9 +49,16 @@ GATED_MLP_LAYER_NAME = "SwiGLUMLP"
 ROTARY_FUNCTION_NAME = "rotary_pos_emb"
 #: The layer names of our kernels for whole ``*ForCausalLM`` forwards: transformers 4.57's
 #: ``LlamaForCausalLM.forward`` (and its copies), ``Gemma2ForCausalLM.forward`` (Gemma 2, 3,
-#: 3n, VaultGemma: final-logit soft-capping) and ``MixtralForCausalLM.forward`` (MoE models
-#: that add the router's load-balancing loss: Qwen2Moe, Qwen3Moe, OlMoE, ...).
-CAUSAL_LM_LAYER_NAMES = ("CausalLMFusedLoss", "GemmaCausalLMFusedLoss", "MoeCausalLMFusedLoss")
+#: 3n, VaultGemma: final-logit soft-capping), ``MixtralForCausalLM.forward`` (MoE models
+#: that add the router's load-balancing loss: Qwen2Moe, Qwen3Moe, OlMoE, ...) and 5.24's
+#: ``DeepseekV3ForCausalLM.forward`` (MoE models that return their router logits and add no
+#: loss of them: DeepseekV2/V3, Glm4Moe, Dots1, ...).
+CAUSAL_LM_LAYER_NAMES = (
+    "CausalLMFusedLoss",
+    "GemmaCausalLMFusedLoss",
+    "MoeCausalLMFusedLoss",
+    "MoeRouterCausalLMFusedLoss",
+)
 
 _GATED_MLP_ATTRIBUTES = ("gate_proj", "up_proj", "down_proj", "act_fn")
 _GATED_MLP_EXPRESSION = "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
@@ -631,6 +638,33 @@ def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=
                                      router_logits=outputs.router_logits)
 """
 
+# The MoE forward that returns the router logits and adds no loss of them (DeepSeek-V3 balances
+# its experts with a bias on the router's scores, not with a loss): transformers 5.24's
+# ``DeepseekV3ForCausalLM.forward``, which 20 other ``*ForCausalLM`` classes share word for word
+# (DeepseekV2, DeepseekV3.2, Glm4Moe, Glm4MoeLite, Dots1, HunYuanMoEV1, LongcatFlash, Lfm2Moe,
+# KimiLinear, Mistral4, ...). It is 5.24's Llama forward (the decorators stacked in Gemma 2's
+# order, which `_definition_key` ignores) over a base model that records ``router_logits``
+# (when ``output_router_logits`` travels in ``**kwargs``), returned in
+# ``MoeCausalLMOutputWithPast``. In 4.57 these classes returned ``CausalLMOutputWithPast`` with
+# Llama's forward word for word, and are ``"CausalLMFusedLoss"`` there.
+_LLAMA_OUTPUT_5_24 = """
+    return CausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache,
+                                  hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+"""
+_DEEPSEEK_V3_FORWARD_5_24 = _LLAMA_FORWARD_5_24.replace(
+    _LLAMA_OUTPUT_5_24,
+    """
+    return MoeCausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache,
+                                     hidden_states=outputs.hidden_states,
+                                     attentions=outputs.attentions,
+                                     router_logits=outputs.router_logits)
+""",
+)
+# HYV3ForCausalLM (5.24) writes the same forward with ``aux_loss=None``, the field's default.
+_HYV3_FORWARD_5_24 = _DEEPSEEK_V3_FORWARD_5_24.replace(
+    "(loss=loss, logits=logits,", "(loss=loss, aux_loss=None, logits=logits,"
+)
+
 #: (layer name, forward source) of every forward `tag_causal_lm_losses` recognises.
 _CAUSAL_LM_FORWARDS: tuple[tuple[str, str], ...] = (
     ("CausalLMFusedLoss", _LLAMA_FORWARD_4_57),
@@ -639,6 +673,8 @@ _CAUSAL_LM_FORWARDS: tuple[tuple[str, str], ...] = (
     ("GemmaCausalLMFusedLoss", _GEMMA2_FORWARD_5_24),
     ("MoeCausalLMFusedLoss", _MIXTRAL_FORWARD_4_57),
     ("MoeCausalLMFusedLoss", _MIXTRAL_FORWARD_5_24),
+    ("MoeRouterCausalLMFusedLoss", _DEEPSEEK_V3_FORWARD_5_24),
+    ("MoeRouterCausalLMFusedLoss", _HYV3_FORWARD_5_24),
 )
 
 # The module globals the forwards above read that decide what they compute, and where
@@ -694,10 +730,14 @@ def _causal_lm_templates() -> dict[str, tuple[str, frozenset[str]]]:
     for name, source in _CAUSAL_LM_FORWARDS:
         function = ast.parse(source).body[0]
         read = {node.id for node in ast.walk(function) if isinstance(node, ast.Name)}
-        templates[_definition_key(function)] = (
-            name,
-            frozenset(read & _TRANSFORMERS_GLOBALS.keys()),
-        )
+        key = _definition_key(function)
+        if key in templates and templates[key][0] != name:
+            # e.g. a template derived from another by a replacement that no longer matches
+            raise RuntimeError(
+                f"two forwards of _CAUSAL_LM_FORWARDS are the same, tagged {templates[key][0]!r} "
+                f"and {name!r}; each forward must be tagged with one layer name"
+            )
+        templates[key] = (name, frozenset(read & _TRANSFORMERS_GLOBALS.keys()))
     return templates
 
 
@@ -747,15 +787,17 @@ def tag_causal_lm_losses(model: nn.Module) -> list[str]:
     itself, usually) whose ``forward`` is exactly ``LlamaForCausalLM.forward`` of transformers
     4.57 or 5.24 (shared by Mistral, Qwen2, Qwen3, Phi3, Gemma, Olmo2 and others), tagged
     ``"CausalLMFusedLoss"``, ``Gemma2ForCausalLM.forward`` (Gemma 2 and 3, with final-logit
-    soft-capping), tagged ``"GemmaCausalLMFusedLoss"``, or ``MixtralForCausalLM.forward`` (MoE
+    soft-capping), tagged ``"GemmaCausalLMFusedLoss"``, ``MixtralForCausalLM.forward`` (MoE
     models that add the router's load-balancing loss: Qwen2Moe, Qwen3Moe, OlMoE, ...), tagged
-    ``"MoeCausalLMFusedLoss"``; it reads the source, and leaves any other forward alone (INFO
-    log line): other MoE forwards, encoder-decoder decoders, models with their own loss. The two transformers lines differ in the forward's
-    signature (5.24: ``cache`` for ``past_key_values``, no ``cache_position``) and output
-    (``cache=``); the loss repository gives each layer name the layer that fits the
-    installed transformers.
+    ``"MoeCausalLMFusedLoss"``, or 5.24's ``DeepseekV3ForCausalLM.forward`` (MoE models that
+    return their router logits without a loss of them: DeepseekV2, Glm4Moe, Dots1, ...), tagged
+    ``"MoeRouterCausalLMFusedLoss"``; it reads the source, and leaves any other forward alone
+    (INFO log line): other MoE forwards, encoder-decoder decoders, models with their own loss.
+    The two transformers lines differ in the forward's signature (5.24: ``cache`` for
+    ``past_key_values``, no ``cache_position``) and output (``cache=``); the loss repository
+    gives each layer name the layer that fits the installed transformers.
 
-    `library_mapping()` serves the three names with layers of our ``loss`` repository. After
+    `library_mapping()` serves the four names with layers of our ``loss`` repository. After
     `kernelize`, a forward with ``labels`` in training mode (``model.train()``) computes the
     loss with the fused linear cross-entropy and returns ``logits=None``: the logits are never
     held. Everything else calls the model's own forward: ``labels=None`` (generation,
@@ -786,8 +828,8 @@ def tag_causal_lm_losses(model: nn.Module) -> list[str]:
         if layer_name is None:
             logger.info(
                 "%s (%s.%s) has an lm_head but its forward is not transformers' (4.57 or 5.24) "
-                "LlamaForCausalLM, Gemma2ForCausalLM or MixtralForCausalLM forward; its loss is "
-                "not fused",
+                "LlamaForCausalLM, Gemma2ForCausalLM, MixtralForCausalLM or (5.24) "
+                "DeepseekV3ForCausalLM forward; its loss is not fused",
                 name or "<model>",
                 cls.__module__,
                 cls.__qualname__,

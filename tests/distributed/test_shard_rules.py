@@ -43,6 +43,14 @@ from library_helpers import FusedAddRMSNorm, SiluAndMul  # noqa: E402
 def _library_kernel(kernel):
     from kernels.layer.loading import load_kernel_layer
 
+    if kernel.layer_name == "MoeRouterCausalLMFusedLoss":
+        import transformers  # (here, not at collection: tests/hub configures huggingface_hub)
+        from packaging.version import Version
+
+        if Version(transformers.__version__).major < 5:
+            pytest.skip(
+                "transformers 4.57 has no forward, and the loss repository no layer, for it"
+            )
     return load_kernel_layer(library_mapping(devices=["cpu"])[kernel.layer_name]["cpu"])
 
 

@@ -161,6 +161,7 @@ LOSS_LAYERS = {
     "CausalLMFusedLoss",
     "GemmaCausalLMFusedLoss",
     "MoeCausalLMFusedLoss",
+    "MoeRouterCausalLMFusedLoss",
 }
 LAYERS = sorted(
     k.layer_name for k in KERNELS if not k.is_function and k.layer_name not in LOSS_LAYERS

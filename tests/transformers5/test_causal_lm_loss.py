@@ -11,7 +11,9 @@ model's own forward must run. On the CPU the kernels run through Triton's interp
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
+import sys
 import warnings
 
 import pytest
@@ -65,18 +67,22 @@ TINY = dict(
 )
 
 
-def tiny(family: str):
-    """A tiny model of `family` in training mode, its lm_head scaled so that the loss is far
-    from log(vocab) and soft-capping changes the logits."""
-    config_name, model_name, extra, _ = LOSS_FAMILIES[family]
-    extra = dict(extra)
-    extra.setdefault("attn_implementation", "sdpa")
+def build(config_name: str, model_name: str, config: dict):
+    """A model of transformers' ``model_name`` from ``config_name(**config)`` on DEVICE, in
+    training mode, its lm_head scaled so that the loss is far from log(vocab) and soft-capping
+    changes the logits."""
     torch.manual_seed(0)
-    config = getattr(transformers, config_name)(**TINY, **extra)
+    config = getattr(transformers, config_name)(**config)
     model = getattr(transformers, model_name)(config).to(DEVICE)
     with torch.no_grad():
         model.lm_head.weight.mul_(40.0)  # tied to the embeddings in Gemma: both scaled
     return model.train()
+
+
+def tiny(family: str):
+    """A tiny model of `family` (`LOSS_FAMILIES`), see `build`."""
+    config_name, model_name, extra, _ = LOSS_FAMILIES[family]
+    return build(config_name, model_name, {"attn_implementation": "sdpa", **TINY, **extra})
 
 
 def batch(seq: int = 9):
@@ -121,9 +127,11 @@ def assert_same_step(got, want, *, loss_tol=(1e-5, 1e-6), grad_tol=(1e-4, 1e-5))
 ALL_KERNELS = dict(loss_tol=(1e-4, 1e-5), grad_tol=(1e-4, 1e-4))
 
 
-def kernelized(model, mode=Mode.TRAINING):
+def kernelized(model, mode=Mode.TRAINING, layers=None):
+    """``model`` tagged and kernelized with our kernels (only those for ``layers``, if given:
+    the rest of the model then runs transformers' code)."""
     tag_causal_lm_losses(model)
-    with use_kernel_mapping(library_mapping(devices=[DEVICE])):
+    with use_kernel_mapping(library_mapping(devices=[DEVICE], layers=layers)):
         kernelize(model, mode=mode, device=DEVICE)
     return model
 
@@ -146,22 +154,79 @@ def kernelized(model, mode=Mode.TRAINING):
         ("NanoChatForCausalLM", "GemmaCausalLMFusedLoss"),
         # a router loss: its own layer (test_moe_causal_lm_loss.py)
         ("MixtralForCausalLM", "MoeCausalLMFusedLoss"),
-        # left alone: the router logits in an output of their own (DeepseekV3 in 5.24),
-        # another loss path (Gemma 4)
-        ("DeepseekV3ForCausalLM", None),
+        # the router logits returned without a loss (test_moe_router_causal_lm_loss.py);
+        # HunYuan V3 spells out aux_loss=None
+        ("DeepseekV3ForCausalLM", "MoeRouterCausalLMFusedLoss"),
+        ("Glm4MoeForCausalLM", "MoeRouterCausalLMFusedLoss"),
+        ("HYV3ForCausalLM", "MoeRouterCausalLMFusedLoss"),
+        ("DeepseekV4ForCausalLM", "MoeCausalLMFusedLoss"),  # Mixtral's forward
+        # left alone: another loss path (Gemma 4); near copies of DeepSeek-V3's that compute
+        # something else: the hidden states cast to the lm_head's dtype (HunYuan V4), the
+        # logits scaled (Cohere 2 MoE), the hidden states divided and the vocabulary trimmed
+        # (Inkling)
         ("Gemma4ForCausalLM", None),
+        ("HYV4ForCausalLM", None),
+        ("Cohere2MoeForCausalLM", None),
+        ("InklingForCausalLM", None),
     ],
 )
 def test_recognised_forwards(name, layer):
     assert _causal_lm_layer(getattr(transformers, name)) == layer
 
 
-def test_a_forward_reading_other_globals_is_not_tagged(monkeypatch):
-    """The same source, but the module's ``slice_logits_to_keep`` is not transformers'."""
-    from transformers.models.llama import modeling_llama
+@functools.cache
+def layer_of_every_class() -> dict[tuple[str, str], str | None]:
+    """``(module, class name) -> layer name`` (None: left alone) that `_causal_lm_layer`
+    gives every class of transformers' modelling modules that defines its own ``forward``.
+    Importing every modelling module takes tens of seconds, so the tests share one reading."""
+    import importlib
+    import pkgutil
 
-    monkeypatch.setattr(modeling_llama, "slice_logits_to_keep", lambda h, k: h)
-    assert _causal_lm_layer(transformers.LlamaForCausalLM) is None
+    import transformers.models
+
+    layers = {}
+    for package in pkgutil.iter_modules(transformers.models.__path__):
+        try:
+            imported = importlib.import_module(f"transformers.models.{package.name}")
+        except Exception:  # noqa: BLE001 - a model whose optional dependency is missing
+            continue
+        for sub in pkgutil.iter_modules(imported.__path__):
+            if not sub.name.startswith("modeling_"):
+                continue
+            try:
+                module = importlib.import_module(f"{imported.__name__}.{sub.name}")
+            except Exception:  # noqa: BLE001
+                continue
+            for name, cls in vars(module).items():
+                if (
+                    inspect.isclass(cls)
+                    and cls.__module__ == module.__name__
+                    and "forward" in vars(cls)
+                ):
+                    layers[module.__name__, name] = _causal_lm_layer(cls)
+    return layers
+
+
+def classes_tagged(layer: str) -> set[str]:
+    """The names of the classes of transformers 5.24 whose forward is tagged `layer`."""
+    return {name for (_, name), found in layer_of_every_class().items() if found == layer}
+
+
+@pytest.mark.parametrize(
+    "name,global_name",
+    [
+        ("LlamaForCausalLM", "slice_logits_to_keep"),
+        ("MixtralForCausalLM", "MoeCausalLMOutputWithPast"),
+        ("DeepseekV3ForCausalLM", "MoeCausalLMOutputWithPast"),
+    ],
+)
+def test_a_forward_reading_other_globals_is_not_tagged(monkeypatch, name, global_name):
+    """The same source, but a global of its modelling module is not transformers' (its own
+    slicing, its own output class)."""
+    cls = getattr(transformers, name)
+    assert _causal_lm_layer(cls) is not None
+    monkeypatch.setattr(sys.modules[cls.__module__], global_name, dict)
+    assert _causal_lm_layer(cls) is None
 
 
 # ---- the layers -----------------------------------------------------------------------------
@@ -177,6 +242,8 @@ def test_layer_names_resolve_to_the_5_24_signatures():
     replaces = {
         "CausalLMFusedLoss": transformers.LlamaForCausalLM,
         "GemmaCausalLMFusedLoss": transformers.Gemma2ForCausalLM,
+        "MoeCausalLMFusedLoss": transformers.MixtralForCausalLM,
+        "MoeRouterCausalLMFusedLoss": transformers.DeepseekV3ForCausalLM,
         "ForCausalLMLoss": type(use_kernel_forward_from_hub("ForCausalLMLoss")(ForCausalLMLoss)),
     }
     for name, original in replaces.items():

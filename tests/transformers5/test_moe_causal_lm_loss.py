@@ -10,18 +10,24 @@ aux loss, every parameter's gradient. On the CPU the kernels run through Triton'
 from __future__ import annotations
 
 import copy
-import inspect
 
 import pytest
 import torch
 import transformers
-from test_causal_lm_loss import IGNORE, VOCAB, assert_same_step, batch, kernelized, step
+from test_causal_lm_loss import (
+    IGNORE,
+    VOCAB,
+    assert_same_step,
+    batch,
+    build,
+    classes_tagged,
+    kernelized,
+    step,
+)
 from tf5_models import DEVICE
 
-from kernels import get_local_kernel
 from kernels.layer.swap import kernel_layer_of
-from kernels.layer.validation import validate_kernel_layer
-from kernels.library import library_path, tag_causal_lm_losses
+from kernels.library import tag_causal_lm_losses
 from kernels.library.transformers_tags import _causal_lm_layer
 
 LAYER = "MoeCausalLMFusedLoss"
@@ -53,12 +59,7 @@ TINY = dict(
 
 def tiny(family: str, **config):
     config_name, model_name, extra = MOE_FAMILIES[family]
-    torch.manual_seed(0)
-    config = getattr(transformers, config_name)(**TINY, **extra, **config)
-    model = getattr(transformers, model_name)(config).to(DEVICE)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(40.0)
-    return model.train()
+    return build(config_name, model_name, {**TINY, **extra, **config})
 
 
 # 5.24's MoE *ForCausalLM classes whose forward is MixtralForCausalLM's, word for word.
@@ -87,36 +88,10 @@ MIXTRAL_FORWARD_CLASSES = {
 
 
 def test_the_classes_tagged():
-    """Every class of transformers' ``*ForCausalLM`` modelling modules: exactly the 20 with
-    Mixtral's forward are recognised as ``"MoeCausalLMFusedLoss"``."""
-    import importlib
-    import pkgutil
-
-    import transformers.models
-
-    found = set()
-    for package in pkgutil.iter_modules(transformers.models.__path__):
-        try:
-            imported = importlib.import_module(f"transformers.models.{package.name}")
-        except Exception:  # noqa: BLE001 - a model whose optional dependency is missing
-            continue
-        for sub in pkgutil.iter_modules(imported.__path__):
-            if not sub.name.startswith("modeling_"):
-                continue
-            try:
-                module = importlib.import_module(f"{imported.__name__}.{sub.name}")
-            except Exception:  # noqa: BLE001
-                continue
-            for name, cls in vars(module).items():
-                if (
-                    inspect.isclass(cls)
-                    and cls.__module__ == module.__name__
-                    and "forward" in vars(cls)
-                    and _causal_lm_layer(cls) == LAYER
-                ):
-                    found.add(name)
-    assert found == MIXTRAL_FORWARD_CLASSES
-    assert len(found) == 20
+    """Every class of transformers' modelling modules: exactly the 20 with Mixtral's forward
+    are recognised as ``"MoeCausalLMFusedLoss"``."""
+    assert classes_tagged(LAYER) == MIXTRAL_FORWARD_CLASSES
+    assert len(MIXTRAL_FORWARD_CLASSES) == 20
 
 
 @pytest.mark.parametrize(
@@ -126,9 +101,9 @@ def test_the_classes_tagged():
         ("Qwen3MoeForCausalLM", LAYER),
         ("Qwen2MoeForCausalLM", LAYER),
         ("OlmoeForCausalLM", LAYER),
-        # left alone: the router logits output without an aux loss (DeepseekV3 in 5.24),
-        # another aux-loss formula (GraniteMoe, Dbrx, JetMoe)
-        ("DeepseekV3ForCausalLM", None),
+        # the router logits output without an aux loss: a layer of its own
+        ("DeepseekV3ForCausalLM", "MoeRouterCausalLMFusedLoss"),
+        # left alone: another aux-loss formula (GraniteMoe, Dbrx, JetMoe)
         ("GraniteMoeForCausalLM", None),
         ("DbrxForCausalLM", None),
         ("JetMoeForCausalLM", None),
@@ -136,23 +111,6 @@ def test_the_classes_tagged():
 )
 def test_recognised_forwards(name, layer):
     assert _causal_lm_layer(getattr(transformers, name)) == layer
-
-
-def test_a_forward_with_another_output_class_is_not_tagged(monkeypatch):
-    from transformers.models.mixtral import modeling_mixtral
-
-    monkeypatch.setattr(modeling_mixtral, "MoeCausalLMOutputWithPast", dict)
-    assert _causal_lm_layer(transformers.MixtralForCausalLM) is None
-
-
-def test_layer_name_resolves_to_the_5_24_signature():
-    loss = get_local_kernel(library_path() / "loss", "loss")
-    layer = getattr(loss.layers, LAYER)
-    assert layer.__name__ == LAYER and LAYER in dir(loss.layers)
-    original = transformers.MixtralForCausalLM
-    parameters = inspect.signature(layer.forward).parameters
-    assert list(parameters) == list(inspect.signature(original.forward).parameters)
-    validate_kernel_layer(layer, original, kernel_source="library/loss", layer_name=LAYER)
 
 
 @pytest.mark.parametrize("router_logits", [True, False])

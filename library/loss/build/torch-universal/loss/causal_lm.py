@@ -318,21 +318,24 @@ def _model_global(model, name: str):
 
 
 def fused_moe_causal_lm_forward(
-    model, model_inputs: dict, labels, kwargs: dict, attention_mask, output_router_logits,
+    model, model_inputs: dict, labels, kwargs: dict, attention_mask, add_aux_loss,
     cache_field: str = "past_key_values",
 ):  # fmt: skip
-    """The rest of ``MixtralForCausalLM.forward`` (and its copies) with the fused loss:
-    ``model_inputs`` hold the resolved ``output_router_logits`` already. The cross-entropy is
-    `causal_lm_loss`'s; where the router logits are output, the load-balancing loss is the
-    model's own ``load_balancing_loss_func`` (from its modelling module) of them, added to the
-    loss times ``router_aux_loss_coef``, as the model adds it. Returns
-    ``MoeCausalLMOutputWithPast(loss=..., aux_loss=..., logits=None, ...)``, or its tuple
-    where ``can_return_tuple`` would."""
+    """The rest of an MoE ``*ForCausalLM.forward`` with the fused loss. The cross-entropy is
+    `causal_lm_loss`'s. With ``add_aux_loss`` (``MixtralForCausalLM.forward`` and its copies,
+    where they output the router logits: the resolved ``output_router_logits``, which
+    ``model_inputs`` hold already), the load-balancing loss is the model's own
+    ``load_balancing_loss_func`` (from its modelling module) of them, added to the loss times
+    ``router_aux_loss_coef``, as the model adds it. Without, ``aux_loss`` is None: Mixtral's
+    forward without router logits, and 5.24's ``DeepseekV3ForCausalLM.forward`` and its copies,
+    which return the router logits and add no loss of them. Returns
+    ``MoeCausalLMOutputWithPast(loss=..., aux_loss=..., logits=None, router_logits=..., ...)``,
+    or its tuple where ``can_return_tuple`` would."""
     from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
     outputs, loss, return_dict = _base_model_and_loss(model, model_inputs, labels, kwargs, None)
     aux_loss = None
-    if output_router_logits:
+    if add_aux_loss:
         load_balancing_loss_func = _model_global(model, "load_balancing_loss_func")
         aux_loss = load_balancing_loss_func(
             outputs.router_logits, model.num_experts, model.num_experts_per_tok, attention_mask

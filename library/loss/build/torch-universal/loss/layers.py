@@ -17,15 +17,20 @@ module's own ``model``, ``lm_head``, ``config`` and ``loss_function``.
   and its copies (Qwen2Moe, Qwen3Moe, OlMoE, ...): the fused cross-entropy plus
   ``router_aux_loss_coef`` times the model's own ``load_balancing_loss_func`` of the router
   logits (when they are output), ``aux_loss`` and ``router_logits`` returned as the model does.
+- ``MoeRouterCausalLMFusedLoss`` does the same for transformers 5.24's
+  ``DeepseekV3ForCausalLM.forward`` and its copies (DeepseekV2, Glm4Moe, Dots1, ...): Llama's
+  forward over an MoE base model, returning ``MoeCausalLMOutputWithPast`` with the router
+  logits and no auxiliary loss. 4.57 has no such forward (those classes had Llama's there).
 
 The two transformers lines give those forwards different signatures (5.24: ``cache`` for
 ``past_key_values``, no ``cache_position``, and for Gemma 2 no ``output_attentions`` /
 ``output_hidden_states``), and ``kernelize`` accepts a layer only with the exact signature of
-the forward it replaces. So each of the names has a layer per line, and the name resolves,
-on first look-up (``layers.CausalLMFusedLoss``, which is how ``kernels`` loads a layer), to
-the one whose signature fits the transformers in the process: decided by the fields of its
-``CausalLMOutputWithPast`` (`cache_output_field`), which importing transformers is needed for
-and nothing else here imports. Without transformers the names are the 4.57 layers.
+the forward it replaces. So each of the names has a layer per line that has the forward, and
+the name resolves, on first look-up (``layers.CausalLMFusedLoss``, which is how ``kernels``
+loads a layer), to the one whose signature fits the transformers in the process: decided by the
+fields of its ``CausalLMOutputWithPast`` (`cache_output_field`), which importing transformers
+is needed for and nothing else here imports. Without transformers the names are the 4.57
+layers.
 """
 
 import functools
@@ -234,27 +239,60 @@ def _renames_past_key_values(forward):
     return renaming
 
 
-def _forward_5_24(
-    model, input_ids, attention_mask, position_ids, cache, inputs_embeds, labels, use_cache,
-    logits_to_keep, kwargs, softcap,
-):  # fmt: skip
-    """The body the two 5.24 forwards share (Gemma 2's adds soft-capping): the fused loss where
-    ``takes_fused_loss`` allows it, else the model's own forward."""
-    if not takes_fused_loss(model, labels, logits_to_keep):
-        return type(model).forward(
-            model, input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
-            use_cache, logits_to_keep, **kwargs,
-        )  # fmt: skip
-    inputs = dict(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        cache=cache,
-        inputs_embeds=inputs_embeds,
-        use_cache=use_cache,
-    )
+def _llama_forward_5_24(fused):
+    """A ``forward`` with the signature of transformers 5.24's ``LlamaForCausalLM.forward``,
+    which Gemma 2's and DeepSeek-V3's forwards have too: where `takes_fused_loss` allows it,
+    ``fused(model, inputs, labels, kwargs)``, the rest of the forward with the fused loss
+    (``inputs``: what the forward passes its base model besides ``kwargs``); else the model's
+    own forward. One definition of the signature for the three layers that take it."""
+
+    @_renames_past_key_values
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        if not takes_fused_loss(self, labels, logits_to_keep):
+            return type(self).forward(
+                self, input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
+                use_cache, logits_to_keep, **kwargs,
+            )  # fmt: skip
+        inputs = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+        )
+        return fused(self, inputs, labels, kwargs)
+
+    return forward
+
+
+def _fused_llama_5_24(model, inputs, labels, kwargs):
+    return fused_causal_lm_forward(model, inputs, labels, kwargs, softcap=None, cache_field="cache")
+
+
+def _fused_gemma2_5_24(model, inputs, labels, kwargs):
+    softcap = model.config.final_logit_softcapping
     return fused_causal_lm_forward(
         model, inputs, labels, kwargs, softcap=softcap, cache_field="cache"
+    )
+
+
+def _fused_deepseek_v3_5_24(model, inputs, labels, kwargs):
+    # MoeCausalLMOutputWithPast with the base model's router logits (recorded when
+    # output_router_logits travels in kwargs), and no loss of them added: aux_loss stays None.
+    return fused_moe_causal_lm_forward(
+        model, inputs, labels, kwargs, attention_mask=None, add_aux_loss=False, cache_field="cache"
     )
 
 
@@ -266,23 +304,7 @@ class _CausalLMFusedLoss524(torch.nn.Module):
     has_backward = True
     can_torch_compile = True
 
-    @_renames_past_key_values
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        position_ids=None,
-        cache=None,
-        inputs_embeds=None,
-        labels=None,
-        use_cache=None,
-        logits_to_keep=0,
-        **kwargs,
-    ):
-        return _forward_5_24(
-            self, input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
-            use_cache, logits_to_keep, kwargs, softcap=None,
-        )  # fmt: skip
+    forward = _llama_forward_5_24(_fused_llama_5_24)
 
 
 class _GemmaCausalLMFusedLoss524(torch.nn.Module):
@@ -293,23 +315,7 @@ class _GemmaCausalLMFusedLoss524(torch.nn.Module):
     has_backward = True
     can_torch_compile = True
 
-    @_renames_past_key_values
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        position_ids=None,
-        cache=None,
-        inputs_embeds=None,
-        labels=None,
-        use_cache=None,
-        logits_to_keep=0,
-        **kwargs,
-    ):
-        return _forward_5_24(
-            self, input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
-            use_cache, logits_to_keep, kwargs, softcap=self.config.final_logit_softcapping,
-        )  # fmt: skip
+    forward = _llama_forward_5_24(_fused_gemma2_5_24)
 
 
 class _MoeCausalLMFusedLoss524(torch.nn.Module):
@@ -356,6 +362,25 @@ class _MoeCausalLMFusedLoss524(torch.nn.Module):
         )
 
 
+class _MoeRouterCausalLMFusedLoss524(torch.nn.Module):
+    """transformers 5.24 ``DeepseekV3ForCausalLM.forward`` (and the 21 other ``*ForCausalLM``
+    MoE classes with the same forward: DeepseekV2, DeepseekV3.2, Glm4Moe, Dots1,
+    HunYuanMoEV1, LongcatFlash, Lfm2Moe, Mistral4, ...), with the training loss fused:
+    ``logits`` is None then (see ``takes_fused_loss``).
+
+    Its own name, apart from ``MoeCausalLMFusedLoss``, because the forward differs from
+    Mixtral's in what matters: it returns the router logits (``MoeCausalLMOutputWithPast``)
+    and adds no loss of them (DeepSeek-V3 balances its experts with a bias on the router's
+    scores, not with an auxiliary loss), and takes no ``output_router_logits`` argument (the
+    base model reads it from ``**kwargs``). transformers 4.57 has no such forward: these
+    classes had Llama's there, and are ``CausalLMFusedLoss`` on that line."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    forward = _llama_forward_5_24(_fused_deepseek_v3_5_24)
+
+
 # ---- the layer names ------------------------------------------------------------------------
 
 # The layers of each transformers line, by layer name; keyed by `cache_output_field`.
@@ -369,8 +394,11 @@ _CAUSAL_LM_LAYERS = {
         "CausalLMFusedLoss": _CausalLMFusedLoss524,
         "GemmaCausalLMFusedLoss": _GemmaCausalLMFusedLoss524,
         "MoeCausalLMFusedLoss": _MoeCausalLMFusedLoss524,
+        "MoeRouterCausalLMFusedLoss": _MoeRouterCausalLMFusedLoss524,
     },
 }
+# Every layer name, on either line; `__getattr__` says which line lacks one.
+_LAYER_NAMES = frozenset(name for layers in _CAUSAL_LM_LAYERS.values() for name in layers)
 
 for _layers in _CAUSAL_LM_LAYERS.values():
     for _name, _layer in _layers.items():
@@ -391,13 +419,22 @@ def _causal_lm_layers() -> dict:
 
 def __getattr__(name):
     # PEP 562: called for names this module does not define, i.e. the causal-LM layer names.
-    if name in _CAUSAL_LM_LAYERS["cache"]:
-        return _causal_lm_layers()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _LAYER_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    layers = _causal_lm_layers()
+    if name not in layers:
+        # MoeRouterCausalLMFusedLoss under transformers 4.57: nothing there has its forward.
+        raise AttributeError(
+            f"module {__name__!r} has no layer {name!r} for the transformers in this process "
+            f"(4.57's line, or none: its CausalLMOutputWithPast has no 'cache' field): the "
+            f"forward it replaces is transformers 5.24's. Layers for this line: "
+            f"{', '.join(sorted(layers))}"
+        )
+    return layers[name]
 
 
 def __dir__():
-    return sorted({*globals(), *_CAUSAL_LM_LAYERS["cache"]})
+    return sorted({*globals(), *_LAYER_NAMES})
 
 
 # How ``kernels`` runs each layer when tensor parallelism hands it DTensors (its shard rule, an
@@ -412,6 +449,7 @@ for _layer in (
     _GemmaCausalLMFusedLoss524,
     _MoeCausalLMFusedLoss457,
     _MoeCausalLMFusedLoss524,
+    _MoeRouterCausalLMFusedLoss524,
 ):
     _layer.forward.shard_rule = "plain"
 del _layer
