@@ -12,16 +12,21 @@ greedy, prompt 128, 128 new tokens, at batch 1 and 8, for
 - ``ours kernelized + static + compile``: the same, kernelized with Mode.INFERENCE |
   TORCH_COMPILE first;
 - ``ours CUDA graphs`` and ``ours kernelized + CUDA graphs``: `kernels.generation`'s
-  `CudaGraphGenerator` (decode step captured in a CUDA graph per batch size), without and with
-  our kernels.
+  `CudaGraphGenerator` decoding step by step through generate() (``fused_steps=0``: the decode
+  step captured in a CUDA graph per batch size), without and with our kernels;
+- ``ours CUDA graphs + fused greedy loop`` and ``ours kernelized + CUDA graphs + fused greedy
+  loop``: the same generator with its fused greedy loop (the default: after generate()'s
+  prefill, `DEFAULT_FUSED_STEPS` decode steps per graph replay, no generate() Python between
+  steps).
 
 Reported per contender and batch: decode ms per new token ((time of 128 new tokens - time of
 1, the prefill) / 127, median over interleaved rounds), the whole call per token, and, for the
 first call at that batch size on the freshly built model, the time to the first token and to
 the first token of a decode step (the second; that is where compiling or capturing happens)
-and of the whole call. Whether each contender's tokens match eager's is checked (bf16: a
-different cache layout or kernel may round a near-tie differently; the count of equal leading
-tokens is given).
+and of the whole call. The fused loop takes no streamer (a streamer sends a call through
+generate()'s own loop), so its first-token times are not taken (—), only its first call's.
+Whether each contender's tokens match eager's is checked (bf16: a different cache layout or
+kernel may round a near-tie differently; the count of equal leading tokens is given).
 
 Part 2 (``host``): host microseconds per call of our RMSNorm, LayerNorm, SiluAndMul and rotary
 at 4096x4096 (bf16; forward, and forward+backward) beside the aten op (``F.rms_norm``,
@@ -57,12 +62,15 @@ PROMPT = 128
 NEW_TOKENS = 128
 BATCHES = (1, 8)
 EAGER = "eager"
-#: contender -> (kernelize mode or None, how it generates: "dynamic", "static" or "graphs")
+#: contender -> (kernelize mode or None, how it generates: "dynamic", "static", "graphs" (step
+#: by step through generate()) or "fused" (the fused greedy loop))
 CONTENDERS = {
     EAGER: (None, "dynamic"),
     "ours kernelized": ("INFERENCE", "dynamic"),
     "ours CUDA graphs": (None, "graphs"),
     "ours kernelized + CUDA graphs": ("INFERENCE", "graphs"),
+    "ours CUDA graphs + fused greedy loop": (None, "fused"),
+    "ours kernelized + CUDA graphs + fused greedy loop": ("INFERENCE", "fused"),
     "static + compile": (None, "static"),
     "ours kernelized + static + compile": ("INFERENCE|TORCH_COMPILE", "static"),
 }
@@ -82,11 +90,17 @@ class Contender:
     def __init__(self, model, how: str, generator=None):
         self.model, self.how, self.generator = model, how, generator
 
+    @property
+    def streams(self) -> bool:
+        """Whether its calls take a streamer (one would send the fused loop's calls through
+        generate()'s own loop)."""
+        return self.how != "fused"
+
     def generate(self, ids, mask, new_tokens, streamer=None):
-        options = dict(
-            attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, streamer=streamer
-        )
-        if self.how == "graphs":
+        options = dict(attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)
+        if self.streams:
+            options["streamer"] = streamer
+        if self.how in ("graphs", "fused"):
             return self.generator.generate(ids, **options)
         if self.how == "static":
             options["cache_implementation"] = "static"
@@ -106,8 +120,10 @@ def make_contender(name: str, state_dict) -> Contender:
     # Every call generates all its tokens (random weights may emit the end token early).
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
-    if how == "graphs":
-        return Contender(model, how, CudaGraphGenerator(model, kernels=mode_names is not None))
+    if how in ("graphs", "fused"):
+        fused = {} if how == "fused" else {"fused_steps": 0}
+        generator = CudaGraphGenerator(model, kernels=mode_names is not None, **fused)
+        return Contender(model, how, generator)
     if mode_names is not None:
         mode = Mode[mode_names.split("|")[0]]
         for extra in mode_names.split("|")[1:]:
@@ -175,7 +191,7 @@ def time_decode(contenders: dict, module_state, batch: int, rounds: int, referen
         streamer = TokenTimes(batch)
         start = time.perf_counter()
         out, call_s = timed(lambda c=contender, s=streamer: c.generate(ids, mask, NEW_TOKENS, s))
-        first, decode = (t - start for t in streamer.times[:2])
+        first, decode = [t - start for t in streamer.times[:2]] if contender.streams else [None] * 2
         contender.generate(ids, mask, NEW_TOKENS)  # a second warm-up call
         rows[name] = {
             "contender": name,
@@ -185,7 +201,7 @@ def time_decode(contenders: dict, module_state, batch: int, rounds: int, referen
             "cold_call_s": call_s,
             "same_tokens_as_eager": same_leading_tokens(out, reference),
         }
-        print(f"  batch {batch} {name:36s} first call {call_s:7.2f} s", flush=True)
+        print(f"  batch {batch} {name:50s} first call {call_s:7.2f} s", flush=True)
     samples = {name: {"full": [], "prefill": []} for name in contenders}
     names = list(contenders)
     for r in range(rounds):
@@ -207,13 +223,18 @@ def time_decode(contenders: dict, module_state, batch: int, rounds: int, referen
             prefill_ms=prefill * 1e3,
         )
         print(
-            f"  batch {batch} {name:36s} {row['decode_ms_per_token']:7.2f} ms/token "
+            f"  batch {batch} {name:50s} {row['decode_ms_per_token']:7.2f} ms/token "
             f"(call {row['call_ms_per_token']:.2f}), first decode token "
-            f"{row['cold_first_decode_token_s']:.2f} s, same tokens "
+            f"{seconds(row['cold_first_decode_token_s'], 2)}, same tokens "
             f"{row['same_tokens_as_eager']}/{NEW_TOKENS}",
             flush=True,
         )
     return list(rows.values())
+
+
+def seconds(value: float | None, digits: int = 1) -> str:
+    """``value`` seconds as text, "—" where it was not measured."""
+    return "—" if value is None else f"{value:.{digits}f} s"
 
 
 def eager_tokens(state_dict, batches) -> dict:
@@ -446,7 +467,7 @@ def markdown(results: dict) -> str:
                 same = r["same_tokens_as_eager"]
                 cells += [
                     f"{r['decode_ms_per_token']:.2f}{ratio}",
-                    f"{r['cold_first_decode_token_s']:.1f} s / {r['cold_call_s']:.1f} s",
+                    f"{seconds(r['cold_first_decode_token_s'])} / {seconds(r['cold_call_s'])}",
                     "—" if same is None else f"{same}/{meta['new_tokens']}",
                 ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")

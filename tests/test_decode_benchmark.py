@@ -91,3 +91,36 @@ def test_groups_split_compiled_contenders_from_the_others():
         "ours kernelized + static + compile",
     }
     assert set(decode.GROUPS["eager"]) | set(decode.GROUPS["compiled"]) == set(decode.CONTENDERS)
+
+
+def test_the_fused_loop_contenders_run_without_compiling_and_take_no_streamer():
+    fused = [name for name, (_, how) in decode.CONTENDERS.items() if how == "fused"]
+    assert fused == [
+        "ours CUDA graphs + fused greedy loop",
+        "ours kernelized + CUDA graphs + fused greedy loop",
+    ]
+    assert set(fused) <= set(decode.GROUPS["eager"])
+    row = {**decode_row(fused[1], 1, 2.0), "cold_first_token_s": None}
+    row["cold_first_decode_token_s"] = None
+    text = decode.markdown(
+        decode.merge({}, META, [decode_row("static + compile", 1, 6.0), row], [])
+    )
+    assert f"| {fused[1]} | 2.00 (0.33x) | — / 31.0 s | 128/128 |" in text
+
+
+def test_a_fused_contender_generates_on_the_cpu():
+    """Contender.generate for the fused loop on a tiny model: a streamer is not passed on (it
+    would send the call through generate()'s loop), and the tokens are generate()'s."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "generation"))
+    from generation_checks import eager_greedy, prompt, tiny_llama
+
+    from kernels.generation import CudaGraphGenerator
+
+    model = tiny_llama()
+    contender = decode.Contender(model, "fused", CudaGraphGenerator(model))
+    ids, mask = prompt(2)
+    streamer = decode.TokenTimes(batch=2)
+    got = contender.generate(ids, mask, 12, streamer)
+    assert torch.equal(got, eager_greedy(model, ids, mask, 12))
+    assert not contender.streams and streamer.times == []
+    assert contender.generator.stats.fused_calls == 1

@@ -8,9 +8,12 @@ every step; ``generate()`` itself runs unchanged, and our kernels can be swapped
 
 - `CudaGraphGenerator` (`generator`): the helper; `fast_generate` is its one-call form.
 - `DecodeGraphs` (`decode`): which calls are decode steps, when to capture, which graph to replay.
+- `FusedGreedyLoop` (`greedy_loop`): plain greedy calls decoded K steps per graph replay, their
+  next inputs made on the device (`greedy_steps`); `greedy_rule` says which calls are plain.
 - `inputs`: the key a call must match to reuse a graph, and the static buffers graphs read.
 - `graph`: CUDA-graph capture, and its stand-in off CUDA (plain calls).
 - `cache`: transformers' ``StaticCache`` across 4.57 and 5.x.
+- `attributes`: the instance attributes set on the model for the length of a call.
 
 See docs/generation.md.
 
@@ -29,14 +32,17 @@ from .decode import DecodeGraphs, DecodeStats
 from .errors import UnsupportedGenerationError
 from .generator import CACHE_LENGTH_STEP, CudaGraphGenerator, fast_generate
 from .graph import CudaGraphBackend, EagerBackend, GraphBackend, default_backend
+from .greedy_loop import DEFAULT_FUSED_STEPS, FusedGreedyLoop
 
 __all__ = [
     "CACHE_LENGTH_STEP",
     "CudaGraphBackend",
     "CudaGraphGenerator",
+    "DEFAULT_FUSED_STEPS",
     "DecodeGraphs",
     "DecodeStats",
     "EagerBackend",
+    "FusedGreedyLoop",
     "GraphBackend",
     "UnsupportedGenerationError",
     "default_backend",

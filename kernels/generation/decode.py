@@ -65,6 +65,14 @@ class DecodeStats:
     replays: int = 0
     #: Captures that raised: their key runs eagerly from then on.
     failed_captures: int = 0
+    #: generate() calls decoded by the fused greedy loop (`kernels.generation.greedy_loop`).
+    fused_calls: int = 0
+    #: Tokens those calls got from the fused loop (all but the first, which the prefill makes).
+    fused_tokens: int = 0
+    #: Fused blocks (K decode steps in one graph) captured.
+    fused_captures: int = 0
+    #: Fused blocks run by replaying their graph (K decode steps each).
+    fused_replays: int = 0
 
 
 @dataclass
@@ -116,7 +124,7 @@ class DecodeGraphs:
     def remove_cache(self, cache: Any) -> None:
         """Forget ``cache`` and drop the graphs captured on it."""
         self._caches.pop(id(cache), None)
-        self._forget(lambda key: _cache_id(key) == id(cache))
+        self._forget(lambda key: key_cache_id(key) == id(cache))
 
     def clear(self) -> None:
         """Drop every graph and cache (their memory goes when nothing else holds it)."""
@@ -135,12 +143,18 @@ class DecodeGraphs:
 
     # ---- calls -----------------------------------------------------------------------------------
 
+    def is_decode_step(self, args: tuple, kwargs: dict[str, Any]) -> bool:
+        """Whether a forward call is a decode step: keyword arguments only, one of our caches,
+        one new token per sequence."""
+        cache = kwargs.get(self.cache_argument)
+        return not args and id(cache) in self._caches and _new_tokens(kwargs) == 1
+
     def run(self, forward: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         """``forward(*args, **kwargs)``, from a graph when it is a decode step that can be."""
-        cache = kwargs.get(self.cache_argument)
-        if args or id(cache) not in self._caches or _new_tokens(kwargs) != 1:
+        if not self.is_decode_step(args, kwargs):
             self.stats.other_calls += 1
             return forward(*args, **kwargs)
+        cache = kwargs[self.cache_argument]
         key, reason = self._key(cache, kwargs)
         if key is None:
             self._log_once(f"decode steps run eagerly: {reason}")
@@ -240,7 +254,8 @@ def _batch_size(kwargs: dict[str, Any]) -> int | str:
     return "?"
 
 
-def _cache_id(key: Hashable) -> int | None:
+def key_cache_id(key: Hashable) -> int | None:
+    """The id of the cache a `call_key` key was made with, or None."""
     for item in key:
         if item[1] == "object":
             return item[2]

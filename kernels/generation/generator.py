@@ -8,6 +8,12 @@ processors, sampling and stopping run as ``generate()`` runs them. The generator
 ``StaticCache`` of its own (one per batch size, kept between calls, so graphs are captured once)
 and ``disable_compile=True``, so that ``generate()`` does not compile the forward itself.
 
+A plain greedy call (`kernels.generation.greedy_rule`) is taken over at its first decode step:
+the wrapped forward raises `_HandOver` out of ``generate()``, with the arguments generate()
+passed to that step, and `kernels.generation.greedy_loop.FusedGreedyLoop` decodes the rest in
+blocks of ``fused_steps`` steps per graph replay. The prefill and the first token are therefore
+generate()'s own; every other call stays in generate()'s loop.
+
 Example:
     ```python
     from kernels.generation import CudaGraphGenerator
@@ -23,16 +29,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from .attributes import instance_attribute
 from .cache import cache_argument, new_static_cache
 from .decode import DecodeGraphs, DecodeStats
 from .errors import UnsupportedGenerationError
 from .graph import EagerBackend, GraphBackend, default_backend
+from .greedy_loop import DEFAULT_FUSED_STEPS, FusedGreedyLoop
+from .greedy_rule import GenerateSetup, StopSettings, greedy_blocker, recording_setup, stop_settings
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +53,27 @@ CACHE_LENGTH_STEP = 256
 _GENERATOR_ATTRIBUTE = "_kernels_cuda_graph_generator"
 
 
+@dataclass(frozen=True)
+class _FusedPlan:
+    """How the fused loop finishes a call: its prompt, when it stops, where its first decode step
+    feeds and how many tokens are left after that one."""
+
+    prompt: torch.Tensor
+    stop: StopSettings
+    position: int
+    new_tokens: int
+
+
+class _HandOver(Exception):
+    """Raised out of ``generate()`` by the wrapped forward at the first decode step of a call the
+    fused greedy loop takes; carries that step's keyword arguments and the plan."""
+
+    def __init__(self, kwargs: dict[str, Any], plan: _FusedPlan):
+        super().__init__("the fused greedy loop takes over this generate() call")
+        self.kwargs = kwargs
+        self.plan = plan
+
+
 class CudaGraphGenerator:
     """Generates with ``model.generate()``, replaying its decode steps from CUDA graphs.
 
@@ -51,6 +82,12 @@ class CudaGraphGenerator:
     kept for later calls of `generate` with that batch size (and a cache long enough). The
     prefill and any step the graphs do not cover run eagerly. On a device other than CUDA the
     decode steps run eagerly (logged once), through the same static cache and buffers.
+
+    Plain greedy calls (no sampling, no logits processor, no streamer, ...: see
+    `kernels.generation.greedy_rule`) skip ``generate()``'s per-step Python: after its prefill
+    and first token, ``fused_steps`` decode steps at a time run from one graph, each step's
+    argmax, end-token update and next inputs made on the device, and the host checks once per
+    block whether every sequence has finished. The tokens are ``model.generate()``'s.
 
     Args:
         model: a transformers causal LM (decoder-only) whose layers use full attention.
@@ -63,6 +100,11 @@ class CudaGraphGenerator:
         warmup_steps: eager decode steps per batch size before its capture.
         backend: how steps are captured; by default CUDA graphs on CUDA, plain calls elsewhere
             (`kernels.generation.graph`).
+        fused_steps: decode steps per graph of the fused greedy loop (K), default
+            `DEFAULT_FUSED_STEPS`; 0 turns the loop off, so that greedy calls too run through
+            ``generate()``'s loop with one graph per step. With the loop on, the caches the
+            generator sizes hold up to K - 1 more tokens (room for the steps a last block runs
+            past the end).
 
     Changing the model after a capture (new weights' tensors, kernelize, ``.to()``) leaves the
     graphs running the old code and memory: call `reset` then.
@@ -86,6 +128,7 @@ class CudaGraphGenerator:
         max_cache_len: int | None = None,
         warmup_steps: int = 1,
         backend: GraphBackend | None = None,
+        fused_steps: int = DEFAULT_FUSED_STEPS,
     ):
         if not hasattr(model, "generate") or not hasattr(model, "config"):
             raise UnsupportedGenerationError(
@@ -99,6 +142,8 @@ class CudaGraphGenerator:
             )
         if max_cache_len is not None and max_cache_len < 2:
             raise ValueError(f"max_cache_len must be at least 2 tokens, got {max_cache_len}")
+        if fused_steps < 0:
+            raise ValueError(f"fused_steps must be >= 0 (0: no fused loop), got {fused_steps}")
         self.model = model
         self.device = _device_of(model)
         if backend is None:
@@ -118,13 +163,19 @@ class CudaGraphGenerator:
             device=self.device,
             warmup_steps=warmup_steps,
         )
+        self.fused_steps = fused_steps
+        self._fused = None
+        if fused_steps:
+            self._fused = FusedGreedyLoop(self._graphs, steps=fused_steps)
         self._caches: dict[int, tuple[Any, int]] = {}  # batch size -> (cache, length)
+        self._logged: set[str] = set()
         if kernels is not False:
             self.use_kernels(None if kernels is True else kernels)
 
     @property
     def stats(self) -> DecodeStats:
-        """What the decode steps so far ran as: eager steps, captures, replays, failures."""
+        """What the decode steps so far ran as: eager steps, captures, replays, failures, and
+        the calls and tokens of the fused greedy loop."""
         return self._graphs.stats_snapshot()
 
     def use_kernels(self, mapping: Mapping | None = None) -> None:
@@ -151,7 +202,8 @@ class CudaGraphGenerator:
         ``cache``), a ``cache_implementation`` other than ``"static"``, ``use_cache=False``,
         beam search, assisted decoding and ``output_attentions`` / ``output_hidden_states``
         (the captured outputs are overwritten at every step). Greedy decoding gives the tokens
-        of ``model.generate()``; sampling works (it runs outside the graph).
+        of ``model.generate()`` (plain greedy calls from the fused loop); sampling works (it runs
+        outside the graph).
 
         Raises:
             UnsupportedGenerationError: for the settings above, or without a prompt.
@@ -159,19 +211,45 @@ class CudaGraphGenerator:
         _check_supported(self.model, generate_kwargs)
         batch, prompt = _prompt_shape(inputs, generate_kwargs)
         batch *= _setting(self.model, generate_kwargs, "num_return_sequences", 1) or 1
-        cache = self._cache_for(batch, _needed_length(self.model, prompt, generate_kwargs))
+        needed = _needed_length(self.model, prompt, generate_kwargs)
+        cache = self._cache_for(batch, needed, prompt)
         cache.reset()
+        user_kwargs = dict(generate_kwargs)
         generate_kwargs[self._graphs.cache_argument] = cache
         # Our cache replaces the one cache_implementation would make (transformers refuses
         # both at once), and generate() must not torch.compile the forward we stand in front of.
         generate_kwargs["cache_implementation"] = None
         generate_kwargs["disable_compile"] = True
-        with self._decode_through_graphs():
-            return self.model.generate(inputs, **generate_kwargs)
+
+        def first_decode_step(kwargs: dict[str, Any]) -> None:
+            plan = self._fused_plan(setup, inputs, user_kwargs, kwargs, cache)
+            if plan is not None:
+                raise _HandOver(kwargs, plan)
+
+        with recording_setup(self.model) as setup, self._decode_through_graphs(first_decode_step):
+            try:
+                return self.model.generate(inputs, **generate_kwargs)
+            except _HandOver as handover:
+                step, plan = handover.kwargs, handover.plan
+        # generate() has stopped at its first decode step (the forward raised before running
+        # it): the prefill and the first token are its own; the fused loop makes the rest.
+        with torch.no_grad():
+            new = self._fused.decode(
+                self.model.forward,
+                step,
+                cache,
+                position=plan.position,
+                new_tokens=plan.new_tokens,
+                stop=plan.stop,
+            )
+        device = plan.prompt.device
+        return torch.cat([plan.prompt, step["input_ids"].to(device), new.to(device)], dim=-1)
 
     def reset(self) -> None:
         """Drop every graph and cache; the next calls capture again."""
         self._graphs.clear()
+        if self._fused is not None:
+            self._fused.clear()
         self._caches.clear()
 
     def __enter__(self) -> CudaGraphGenerator:
@@ -180,15 +258,24 @@ class CudaGraphGenerator:
     def __exit__(self, *exc_info) -> None:
         self.reset()
 
-    def _cache_for(self, batch: int, needed: int) -> Any:
+    def _cache_for(self, batch: int, needed: int, prompt: int) -> Any:
+        wanted = needed
+        if self.fused_steps and self.max_cache_len is None:
+            # The fused loop runs whole blocks: after the prompt and the prefill's token, its
+            # last block may feed up to K - 1 positions past the end. A fixed max_cache_len
+            # need only hold the call: the loop leaves a call it has no room for to generate().
+            blocks = -(-(needed - prompt - 1) // self.fused_steps)
+            wanted = max(needed, prompt + blocks * self.fused_steps)
         held = self._caches.get(batch)
-        if held is not None and held[1] >= needed:
+        if held is not None and held[1] >= wanted:
             return held[0]
         if held is not None:
             self._graphs.remove_cache(held[0])
+            if self._fused is not None:
+                self._fused.remove_cache(held[0])
         length = self.max_cache_len
         if length is None:
-            length = -(-needed // CACHE_LENGTH_STEP) * CACHE_LENGTH_STEP
+            length = -(-wanted // CACHE_LENGTH_STEP) * CACHE_LENGTH_STEP
         elif length < needed:
             raise UnsupportedGenerationError(
                 f"this generation needs {needed} tokens of cache (prompt plus new tokens) but "
@@ -199,25 +286,67 @@ class CudaGraphGenerator:
         self._graphs.add_cache(cache)
         return cache
 
+    def _fused_plan(
+        self,
+        setup: GenerateSetup,
+        inputs: torch.Tensor | None,
+        user_kwargs: dict[str, Any],
+        step: dict[str, Any],
+        cache: Any,
+    ) -> _FusedPlan | None:
+        """How the fused loop finishes the call whose first decode step gets ``step``, or None
+        when generate()'s own loop must; which path runs, and why, is logged once."""
+        prompt = inputs if inputs is not None else user_kwargs.get("input_ids")
+        plan = None
+        if self._fused is None:
+            reason = "the fused greedy loop is off (fused_steps=0)"
+        elif not isinstance(prompt, torch.Tensor) or prompt.dim() != 2:
+            reason = "the prompt is not a [batch, length] tensor of input ids"
+        else:
+            reason = greedy_blocker(setup, user_kwargs)
+        if reason is None:
+            stop = stop_settings(setup)
+            position = prompt.shape[1]  # the first generated token's place in the cache
+            plan = _FusedPlan(prompt, stop, position, stop.max_length - position - 1)
+            reason = self._fused.blocker(
+                step,
+                cache,
+                position=position,
+                new_tokens=plan.new_tokens,
+                capacity=self._caches[step["input_ids"].shape[0]][1],
+                stop=stop,
+            )
+        if reason is not None:
+            self._log_once(f"generate(): decoding step by step through generate(): {reason}")
+            return None
+        self._log_once(
+            f"generate(): the fused greedy loop decodes, {self.fused_steps} steps per graph"
+        )
+        return plan
+
+    def _log_once(self, message: str) -> None:
+        if message not in self._logged:
+            self._logged.add(message)
+            logger.info(message)
+
     @contextlib.contextmanager
-    def _decode_through_graphs(self) -> Iterator[None]:
-        """For the block, route the model's forward through the decode graphs."""
-        model, graphs = self.model, self._graphs
-        own = vars(model).get("forward")  # an instance attribute someone set, if any
-        forward = model.forward
+    def _decode_through_graphs(
+        self, first_decode_step: Callable[[dict[str, Any]], None] | None = None
+    ) -> Iterator[None]:
+        """For the block, route the model's forward through the decode graphs; the first decode
+        step is shown to ``first_decode_step`` first (which may raise to end generate())."""
+        graphs = self._graphs
+        forward = self.model.forward
+        pending = [first_decode_step] if first_decode_step is not None else []
 
         @functools.wraps(forward)  # keeps forward's signature, which generate() inspects
         def decode_through_graphs(*args, **kwargs):
+            if pending and graphs.is_decode_step(args, kwargs):
+                pending.pop()(kwargs)
             return graphs.run(forward, args, kwargs)
 
-        model.forward = decode_through_graphs
-        try:
+        with instance_attribute(self.model, "forward", decode_through_graphs):
             yield
-        finally:
-            if own is None:
-                del model.forward
-            else:
-                model.forward = own
 
 
 def fast_generate(
@@ -227,7 +356,8 @@ def fast_generate(
     kernels: bool | Mapping = False,
     **generate_kwargs: Any,
 ) -> Any:
-    """``model.generate(...)`` with decode steps replayed from CUDA graphs.
+    """``model.generate(...)`` with decode steps replayed from CUDA graphs (plain greedy calls
+    K steps per replay, through the fused greedy loop).
 
     The `CudaGraphGenerator` it uses is kept on the model (attribute
     ``_kernels_cuda_graph_generator``), so later calls reuse its caches and graphs; ``kernels``

@@ -47,9 +47,28 @@ def undo_kernelize() -> None:
 def tiny_llama(device="cpu", dtype=torch.float32, seed=0, **overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**{**TINY, **overrides}, attn_implementation="sdpa")
+    config = LlamaConfig(**{"attn_implementation": "sdpa", **TINY, **overrides})
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+
+
+def tiny_sliding_window_mistral():
+    """A tiny Mistral whose attention is a sliding window of 4 tokens: its static cache has
+    sliding-window layers, which keep their position in Python."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=50,
+        sliding_window=4,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    return MistralForCausalLM(config).eval()
 
 
 def prompt(batch: int, length: int = 7, device="cpu", seed: int = 1):
@@ -67,23 +86,30 @@ def eager_greedy(model, ids, mask, new_tokens=NEW_TOKENS, **kwargs):
     )
 
 
-def eager_static_greedy(model, ids, mask, new_tokens=NEW_TOKENS, cache_len=None):
+def eager_static_greedy(model, ids, mask, new_tokens=NEW_TOKENS, cache_len=None, **kwargs):
     """transformers' greedy decoding with a static cache of its own (``cache_len`` tokens, by
-    default just enough), not compiled."""
+    default just enough), not compiled; ``kwargs`` go to generate()."""
     from kernels.generation.cache import cache_argument, new_static_cache
 
     cache = new_static_cache(model, cache_len or ids.shape[1] + new_tokens)
     return eager_greedy(
-        model, ids, mask, new_tokens, disable_compile=True, **{cache_argument(model): cache}
+        model,
+        ids,
+        mask,
+        new_tokens,
+        disable_compile=True,
+        **{cache_argument(model): cache},
+        **kwargs,
     )
 
 
 def check_greedy_matches_eager(model, device="cpu", batches=(1, 3), **generator_options):
-    """The generator's greedy tokens are transformers' (dynamic and static cache), at each
-    batch size; each batch size is captured once and its later steps replayed."""
+    """Decoding step by step (the fused loop off), the generator's greedy tokens are
+    transformers' (dynamic and static cache), at each batch size; each batch size is captured
+    once and its later steps replayed."""
     from kernels.generation import CudaGraphGenerator
 
-    generator = CudaGraphGenerator(model, **generator_options)
+    generator = CudaGraphGenerator(model, fused_steps=0, **generator_options)
     for i, batch in enumerate(batches):
         ids, mask = prompt(batch, device=device, seed=batch)
         expected = eager_greedy(model, ids, mask)
@@ -100,11 +126,11 @@ def check_greedy_matches_eager(model, device="cpu", batches=(1, 3), **generator_
 
 
 def check_second_call_replays(model, device="cpu", **generator_options):
-    """A second call of the same batch size replays every decode step: no warm-up, no capture;
-    a different prompt gives transformers' tokens for it."""
+    """A second call of the same batch size replays every decode step (step by step, the fused
+    loop off): no warm-up, no capture; a different prompt gives transformers' tokens for it."""
     from kernels.generation import CudaGraphGenerator
 
-    generator = CudaGraphGenerator(model, **generator_options)
+    generator = CudaGraphGenerator(model, fused_steps=0, **generator_options)
     ids, mask = prompt(2, device=device)
     generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
     before = generator.stats
@@ -139,10 +165,11 @@ def check_sampling_matches_eager(model, device="cpu"):
 def check_kernelized_matches_its_own_eager(model):
     """With our kernels, the generator's greedy tokens are the kernelized model's own eager
     greedy tokens (not eager transformers': kernels round differently), every decode step
-    after the first two replayed from one captured graph. Returns the generator."""
+    after the first two replayed from one captured graph (step by step, the fused loop off).
+    Returns the generator."""
     from kernels.generation import CudaGraphGenerator
 
-    generator = CudaGraphGenerator(model, kernels=True)
+    generator = CudaGraphGenerator(model, kernels=True, fused_steps=0)
     assert generator.kernelized
     ids, mask = prompt(2)
     expected = eager_greedy(model, ids, mask)

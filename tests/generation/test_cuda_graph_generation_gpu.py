@@ -1,12 +1,21 @@
 """CudaGraphGenerator on a GPU: decode steps really captured in CUDA graphs and replayed, with
 transformers' tokens, on any transformers the GPU machine has (4.57 or 5.x), with and without
 our kernels. A capture that fails (a host synchronisation in the step) fails these tests through
-the statistics, not only through the tokens (a failed capture falls back to eager decoding)."""
+the statistics, not only through the tokens (a failed capture falls back to eager decoding).
+
+The fused greedy loop's tests (at the end) run the default block of `DEFAULT_FUSED_STEPS` steps
+on the model of a real decode step's shapes, batch 1 and 8, fp32 and bf16: its tokens are those
+of transformers' eager greedy decoding with a static cache of the generator's length (the same
+kernels on the same shapes, so the same roundings), and its blocks are graph replays. Nothing
+here needs a side stream: decoding runs without autograd (the side-stream rule of
+test_kernel_capture.py is about captured backwards).
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from fused_checks import early_end_token, padded_prompt
 from generation_checks import (
     NEW_TOKENS,
     check_greedy_matches_eager,
@@ -16,10 +25,14 @@ from generation_checks import (
     eager_static_greedy,
     prompt,
     tiny_llama,
-    undo_kernelize,
 )
 
-from kernels.generation import CACHE_LENGTH_STEP, CudaGraphBackend, CudaGraphGenerator
+from kernels.generation import (
+    CACHE_LENGTH_STEP,
+    DEFAULT_FUSED_STEPS,
+    CudaGraphBackend,
+    CudaGraphGenerator,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -37,12 +50,6 @@ SMALL = dict(
 def model():
     pytest.importorskip("transformers")
     return tiny_llama("cuda", **SMALL)
-
-
-@pytest.fixture
-def untagged():
-    yield
-    undo_kernelize()
 
 
 def test_the_backend_is_cuda_graphs(model):
@@ -68,7 +75,7 @@ def test_sampling_draws_the_tokens_transformers_draws(model):
 
 def test_batch_sizes_sharing_the_pool_keep_their_own_results(model):
     """Graphs of batch 1 and 4 share a memory pool; alternating them must not mix results."""
-    generator = CudaGraphGenerator(model)
+    generator = CudaGraphGenerator(model, fused_steps=0)
     prompts = {batch: prompt(batch, device="cuda", seed=batch) for batch in (1, 4)}
     expected = {batch: eager_greedy(model, *prompts[batch]) for batch in prompts}
     for batch in (1, 4, 1, 4, 1):
@@ -99,9 +106,89 @@ def test_bf16_tokens_are_the_eager_static_cache_tokens(kernels, untagged):
     exactly."""
     pytest.importorskip("transformers")
     model = tiny_llama("cuda", torch.bfloat16, **SMALL)
-    generator = CudaGraphGenerator(model, kernels=kernels)
+    generator = CudaGraphGenerator(model, kernels=kernels, fused_steps=0)
     ids, mask = prompt(4, device="cuda")
     got = generator.generate(ids, attention_mask=mask, max_new_tokens=16)
     expected = eager_static_greedy(model, ids, mask, new_tokens=16, cache_len=CACHE_LENGTH_STEP)
     assert torch.equal(got, expected)
     assert generator.stats.captures == 1 and generator.stats.replays == 14
+
+
+# ---- the fused greedy loop -----------------------------------------------------------------
+
+#: The prefill's token, then four blocks: a warm-up block, the captured one, two more replays.
+FUSED_NEW_TOKENS = 4 * DEFAULT_FUSED_STEPS + 1
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def fused_reference(model, ids, mask, new_tokens=FUSED_NEW_TOKENS, **kwargs):
+    """transformers' eager greedy tokens with a static cache as long as the generator's."""
+    return eager_static_greedy(model, ids, mask, new_tokens, cache_len=CACHE_LENGTH_STEP, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("kernels", [False, True], ids=["eager layers", "our kernels"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_the_fused_loop_replays_blocks_with_eager_tokens(batch, kernels, dtype, untagged):
+    pytest.importorskip("transformers")
+    model = tiny_llama("cuda", DTYPES[dtype], **SMALL)
+    generator = CudaGraphGenerator(model, kernels=kernels)
+    assert isinstance(generator._fused.backend, CudaGraphBackend)
+    assert generator._fused.backend is generator._graphs.backend  # one memory pool
+    ids, mask = prompt(batch, device="cuda", seed=batch)
+    expected = fused_reference(model, ids, mask)
+    got = generator.generate(ids, attention_mask=mask, max_new_tokens=FUSED_NEW_TOKENS)
+    assert got.shape == expected.shape and torch.equal(got, expected)
+    stats = generator.stats
+    assert stats.failed_captures == 0 and stats.fused_captures == 1, stats
+    assert stats.fused_replays == 3 and stats.eager_steps == DEFAULT_FUSED_STEPS, stats
+    assert stats.fused_tokens == FUSED_NEW_TOKENS - 1 and stats.replays == 0, stats
+
+    # A second call with other prompts replays all four blocks, nothing eager, no capture.
+    other_ids, other_mask = prompt(batch, device="cuda", seed=batch + 100)
+    got = generator.generate(other_ids, attention_mask=other_mask, max_new_tokens=FUSED_NEW_TOKENS)
+    assert torch.equal(got, fused_reference(model, other_ids, other_mask))
+    after = generator.stats
+    assert after.fused_replays == 3 + 4 and after.eager_steps == DEFAULT_FUSED_STEPS, after
+    assert after.fused_captures == 1 and after.failed_captures == 0, after
+
+
+def prompt_with_a_late_end_token(model, batch: int):
+    """(ids, mask, end token) of the first prompt seed whose first sequence emits a token in the
+    second block that it had not emitted before (random weights often settle into a loop)."""
+    for seed in range(batch, batch + 20):
+        ids, mask = prompt(batch, device="cuda", seed=seed)
+        try:
+            first_index = DEFAULT_FUSED_STEPS + 1
+            eos = early_end_token(model, ids, mask, first_index, new_tokens=FUSED_NEW_TOKENS)
+        except AssertionError:
+            continue
+        return ids, mask, eos
+    raise AssertionError("no prompt seed gives a late end token")
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_the_fused_loop_stops_at_an_end_token_as_generate_does(batch, model):
+    """An end token the first sequence emits in the second block: a single sequence stops there
+    (the output is cut inside a replayed block), a batch's other sequences go on and the first
+    emits the pad token."""
+    ids, mask, eos = prompt_with_a_late_end_token(model, batch)
+    generator = CudaGraphGenerator(model)
+    options = dict(max_new_tokens=FUSED_NEW_TOKENS, eos_token_id=eos)
+    expected = fused_reference(model, ids, mask, eos_token_id=eos)
+    got = generator.generate(ids, attention_mask=mask, **options)
+    assert got.shape == expected.shape and torch.equal(got, expected)
+    stats = generator.stats
+    decoded = expected.shape[1] - ids.shape[1] - 1
+    blocks = -(-decoded // DEFAULT_FUSED_STEPS)
+    assert stats.fused_calls == 1 and stats.fused_tokens == decoded, stats
+    assert stats.fused_replays == blocks - 1 and stats.failed_captures == 0, stats
+    assert stats.fused_captures == (1 if blocks > 1 else 0), stats
+
+
+def test_the_fused_loop_with_a_left_padded_batch(model):
+    ids, mask = padded_prompt(lengths=(7, 3, 5, 6, 2, 7, 4, 1), device="cuda")
+    generator = CudaGraphGenerator(model)
+    got = generator.generate(ids, attention_mask=mask, max_new_tokens=FUSED_NEW_TOKENS)
+    assert torch.equal(got, fused_reference(model, ids, mask))
+    assert generator.stats.fused_replays == 3 and generator.stats.failed_captures == 0

@@ -1,6 +1,7 @@
 """DecodeGraphs' bookkeeping, through a backend that counts captures and can fail: which calls
 are decode steps, one graph per key, warm-up, recapture when the cache's tensors move, eager
-steps for what cannot be captured."""
+steps for what cannot be captured. The generators here decode greedy calls step by step
+(``fused_steps=0``); test_fused_greedy.py covers the fused loop."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 
 import pytest
 import torch
-from generation_checks import NEW_TOKENS, eager_greedy, prompt, tiny_llama
+from generation_checks import NEW_TOKENS, eager_greedy, prompt, tiny_sliding_window_mistral
 
 from kernels.generation import CudaGraphGenerator, EagerBackend
 from kernels.generation.cache import capture_blocker, fingerprint
@@ -38,12 +39,6 @@ class CountingBackend(EagerBackend):
         return Step()
 
 
-@pytest.fixture
-def model():
-    pytest.importorskip("transformers")
-    return tiny_llama()
-
-
 def generate(generator, batch=2, new_tokens=NEW_TOKENS, **kwargs):
     ids, mask = prompt(batch, seed=batch)
     return generator.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, **kwargs)
@@ -51,7 +46,7 @@ def generate(generator, batch=2, new_tokens=NEW_TOKENS, **kwargs):
 
 def test_one_graph_per_batch_size_kept_across_calls(model):
     backend = CountingBackend()
-    generator = CudaGraphGenerator(model, backend=backend)
+    generator = CudaGraphGenerator(model, backend=backend, fused_steps=0)
     for batch in (2, 1, 2, 1):
         generate(generator, batch)
     assert backend.captured == 2 and generator._graphs.graph_count == 2
@@ -64,7 +59,7 @@ def test_one_graph_per_batch_size_kept_across_calls(model):
 @pytest.mark.parametrize("warmup_steps", [0, 2])
 def test_warmup_steps_run_eagerly_before_the_capture(model, warmup_steps):
     backend = CountingBackend()
-    generator = CudaGraphGenerator(model, backend=backend, warmup_steps=warmup_steps)
+    generator = CudaGraphGenerator(model, backend=backend, warmup_steps=warmup_steps, fused_steps=0)
     generate(generator)
     assert generator.stats.eager_steps == warmup_steps
     assert backend.replayed == NEW_TOKENS - 1 - warmup_steps
@@ -74,7 +69,7 @@ def test_a_failed_capture_runs_its_key_eagerly_from_then_on(model, caplog):
     backend = CountingBackend(
         fail_with=RuntimeError("operation not permitted when stream is capturing")
     )
-    generator = CudaGraphGenerator(model, backend=backend)
+    generator = CudaGraphGenerator(model, backend=backend, fused_steps=0)
     ids, mask = prompt(2, seed=2)
     with caplog.at_level(logging.WARNING, logger="kernels.generation"):
         got = generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
@@ -90,7 +85,7 @@ def test_a_failed_capture_runs_its_key_eagerly_from_then_on(model, caplog):
 
 def test_the_graph_is_recaptured_when_the_cache_tensors_move(model):
     backend = CountingBackend()
-    generator = CudaGraphGenerator(model, backend=backend)
+    generator = CudaGraphGenerator(model, backend=backend, fused_steps=0)
     generate(generator)
     cache = generator._caches[2][0]
     before = fingerprint(cache)
@@ -106,7 +101,7 @@ def test_the_graph_is_recaptured_when_the_cache_tensors_move(model):
 
 def test_calls_on_other_caches_and_prefills_are_not_decode_steps(model):
     backend = CountingBackend()
-    generator = CudaGraphGenerator(model, backend=backend)
+    generator = CudaGraphGenerator(model, backend=backend, fused_steps=0)
     generate(generator)
     ids, mask = prompt(2)
     with generator._decode_through_graphs():  # a forward of your own, no cache of ours
@@ -117,7 +112,7 @@ def test_calls_on_other_caches_and_prefills_are_not_decode_steps(model):
 
 def test_with_gradients_enabled_steps_run_eagerly(model, caplog):
     backend = CountingBackend()
-    generator = CudaGraphGenerator(model, backend=backend)
+    generator = CudaGraphGenerator(model, backend=backend, fused_steps=0)
     graphs = generator._graphs
     ids, mask = prompt(1)
     generate(generator, batch=1)
@@ -138,15 +133,7 @@ def test_with_gradients_enabled_steps_run_eagerly(model, caplog):
 
 def test_sliding_window_caches_are_not_captured():
     transformers = pytest.importorskip("transformers")
-    config = transformers.MistralConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=50,
-        sliding_window=4,
-    )
+    config = tiny_sliding_window_mistral().config
     cache = transformers.StaticCache(config=config, max_cache_len=16)
     assert "not a StaticLayer" in capture_blocker(cache)
 

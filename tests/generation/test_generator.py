@@ -18,8 +18,6 @@ from generation_checks import (
     check_second_call_replays,
     eager_greedy,
     prompt,
-    tiny_llama,
-    undo_kernelize,
 )
 
 from kernels.generation import (
@@ -29,19 +27,6 @@ from kernels.generation import (
     fast_generate,
 )
 from kernels.generation import generator as generator_module
-
-
-@pytest.fixture
-def model():
-    pytest.importorskip("transformers")
-    return tiny_llama()
-
-
-@pytest.fixture
-def untagged():
-    """Tagging for our kernels changes transformers' classes for the process: undo it."""
-    yield
-    undo_kernelize()
 
 
 def test_greedy_tokens_are_transformers_tokens(model):
@@ -80,7 +65,7 @@ def test_off_cuda_it_says_so_once(model, caplog):
 
 def test_a_longer_generation_gets_a_longer_cache_and_a_new_graph(model, monkeypatch):
     monkeypatch.setattr(generator_module, "CACHE_LENGTH_STEP", 16)
-    generator = CudaGraphGenerator(model, max_cache_len=None)
+    generator = CudaGraphGenerator(model, max_cache_len=None, fused_steps=0)
     ids, mask = prompt(1)
     generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
     first_cache = generator._caches[1][0]
@@ -140,7 +125,7 @@ def test_the_forward_is_restored_when_generate_raises(model):
     ids, _ = prompt(1)
     with pytest.raises(Exception):  # noqa: B017  (whatever transformers raises for it)
         generator.generate(ids, max_new_tokens=NEW_TOKENS, no_such_argument=1)
-    assert "forward" not in vars(model)
+    assert "forward" not in vars(model) and "_get_logits_processor" not in vars(model)
 
 
 def test_an_encoder_decoder_model_is_refused():
@@ -159,12 +144,15 @@ def test_fast_generate_keeps_its_generator_on_the_model(model):
     second = fast_generate(model, ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
     assert model._kernels_cuda_graph_generator is generator
     assert torch.equal(first, second) and torch.equal(first, eager_greedy(model, ids, mask))
-    assert generator.stats.captures == 1
+    assert generator.stats.fused_captures == 1 and generator.stats.fused_calls == 2
 
 
 def test_reset_drops_graphs_and_caches(model):
-    with CudaGraphGenerator(model) as generator:
+    with CudaGraphGenerator(model, fused_steps=2) as generator:
         ids, mask = prompt(1)
-        generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
-        assert generator._graphs.graph_count == 1
-    assert generator._graphs.graph_count == 0 and not generator._caches
+        generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)  # fused
+        options = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, repetition_penalty=1.5)
+        generator.generate(ids, **options)  # a logits processor: step by step
+        assert generator._graphs.graph_count == 1 and generator._fused.graph_count == 1
+    assert generator._graphs.graph_count == 0 and generator._fused.graph_count == 0
+    assert not generator._caches

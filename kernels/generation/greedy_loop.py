@@ -1,0 +1,252 @@
+"""The fused greedy loop: greedy decoding in blocks of K steps, each block one CUDA-graph replay.
+
+``generate()`` spends longer between two decode steps (logits processors, stopping criteria with
+a host sync, input preparation, cache bookkeeping) than the GPU spends on a replayed step. For a
+plain greedy call (`kernels.generation.greedy_rule`) `FusedGreedyLoop.decode` takes over at the
+first decode step, with the arguments ``generate()`` passed to it, and runs `GreedySteps` blocks
+of K steps (`kernels.generation.greedy_steps`): per key (as `kernels.generation.inputs.call_key`
+makes it, plus the number of end tokens)
+
+1. the first ``warmup_steps`` decode steps run eagerly, in whole blocks (Triton compiles, cuBLAS
+   picks its kernels);
+2. the next block is captured in one graph (`kernels.generation.graph`) and replayed;
+3. later blocks, and later calls' blocks, replay it after loading their first step's arguments.
+
+Between replays the host only checks whether every sequence has finished (one sync per block,
+none at all without end tokens) and stops at ``max_length``; the tokens are cut exactly where
+``generate()`` would have stopped. A graph is captured again when its cache's tensors move
+(`kernels.generation.cache.fingerprint`); a key whose capture failed is logged and its calls are
+left to ``generate()``'s own loop (`blocker` says so).
+
+Example:
+    ```python
+    graphs = DecodeGraphs(default_backend(model.device), cache_argument="past_key_values",
+                          device=model.device)
+    graphs.add_cache(cache)
+    loop = FusedGreedyLoop(graphs, steps=8)
+    new = loop.decode(model.forward, decode_kwargs, cache, position=prompt_length,
+                      new_tokens=120, stop=stop_settings(setup))  # [batch, <= 120] tokens
+    ```
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .cache import capture_blocker, fingerprint
+from .decode import DecodeGraphs, DecodeStats, key_cache_id
+from .graph import CapturedCall, GraphBackend
+from .greedy_rule import StopSettings
+from .greedy_steps import GreedySteps, advance_blocker
+from .inputs import NotCapturable, call_key
+
+logger = logging.getLogger(__name__)
+
+#: Decode steps per graph by default. A block costs one graph launch and, with end tokens, one
+#: host sync: over 8 steps of 1-2 ms of GPU work each that is well under 1% of a block. More
+#: steps per block buy little more, and cost more: a capture of that many forwards, up to K - 1
+#: steps computed past the point where every sequence has finished, and as many more tokens of
+#: cache.
+DEFAULT_FUSED_STEPS = 8
+
+
+@dataclass
+class _Block:
+    steps: GreedySteps  # its kwargs hold the cache, which keeps it alive
+    cache_id: int
+    graph: CapturedCall | None = None
+    fingerprint: tuple[int, ...] = ()
+    warm_steps: int = 0
+
+
+class FusedGreedyLoop:
+    """Greedy decoding in blocks of ``steps`` decode steps, each block captured once per key and
+    replayed, beside a `DecodeGraphs` whose settings it shares: its backend (so all graphs share
+    one memory pool), the forward's name for the cache, the device, the eager warm-up steps per
+    key before a capture (run in whole blocks here) and the statistics it counts into.
+
+    Args:
+        graphs: the per-step graphs it runs beside.
+        steps: decode steps per block (K).
+    """
+
+    def __init__(self, graphs: DecodeGraphs, steps: int = DEFAULT_FUSED_STEPS):
+        if steps < 1:
+            raise ValueError(f"a fused block needs at least 1 step, got {steps}")
+        self.graphs = graphs
+        self.steps = steps
+        self._blocks: dict[Hashable, _Block] = {}
+        self._failed: dict[Hashable, str] = {}
+
+    @property
+    def backend(self) -> GraphBackend:
+        """How blocks are captured: the per-step graphs' backend."""
+        return self.graphs.backend
+
+    @property
+    def stats(self) -> DecodeStats:
+        """The statistics it counts into: the per-step graphs'."""
+        return self.graphs.stats
+
+    def blocker(
+        self,
+        kwargs: dict[str, Any],
+        cache: Any,
+        *,
+        position: int,
+        new_tokens: int,
+        capacity: int,
+        stop: StopSettings,
+    ) -> str | None:
+        """Why `decode` cannot take over at this first decode step, or None when it can.
+
+        Args:
+            kwargs: the step's keyword arguments, as ``generate()`` passed them.
+            cache: the static cache they must pass.
+            position: the cache position of the token the step feeds.
+            new_tokens: tokens left to generate after the one the step feeds.
+            capacity: tokens the cache holds.
+            stop: the call's end tokens and pad token.
+        """
+        reason = capture_blocker(cache)
+        if reason is None:
+            reason = advance_blocker(kwargs, self.graphs.cache_argument, cache, position)
+        if reason is not None:
+            return reason
+        blocks = -(-new_tokens // self.steps)
+        if position + blocks * self.steps > capacity:
+            return (
+                f"the cache holds {capacity} tokens, too few for whole blocks of "
+                f"{self.steps} steps after a prompt of {position} (pass a larger max_cache_len)"
+            )
+        try:
+            key = self._key(kwargs, cache, stop)
+        except NotCapturable as exc:
+            return str(exc)
+        if key in self._failed:
+            return f"capturing its fused decode block failed: {self._failed[key]}"
+        return None
+
+    def decode(
+        self,
+        forward: Callable[..., Any],
+        kwargs: dict[str, Any],
+        cache: Any,
+        *,
+        position: int,
+        new_tokens: int,
+        stop: StopSettings,
+    ) -> torch.Tensor:
+        """The tokens ``generate()``'s greedy loop would append after the token ``kwargs`` feed:
+        ``[batch, n]`` with ``n <= new_tokens``, cut where every sequence has finished.
+
+        Args:
+            forward: the model's forward (not routed through the per-step graphs).
+            kwargs: ``generate()``'s first decode step (`blocker` let it through).
+            cache: the static cache ``kwargs`` pass.
+            position: the cache position of the token ``kwargs`` feed.
+            new_tokens: tokens left to generate (``max_length`` minus the sequence so far).
+            stop: the call's end tokens and pad token.
+        """
+        key = self._key(kwargs, cache, stop)
+        block = self._blocks.get(key)
+        if block is None:
+            eos_count = 0 if stop.eos is None else stop.eos.numel()
+            block = _Block(GreedySteps(forward, kwargs, self.steps, eos_count), id(cache))
+            self._blocks[key] = block
+        elif block.graph is not None and block.fingerprint != fingerprint(cache):
+            logger.info("the static cache's tensors moved; recapturing the fused decode block")
+            block.graph = None
+        steps = block.steps
+        steps.load(kwargs, position, stop.eos, stop.pad)
+        if stop.eos is not None and not bool(steps.unfinished.any()):
+            new_tokens = 0  # every sequence ended at the token fed (generate() stops there)
+        pieces = []
+        while new_tokens > 0:
+            self._run(key, block)
+            take = min(self.steps, new_tokens)
+            new_tokens -= take
+            pieces.append(steps.tokens[:, :take].clone())  # the next block overwrites them
+            if stop.eos is not None:
+                alive = steps.alive[:take].tolist()  # the block's one host sync
+                if not all(alive):
+                    pieces[-1] = pieces[-1][:, : alive.index(False) + 1]
+                    break
+        tokens = torch.cat(pieces, dim=1) if pieces else steps.tokens[:, :0].clone()
+        self.stats.fused_calls += 1
+        self.stats.fused_tokens += tokens.shape[1]
+        return tokens
+
+    def remove_cache(self, cache: Any) -> None:
+        """Drop the blocks captured on ``cache``."""
+        for key in [k for k, block in self._blocks.items() if block.cache_id == id(cache)]:
+            del self._blocks[key]
+        for key in [k for k in self._failed if key_cache_id(k[0]) == id(cache)]:
+            del self._failed[key]
+
+    def clear(self) -> None:
+        """Drop every block (their memory goes when nothing else holds it)."""
+        self._blocks.clear()
+        self._failed.clear()
+
+    @property
+    def graph_count(self) -> int:
+        """How many blocks are held as graphs now."""
+        return sum(block.graph is not None for block in self._blocks.values())
+
+    def _key(self, kwargs: dict[str, Any], cache: Any, stop: StopSettings) -> Hashable:
+        eos_count = None if stop.eos is None else stop.eos.numel()
+        return (
+            call_key(kwargs, {self.graphs.cache_argument: cache}, self.graphs.device),
+            eos_count,
+        )
+
+    def _run(self, key: Hashable, block: _Block) -> None:
+        """Run one block: eagerly while warming up, else from its graph (captured first)."""
+        if (
+            block.graph is None
+            and block.warm_steps >= self.graphs.warmup_steps
+            and key not in self._failed
+        ):
+            block.graph = self._capture(key, block)
+        if block.graph is None:
+            block.steps()
+            block.warm_steps += self.steps
+            self.stats.eager_steps += self.steps
+            return
+        block.graph.replay()
+        self.stats.fused_replays += 1
+
+    def _capture(self, key: Hashable, block: _Block) -> CapturedCall | None:
+        started = time.perf_counter()
+        batch = block.steps.tokens.shape[0]
+        try:
+            graph = self.backend.capture(block.steps)
+        except Exception as exc:  # a capture can fail in any op; the blocks then run eagerly
+            self._failed[key] = f"{type(exc).__name__}: {exc}"
+            self.stats.failed_captures += 1
+            logger.warning(
+                "capturing a fused block of %s decode steps (batch %s) failed, so this call's "
+                "blocks run eagerly and later calls decode step by step: %s: %s",
+                self.steps,
+                batch,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        block.fingerprint = fingerprint(block.steps.inputs.kwargs[self.graphs.cache_argument])
+        self.stats.fused_captures += 1
+        logger.info(
+            "captured a fused block of %s decode steps for batch %s (%s) in %.2f s",
+            self.steps,
+            batch,
+            self.backend.name,
+            time.perf_counter() - started,
+        )
+        return graph

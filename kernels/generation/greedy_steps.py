@@ -1,0 +1,191 @@
+"""A block of greedy decode steps whose inputs advance on the device, so that one CUDA graph can
+hold several steps.
+
+`GreedySteps` holds static copies of the keyword arguments ``generate()`` passed at its first
+decode step, and a call of it runs ``steps`` decode steps on them. Each step is what
+``generate()``'s greedy loop does, without the host:
+
+1. the model's forward on the static arguments (the static KV cache included);
+2. argmax of the last position's logits in float32;
+3. with end tokens: finished sequences emit the pad token, and a sequence that emits an end
+   token is finished (``unfinished``); whether any sequence is left is noted per step (``alive``);
+4. the token is written into ``tokens`` and the next step's arguments are made in place:
+   ``input_ids`` the new tokens, ``cache_position`` (4.57) and ``position_ids`` one further, and
+   the attention mask opened one column further.
+
+The arguments it advances are those generate() passes at a decode step on a static cache, on
+both transformers lines (recorded from real calls): 4.57 passes ``input_ids``,
+``cache_position``, ``position_ids`` and a 4D mask ``[batch, 1, 1, cache length]`` that
+``prepare_inputs_for_generation`` builds (boolean; additive, 0.0 or the dtype's minimum, with
+eager attention); 5.x passes ``input_ids``, ``position_ids`` and the same 4D mask, and its cache
+counts positions itself (a device tensor its forward increments). In that mask the column of the
+token being fed is open for every sequence (padding stays closed) and later columns are closed,
+so the next step's mask is this one with the next column opened: `advance_blocker` checks that
+before a call is handed over, and anything else it does not know (another tensor argument, a 2D
+mask) keeps the call on generate()'s own loop.
+
+Example:
+    ```python
+    from kernels.generation.greedy_steps import GreedySteps
+
+    block = GreedySteps(model.forward, decode_kwargs, steps=8, eos_count=1)
+    block.load(decode_kwargs, position=prompt_length, eos=eos, pad=pad)
+    block()  # 8 decode steps; block.tokens[:, i] is step i's token
+    ```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .inputs import StaticInputs
+
+#: Tensor arguments of a decode step that the block knows how to advance.
+ADVANCED = ("input_ids", "cache_position", "position_ids", "attention_mask")
+_PLAIN_TYPES = (type(None), bool, int, float, str)
+
+
+def advance_blocker(
+    kwargs: dict[str, Any], cache_argument: str, cache: Any, position: int
+) -> str | None:
+    """Why `GreedySteps` cannot advance a decode step's arguments on the device, or None.
+
+    Args:
+        kwargs: the keyword arguments of ``generate()``'s first decode step.
+        cache_argument: the forward's name for the KV cache.
+        cache: the static cache the step must pass.
+        position: the cache position of the token the step feeds (the prompt's length).
+    """
+    for name, value in kwargs.items():
+        if name == cache_argument:
+            if value is not cache:
+                return f"the decode step passes another cache as {name}"
+        elif isinstance(value, torch.Tensor):
+            if name not in ADVANCED:
+                return f"the decode step passes a tensor {name!r} the loop does not advance"
+        elif not isinstance(value, _PLAIN_TYPES):
+            return f"the decode step passes {name!r} as a {type(value).__name__}"
+    ids = kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] != 1:
+        return "the decode step does not feed one input id per sequence"
+    cache_position = kwargs.get("cache_position")
+    if cache_position is not None and cache_position.tolist() != [position]:
+        return f"the decode step's cache_position is not [{position}]"
+    position_ids = kwargs.get("position_ids")
+    if position_ids is not None and position_ids.shape != ids.shape:
+        return f"position_ids of shape {tuple(position_ids.shape)}, not {tuple(ids.shape)}"
+    return _mask_blocker(kwargs.get("attention_mask"), ids.shape[0], position)
+
+
+def _mask_blocker(mask: torch.Tensor | None, batch: int, position: int) -> str | None:
+    if mask is None:  # the model makes its causal mask itself from the cache
+        return None
+    if mask.dim() != 4 or tuple(mask.shape[:3]) != (batch, 1, 1) or mask.shape[3] <= position:
+        return (
+            f"the decode step's attention mask has shape {tuple(mask.shape)}, not "
+            f"[{batch}, 1, 1, cache length] (the static cache's 4D mask)"
+        )
+    current = mask[..., position]
+    if not bool((current == current.flatten()[0]).all()):
+        return "the attention mask does not open the fed token's column for every sequence"
+    if bool((mask[..., position + 1 :] == current.flatten()[0]).any()):
+        return "the attention mask opens columns past the fed token's"
+    return None
+
+
+class GreedySteps:
+    """``steps`` greedy decode steps on static buffers, advancing them in place (a function of no
+    arguments, so that a backend can capture it).
+
+    Args:
+        forward: the model's forward.
+        kwargs: the first decode step's keyword arguments (`advance_blocker` let them through);
+            their tensors are copied into the static buffers.
+        steps: decode steps per call.
+        eos_count: how many end tokens stop a sequence (0: none, tokens are never replaced).
+    """
+
+    def __init__(
+        self, forward: Callable[..., Any], kwargs: dict[str, Any], steps: int, eos_count: int
+    ):
+        self.forward = forward
+        self.steps = steps
+        # Allocated before any capture, with the ordinary allocator: graphs read and write them.
+        self.inputs = StaticInputs(kwargs)
+        ids = self.inputs.buffers["input_ids"]
+        batch, device = ids.shape[0], ids.device
+        #: Step i's tokens, for each sequence.
+        self.tokens = torch.zeros(batch, steps, dtype=torch.long, device=device)
+        #: Whether any sequence was unfinished after step i (only kept with end tokens).
+        self.alive = torch.ones(steps, dtype=torch.bool, device=device)
+        #: 1 for sequences still generating, as generate()'s ``unfinished_sequences``.
+        self.unfinished = torch.ones(batch, dtype=torch.long, device=device)
+        #: The cache position (mask column) of the token the next step feeds.
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.eos = torch.zeros(eos_count, dtype=torch.long, device=device) if eos_count else None
+        self.pad = torch.zeros((), dtype=torch.long, device=device)
+        mask = self.inputs.buffers.get("attention_mask")
+        if mask is not None:
+            #: The mask's column indices, and the value of an open column (True, or 0.0).
+            self.columns = torch.arange(mask.shape[-1], device=device)
+            self.open_value = torch.zeros((), dtype=mask.dtype, device=device)
+
+    def load(
+        self,
+        kwargs: dict[str, Any],
+        position: int,
+        eos: torch.Tensor | None,
+        pad: torch.Tensor | None,
+    ) -> None:
+        """Start from a new first decode step: its arguments, the cache position of the token it
+        feeds, the end tokens and the pad token (same count of end tokens as at construction)."""
+        self.inputs.load(kwargs)
+        self.position.fill_(position)
+        mask = self.inputs.buffers.get("attention_mask")
+        if mask is not None:
+            self.open_value.copy_(mask[0, 0, 0, position])
+        self.unfinished.fill_(1)
+        if self.eos is not None:
+            self.eos.copy_(eos.reshape(-1))
+            self.pad.copy_(pad)
+            # The fed tokens are generate()'s first: a sequence that ended there is finished.
+            ended = _is_end(self.inputs.buffers["input_ids"][:, 0], self.eos)
+            self.unfinished.mul_(~ended)
+
+    def __call__(self) -> None:
+        for i in range(self.steps):
+            self._step(i)
+
+    def _step(self, i: int) -> None:
+        outputs = self.forward(**self.inputs.kwargs)
+        # As generate(): the last position's logits in float32, then argmax.
+        tokens = torch.argmax(outputs.logits[:, -1].to(torch.float32), dim=-1)
+        if self.eos is not None:
+            tokens = tokens * self.unfinished + self.pad * (1 - self.unfinished)
+            self.unfinished.mul_(~_is_end(tokens, self.eos))
+            self.alive[i] = self.unfinished.any()
+        self.tokens[:, i] = tokens
+        self._advance(tokens)
+
+    def _advance(self, tokens: torch.Tensor) -> None:
+        buffers = self.inputs.buffers
+        buffers["input_ids"].copy_(tokens[:, None])
+        for name in ("cache_position", "position_ids"):
+            if name in buffers:
+                buffers[name].add_(1)
+        mask = buffers.get("attention_mask")
+        if mask is not None:
+            # Open the next column for every sequence. A comparison and a select rather than an
+            # index write: the same kernels for boolean and additive masks, and past a block's
+            # last step (the next column beyond the cache) it changes nothing.
+            following = self.columns == self.position + 1
+            mask.copy_(torch.where(following, self.open_value, mask))
+        self.position.add_(1)
+
+
+def _is_end(tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    # torch.isin, spelled as a comparison so that no kernel picks a path by the sizes' values.
+    return (tokens[:, None] == eos[None, :]).any(dim=-1)

@@ -1,0 +1,249 @@
+"""Checks of the fused greedy loop that run on every transformers version: tests/generation
+(4.57) and tests/transformers5 (5.x) call the same functions, on the tiny Llama of
+generation_checks.
+
+A few tokens cover a block's edges when blocks are short: the CPU checks use K = 4 and 1,
+K - 1 and K + 3 new tokens (no decode step; one block cut short; a warm-up block, then a
+captured one cut short). The end token is one the model emits itself, early in the first
+sequence and never in another, so that a batch has finished and unfinished sequences at once
+and a single sequence stops in the middle of a block.
+"""
+
+from __future__ import annotations
+
+import torch
+from generation_checks import TINY, eager_greedy, eager_static_greedy
+
+FUSED_STEPS = 4
+NEW_TOKENS_CASES = (1, FUSED_STEPS - 1, FUSED_STEPS + 3)
+#: Prompt lengths of the left-padded batch.
+PADDED_LENGTHS = (7, 4, 5)
+PROMPT_CASES = ("batch 1", "left-padded batch 3")
+#: The settings of `fallback_settings`, by name (pytest parameters, known without transformers).
+FALLBACK_CASES = (
+    "sampling",
+    "repetition_penalty",
+    "min_new_tokens",
+    "bad_words_ids",
+    "suppress_tokens",
+    "forced_eos_token_id",
+    "no_repeat_ngram_size",
+    "logits_processor",
+    "stopping_criteria",
+    "streamer",
+    "max_time",
+    "return_dict_in_generate",
+    "output_scores",
+)
+
+
+def padded_prompt(lengths=PADDED_LENGTHS, device="cpu", seed: int = 2):
+    """(input ids, attention mask) of random prompts of ``lengths``, left-padded with the pad
+    token to the longest."""
+    generator = torch.Generator().manual_seed(seed)
+    longest = max(lengths)
+    ids = torch.full((len(lengths), longest), TINY["pad_token_id"], dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        ids[row, longest - length :] = torch.randint(
+            1, TINY["vocab_size"], (length,), generator=generator
+        )
+        mask[row, longest - length :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def case_prompt(name: str, device="cpu"):
+    """The prompt of a case of `PROMPT_CASES`: (input ids, attention mask)."""
+    from generation_checks import prompt
+
+    # seed 3: the single sequence emits a token it had not emitted before in the second block
+    return prompt(1, device=device, seed=3) if name == "batch 1" else padded_prompt(device=device)
+
+
+def early_end_token(
+    model, ids, mask, first_index: int = 1, new_tokens: int = FUSED_STEPS + 3
+) -> int:
+    """A token the first sequence greedily emits as its new token ``first_index`` or a later one
+    (not before), and that some other sequence never emits: as the end token, it finishes the
+    first sequence early while another goes on."""
+    new = eager_greedy(model, ids, mask, new_tokens)[:, ids.shape[1] :].tolist()
+    first, others = new[0], new[1:]
+    for i in range(first_index, len(first)):
+        token = first[i]
+        if token not in first[:i] and (not others or any(token not in row for row in others)):
+            return token
+    raise AssertionError(f"no early end token in {new}: pick another prompt seed")
+
+
+def check_case(model, prompt_case: str, with_eos: bool, new_tokens: int) -> None:
+    """`check_fused_matches_generate` for a prompt of `PROMPT_CASES`, with or without an early
+    end token."""
+    ids, mask = case_prompt(prompt_case)
+    # A single sequence ends inside the captured block (the second), a batch's first sequence
+    # inside the first.
+    first_index = FUSED_STEPS + 1 if ids.shape[0] == 1 else 1
+    eos = early_end_token(model, ids, mask, first_index) if with_eos else None
+    check_fused_matches_generate(model, ids, mask, new_tokens, eos)
+
+
+def check_fused_matches_generate(model, ids, mask, new_tokens: int, eos: int | None, **options):
+    """The fused loop's greedy tokens equal ``model.generate()``'s with a dynamic and a static
+    cache, shape included; decode steps after the first token came from the fused loop (none
+    through generate()'s loop). Returns the generator."""
+    from kernels.generation import CudaGraphGenerator
+
+    settings = dict(eos_token_id=eos) if eos is not None else {}
+    expected = eager_greedy(model, ids, mask, new_tokens, **settings)
+    static = eager_static_greedy(model, ids, mask, new_tokens, **settings)
+    assert torch.equal(static, expected), f"{static.tolist()} != {expected.tolist()}"
+    generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS, **options)
+    got = generator.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, **settings)
+    assert got.shape == expected.shape and torch.equal(got, expected), (
+        f"{got.tolist()} != {expected.tolist()}"
+    )
+    stats = generator.stats
+    assert stats.replays == 0 and stats.captures == 0, stats  # no step through generate()'s loop
+    decoded = expected.shape[1] - ids.shape[1] - 1  # tokens after the prefill's
+    if decoded:
+        assert stats.fused_calls == 1 and stats.fused_tokens == decoded, stats
+    assert stats.eager_steps % FUSED_STEPS == 0, stats  # whole blocks
+    assert "forward" not in vars(model) and "_get_logits_processor" not in vars(model)
+    return generator
+
+
+def check_additive_mask() -> None:
+    """With eager attention the decode mask is additive (0.0 open, the dtype's minimum closed),
+    not boolean: the loop opens its columns all the same."""
+    from generation_checks import tiny_llama
+
+    model = tiny_llama(attn_implementation="eager")
+    ids, mask = padded_prompt()
+    generator = check_fused_matches_generate(model, ids, mask, FUSED_STEPS + 3, None)
+    assert generator._fused._blocks, "no block was made"
+    block = next(iter(generator._fused._blocks.values()))
+    assert block.steps.inputs.buffers["attention_mask"].dtype == torch.float32
+
+
+def check_kernelized(model) -> None:
+    """With ``kernels=True`` the fused loop's tokens are the kernelized model's own greedy tokens
+    (the model is kernelized first, so that the references run our kernels too)."""
+    from kernels.generation import CudaGraphGenerator
+
+    CudaGraphGenerator(model, kernels=True)
+    ids, mask = padded_prompt()
+    eos = early_end_token(model, ids, mask)
+    generator = check_fused_matches_generate(model, ids, mask, FUSED_STEPS + 3, eos, kernels=True)
+    assert generator.kernelized
+
+
+def check_second_call_replays_its_blocks(model, ids, mask, eos: int | None = None):
+    """A second call of the same batch size replays its captured block for every block, and
+    gives generate()'s tokens for another prompt."""
+    from kernels.generation import CudaGraphGenerator
+
+    new_tokens = 3 * FUSED_STEPS + 1  # the prefill's token, then three blocks
+    settings = dict(eos_token_id=eos) if eos is not None else {}
+    generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
+    generator.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, **settings)
+    before = generator.stats
+    assert before.fused_captures == 1 and before.eager_steps == FUSED_STEPS, before
+    other = ids.flip(0), mask.flip(0)
+    got = generator.generate(
+        other[0], attention_mask=other[1], max_new_tokens=new_tokens, **settings
+    )
+    expected = eager_greedy(model, *other, new_tokens, **settings)
+    assert torch.equal(got, expected), f"{got.tolist()} != {expected.tolist()}"
+    after = generator.stats
+    blocks = -(-(got.shape[1] - ids.shape[1] - 1) // FUSED_STEPS)
+    assert after.fused_captures == 1 and after.eager_steps == before.eager_steps, after
+    assert after.fused_replays == before.fused_replays + blocks, after
+    return generator
+
+
+class BanToken:
+    """A logits processor of the user's: token 5 is never chosen."""
+
+    def __call__(self, input_ids, scores):
+        scores[:, 5] = -float("inf")
+        return scores
+
+
+class NeverStop:
+    """A stopping criterion of the user's that never stops anything."""
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+class Tokens:
+    """A streamer that keeps what it is given."""
+
+    def __init__(self):
+        self.puts = []
+
+    def put(self, value):
+        self.puts.append(value)
+
+    def end(self):
+        pass
+
+
+def fallback_settings() -> dict:
+    """{name: (generate() options, a phrase of the logged reason)}: each non-greedy setting of
+    `FALLBACK_CASES`."""
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+
+    return {
+        "sampling": (dict(do_sample=True, top_k=20), "do_sample=True"),
+        "repetition_penalty": (dict(repetition_penalty=1.5), "RepetitionPenalty"),
+        "min_new_tokens": (dict(min_new_tokens=FUSED_STEPS + 1), "MinNewTokens"),
+        "bad_words_ids": (dict(bad_words_ids=[[5]]), "NoBadWords"),
+        "suppress_tokens": (dict(suppress_tokens=[5]), "SuppressTokens"),
+        "forced_eos_token_id": (dict(forced_eos_token_id=5), "ForcedEOS"),
+        "no_repeat_ngram_size": (dict(no_repeat_ngram_size=2), "NoRepeatNGram"),
+        "logits_processor": (
+            dict(logits_processor=LogitsProcessorList([BanToken()])),
+            "BanToken",
+        ),
+        "stopping_criteria": (
+            dict(stopping_criteria=StoppingCriteriaList([NeverStop()])),
+            "NeverStop",
+        ),
+        "streamer": (dict(streamer=Tokens()), "streamer"),
+        "max_time": (dict(max_time=600.0), "MaxTimeCriteria"),
+        "return_dict_in_generate": (dict(return_dict_in_generate=True), "return_dict_in_generate"),
+        "output_scores": (
+            dict(return_dict_in_generate=True, output_scores=True, output_logits=True),
+            "return_dict_in_generate",
+        ),
+    }
+
+
+def check_falls_back(model, name: str, caplog) -> None:
+    """Setting ``name`` of `fallback_settings` keeps the call in generate()'s loop (per-step
+    graphs, no fused call), logs why, and gives the tokens ``model.generate()`` gives with a
+    static cache (from the same seed, where it samples)."""
+    import logging
+
+    from kernels.generation import CudaGraphGenerator
+    from kernels.generation.cache import cache_argument, new_static_cache
+
+    options, reason = fallback_settings()[name]
+    ids, mask = padded_prompt()
+    eos = early_end_token(model, ids, mask)
+    new_tokens = FUSED_STEPS + 3
+    call = dict(attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=eos, **options)
+    torch.manual_seed(123)
+    cache = new_static_cache(model, 64)
+    expected = model.generate(ids, disable_compile=True, **{cache_argument(model): cache}, **call)
+    generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
+    torch.manual_seed(123)
+    with caplog.at_level(logging.INFO, logger="kernels.generation"):
+        got = generator.generate(ids, **call)
+    if options.get("return_dict_in_generate"):
+        got, expected = got.sequences, expected.sequences
+    assert torch.equal(got, expected), f"{got.tolist()} != {expected.tolist()}"
+    stats = generator.stats
+    assert stats.fused_calls == 0 and stats.fused_tokens == 0 and stats.replays > 0, stats
+    lines = [r.getMessage() for r in caplog.records if "step by step" in r.getMessage()]
+    assert len(lines) == 1 and reason in lines[0], lines

@@ -1,0 +1,52 @@
+"""The fused greedy loop with transformers 5.x's generate(), on the CPU: the checks of
+tests/generation/test_fused_greedy.py (transformers 4.57) on 5.x, whose decode steps pass no
+cache_position (its static cache counts positions in a device tensor that each forward
+increments) and whose 4D decode mask is made before the forward."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "generation"))
+
+import fused_checks as checks  # noqa: E402
+from generation_checks import tiny_llama  # noqa: E402
+
+
+@pytest.fixture
+def model():
+    return tiny_llama()
+
+
+@pytest.mark.parametrize("new_tokens", checks.NEW_TOKENS_CASES)
+@pytest.mark.parametrize("with_eos", [False, True], ids=["no end token", "early end token"])
+@pytest.mark.parametrize("prompt_case", checks.PROMPT_CASES)
+def test_tokens_are_generates(model, prompt_case, with_eos, new_tokens):
+    checks.check_case(model, prompt_case, with_eos, new_tokens)
+
+
+def test_with_our_kernels_tokens_are_the_kernelized_models_own(model, clean_kernels):
+    # clean_kernels: on 5.x kernelize sets the rotary function module's forward process-wide.
+    checks.check_kernelized(model)
+
+
+def test_a_second_call_replays_its_blocks(model):
+    """The cache's position counter ran past the last token in the first call's last block;
+    the second call starts from a reset cache all the same."""
+    ids, mask = checks.padded_prompt()
+    generator = checks.check_second_call_replays_its_blocks(model, ids, mask)
+    layer = generator._caches[len(ids)][0].layers[0]
+    fed = 3 * checks.FUSED_STEPS  # three blocks
+    assert int(layer.cumulative_length) == ids.shape[1] + fed
+
+
+def test_an_additive_mask_advances_too():
+    checks.check_additive_mask()
+
+
+@pytest.mark.parametrize("setting", checks.FALLBACK_CASES)
+def test_other_settings_decode_step_by_step(model, setting, caplog):
+    checks.check_falls_back(model, setting, caplog)
