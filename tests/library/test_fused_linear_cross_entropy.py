@@ -313,6 +313,19 @@ def test_resident_rows_rule(loss):
     assert loss.resident_rows(10, 4096, 2, 2) == 10
 
 
+def test_resident_temporary_and_partial_sums_fit_the_budget(loss):
+    """The resident chunk's temporary (its last entries' logits) and the partial sums of its
+    kernels together stay within Liger's budget, so its peak is never above Liger's."""
+    ops = _op_module(loss)
+    cpu = torch.device("cpu")
+    for n_rows, vocab, budget in ((4096, 262144, 64 * 262144 * 2), (2048, 151936, 64 * 151936 * 2),
+                                  (24, 515, 2 * 515 * 4), (7, 300, 4 * 300 * 4)):  # fmt: skip
+        rows = ops.resident_temp_rows(n_rows, vocab, 2, budget, cpu)
+        parts = 2 * ops._col_config(n_rows, vocab, cpu)[4]
+        assert rows * n_rows * 2 + (3 * parts + 1) * n_rows * 4 <= budget
+        assert rows >= 1
+
+
 # ---- the same kernels on logits ------------------------------------------------------------
 
 

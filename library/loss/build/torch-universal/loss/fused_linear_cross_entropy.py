@@ -848,6 +848,15 @@ def resident_rows(
     return min(n_rows, hidden_size * weight_grad_element_size // element_size)
 
 
+def resident_temp_rows(n_rows: int, vocab: int, element_size: int, budget: int, device) -> int:
+    """Vocabulary entries whose logits (of ``n_rows`` tokens) the resident chunk's temporary
+    holds: as many as ``budget`` bytes allow beside the partial sums of the transposed kernels
+    (at most two pieces' worth), so that the two together stay within it."""
+    parts = 2 * _col_config(n_rows, vocab, device)[4]
+    work = (3 * parts + 1) * n_rows * 4
+    return max(1, min(vocab, (budget - work) // max(1, n_rows * element_size)))
+
+
 def _resident_chunk(
     h, weight, bias, labels, options, scale, scale_stride, loss, gh, gw, gb, budget
 ):
@@ -863,7 +872,7 @@ def _resident_chunk(
     logits of tile t itself start, so every product is written in place, without a copy."""
     n_rows, hidden_size = h.shape
     vocab = weight.shape[0]
-    rows = max(1, min(vocab, budget // max(1, n_rows * h.element_size())))
+    rows = resident_temp_rows(n_rows, vocab, h.element_size(), budget, h.device)
     split = vocab - rows
     flat = gw.view(-1).view(h.dtype)
     pieces = [(h.new_empty((rows, n_rows)), split)]
