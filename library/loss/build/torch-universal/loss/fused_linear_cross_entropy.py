@@ -300,6 +300,16 @@ def _loss_grad_kernel(
 
 
 @triton.jit
+def _token_block(LABELS, row_start, n_rows, ignore_index, BLOCK_N: tl.constexpr):
+    # The BLOCK_N tokens of program (block, split) of the transposed kernels, their labels,
+    # and which of them count (in range, label not ignore_index).
+    tokens = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_rows = tokens < n_rows
+    y = tl.load(LABELS + row_start + tokens, mask=in_rows, other=ignore_index)
+    return tokens, in_rows, y, in_rows & (y != ignore_index)
+
+
+@triton.jit
 def _col_stats_kernel(
     ZT,
     LABELS,
@@ -330,12 +340,8 @@ def _col_stats_kernel(
     # running maximum and sum, updated with one exponential an element and no exchange
     # between threads until the end. Same partial sums, in slots token * parts_stride +
     # part_offset + split, and z[label] from the split that holds the label.
-    block = tl.program_id(0)
+    tokens, in_rows, y, live = _token_block(LABELS, row_start, n_rows, ignore_index, BLOCK_N)
     split = tl.program_id(1)
-    tokens = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_rows = tokens < n_rows
-    y = tl.load(LABELS + row_start + tokens, mask=in_rows, other=ignore_index)
-    live = in_rows & (y != ignore_index)
     start = split * span
     end = tl.minimum(start + span, n_vocab)
     m = tl.full([BLOCK_V, BLOCK_N], -1.0e30, tl.float32)
@@ -405,12 +411,8 @@ def _col_loss_grad_kernel(
     # a vocabulary of ``vocab``), in place: the same formula, each token's log-sum-exp
     # combined from all its parts by every program of its block; with WRITE_LOSS split 0
     # writes the loss. Ignored tokens get loss 0 and a zero gradient column.
-    block = tl.program_id(0)
+    tokens, in_rows, y, live = _token_block(LABELS, row_start, n_rows, ignore_index, BLOCK_N)
     split = tl.program_id(1)
-    tokens = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_rows = tokens < n_rows
-    y = tl.load(LABELS + row_start + tokens, mask=in_rows, other=ignore_index)
-    live = in_rows & (y != ignore_index)
     parts = tl.arange(0, SPLITS)
     part_mask = live[:, None] & (parts < parts_stride)[None, :]
     slots = tokens[:, None] * parts_stride + parts[None, :]
