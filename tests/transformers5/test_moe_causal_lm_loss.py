@@ -16,7 +16,7 @@ import torch
 import transformers
 from test_causal_lm_loss import (
     IGNORE,
-    VOCAB,
+    TINY,
     assert_same_step,
     batch,
     build,
@@ -42,15 +42,9 @@ MOE_FAMILIES = {
     ),
 }
 
+# test_causal_lm_loss's sizes
 TINY = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=40,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    max_position_embeddings=32,
+    TINY,
     num_experts_per_tok=2,
     router_aux_loss_coef=0.5,  # large enough that the aux loss shows in the loss
     attn_implementation="sdpa",
