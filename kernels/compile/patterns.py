@@ -185,6 +185,20 @@ class _ActivationCall:
     form: str
 
 
+def _module_called_alone(node: fx.Node, gm: fx.GraphModule, cls: type) -> nn.Module | None:
+    """The module a ``call_module`` node calls, when it is exactly a ``cls`` (a subclass may
+    compute something else) called on one positional input and nothing more; else None."""
+    module = fxn.module_of(node, gm)
+    if type(module) is not cls or len(node.args) != 1 or node.kwargs:
+        return None
+    return module
+
+
+def _parameter_ref(node: fx.Node, module: nn.Module, name: str) -> AttrRef | None:
+    """A reference to the called module's parameter ``name``, None where it has none."""
+    return AttrRef(f"{node.target}.{name}") if getattr(module, name) is not None else None
+
+
 def _activation_call(node: Any, gm: fx.GraphModule, name: str) -> _ActivationCall | None:
     """How ``node`` calls activation ``name``: its input and whether in place, or None when
     ``node`` is not that activation."""
@@ -192,8 +206,8 @@ def _activation_call(node: Any, gm: fx.GraphModule, name: str) -> _ActivationCal
         return None
     spec = _ACTIVATIONS[name]
     if node.op == "call_module":
-        module = fxn.module_of(node, gm)
-        if type(module) is not spec.module or len(node.args) != 1 or node.kwargs:
+        module = _module_called_alone(node, gm, spec.module)
+        if module is None:
             return None
         if spec.approximate is not None and module.approximate != spec.approximate:
             return None
@@ -359,11 +373,11 @@ def _last_dim_problem(x: fx.Node, normalized_shape: Any, what: str) -> str | Non
 
 def _rms_norm_call_matcher(node: fx.Node, gm: fx.GraphModule) -> Match | None:
     if node.op == "call_module":
-        module = fxn.module_of(node, gm)
-        if type(module) is not nn.RMSNorm or len(node.args) != 1 or node.kwargs:
+        module = _module_called_alone(node, gm, nn.RMSNorm)
+        if module is None:
             return None
         x = node.args[0]
-        weight = AttrRef(f"{node.target}.weight") if module.weight is not None else None
+        weight = _parameter_ref(node, module, "weight")
         normalized_shape, eps, form = list(module.normalized_shape), module.eps, "nn.RMSNorm module"
     elif fxn.calls(node, _RMS_NORM_FUNCTIONS):
         bound = fxn.bind(node, _RMS_NORM_PARAMS, {"weight": None, "eps": None})
@@ -523,12 +537,12 @@ _LAYER_NORM_PARAMS = ("input", "normalized_shape", "weight", "bias", "eps", "cud
 
 def _layer_norm_matcher(node: fx.Node, gm: fx.GraphModule) -> Match | None:
     if node.op == "call_module":
-        module = fxn.module_of(node, gm)
-        if type(module) is not nn.LayerNorm or len(node.args) != 1 or node.kwargs:
+        module = _module_called_alone(node, gm, nn.LayerNorm)
+        if module is None:
             return None
         x = node.args[0]
-        weight = AttrRef(f"{node.target}.weight") if module.weight is not None else None
-        bias = AttrRef(f"{node.target}.bias") if module.bias is not None else None
+        weight = _parameter_ref(node, module, "weight")
+        bias = _parameter_ref(node, module, "bias")
         normalized_shape, eps = list(module.normalized_shape), module.eps
         form = "nn.LayerNorm module"
     elif fxn.calls(node, _LAYER_NORM_FUNCTIONS):
