@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "library"))
 
 from library_helpers import DTYPES, assert_close, grads, randn  # noqa: E402
 
-from kernels.overrides import OVERRIDES, aten_override_calls  # noqa: E402
+from kernels.overrides import OVERRIDES, aten_override_calls, use_aten_overrides  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ON_GPU = DEVICE == "cuda"
@@ -55,3 +55,21 @@ class RecordingKernel:
     def call_boxed(self, keyset, *args, **kwargs):
         self.calls.append((args, kwargs))
         return "pytorch"
+
+
+def pytorch_and_override(fn, ops):
+    """``fn()`` with PyTorch's kernels, then inside the override of ``ops``."""
+    reference = fn()
+    with use_aten_overrides(ops=ops):
+        overridden = fn()
+    return reference, overridden
+
+
+def assert_bitwise(reference, overridden):
+    """The same tensors (or tuples of tensors and Nones): values, dtypes and strides."""
+    reference = reference if isinstance(reference, tuple) else (reference,)
+    overridden = overridden if isinstance(overridden, tuple) else (overridden,)
+    for r, o in zip(reference, overridden, strict=True):
+        assert (r is None) == (o is None)
+        if r is not None:
+            assert torch.equal(r, o) and r.dtype == o.dtype and r.stride() == o.stride()

@@ -7,7 +7,16 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from overrides_helpers import DEVICE, DTYPES, assert_close, grads, paths, randn
+from overrides_helpers import (
+    DEVICE,
+    DTYPES,
+    assert_bitwise,
+    assert_close,
+    grads,
+    paths,
+    pytorch_and_override,
+    randn,
+)
 
 from kernels.overrides import aten_override_calls, use_aten_overrides
 from kernels.overrides.loading import activation_kernels
@@ -50,18 +59,6 @@ def test_nn_modules_reach_the_overrides():
     assert paths("silu_backward") == {"ours": 1} and paths("gelu_backward") == {"ours": 2}
 
 
-def _pytorch_and_override(fn, ops):
-    reference = fn()
-    with use_aten_overrides(ops=ops):
-        overridden = fn()
-    return reference, overridden
-
-
-def _assert_bitwise(reference, overridden):
-    assert torch.equal(reference, overridden)
-    assert (reference.dtype, reference.stride()) == (overridden.dtype, overridden.stride())
-
-
 FORWARD_FALL_THROUGHS = {
     "dtype float64": lambda: randn(5, 7, dtype=torch.float64),
     "dtype int32": lambda: torch.arange(-4, 4, device=DEVICE, dtype=torch.int32),
@@ -81,7 +78,7 @@ def test_forward_falls_through(name, reason):
         with use_aten_overrides(ops=[op]), pytest.raises(RuntimeError):
             fn(x)
     else:
-        _assert_bitwise(*_pytorch_and_override(lambda: fn(x), [op]))
+        assert_bitwise(*pytorch_and_override(lambda: fn(x), [op]))
     assert paths(op) == {reason: 1}
 
 
@@ -116,10 +113,10 @@ BACKWARD_FALL_THROUGHS = {
 )
 def test_backward_falls_through(op, call, reason):
     x, dy = BACKWARD_FALL_THROUGHS[reason](randn(6, 5), randn(6, 5))
-    reference, overridden = _pytorch_and_override(
+    reference, overridden = pytorch_and_override(
         lambda: call(dy, x), [op.removesuffix("_backward")]
     )
-    _assert_bitwise(reference, overridden)
+    assert_bitwise(reference, overridden)
     assert paths(op) == {reason: 1}
 
 

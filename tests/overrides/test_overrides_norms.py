@@ -15,9 +15,11 @@ from overrides_helpers import (
     DISPATCH_KEY,
     DTYPES,
     RecordingKernel,
+    assert_bitwise,
     assert_close,
     grads,
     paths,
+    pytorch_and_override,
     randn,
 )
 
@@ -108,23 +110,6 @@ def test_layer_norm_backward_returns_none_where_not_asked():
     assert_close(db, db64, torch.float32, "bias gradient")
 
 
-def _pytorch_and_override(fn, ops):
-    """``fn()`` with PyTorch's kernels, then inside the override of ``ops``."""
-    reference = fn()
-    with use_aten_overrides(ops=ops):
-        overridden = fn()
-    return reference, overridden
-
-
-def _assert_bitwise(reference, overridden):
-    reference = reference if isinstance(reference, tuple) else (reference,)
-    overridden = overridden if isinstance(overridden, tuple) else (overridden,)
-    for r, o in zip(reference, overridden, strict=True):
-        assert (r is None) == (o is None)
-        if r is not None:
-            assert torch.equal(r, o) and r.dtype == o.dtype and r.stride() == o.stride()
-
-
 # Each guard of the layer norm overrides: the call runs PyTorch's kernel, bitwise.
 LAYER_NORM_FALL_THROUGHS = {
     "dtype float64": lambda: (randn(4, 8, dtype=torch.float64), [8], None, None),
@@ -139,8 +124,8 @@ def test_layer_norm_falls_through(reason):
     def call():
         return torch.ops.aten.native_layer_norm(*args, 1e-5)
 
-    reference, overridden = _pytorch_and_override(call, ["layer_norm"])
-    _assert_bitwise(reference, overridden)
+    reference, overridden = pytorch_and_override(call, ["layer_norm"])
+    assert_bitwise(reference, overridden)
     assert paths("native_layer_norm") == {reason: 1}
 
 
@@ -170,8 +155,8 @@ def test_layer_norm_backward_falls_through_for_float64_and_stats_of_another_layo
             dy, x, [8], mean, rstd, w, b, [True, True, False]
         )
 
-    reference, overridden = _pytorch_and_override(backward, ["layer_norm"])
-    _assert_bitwise(reference, overridden)
+    reference, overridden = pytorch_and_override(backward, ["layer_norm"])
+    assert_bitwise(reference, overridden)
     assert paths("native_layer_norm_backward") == {"dtype float64": 1}
 
 
@@ -208,8 +193,8 @@ def test_layer_norm_fall_through_keeps_gradients_flowing():
         y = module(x)
         return (y, *torch.autograd.grad(y.sum(), (x, module.weight, module.bias)))
 
-    reference, overridden = _pytorch_and_override(step, ["layer_norm"])
-    _assert_bitwise(reference, overridden)
+    reference, overridden = pytorch_and_override(step, ["layer_norm"])
+    assert_bitwise(reference, overridden)
     assert aten_override_calls() == {
         ("native_layer_norm", "dtype float64"): 1,
         ("native_layer_norm_backward", "dtype float64"): 1,
@@ -283,7 +268,7 @@ def test_rms_norm_falls_through(reason):
     x, normalized_shape, w = RMS_FALL_THROUGHS[reason]()
     original = _rms_original()
     got = norms.fused_rms_norm(norm_kernels(), original, KEYSET, x, normalized_shape, w, EPS)
-    _assert_bitwise(original.call_boxed(KEYSET, x, normalized_shape, w, EPS), got)
+    assert_bitwise(original.call_boxed(KEYSET, x, normalized_shape, w, EPS), got)
     assert paths("_fused_rms_norm") == {reason: 1}
 
 
