@@ -14,7 +14,9 @@ through an ``lm_head`` weight ``[vocab, hidden]``, and its gradients with respec
 - with ``--variants``, ours with its plan forced: ``ours-chunks-only`` (its chunks without the
   resident first chunk), ``ours-one-pass`` (Liger's plan: chunks of tokens over the whole
   vocabulary, within the same budget) and ``ours-one-pass-x4`` (chunks of four times as many
-  tokens: what memory buys in speed where one pass is bound by memory bandwidth); ``ours``
+  tokens: what memory buys in speed where one pass is bound by memory bandwidth) and
+  ``ours-two-kernels`` (chunks of whole rows through the statistics and gradient kernels, never
+  the one-kernel row path); ``--variants NAME ...`` times only those named; ``ours``
   holds its first tokens' logits in the weight gradient's buffer and picks one pass or two
   passes over vocabulary tiles for the rest by itself.
 
@@ -60,7 +62,9 @@ IMPLS = [
     "ours-chunks-only",
     "ours-one-pass",
     "ours-one-pass-x4",
+    "ours-two-kernels",
 ]
+VARIANTS = IMPLS[4:]
 GiB = 2**30
 
 
@@ -90,8 +94,8 @@ def plain_loss(h, w, y):
     return F.cross_entropy(F.linear(h, w).float(), y, ignore_index=-100)
 
 
-def contenders(ours, liger, tokens, hidden, vocab, variants: bool) -> dict:
-    """{name: loss function of (h, w, y)}."""
+def contenders(ours, liger, tokens, hidden, vocab, variants) -> dict:
+    """{name: loss function of (h, w, y)}; ``variants`` names which of VARIANTS to add."""
     fns = {"eager": plain_loss, "compile": torch.compile(plain_loss, dynamic=False)}
     if liger is not None:
         function = liger[0]
@@ -104,6 +108,7 @@ def contenders(ours, liger, tokens, hidden, vocab, variants: bool) -> dict:
 
         fns["liger"] = liger_loss
     fns["ours"] = ours.fused_linear_cross_entropy
+    variant = {}
     if variants:
         rows = ours.chunk_rows(tokens, hidden, vocab, 2, torch.device("cuda"))
 
@@ -118,9 +123,23 @@ def contenders(ours, liger, tokens, hidden, vocab, variants: bool) -> dict:
         def chunks_only(h, w, y):  # the plan without its resident first chunk
             return ours.fused_linear_cross_entropy(h, w, y, chunk_size=plan[0], vocab_chunk=plan[1])
 
-        fns["ours-chunks-only"] = chunks_only
-        fns["ours-one-pass"] = one_pass
-        fns["ours-one-pass-x4"] = one_pass_x4
+        op_module = sys.modules[f"{ours.__name__}.fused_linear_cross_entropy"]
+
+        def two_kernels(h, w, y):  # chunks of whole rows through the split row kernels only
+            fused = op_module.FUSED_ROWS_PER_SM
+            op_module.FUSED_ROWS_PER_SM = 2**62
+            try:
+                return ours.fused_linear_cross_entropy(h, w, y)
+            finally:
+                op_module.FUSED_ROWS_PER_SM = fused
+
+        variant = {
+            "ours-chunks-only": chunks_only,
+            "ours-one-pass": one_pass,
+            "ours-one-pass-x4": one_pass_x4,
+            "ours-two-kernels": two_kernels,
+        }
+    fns.update((name, variant[name]) for name in VARIANTS if name in variants)
     return fns
 
 
@@ -183,7 +202,7 @@ def spot_check(fns, h, w, y) -> dict:
             _relative_error(a, b) for a, b in zip((loss, gh, gw), reference, strict=True)
         )
         del loss, gh, gw
-    for name in ("ours", "ours-chunks-only", "ours-one-pass", "ours-one-pass-x4"):
+    for name in ("ours", *VARIANTS):
         if results.get(name) is not None and not max(results[name]) < 2e-2:
             raise AssertionError(f"{name} differs from {next(iter(results))}: {results[name]}")
     return results
@@ -354,8 +373,9 @@ def main():
     parser.add_argument("--block", type=int, default=3, help="calls a contender makes a round")
     parser.add_argument(
         "--variants",
-        action="store_true",
-        help="also time ours-chunks-only, ours-one-pass and ours-one-pass-x4",
+        nargs="*",
+        choices=VARIANTS,
+        help="also time these variants of ours (all of them when none is named)",
     )
     parser.add_argument(
         "--card", action="store_true", help="print the model-card table from --out (no GPU)"
@@ -406,12 +426,13 @@ def main():
     if os.path.exists(path):
         with open(path) as f:
             results = json.load(f)["results"]
+    variants = VARIANTS if args.variants == [] else args.variants or []
     for hidden in map(int, args.hidden.split(",")):
         for vocab in map(int, args.vocab.split(",")):
             for tokens in map(int, args.tokens.split(",")):
                 torch._dynamo.reset()
                 rows = run_shape(
-                    ours, liger, tokens, hidden, vocab, args.rep_ms, args.block, args.variants
+                    ours, liger, tokens, hidden, vocab, args.rep_ms, args.block, variants
                 )
                 results = _merge(results, rows)
                 with open(path, "w") as f:

@@ -331,7 +331,9 @@ def test_resident_temporary_and_partial_sums_fit_the_budget(loss):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_cross_entropy_on_logits(loss, dtype, reduction):
+@pytest.mark.parametrize("rows_per_sm", [0, 10**9], ids=["one-kernel", "two-kernels"])
+def test_cross_entropy_on_logits(loss, monkeypatch, dtype, reduction, rows_per_sm):
+    monkeypatch.setattr(_op_module(loss), "FUSED_ROWS_PER_SM", rows_per_sm)
     torch.manual_seed(0)
     logits = randn(3, 4, 517, dtype=dtype, scale=3.0).requires_grad_()
     before = logits.detach().clone()
@@ -732,9 +734,50 @@ def test_second_backward_is_a_clear_error(loss):
         out.backward()
 
 
-def test_label_out_of_range_gives_nan(loss):
+@pytest.mark.parametrize("rows_per_sm", [0, 10**9], ids=["one-kernel", "two-kernels"])
+def test_label_out_of_range_gives_nan(loss, monkeypatch, rows_per_sm):
+    monkeypatch.setattr(_op_module(loss), "FUSED_ROWS_PER_SM", rows_per_sm)
     h, w = randn(3, 8), randn(10, 8)
     out = loss.fused_linear_cross_entropy(
         h, w, torch.tensor([1, 10, 3], device=DEVICE), reduction="none"
     )
     assert torch.isnan(out[1]) and torch.isfinite(out[[0, 2]]).all()
+
+
+# Chunks of whole rows take one kernel (a program a row) where they have enough rows, else the
+# statistics and gradient kernels with rows split between programs: each case both ways.
+@pytest.mark.parametrize("rows_per_sm", [0, 10**9], ids=["one-kernel", "two-kernels"])
+@pytest.mark.parametrize(
+    "name", ["ignored", "softcap-smoothing", "sum", "num-items", "resident-then-chunks"]
+)
+def test_row_kernels_one_or_two(loss, monkeypatch, name, rows_per_sm):
+    ops = _op_module(loss)
+    monkeypatch.setattr(ops, "FUSED_ROWS_PER_SM", rows_per_sm)
+    launched = []
+    for kernel in ("_row_loss_grad", "_loss_grad"):
+        original = getattr(ops, kernel)
+        monkeypatch.setattr(
+            ops,
+            kernel,
+            lambda *a, _k=kernel, _f=original, **kw: launched.append(_k) or _f(*a, **kw),
+        )
+    _, shape, options = next(case for case in CASES if case[0] == name)
+    torch.manual_seed(0)
+    _check_against_reference(loss, SHAPES[shape], options, torch.float32)
+    assert set(launched) == {"_loss_grad" if rows_per_sm else "_row_loss_grad"}
+
+
+def test_work_buffers_only_for_chunks_that_split_rows(loss, monkeypatch):
+    """The row kernels' partial sums are sized for the chunks that split their rows: none for
+    chunks the one-kernel row path takes (so the loss's memory stays within Liger's budget),
+    and per chunk size, not for the worst case of one row split the most ways."""
+    ops = _op_module(loss)
+    device = torch.device(DEVICE)
+    monkeypatch.setattr(ops, "FUSED_ROWS_PER_SM", 0)
+    assert all(t.numel() == 0 for t in ops._work_buffers((512, 100), 1000, 1, device))
+    monkeypatch.setattr(ops, "FUSED_ROWS_PER_SM", 10**9)
+    splits = ops._row_config(64, 1000, device)[3]
+    m_part, s_part, sum_part, zy = ops._work_buffers((64, 3), 1000, 2, device)
+    assert m_part.numel() == s_part.numel() == sum_part.numel()
+    assert m_part.numel() == max(64 * 2 * splits, 3 * 2 * ops._row_config(3, 1000, device)[3])
+    assert zy.numel() == 64

@@ -6,9 +6,10 @@ without ever holding the logits of every token. The tokens are taken in chunks; 
 
 1. ``logits = hidden_chunk @ weight.T (+ bias)``, one cuBLAS matmul in the input dtype into a
    buffer reused by every chunk;
-2. two Triton kernels reduce each row to its log-sum-exp and loss and overwrite the row, in
-   place, with d(loss)/d(logits) (softmax minus the smoothed one-hot, times the reduction's
-   scale, times the soft-cap's derivative);
+2. Triton reduces each row to its log-sum-exp and loss and overwrites the row, in place, with
+   d(loss)/d(logits) (softmax minus the smoothed one-hot, times the reduction's scale, times
+   the soft-cap's derivative): one kernel, a program a row, where the chunk has rows enough to
+   fill the GPU; else two, statistics then gradient, with each row split between programs;
 3. ``grad_hidden_chunk = grad_logits @ weight`` and ``grad_weight += grad_logits.T @
    hidden_chunk`` (``grad_bias += grad_logits.sum(0)``), matmuls again.
 
@@ -20,7 +21,7 @@ without memory beyond Liger's ("the chunk plan" below).
 The gradients are made in the forward (the loss is the last op of a training step, so its
 backward follows at once) and only scaled by the loss's gradient in the backward, as
 Liger-Kernel's fused linear cross-entropy does. ``cross_entropy(logits, labels)`` runs the same
-two kernels on logits that already exist (step 2 alone), writing the gradient to a new tensor
+row kernels on logits that already exist (step 2 alone), writing the gradient to a new tensor
 of the logits' dtype rather than into them.
 
 The file reads top to bottom: the Triton kernels, then the launchers (chunk size, the chunk
@@ -116,6 +117,9 @@ TWO_PASS_MARGIN = 0.9  # two passes only where the model expects them 10% faster
 BLOCK = 4096
 BLOCK_WARPS = 8  # 16 elements a thread: two 16-byte loads of bf16
 SPLIT_PROGRAMS_PER_SM = 4
+# Chunks of at least FUSED_ROWS_PER_SM whole rows a multiprocessor take one kernel, a program
+# a row, rather than the two above (statistics, then gradient).
+FUSED_ROWS_PER_SM = 1
 CPU_BLOCK = 256  # the interpreter: small blocks, so that odd vocabularies span several
 CPU_BLOCK_WARPS = 4
 # The transposed kernels of the resident plan: [COL_BLOCK_V, COL_BLOCK_N] tiles (vocabulary
@@ -294,6 +298,85 @@ def _loss_grad_kernel(
                 z = softcap * t
             g = tl.exp(z - lse) - eps
             g = tl.where(cols == label_col, g - (1.0 - label_smoothing), g) * scale
+            if HAS_SOFTCAP:
+                g = g * (1.0 - t * t)
+            tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _row_loss_grad_kernel(
+    X,
+    DX,
+    LABELS,
+    LOSS,
+    SCALE,
+    row_start,
+    n_cols,
+    stride_x,
+    stride_dx,
+    scale_stride,
+    ignore_index,
+    label_smoothing,
+    softcap,
+    HAS_SOFTCAP: tl.constexpr,
+    SMOOTHING: tl.constexpr,
+    COMPUTE_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # _row_stats_kernel and _loss_grad_kernel in one program a row, for chunks of whole rows
+    # (the vocabulary) with enough rows to fill the GPU without splitting them: the row is
+    # reduced to its log-sum-exp, then walked again backwards for the gradient, so that the
+    # blocks read last in the first walk, the likeliest still in L2, are read first in the
+    # second. One launch, no partial sums, and part of the second read from L2 rather than
+    # memory. Same formulas and the same fp32 arithmetic as the two kernels.
+    row = tl.program_id(0)
+    y = tl.load(LABELS + row_start + row)
+    x_row = X + row.to(tl.int64) * stride_x
+    dx_row = DX + row.to(tl.int64) * stride_dx
+    if y == ignore_index:
+        tl.store(LOSS + row_start + row, 0.0)
+        if COMPUTE_GRAD:
+            for first in range(0, n_cols, BLOCK):
+                cols = first + tl.arange(0, BLOCK)
+                tl.store(dx_row + cols, tl.zeros([BLOCK], DX.dtype.element_ty), mask=cols < n_cols)
+        return
+    m = -1.0e30  # as in _row_stats_kernel: the first rescaling is exp(-huge) = 0
+    s = tl.zeros([BLOCK], tl.float32)
+    total = tl.zeros([BLOCK], tl.float32)
+    for first in range(0, n_cols, BLOCK):
+        cols = first + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        z = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_SOFTCAP:
+            z = softcap * _tanh(z / softcap)
+        if SMOOTHING:
+            total += tl.where(mask, z, 0.0)
+        z = tl.where(mask, z, float("-inf"))
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        s = s * tl.exp(m - m_new) + tl.exp(z - m_new)
+        m = m_new
+    lse = m + tl.log(tl.sum(s, axis=0))
+    in_range = (y >= 0) & (y < n_cols)
+    zy = tl.load(x_row + tl.where(in_range, y, 0)).to(tl.float32)
+    if HAS_SOFTCAP:
+        zy = softcap * _tanh(zy / softcap)
+    loss = lse - (1.0 - label_smoothing) * zy
+    eps = label_smoothing / n_cols
+    if SMOOTHING:
+        loss -= eps * tl.sum(total, axis=0)
+    tl.store(LOSS + row_start + row, tl.where(in_range, loss, float("nan")))
+    if COMPUTE_GRAD:
+        scale = tl.load(SCALE + (row_start + row).to(tl.int64) * scale_stride).to(tl.float32)
+        last = (n_cols - 1) // BLOCK * BLOCK
+        for back in range(0, n_cols, BLOCK):
+            cols = last - back + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            z = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_SOFTCAP:
+                t = _tanh(z / softcap)
+                z = softcap * t
+            g = tl.exp(z - lse) - eps
+            g = tl.where(cols == y, g - (1.0 - label_smoothing), g) * scale
             if HAS_SOFTCAP:
                 g = g * (1.0 - t * t)
             tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=mask)
@@ -592,11 +675,14 @@ def _row_config(rows: int, n_cols: int, device: torch.device) -> tuple[int, int,
     return block, warps, span, cdiv(n_cols, span)
 
 
-def _work_buffers(max_rows: int, n_cols: int, tiles: int, device: torch.device):
-    """(partial maxima, partial sums, partial sums of z, z[label]) for chunks of up to
-    ``max_rows`` rows over ``tiles`` tiles of ``n_cols`` columns: one allocation for every
-    chunk (fewer rows never need more splits than one row does)."""
-    return _work_buffers_for(max_rows * tiles * _row_config(1, n_cols, device)[3], max_rows, device)
+def _work_buffers(sizes: tuple[int, ...], n_cols: int, tiles: int, device: torch.device):
+    """(partial maxima, partial sums, partial sums of z, z[label]) for chunks of each of these
+    numbers of rows over ``tiles`` tiles of ``n_cols`` columns: one allocation for every chunk,
+    sized for the chunks that split their rows (none for those the one-kernel row path takes:
+    the loss's memory stays within Liger's budget to the kilobyte)."""
+    split = [rows for rows in sizes if rows and not (tiles == 1 and _fuses_rows(rows, device))]
+    parts = max((r * tiles * _row_config(r, n_cols, device)[3] for r in split), default=0)
+    return _work_buffers_for(parts, max(split, default=0), device)
 
 
 def _work_buffers_for(parts: int, rows: int, device: torch.device):
@@ -637,11 +723,32 @@ def _loss_grad(
     launch(_loss_grad_kernel, grid, args, warps, x.device)
 
 
+def _fuses_rows(n_rows: int, device: torch.device) -> bool:
+    """Whether rows of the whole vocabulary take `_row_loss_grad` (one program a row): enough
+    of them to give every multiprocessor FUSED_ROWS_PER_SM."""
+    return n_rows >= FUSED_ROWS_PER_SM * multiprocessors(device)
+
+
+def _row_loss_grad(x, dx, labels, row_start, loss, scale, scale_stride, options, compute_grad):
+    """`_rows_loss_and_grad` in one launch, a program a row (see `_row_loss_grad_kernel`)."""
+    ignore_index, smoothing, softcap = options
+    block, warps = _row_config(x.shape[0], x.shape[1], x.device)[:2]
+    args = (
+        x, dx, labels, loss, scale, row_start, x.shape[1], x.stride(0), dx.stride(0),
+        scale_stride, ignore_index, smoothing, softcap, softcap > 0, smoothing > 0, compute_grad,
+        block,
+    )  # fmt: skip
+    launch(_row_loss_grad_kernel, (x.shape[0],), args, warps, x.device)
+
+
 def _rows_loss_and_grad(
     x, dx, labels, row_start, loss, scale, scale_stride, options, compute_grad, work
 ) -> None:
     """Loss of rows ``x`` (whole rows of the vocabulary; labels ``labels[row_start:]``) into
     ``loss[row_start:]``; with ``compute_grad`` the gradient into ``dx`` (which may be ``x``)."""
+    if _fuses_rows(x.shape[0], x.device):
+        _row_loss_grad(x, dx, labels, row_start, loss, scale, scale_stride, options, compute_grad)
+        return
     config = _row_config(x.shape[0], x.shape[1], x.device)
     n_splits = config[3]
     _row_stats(x, labels, row_start, 0, 0, n_splits, options, work, config)
@@ -803,7 +910,7 @@ def _flce_pass(
     rows = _even(n_rows - resident, rows)
     tiles = cdiv(vocab, tile)
     buffer = hidden.new_empty(rows * tile)
-    work = _work_buffers(rows, tile, tiles, device)
+    work = _work_buffers((rows, (n_rows - resident) % rows), tile, tiles, device)
     rows_acc = None
     if tiles > 1 and fp32_rows:
         rows_acc = torch.empty((rows, hidden_size), dtype=torch.float32, device=device)
@@ -812,10 +919,14 @@ def _flce_pass(
         h = hidden[start:end]
         config = _row_config(end - start, tile, device)
         parts = tiles * config[3]
+        fused = tiles == 1 and _fuses_rows(end - start, device)
 
         for t in range(tiles):  # tiles == 1: the one pass; else the first of two
             logits, first = _project(h, weight, bias, buffer, tile, t)
-            _row_stats(logits, labels, start, first, t * config[3], parts, options, work, config)
+            if not fused:
+                _row_stats(
+                    logits, labels, start, first, t * config[3], parts, options, work, config
+                )
         order = [tiles - 1, *range(tiles - 1)] if compute_grad else [tiles - 1]
         gh_rows = None
         if need_gh:
@@ -823,10 +934,15 @@ def _flce_pass(
         for i, t in enumerate(order):
             if i:  # the last tile's logits are still in the buffer; the others are recomputed
                 logits, first = _project(h, weight, bias, buffer, tile, t)
-            _loss_grad(
-                logits, logits, labels, start, first, vocab, parts, loss, scale, scale_stride,
-                options, work, config, i == 0, compute_grad,
-            )  # fmt: skip
+            if fused:
+                _row_loss_grad(
+                    logits, logits, labels, start, loss, scale, scale_stride, options, compute_grad
+                )
+            else:
+                _loss_grad(
+                    logits, logits, labels, start, first, vocab, parts, loss, scale, scale_stride,
+                    options, work, config, i == 0, compute_grad,
+                )  # fmt: skip
             if not compute_grad:
                 break
             columns = slice(first, first + logits.shape[1])
@@ -988,7 +1104,7 @@ def _ce_forward(logits, labels, items, options, reduction, compute_grad):
     loss_rows = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if compute_grad else None
     if logits.shape[0]:
-        work = _work_buffers(logits.shape[0], logits.shape[1], 1, logits.device)
+        work = _work_buffers((logits.shape[0],), logits.shape[1], 1, logits.device)
         dx = logits if grad is None else grad
         _rows_loss_and_grad(logits, dx, labels, 0, loss_rows, scale, 0, options, compute_grad, work)
     return _reduce(loss_rows, scale, reduction), grad
@@ -1000,7 +1116,7 @@ def _ce_backward_none(grad_loss, logits, labels, options):
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
     n_rows = logits.shape[0]
     if n_rows:
-        work = _work_buffers(n_rows, logits.shape[1], 1, logits.device)
+        work = _work_buffers((n_rows,), logits.shape[1], 1, logits.device)
         loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
         g = grad_loss.to(torch.float32).contiguous()
         _rows_loss_and_grad(logits, grad, labels, 0, loss_rows, g, 1, options, True, work)
