@@ -249,7 +249,7 @@ def eager_tokens(state_dict, batches) -> dict:
     return tokens
 
 
-def run_decode(groups: list[str], batches, rounds: int) -> list:
+def run_decode(groups: list[str], batches, rounds: int, only=None) -> list:
     import e2e
     import torch
 
@@ -263,7 +263,10 @@ def run_decode(groups: list[str], batches, rounds: int) -> list:
     makers = {name: (lambda n=name: make_contender(n, state)) for name in CONTENDERS}
     rows = []
     for group in groups:
-        contenders = e2e.build_contenders(makers, GROUPS[group], module_state)
+        names = [name for name in GROUPS[group] if not only or name in only]
+        if not names:
+            continue
+        contenders = e2e.build_contenders(makers, names, module_state)
         for batch in batches:
             rows += time_decode(contenders, module_state, batch, rounds, reference[batch])
         del contenders
@@ -511,6 +514,13 @@ def main() -> int:
         default="all",
         help="decode contenders to run: eager (no torch.compile), compiled, or all",
     )
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        choices=CONTENDERS,
+        metavar="NAME",
+        help="decode contenders to run, by name (default: every one of --group's)",
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     args = parser.parse_args()
@@ -523,7 +533,7 @@ def main() -> int:
     if args.only in (None, "decode"):
         groups = list(GROUPS) if args.group == "all" else [args.group]
         print(f"decode, groups {groups}:", flush=True)
-        decode = run_decode(groups, args.batches, args.rounds)
+        decode = run_decode(groups, args.batches, args.rounds, args.contenders)
 
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.json"

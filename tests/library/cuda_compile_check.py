@@ -93,6 +93,33 @@ def _run_activation(activation) -> None:
             _grad(getattr(activation, name)(x), (x,))
         for name in two_inputs:
             _grad(getattr(activation, name)(gate, x), (gate, x))
+    _run_decode_mlp(activation)
+
+
+def _run_decode_mlp(activation) -> None:
+    # The decode-size MLP's kernels with the configurations the rule picks on an H100 (132 SMs)
+    # at the benchmark's shapes: one row (multiply-adds) and eight (tl.dot), each with and
+    # without split-K; biases and tanh GELU once. Weights are expanded views: only the launch
+    # arguments matter here.
+    decode = sys.modules[f"{activation.__name__}.decode_mlp"]
+    for dtype in (torch.float16, torch.bfloat16):
+        for hidden, inter in ((2048, 5632), (4096, 14336)):
+            gate_w = torch.empty(1, hidden, dtype=dtype).expand(inter, hidden)
+            down_w = torch.empty(1, inter, dtype=dtype).expand(hidden, inter)
+            for m in (1, 8):
+                x = torch.zeros(m, hidden, dtype=dtype)
+                h = torch.zeros(m, inter, dtype=dtype)
+                config = decode.gemv_config(m, inter, hidden, True, 132)
+                decode.gated_gemv(x, gate_w, None, gate_w, None, 0, config)
+                decode.gemv(h, down_w, None, decode.gemv_config(m, hidden, inter, False, 132))
+                decode.gated_gemv(x, gate_w, None, gate_w, None, 0, config._replace(split_k=2))
+        x = torch.zeros(3, 64, dtype=dtype)
+        w, b = torch.zeros(96, 64, dtype=dtype), torch.zeros(96, dtype=dtype)
+        for split in (1, 2):
+            for dot in (False, True):
+                config = decode.GemvConfig(16, 32, split, 4, 2, dot)
+                decode.gated_gemv(x, w, b, w, b, 2, config)
+                decode.gemv(x, w, b, config)
 
 
 def _run_rotary(rotary) -> None:

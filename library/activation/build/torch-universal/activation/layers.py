@@ -12,6 +12,8 @@ import types
 import torch
 from torch import Tensor
 
+from ._library import use_autograd_function
+from .decode_mlp import gated_mlp_decode, takes_decode_kernels
 from .elementwise import fast_gelu, gelu, gelu_tanh, new_gelu, quick_gelu, silu
 from .gated import gelu_and_mul, gelu_tanh_and_mul, gelu_tanh_mul, silu_and_mul, silu_mul
 from .mlp import swiglu_mlp
@@ -174,12 +176,10 @@ def _is_plain_linear(module: torch.nn.Module, dtype: torch.dtype, device: torch.
     )
 
 
-def _takes_fused_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> bool:
-    """Whether ``swiglu_mlp`` computes exactly what the module calls would, and is worth it:
-    an eager call that records a backward (``swiglu_mlp`` saves less for it), plain Linear
-    projections, no global module hooks, no autocast (which would cast inside the matmuls)."""
-    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
-        return False
+def _calls_are_plain(mlp: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether reading the projections' weights computes exactly what calling them would: a
+    plain tensor input, no autocast (which would cast inside the matmuls), no global module
+    hooks, and plain Linear projections of ``x``'s dtype and device (`_is_plain_linear`)."""
     if type(x) is not torch.Tensor or torch.is_autocast_enabled(x.device.type):
         return False
     module = torch.nn.modules.module
@@ -194,16 +194,43 @@ def _takes_fused_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> bool:
     return all(_is_plain_linear(p, x.dtype, x.device) for p in projections)
 
 
+def _weights(mlp: torch.nn.Module) -> tuple:
+    """(gate weight, gate bias, up weight, up bias, down weight, down bias)."""
+    gate, up, down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+    return gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias
+
+
+def _takes_fused_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``swiglu_mlp`` computes exactly what the module calls would, and is worth it:
+    an eager call that records a backward (``swiglu_mlp`` saves less for it) with plain calls
+    (`_calls_are_plain`)."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return False
+    return _calls_are_plain(mlp, x)
+
+
+def _takes_decode_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``gated_mlp_decode``'s kernels compute what the module calls would: an eager call
+    that needs no backward, with plain calls (`_calls_are_plain`), on input its kernels take
+    (fp16 or bf16, at most ``DECODE_ROWS`` tokens, a device they run on)."""
+    if torch.compiler.is_compiling() or not takes_decode_kernels(x):
+        return False
+    return _calls_are_plain(mlp, x) and not use_autograd_function(x, *_weights(mlp))
+
+
 def _gated_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))``, with ``act(gate) * up``
-    fused into one kernel when ``act_fn`` is plain SiLU or tanh GELU; the module's own formula
-    for any other ``act_fn``."""
+    fused into one kernel when ``act_fn`` is plain SiLU or tanh GELU (at decode sizes, the whole
+    MLP in two kernels); the module's own formula for any other ``act_fn``."""
     if _is_plain_silu(mlp.act_fn):
+        if _takes_decode_mlp(mlp, x):
+            return gated_mlp_decode(x, *_weights(mlp), "silu")
         if _takes_fused_mlp(mlp, x):
-            gate, up, down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
-            return swiglu_mlp(x, gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias)
+            return swiglu_mlp(x, *_weights(mlp))
         fused = silu_mul
     elif _is_plain_gelu_tanh(mlp.act_fn):
+        if _takes_decode_mlp(mlp, x):
+            return gated_mlp_decode(x, *_weights(mlp), "gelu_tanh")
         fused = gelu_tanh_mul
     else:
         return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
@@ -225,8 +252,11 @@ class SwiGLUMLP(torch.nn.Module):
 
     When training eagerly with SiLU and plain ``torch.nn.Linear`` projections, the whole MLP
     runs as ``swiglu_mlp``, which keeps ``gate`` and ``up`` for backward but not their product
-    (the backward kernel recomputes it): a third less of the MLP's activation memory. Otherwise
-    the projections are called as modules (their hooks, LoRA wrappers etc. still run)."""
+    (the backward kernel recomputes it): a third less of the MLP's activation memory. At decode
+    sizes (at most ``DECODE_ROWS`` tokens of fp16 or bf16, no backward needed, the same plain
+    projections), with SiLU or tanh GELU, it runs as ``gated_mlp_decode``: two matrix-vector
+    kernels. Otherwise the projections are called as modules (their hooks, LoRA wrappers etc.
+    still run)."""
 
     has_backward = True
     can_torch_compile = True
