@@ -145,6 +145,72 @@ def _tanh(u):
 
 
 @triton.jit
+def _stats_step(
+    x_row,
+    first,
+    end,
+    m,
+    s,
+    total,
+    softcap,
+    HAS_SOFTCAP: tl.constexpr,
+    SMOOTHING: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # One block of a row's online softmax statistics: columns [first, first + BLOCK) below end
+    # of the (soft-capped) logits z fold into the running maximum m, the per-lane sums s of
+    # exp(z - m) (rescaled when m grows: one cross-lane maximum and one exp an element) and,
+    # with label smoothing, the per-lane sums of z.
+    cols = first + tl.arange(0, BLOCK)
+    mask = cols < end
+    z = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_SOFTCAP:
+        z = softcap * _tanh(z / softcap)
+    if SMOOTHING:
+        total += tl.where(mask, z, 0.0)
+    z = tl.where(mask, z, float("-inf"))
+    m_new = tl.maximum(m, tl.max(z, axis=0))
+    s = s * tl.exp(m - m_new) + tl.exp(z - m_new)
+    return m_new, s, total
+
+
+@triton.jit
+def _grad_step(
+    x_row,
+    dx_row,
+    cols,
+    end,
+    label_col,
+    lse,
+    eps,
+    label_smoothing,
+    scale,
+    softcap,
+    HAS_SOFTCAP: tl.constexpr,
+):
+    # One block of a row's gradient, written over columns ``cols`` below end:
+    # (softmax - eps / V - (1 - eps) [j == y]) * scale * dz/dx.
+    mask = cols < end
+    z = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_SOFTCAP:
+        t = _tanh(z / softcap)
+        z = softcap * t
+    g = tl.exp(z - lse) - eps
+    g = tl.where(cols == label_col, g - (1.0 - label_smoothing), g) * scale
+    if HAS_SOFTCAP:
+        g = g * (1.0 - t * t)
+    tl.store(dx_row + cols, g.to(dx_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _zero_span(dx_row, start, end, BLOCK: tl.constexpr):
+    # An ignored row's gradient: zeros over columns [start, end).
+    for first in range(start, end, BLOCK):
+        cols = first + tl.arange(0, BLOCK)
+        tl.store(dx_row + cols, tl.zeros([BLOCK], dx_row.dtype.element_ty), mask=cols < end)
+
+
+@triton.jit
 def _row_stats_kernel(
     X,
     LABELS,
@@ -189,17 +255,9 @@ def _row_stats_kernel(
     s = tl.zeros([BLOCK], tl.float32)
     total = tl.zeros([BLOCK], tl.float32)
     for first in range(start, end, BLOCK):
-        cols = first + tl.arange(0, BLOCK)
-        mask = cols < end
-        z = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_SOFTCAP:
-            z = softcap * _tanh(z / softcap)
-        if SMOOTHING:
-            total += tl.where(mask, z, 0.0)
-        z = tl.where(mask, z, float("-inf"))
-        m_new = tl.maximum(m, tl.max(z, axis=0))
-        s = s * tl.exp(m - m_new) + tl.exp(z - m_new)
-        m = m_new
+        m, s, total = _stats_step(
+            x_row, first, end, m, s, total, softcap, HAS_SOFTCAP, SMOOTHING, BLOCK
+        )
     part = row * parts_stride + part_offset + split
     tl.store(M_PART + part, m)
     tl.store(S_PART + part, tl.sum(s, axis=0))
@@ -265,9 +323,7 @@ def _loss_grad_kernel(
             if split == 0:
                 tl.store(LOSS + row_start + row, 0.0)
         if COMPUTE_GRAD:
-            for first in range(start, end, BLOCK):
-                cols = first + tl.arange(0, BLOCK)
-                tl.store(dx_row + cols, tl.zeros([BLOCK], DX.dtype.element_ty), mask=cols < end)
+            _zero_span(dx_row, start, end, BLOCK)
         return
     parts = tl.arange(0, SPLITS)
     part_mask = parts < parts_stride
@@ -291,16 +347,10 @@ def _loss_grad_kernel(
         label_col = y - col_start
         for first in range(start, end, BLOCK):
             cols = first + tl.arange(0, BLOCK)
-            mask = cols < end
-            z = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-            if HAS_SOFTCAP:
-                t = _tanh(z / softcap)
-                z = softcap * t
-            g = tl.exp(z - lse) - eps
-            g = tl.where(cols == label_col, g - (1.0 - label_smoothing), g) * scale
-            if HAS_SOFTCAP:
-                g = g * (1.0 - t * t)
-            tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=mask)
+            _grad_step(
+                x_row, dx_row, cols, end, label_col, lse, eps, label_smoothing, scale, softcap,
+                HAS_SOFTCAP,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -336,25 +386,15 @@ def _row_loss_grad_kernel(
     if y == ignore_index:
         tl.store(LOSS + row_start + row, 0.0)
         if COMPUTE_GRAD:
-            for first in range(0, n_cols, BLOCK):
-                cols = first + tl.arange(0, BLOCK)
-                tl.store(dx_row + cols, tl.zeros([BLOCK], DX.dtype.element_ty), mask=cols < n_cols)
+            _zero_span(dx_row, 0, n_cols, BLOCK)
         return
     m = -1.0e30  # as in _row_stats_kernel: the first rescaling is exp(-huge) = 0
     s = tl.zeros([BLOCK], tl.float32)
     total = tl.zeros([BLOCK], tl.float32)
     for first in range(0, n_cols, BLOCK):
-        cols = first + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        z = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_SOFTCAP:
-            z = softcap * _tanh(z / softcap)
-        if SMOOTHING:
-            total += tl.where(mask, z, 0.0)
-        z = tl.where(mask, z, float("-inf"))
-        m_new = tl.maximum(m, tl.max(z, axis=0))
-        s = s * tl.exp(m - m_new) + tl.exp(z - m_new)
-        m = m_new
+        m, s, total = _stats_step(
+            x_row, first, n_cols, m, s, total, softcap, HAS_SOFTCAP, SMOOTHING, BLOCK
+        )
     lse = m + tl.log(tl.sum(s, axis=0))
     in_range = (y >= 0) & (y < n_cols)
     zy = tl.load(x_row + tl.where(in_range, y, 0)).to(tl.float32)
@@ -370,16 +410,10 @@ def _row_loss_grad_kernel(
         last = (n_cols - 1) // BLOCK * BLOCK
         for back in range(0, n_cols, BLOCK):
             cols = last - back + tl.arange(0, BLOCK)
-            mask = cols < n_cols
-            z = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-            if HAS_SOFTCAP:
-                t = _tanh(z / softcap)
-                z = softcap * t
-            g = tl.exp(z - lse) - eps
-            g = tl.where(cols == y, g - (1.0 - label_smoothing), g) * scale
-            if HAS_SOFTCAP:
-                g = g * (1.0 - t * t)
-            tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=mask)
+            _grad_step(
+                x_row, dx_row, cols, n_cols, y, lse, eps, label_smoothing, scale, softcap,
+                HAS_SOFTCAP,
+            )  # fmt: skip
 
 
 @triton.jit
