@@ -9,6 +9,7 @@ Each kernel repository stands alone (on the Hub it cannot import another), so ea
 own copy of the launch helper below; a test in the ``kernels`` project keeps the copies equal.
 """
 
+import functools
 import hashlib
 import os
 import re
@@ -51,6 +52,20 @@ def check_dtype(what: str, tensor: torch.Tensor) -> None:
 def use_autograd_function(*tensors: torch.Tensor) -> bool:
     """Whether an eager call must record a backward (else the bare launcher is enough)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+@functools.cache
+def _cuda_multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``; 2 on the CPU, where the Triton interpreter runs
+    programs one after another."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _cuda_multiprocessors(index)
+    return 2
 
 
 # ---- launching ------------------------------------------------------------------------------

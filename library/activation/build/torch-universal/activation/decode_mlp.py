@@ -54,6 +54,7 @@ from ._library import (
     cdiv,
     check_dtype,
     launch,
+    multiprocessors,
     next_power_of_2,
     op_name,
     use_autograd_function,
@@ -362,20 +363,6 @@ def _k_per_split(k: int, split: int, block_k: int) -> int:
 # --------------------------------------------------------------------------------------------
 # Launchers
 # --------------------------------------------------------------------------------------------
-
-
-@functools.cache
-def _cuda_multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def multiprocessors(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device``; 2 on the CPU, where the Triton interpreter runs
-    programs one after another."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return _cuda_multiprocessors(index)
-    return 2
 
 
 def _weight_rows(w: torch.Tensor) -> torch.Tensor:
