@@ -187,19 +187,66 @@ def test_other_inputs_take_the_formula(activation, decode, monkeypatch, case):
         assert dx.shape == x.shape
 
 
-def test_under_compile_it_is_the_formula(activation):
+def _compiled_graph_code(fn, *args):
+    """(output, code of the graphs dynamo made) of ``torch.compile(fn, fullgraph=True)(*args)``
+    under no_grad, with an eager backend (the op runs its kernels through the interpreter)."""
+    from torch._dynamo.testing import EagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    backend = EagerAndRecordGraphs()
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        out = compiled(*args)
+    return out, "\n".join(g.code for g in backend.graphs)
+
+
+def test_under_compile_a_static_decode_call_is_the_op(activation):
+    """Under torch.compile (transformers' compiled static-cache decode) a decode-size call of
+    static shape stays the op, for inductor to leave to the kernels: the same result as the
+    eager call."""
+    weights = _weights(torch.bfloat16, bias=False)
+    x = randn(2, H, dtype=torch.bfloat16)
+    out, code = _compiled_graph_code(activation.gated_mlp_decode, x, *weights, "silu")
+    assert "kernels_lib_" in code and "gated_mlp_decode" in code, code
+    with torch.no_grad():
+        assert torch.equal(out, activation.gated_mlp_decode(x, *weights, "silu"))
+
+
+@pytest.mark.parametrize("case", ["rows=9", "fp32", "grad"])
+def test_under_compile_other_calls_are_the_formula(activation, case):
+    dtype = torch.float32 if case == "fp32" else torch.bfloat16
+    weights = _weights(dtype, bias=False)
+    x = randn(9 if case == "rows=9" else 2, H, dtype=dtype)
+    fn = activation.gated_mlp_decode
+    if case == "grad":  # a call that needs a backward
+        x.requires_grad_()
+        torch._dynamo.reset()
+        backend = torch._dynamo.testing.EagerAndRecordGraphs()
+        out = torch.compile(fn, backend=backend, fullgraph=True)(x, *weights, "silu")
+        code = "\n".join(g.code for g in backend.graphs)
+    else:
+        out, code = _compiled_graph_code(fn, x, *weights, "silu")
+    assert "kernels_lib_" not in code and "linear" in code, code
+    assert torch.equal(out, _formula(x, weights, "silu"))
+
+
+def test_under_compile_with_dynamic_shapes_the_size_is_a_guard(activation):
+    """With dynamic shapes the decode-size test becomes a guard: the graph for 2 rows has the op,
+    a call of 9 rows another graph, with the formula."""
     from torch._dynamo.testing import EagerAndRecordGraphs
 
     weights = _weights(torch.bfloat16, bias=False)
-    x = randn(2, H, dtype=torch.bfloat16)
     torch._dynamo.reset()
     backend = EagerAndRecordGraphs()
-    compiled = torch.compile(activation.gated_mlp_decode, backend=backend, fullgraph=True)
+    compiled = torch.compile(activation.gated_mlp_decode, backend=backend, dynamic=True)
     with torch.no_grad():
-        out = compiled(x, *weights, "silu")
-    code = "\n".join(g.code for g in backend.graphs)
-    assert "kernels_lib_" not in code and "linear" in code, code
-    assert torch.equal(out, _formula(x, weights, "silu"))
+        for rows in (2, 9):
+            x = randn(rows, H, dtype=torch.bfloat16)
+            want = activation.gated_mlp_decode(x, *weights, "silu")
+            assert torch.equal(compiled(x, *weights, "silu"), want)
+    codes = [g.code for g in backend.graphs]
+    assert len(codes) == 2
+    assert "gated_mlp_decode" in codes[0] and "gated_mlp_decode" not in codes[1]
 
 
 def test_opcheck(decode):
@@ -298,6 +345,18 @@ def test_layer_takes_the_decode_path(activation, decode_calls, layer, hidden_act
         y64 = reference(x.double())
     assert_close(y, y64, dtype, f"{layer} decode")
     assert_close(y_module, y64, dtype, "the module itself")  # the same tolerance holds for both
+
+
+def test_compiled_layer_takes_the_op(activation):
+    """A tagged MLP compiled whole (fullgraph) at decode size: the layer's checks trace, the
+    kernels run as the op, and the result is the eager layer's, bit for bit."""
+    mlp = _llama_mlp(torch.bfloat16)
+    fast = _bind(mlp, activation)
+    x = randn(1, 3, H, dtype=torch.bfloat16)
+    out, code = _compiled_graph_code(fast, x)
+    assert "gated_mlp_decode" in code, code
+    with torch.no_grad():
+        assert torch.equal(out, fast(x))
 
 
 def test_layer_in_inference_mode_and_frozen_weights(activation, decode_calls):

@@ -441,7 +441,8 @@ def kernels_run_on(device: torch.device) -> bool:
 
 def takes_decode_kernels(x: torch.Tensor) -> bool:
     """Whether ``x`` is one the decode kernels take: fp16 or bf16, at most ``DECODE_ROWS``
-    rows, on a device they run on (fp32 and larger calls are left to cuBLAS)."""
+    rows, on a device they run on (fp32 and larger calls are left to cuBLAS). Under
+    ``torch.compile`` with dynamic shapes the size test becomes a guard of the graph."""
     if x.dtype not in (torch.float16, torch.bfloat16) or x.dim() == 0:
         return False
     hidden = x.shape[-1]
@@ -540,10 +541,14 @@ def gated_mlp_decode(
     Results are the same bits on every run (no atomics), and a call can be captured in a CUDA
     graph.
 
-    Other inputs (float32, more rows, a CPU without the interpreter), calls that need a backward
-    (gradients enabled and a tensor that requires them), and calls under ``torch.compile`` take
-    the same formula in PyTorch ops (the projections rounded to the input's dtype, then
-    ``act(gate) * up`` in fp32 rounded once, as ``swiglu_mlp`` under compile).
+    Under ``torch.compile`` (transformers' compiled static-cache decode, for one) a call of
+    decode size that needs no backward is the op ``gated_mlp_decode``, which inductor
+    leaves to these kernels: for this shape inductor would make the three cuBLAS matmuls, which
+    the kernels beat (1.05-1.20x on an H100, `benchmarks/decode_mlp.py`).
+
+    Other inputs (float32, more rows, a CPU without the interpreter) and calls that need a backward (gradients enabled and a tensor that requires
+    them) take the same formula in PyTorch ops (the projections rounded to the input's dtype,
+    then ``act(gate) * up`` in fp32 rounded once, as ``swiglu_mlp`` under compile).
     """
     act = ACTIVATIONS.get(activation)
     if act is None:
@@ -551,6 +556,10 @@ def gated_mlp_decode(
             f"gated_mlp_decode: activation must be one of {sorted(ACTIVATIONS)}; got {activation!r}"
         )
     tensors = (x, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias)
-    if torch.compiler.is_compiling() or use_autograd_function(*tensors):
+    if use_autograd_function(*tensors):
+        return _torch_mlp(*tensors, act)
+    if torch.compiler.is_compiling():
+        if takes_decode_kernels(x):
+            return decode_mlp_op(*tensors, act)
         return _torch_mlp(*tensors, act)
     return _forward(*tensors, act)

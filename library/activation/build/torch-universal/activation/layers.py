@@ -210,10 +210,11 @@ def _takes_fused_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> bool:
 
 
 def _takes_decode_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> bool:
-    """Whether ``gated_mlp_decode``'s kernels compute what the module calls would: an eager call
-    that needs no backward, with plain calls (`_calls_are_plain`), on input its kernels take
-    (fp16 or bf16, at most ``DECODE_ROWS`` tokens, a device they run on)."""
-    if torch.compiler.is_compiling() or not takes_decode_kernels(x):
+    """Whether ``gated_mlp_decode``'s kernels compute what the module calls would: a call that
+    needs no backward, with plain calls (`_calls_are_plain`), on input its kernels take (fp16
+    or bf16, at most ``DECODE_ROWS`` tokens, a device they run on; under ``torch.compile`` the
+    kernels are an op that inductor leaves alone)."""
+    if not takes_decode_kernels(x):
         return False
     return _calls_are_plain(mlp, x) and not use_autograd_function(x, *_weights(mlp))
 
