@@ -43,6 +43,7 @@ from .errors import UnsupportedGenerationError
 from .graph import EagerBackend, GraphBackend, default_backend
 from .greedy_loop import DEFAULT_FUSED_STEPS, FusedGreedyLoop
 from .greedy_rule import GenerateSetup, StopSettings, greedy_blocker, recording_setup, stop_settings
+from .projections import grouped_projections
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ class CudaGraphGenerator:
                 )
         self.max_cache_len = max_cache_len
         self.kernelized = False
+        self._projection_kernels = None  # the activation library's decode_mlp, with our kernels
         self._graphs = DecodeGraphs(
             backend,
             cache_argument=cache_argument(model),
@@ -193,6 +195,8 @@ class CudaGraphGenerator:
         with use_kernel_mapping(library_mapping() if mapping is None else dict(mapping)):
             kernelize(self.model, mode=Mode.INFERENCE, device=self.device)
         self.kernelized = True
+        if mapping is None:  # our kernels: attention's q, k and v too (`projections`)
+            self._projection_kernels = _decode_kernels()
         self.reset()
 
     def generate(self, inputs: torch.Tensor | None = None, **generate_kwargs: Any) -> Any:
@@ -226,22 +230,26 @@ class CudaGraphGenerator:
             if plan is not None:
                 raise _HandOver(kwargs, plan)
 
-        with recording_setup(self.model) as setup, self._decode_through_graphs(first_decode_step):
-            try:
-                return self.model.generate(inputs, **generate_kwargs)
-            except _HandOver as handover:
-                step, plan = handover.kwargs, handover.plan
-        # generate() has stopped at its first decode step (the forward raised before running
-        # it): the prefill and the first token are its own; the fused loop makes the rest.
-        with torch.no_grad():
-            new = self._fused.decode(
-                self.model.forward,
-                step,
-                cache,
-                position=plan.position,
-                new_tokens=plan.new_tokens,
-                stop=plan.stop,
-            )
+        with self._grouped_projections():
+            with (
+                recording_setup(self.model) as setup,
+                self._decode_through_graphs(first_decode_step),
+            ):
+                try:
+                    return self.model.generate(inputs, **generate_kwargs)
+                except _HandOver as handover:
+                    step, plan = handover.kwargs, handover.plan
+            # generate() has stopped at its first decode step (the forward raised before running
+            # it): the prefill and the first token are its own; the fused loop makes the rest.
+            with torch.no_grad():
+                new = self._fused.decode(
+                    self.model.forward,
+                    step,
+                    cache,
+                    position=plan.position,
+                    new_tokens=plan.new_tokens,
+                    stop=plan.stop,
+                )
         device = plan.prompt.device
         return torch.cat([plan.prompt, step["input_ids"].to(device), new.to(device)], dim=-1)
 
@@ -328,6 +336,20 @@ class CudaGraphGenerator:
         if message not in self._logged:
             self._logged.add(message)
             logger.info(message)
+
+    @contextlib.contextmanager
+    def _grouped_projections(self) -> Iterator[None]:
+        """With our kernels, the attention modules' q, k and v projections as one launch at
+        decode sizes for the block (`kernels.generation.projections`)."""
+        if self._projection_kernels is None:
+            yield
+            return
+        with grouped_projections(self.model, self._projection_kernels) as grouped:
+            self._log_once(
+                f"generate(): the q, k and v projections of {grouped} attention modules run as "
+                "one kernel at decode sizes"
+            )
+            yield
 
     @contextlib.contextmanager
     def _decode_through_graphs(
@@ -450,6 +472,14 @@ def _needed_length(model: nn.Module, prompt: int, kwargs: dict) -> int:
         return prompt + max_new_tokens
     max_length = _setting(model, kwargs, "max_length", 20) or 20
     return max(max_length, prompt + 1)
+
+
+def _decode_kernels() -> Any:
+    """The decode-size kernels of our activation library (``grouped_linear_decode``)."""
+    from ..library import library_path
+    from ..repos.local import get_local_kernel
+
+    return get_local_kernel(library_path() / "activation", "activation").decode_mlp
 
 
 def _device_of(model: nn.Module) -> torch.device:

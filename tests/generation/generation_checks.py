@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 
 import torch
 
@@ -77,6 +78,18 @@ def prompt(batch: int, length: int = 7, device="cpu", seed: int = 1):
     ids = torch.randint(1, TINY["vocab_size"], (batch, length), generator=generator)
     ids = ids.to(device)
     return ids, torch.ones_like(ids)
+
+
+def same_projections(generator, model):
+    """The q/k/v grouping the generator decodes with (our kernels), for a reference run of
+    ``model.generate()``: a context manager (a no-op without our kernels)."""
+    import contextlib
+
+    from kernels.generation.projections import grouped_projections
+
+    if generator._projection_kernels is None:
+        return contextlib.nullcontext()
+    return grouped_projections(model, generator._projection_kernels)
 
 
 def eager_greedy(model, ids, mask, new_tokens=NEW_TOKENS, **kwargs):
@@ -177,3 +190,45 @@ def check_kernelized_matches_its_own_eager(model):
     assert torch.equal(got, expected)
     assert generator.stats.captures == 1 and generator.stats.replays == NEW_TOKENS - 2
     return generator
+
+
+def counting_kernels():
+    """The activation library's decode kernels, counting ``grouped_linear_decode``'s calls."""
+    from kernels.generation.generator import _decode_kernels
+
+    real = _decode_kernels()
+    calls = []
+
+    def grouped(x, weights, biases, config=None):
+        calls.append(x.shape)
+        return real.grouped_linear_decode(x, weights, biases, config)
+
+    kernels = types.SimpleNamespace(
+        grouped_linear_decode=grouped, takes_decode_kernels=real.takes_decode_kernels
+    )
+    return kernels, calls
+
+
+def check_generator_groups_q_k_v(monkeypatch) -> None:
+    """With ``kernels=True`` a bf16 Llama's decode steps project q, k and v in one launch (the
+    prefill, more than 8 tokens, does not), and its tokens are the kernelized model's own greedy
+    tokens with the same grouping; nothing is left on the projections afterwards."""
+    from torch import nn
+
+    from kernels.generation import CudaGraphGenerator, generator
+    from kernels.generation.projections import grouped_projections
+
+    kernels, calls = counting_kernels()
+    monkeypatch.setattr(generator, "_decode_kernels", lambda: kernels)
+    model = tiny_llama(dtype=torch.bfloat16)
+    gen = CudaGraphGenerator(model, kernels=True)
+    ids, mask = prompt(2)
+    got = gen.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    layers = model.config.num_hidden_layers
+    assert len(calls) >= layers * (NEW_TOKENS - 1)  # every decode step, every layer
+    assert all(shape[:-1].numel() <= 8 for shape in calls)
+    with grouped_projections(model, kernels):
+        expected = eager_greedy(model, ids, mask)
+    assert torch.equal(got, expected)
+    for module in model.modules():
+        assert not isinstance(module, nn.Linear) or "forward" not in vars(module)

@@ -24,6 +24,7 @@ from generation_checks import (
     eager_greedy,
     eager_static_greedy,
     prompt,
+    same_projections,
     tiny_llama,
 )
 
@@ -109,7 +110,8 @@ def test_bf16_tokens_are_the_eager_static_cache_tokens(kernels, untagged):
     generator = CudaGraphGenerator(model, kernels=kernels, fused_steps=0)
     ids, mask = prompt(4, device="cuda")
     got = generator.generate(ids, attention_mask=mask, max_new_tokens=16)
-    expected = eager_static_greedy(model, ids, mask, new_tokens=16, cache_len=CACHE_LENGTH_STEP)
+    with same_projections(generator, model):  # our kernels group q, k and v in bf16
+        expected = eager_static_greedy(model, ids, mask, new_tokens=16, cache_len=CACHE_LENGTH_STEP)
     assert torch.equal(got, expected)
     assert generator.stats.captures == 1 and generator.stats.replays == 14
 
@@ -136,7 +138,8 @@ def test_the_fused_loop_replays_blocks_with_eager_tokens(batch, kernels, dtype, 
     assert isinstance(generator._fused.backend, CudaGraphBackend)
     assert generator._fused.backend is generator._graphs.backend  # one memory pool
     ids, mask = prompt(batch, device="cuda", seed=batch)
-    expected = fused_reference(model, ids, mask)
+    with same_projections(generator, model):
+        expected = fused_reference(model, ids, mask)
     got = generator.generate(ids, attention_mask=mask, max_new_tokens=FUSED_NEW_TOKENS)
     assert got.shape == expected.shape and torch.equal(got, expected)
     stats = generator.stats
@@ -147,7 +150,8 @@ def test_the_fused_loop_replays_blocks_with_eager_tokens(batch, kernels, dtype, 
     # A second call with other prompts replays all four blocks, nothing eager, no capture.
     other_ids, other_mask = prompt(batch, device="cuda", seed=batch + 100)
     got = generator.generate(other_ids, attention_mask=other_mask, max_new_tokens=FUSED_NEW_TOKENS)
-    assert torch.equal(got, fused_reference(model, other_ids, other_mask))
+    with same_projections(generator, model):
+        assert torch.equal(got, fused_reference(model, other_ids, other_mask))
     after = generator.stats
     assert after.fused_replays == 3 + 4 and after.eager_steps == DEFAULT_FUSED_STEPS, after
     assert after.fused_captures == 1 and after.failed_captures == 0, after

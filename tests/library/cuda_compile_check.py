@@ -113,8 +113,15 @@ def _run_decode_mlp(activation) -> None:
                 decode.gated_gemv(x, gate_w, None, gate_w, None, 0, config)
                 decode.gemv(h, down_w, None, decode.gemv_config(m, hidden, inter, False, 132))
                 decode.gated_gemv(x, gate_w, None, gate_w, None, 0, config._replace(split_k=2))
+            # q, k and v of a grouped-query attention (hidden -> hidden, 256, 256) in one launch.
+            q_w = torch.empty(1, hidden, dtype=dtype).expand(hidden, hidden)
+            kv_w = torch.empty(1, hidden, dtype=dtype).expand(256, hidden)
+            for m in (1, 8):
+                x = torch.zeros(m, hidden, dtype=dtype)
+                decode.grouped_linear_decode(x, (q_w, kv_w, kv_w), None)
         x = torch.zeros(3, 64, dtype=dtype)
         w, b = torch.zeros(96, 64, dtype=dtype), torch.zeros(96, dtype=dtype)
+        decode.grouped_linear_decode(x, (w, w[:32], w[:16]), (b, b[:32], b[:16]))
         for split in (1, 2):
             for dot in (False, True):
                 config = decode.GemvConfig(16, 32, split, 4, 2, dot)

@@ -249,6 +249,46 @@ def test_under_compile_with_dynamic_shapes_the_size_is_a_guard(activation):
     assert "gated_mlp_decode" in codes[0] and "gated_mlp_decode" not in codes[1]
 
 
+# ---- q, k and v in one launch -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("dot", [None, False, True], ids=["rule", "fma", "dot"])
+def test_grouped_linear_matches_float64(decode, dtype, bias, rows, dot):
+    """Three projections of one input (ragged: 45, 13 and 7 features over blocks of 16), each
+    output within one rounding of the float64 product."""
+    torch.manual_seed(0)
+    weights = [randn(n, H, dtype=dtype, scale=H**-0.5) for n in (45, 13, 7)]
+    biases = [randn(n, dtype=dtype) for n in (45, 13, 7)] if bias else None
+    x = randn(rows, H, dtype=dtype)
+    config = None if dot is None else decode.GemvConfig(16, 32, 1, 4, 2, dot)
+    outs = decode.grouped_linear_decode(x, weights, biases, config)
+    for i, (out, w) in enumerate(zip(outs, weights, strict=True)):
+        want = F.linear(x.double(), w.double(), None if biases is None else biases[i].double())
+        assert out.shape == (rows, w.shape[0]) and out.dtype == dtype and out.is_contiguous()
+        _assert_one_rounding(out, want, dtype, 0.0, f"projection {i}")
+
+
+def test_grouped_linear_takes_any_leading_shape_and_strided_rows(decode):
+    weights = [randn(n, H, dtype=torch.bfloat16, scale=H**-0.5) for n in (32, 16, 16)]
+    x = randn(2, 1, H + 5, dtype=torch.bfloat16)[..., 3 : 3 + H]  # rows 72 apart
+    outs = decode.grouped_linear_decode(x, weights, None)
+    for out, w in zip(outs, weights, strict=True):
+        assert out.shape == (2, 1, w.shape[0])
+        _assert_one_rounding(out, F.linear(x.double(), w.double()), torch.bfloat16, 0.0, "q/k/v")
+
+
+def test_grouped_linear_errors(decode):
+    x = randn(2, H, dtype=torch.bfloat16)
+    w = randn(8, H, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="three weights"):
+        decode.grouped_linear_decode(x, (w, w), None)
+    with pytest.raises(ValueError, match="does not take x"):
+        decode.grouped_linear_decode(x, (w, w, w.float()), None)
+
+
 def test_opcheck(decode):
     weights = _weights(torch.bfloat16, bias=True)
     x = randn(3, H, dtype=torch.bfloat16)

@@ -50,3 +50,9 @@ def test_an_additive_mask_advances_too():
 @pytest.mark.parametrize("setting", checks.FALLBACK_CASES)
 def test_other_settings_decode_step_by_step(model, setting, caplog):
     checks.check_falls_back(model, setting, caplog)
+
+
+def test_with_our_kernels_q_k_v_are_one_launch(clean_kernels, monkeypatch):
+    from generation_checks import check_generator_groups_q_k_v
+
+    check_generator_groups_q_k_v(monkeypatch)

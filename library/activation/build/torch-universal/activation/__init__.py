@@ -7,7 +7,7 @@ backward passes; kernel layers for ``kernelize`` are in ``layers``.
 """
 
 from . import layers
-from .decode_mlp import gated_mlp_decode
+from .decode_mlp import gated_mlp_decode, grouped_linear_decode
 from .elementwise import fast_gelu, gelu, gelu_tanh, new_gelu, quick_gelu, silu
 from .gated import (
     gelu_and_mul,
@@ -28,6 +28,7 @@ __all__ = [
     "gelu_tanh_and_mul",
     "gelu_tanh_mul",
     "gated_mlp_decode",
+    "grouped_linear_decode",
     "layers",
     "new_gelu",
     "quick_gelu",

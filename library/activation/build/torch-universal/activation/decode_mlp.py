@@ -123,6 +123,142 @@ def _dot_products(acc, BLOCK_M: tl.constexpr, DOT: tl.constexpr):
 
 
 @triton.jit
+def _products(
+    X,
+    wa_rows,
+    wb_rows,
+    n_mask,
+    M,
+    K,
+    stride_x,
+    k_start,
+    k_end,
+    GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    DOT: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    """The [BLOCK_N, BLOCK_M] dot products of the weight rows ``wa_rows`` (and ``wb_rows`` when
+    GATED; else the second result is the first) with x's rows over K in [k_start, k_end)."""
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_K)
+    x_rows = X + rows[:, None] * stride_x
+    acc_a = _zeros(BLOCK_N, BLOCK_M, BLOCK_K, DOT)
+    acc_b = _zeros(BLOCK_N, BLOCK_M, BLOCK_K, DOT)
+    # k_per_split is a multiple of BLOCK_K, so a tile never straddles two splits and the masks
+    # compare with K alone: K divisible by 16 (Triton specialises on it) keeps them constant
+    # over 16 elements, and the loads 16-byte vectors.
+    for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+        ks = k + cols
+        k_mask = (ks < K)[None, :]
+        x = tl.load(x_rows + ks[None, :], mask=(rows < M)[:, None] & k_mask, other=0.0)
+        # The weights are read once: evict them first, keeping x (and what else shares L2).
+        w_mask = n_mask[:, None] & k_mask
+        wa = tl.load(wa_rows + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
+        acc_a = _accumulate(acc_a, wa, x, BLOCK_M, DOT, INTERPRETED)
+        if GATED:
+            wb = tl.load(
+                wb_rows + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first"
+            )
+            acc_b = _accumulate(acc_b, wb, x, BLOCK_M, DOT, INTERPRETED)
+    a = _dot_products(acc_a, BLOCK_M, DOT)
+    b = _dot_products(acc_b, BLOCK_M, DOT) if GATED else a
+    return a, b
+
+
+@triton.jit
+def _projection_block(
+    X,
+    W,
+    B,
+    OUT,
+    block,
+    M,
+    N,
+    K,
+    stride_x,
+    stride_w,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    DOT: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    """OUT[:, block's features] = x @ W[block's features].T (+ B), rounded once, over all K."""
+    n = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    rows = tl.arange(0, BLOCK_M)
+    w_rows = W + n.to(tl.int64)[:, None] * stride_w
+    a, _ = _products(
+        X, w_rows, w_rows, n_mask, M, K, stride_x, 0, K, False, BLOCK_M, BLOCK_N, BLOCK_K,
+        NUM_STAGES, DOT, INTERPRETED,
+    )  # fmt: skip
+    if HAS_BIAS:
+        a += tl.load(B + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    out = OUT + rows[None, :] * N + n[:, None]
+    tl.store(out, a.to(OUT.dtype.element_ty), mask=n_mask[:, None] & (rows < M)[None, :])
+
+
+@triton.jit
+def _grouped_gemv_kernel(
+    X,
+    W0,
+    W1,
+    W2,
+    B0,
+    B1,
+    B2,
+    O0,
+    O1,
+    O2,
+    M,
+    N0,
+    N1,
+    N2,
+    K,
+    stride_x,
+    stride_w0,
+    stride_w1,
+    stride_w2,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    DOT: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    # Three projections of one input (an attention's q, k and v) in one launch: programs
+    # [0, blocks of N0) compute O0 = x @ W0.T (+ B0), the next cdiv(N1, BLOCK_N) O1, the rest
+    # O2. Each program reads one block of one weight, as the plain kernel does; the launch is
+    # what is saved (k and v of a grouped-query attention are 1 MB: their own launches took
+    # 5.4 us each on an H100, latency rather than bandwidth).
+    pid = tl.program_id(0)
+    blocks0 = tl.cdiv(N0, BLOCK_N)
+    blocks1 = tl.cdiv(N1, BLOCK_N)
+    if pid < blocks0:
+        _projection_block(
+            X, W0, B0, O0, pid, M, N0, K, stride_x, stride_w0, HAS_BIAS, BLOCK_M, BLOCK_N,
+            BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
+        )  # fmt: skip
+    elif pid < blocks0 + blocks1:
+        _projection_block(
+            X, W1, B1, O1, pid - blocks0, M, N1, K, stride_x, stride_w1, HAS_BIAS, BLOCK_M,
+            BLOCK_N, BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
+        )  # fmt: skip
+    else:
+        _projection_block(
+            X, W2, B2, O2, pid - blocks0 - blocks1, M, N2, K, stride_x, stride_w2, HAS_BIAS,
+            BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
+        )  # fmt: skip
+
+
+@triton.jit
 def _gemv_kernel(
     X,
     WA,
@@ -159,33 +295,15 @@ def _gemv_kernel(
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
     rows = tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_K)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     # Row offsets in int64: a weight past 2^31 elements (a wide MLP) stays addressable.
     wa_rows = WA + n.to(tl.int64)[:, None] * stride_wa
     wb_rows = WB + n.to(tl.int64)[:, None] * stride_wb
-    x_rows = X + rows[:, None] * stride_x
-    acc_a = _zeros(BLOCK_N, BLOCK_M, BLOCK_K, DOT)
-    acc_b = _zeros(BLOCK_N, BLOCK_M, BLOCK_K, DOT)
-    # k_per_split is a multiple of BLOCK_K, so a tile never straddles two splits and the masks
-    # compare with K alone: K divisible by 16 (Triton specialises on it) keeps them constant
-    # over 16 elements, and the loads 16-byte vectors.
-    for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        ks = k + cols
-        k_mask = (ks < K)[None, :]
-        x = tl.load(x_rows + ks[None, :], mask=(rows < M)[:, None] & k_mask, other=0.0)
-        # The weights are read once: evict them first, keeping x (and what else shares L2).
-        w_mask = n_mask[:, None] & k_mask
-        wa = tl.load(wa_rows + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
-        acc_a = _accumulate(acc_a, wa, x, BLOCK_M, DOT, INTERPRETED)
-        if GATED:
-            wb = tl.load(
-                wb_rows + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first"
-            )
-            acc_b = _accumulate(acc_b, wb, x, BLOCK_M, DOT, INTERPRETED)
-    a = _dot_products(acc_a, BLOCK_M, DOT)
-    b = _dot_products(acc_b, BLOCK_M, DOT)
+    a, b = _products(
+        X, wa_rows, wb_rows, n_mask, M, K, stride_x, k_start, k_end, GATED, BLOCK_M, BLOCK_N,
+        BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
+    )  # fmt: skip
     mask = n_mask[:, None] & (rows < M)[None, :]
     if PARTIAL:
         out = OUT + ((pid_k * (2 if GATED else 1)) * M + rows[None, :]) * N + n[:, None]
@@ -427,6 +545,44 @@ def gemv(x, weight, bias, config=None):
     if out.numel():
         _launch_gemv(x2, m, stride_x, weight, bias, None, None, SILU, out, config)
     return out
+
+
+def grouped_linear_decode(x, weights, biases, config=None) -> tuple[torch.Tensor, ...]:
+    """``tuple(F.linear(x, w, b) for w, b in zip(weights, biases))`` for three weights of one
+    input (an attention's q, k and v projections) in one launch, for ``x`` of at most
+    ``DECODE_ROWS`` rows: each output rounded once from fp32 sums, as ``F.linear`` rounds.
+
+    ``weights``: three ``[N_i, K]`` tensors in ``nn.Linear``'s layout, of ``x``'s dtype (fp16
+    or bf16) and device; ``biases``: three of shape ``[N_i]``, or None for none. ``config``
+    overrides ``gemv_config``'s (split-K is not used: every program covers all of K). No checks
+    beyond these shapes: the caller (``kernels.generation``) decides which calls take it."""
+    if len(weights) != 3 or (biases is not None and len(biases) != 3):
+        raise ValueError("grouped_linear_decode: three weights (and three biases, or None)")
+    k = x.shape[-1]
+    for w in weights:
+        if w.dim() != 2 or w.shape[1] != k or w.dtype != x.dtype or w.device != x.device:
+            raise ValueError(
+                f"grouped_linear_decode: a weight of shape {tuple(w.shape)}, {w.dtype} on "
+                f"{w.device} does not take x of shape {tuple(x.shape)}, {x.dtype} on {x.device}"
+            )
+    x2, m, stride_x = as_rows(x, k)
+    outs = tuple(x.new_empty((*x.shape[:-1], w.shape[0])) for w in weights)
+    if not x2.numel():
+        return outs
+    ns = [w.shape[0] for w in weights]
+    if config is None:
+        config = gemv_config(m, sum(ns), k, False, multiprocessors(x.device))
+    block_n, block_k, _, num_warps, num_stages, dot = config
+    ws = [_weight_rows(w) for w in weights]
+    bs = list(biases) if biases is not None else [ws[0]] * 3
+    blocks = sum(cdiv(n, block_n) for n in ns)
+    args = (
+        x2, *ws, *bs, *outs, m, *ns, k, stride_x, *(w.stride(0) for w in ws),
+        biases is not None, _DOT_ROWS if dot else next_power_of_2(m), block_n, block_k,
+        num_stages, dot, _CPU_RUNS_KERNELS,
+    )  # fmt: skip
+    launch(_grouped_gemv_kernel, (blocks,), args, num_warps, x.device)
+    return outs
 
 
 # --------------------------------------------------------------------------------------------
