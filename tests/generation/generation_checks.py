@@ -220,9 +220,10 @@ def check_generator_groups_q_k_v(monkeypatch) -> None:
 
     kernels, calls = counting_kernels()
     monkeypatch.setattr(generator, "_decode_kernels", lambda: kernels)
-    model = tiny_llama(dtype=torch.bfloat16)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: Triton's interpreter
+    model = tiny_llama(device, torch.bfloat16)
     gen = CudaGraphGenerator(model, kernels=True)
-    ids, mask = prompt(2)
+    ids, mask = prompt(2, device=device)
     got = gen.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
     layers = model.config.num_hidden_layers
     assert len(calls) >= layers * (NEW_TOKENS - 1)  # every decode step, every layer

@@ -14,6 +14,8 @@ from torch import nn
 from kernels.generation.projections import grouped_projections
 
 BF16 = torch.bfloat16
+# The kernels run on a GPU, or on the CPU through the interpreter (set where there is no GPU).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class _Attention(nn.Module):
@@ -22,9 +24,9 @@ class _Attention(nn.Module):
     def __init__(self, bias=False, dtype=BF16):
         super().__init__()
         torch.manual_seed(0)
-        self.q_proj = nn.Linear(64, 64, bias=bias, dtype=dtype)
-        self.k_proj = nn.Linear(64, 16, bias=bias, dtype=dtype)
-        self.v_proj = nn.Linear(64, 16, bias=bias, dtype=dtype)
+        self.q_proj = nn.Linear(64, 64, bias=bias, dtype=dtype, device=DEVICE)
+        self.k_proj = nn.Linear(64, 16, bias=bias, dtype=dtype, device=DEVICE)
+        self.v_proj = nn.Linear(64, 16, bias=bias, dtype=dtype, device=DEVICE)
 
     def forward(self, x, order=("q_proj", "k_proj", "v_proj")):
         return {name: getattr(self, name)(x) for name in order}
@@ -50,7 +52,7 @@ def _f64(t):
 def test_one_launch_gives_the_three_projections(bias, rows):
     attention = _Attention(bias)
     kernels, calls = counting_kernels()
-    x = torch.randn(*rows, 64, dtype=BF16)
+    x = torch.randn(*rows, 64, dtype=BF16, device=DEVICE)
     with torch.no_grad(), grouped_projections(attention, kernels) as grouped:
         out = attention(x)
     assert grouped == 1 and calls == [x.shape]
@@ -68,9 +70,11 @@ def test_other_calls_are_f_linear(case):
     if case == "hooked":
         attention.k_proj.register_forward_hook(lambda *args: None)
     if case == "mixed bias":
-        attention.v_proj = nn.Linear(64, 16, dtype=BF16)
+        attention.v_proj = nn.Linear(64, 16, dtype=BF16, device=DEVICE)
     kernels, calls = counting_kernels()
-    x = torch.randn(9 if case == "9 rows" else 2, 64, dtype=attention.q_proj.weight.dtype)
+    x = torch.randn(
+        9 if case == "9 rows" else 2, 64, dtype=attention.q_proj.weight.dtype, device=DEVICE
+    )
     order = ("k_proj", "q_proj", "v_proj") if case == "k first" else ("q_proj", "k_proj", "v_proj")
     with torch.set_grad_enabled(case == "grad"), grouped_projections(attention, kernels):
         if case == "grad":
@@ -103,7 +107,7 @@ def test_global_hooks_leave_the_projections_alone():
     handle = nn.modules.module.register_module_forward_hook(lambda *args: None)
     try:
         with torch.no_grad(), grouped_projections(attention, kernels) as grouped:
-            attention(torch.randn(1, 64, dtype=BF16))
+            attention(torch.randn(1, 64, dtype=BF16, device=DEVICE))
     finally:
         handle.remove()
     assert grouped == 0 and not calls
