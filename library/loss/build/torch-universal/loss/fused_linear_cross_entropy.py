@@ -145,6 +145,16 @@ def _tanh(u):
 
 
 @triton.jit
+def _token_loss(lse, zy, z_sum, y, vocab, label_smoothing, SMOOTHING: tl.constexpr):
+    # loss = lse - (1 - eps) z[y] - eps / V sum_j z_j (z_sum: the sum of a token's z, read
+    # only with label smoothing); NaN for a label outside [0, V) that is not ignore_index.
+    loss = lse - (1.0 - label_smoothing) * zy
+    if SMOOTHING:
+        loss -= label_smoothing / vocab * z_sum
+    return tl.where((y < 0) | (y >= vocab), float("nan"), loss)
+
+
+@triton.jit
 def _stats_step(
     x_row,
     first,
@@ -335,11 +345,10 @@ def _loss_grad_kernel(
     eps = label_smoothing / vocab
     if WRITE_LOSS:  # noqa: SIM102  (compiled in or out; then a test at run time)
         if split == 0:
-            loss = lse - (1.0 - label_smoothing) * tl.load(ZY + row)
+            z_sum = 0.0
             if SMOOTHING:
-                total = tl.load(SUM_PART + row_parts, mask=part_mask, other=0.0)
-                loss -= eps * tl.sum(total, axis=0)
-            loss = tl.where((y < 0) | (y >= vocab), float("nan"), loss)
+                z_sum = tl.sum(tl.load(SUM_PART + row_parts, mask=part_mask, other=0.0), axis=0)
+            loss = _token_loss(lse, tl.load(ZY + row), z_sum, y, vocab, label_smoothing, SMOOTHING)
             tl.store(LOSS + row_start + row, loss)
     if COMPUTE_GRAD:
         scale = tl.load(SCALE + (row_start + row).to(tl.int64) * scale_stride).to(tl.float32)
@@ -400,11 +409,10 @@ def _row_loss_grad_kernel(
     zy = tl.load(x_row + tl.where(in_range, y, 0)).to(tl.float32)
     if HAS_SOFTCAP:
         zy = softcap * _tanh(zy / softcap)
-    loss = lse - (1.0 - label_smoothing) * zy
+    z_sum = tl.sum(total, axis=0) if SMOOTHING else 0.0
+    loss = _token_loss(lse, zy, z_sum, y, n_cols, label_smoothing, SMOOTHING)
+    tl.store(LOSS + row_start + row, loss)
     eps = label_smoothing / n_cols
-    if SMOOTHING:
-        loss -= eps * tl.sum(total, axis=0)
-    tl.store(LOSS + row_start + row, tl.where(in_range, loss, float("nan")))
     if COMPUTE_GRAD:
         scale = tl.load(SCALE + (row_start + row).to(tl.int64) * scale_stride).to(tl.float32)
         last = (n_cols - 1) // BLOCK * BLOCK
@@ -542,11 +550,11 @@ def _col_loss_grad_kernel(
     eps = label_smoothing / vocab
     if WRITE_LOSS:  # noqa: SIM102  (compiled in or out; then a test at run time)
         if split == 0:
-            loss = lse - (1.0 - label_smoothing) * tl.load(ZY + tokens, mask=live, other=0.0)
+            zy = tl.load(ZY + tokens, mask=live, other=0.0)
+            z_sum = 0.0
             if SMOOTHING:
-                sums = tl.load(SUM_PART + slots, mask=part_mask, other=0.0)
-                loss -= eps * tl.sum(sums, axis=1)
-            loss = tl.where((y < 0) | (y >= vocab), float("nan"), loss)
+                z_sum = tl.sum(tl.load(SUM_PART + slots, mask=part_mask, other=0.0), axis=1)
+            loss = _token_loss(lse, zy, z_sum, y, vocab, label_smoothing, SMOOTHING)
             tl.store(LOSS + row_start + tokens, tl.where(live, loss, 0.0), mask=in_rows)
     scale = tl.load(SCALE + (row_start + tokens).to(tl.int64) * scale_stride, mask=in_rows)
     scale = scale.to(tl.float32)
