@@ -38,6 +38,7 @@ from torch import nn
 
 from .attributes import instance_attribute
 from .cache import cache_argument, new_static_cache
+from .cache_writes import kernel_cache_writes
 from .decode import DecodeGraphs, DecodeStats
 from .errors import UnsupportedGenerationError
 from .graph import EagerBackend, GraphBackend, default_backend
@@ -159,6 +160,7 @@ class CudaGraphGenerator:
         self.max_cache_len = max_cache_len
         self.kernelized = False
         self._projection_kernels = None  # the activation library's decode_mlp, with our kernels
+        self._cache_kernels = None  # the rotary library (write_kv_cache), with our kernels
         self._graphs = DecodeGraphs(
             backend,
             cache_argument=cache_argument(model),
@@ -195,8 +197,9 @@ class CudaGraphGenerator:
         with use_kernel_mapping(library_mapping() if mapping is None else dict(mapping)):
             kernelize(self.model, mode=Mode.INFERENCE, device=self.device)
         self.kernelized = True
-        if mapping is None:  # our kernels: attention's q, k and v too (`projections`)
+        if mapping is None:  # our kernels: attention's q, k and v and the cache writes too
             self._projection_kernels = _decode_kernels()
+            self._cache_kernels = _library_package("rotary")
         self.reset()
 
     def generate(self, inputs: torch.Tensor | None = None, **generate_kwargs: Any) -> Any:
@@ -230,7 +233,7 @@ class CudaGraphGenerator:
             if plan is not None:
                 raise _HandOver(kwargs, plan)
 
-        with self._grouped_projections():
+        with self._grouped_projections(), self._kernel_cache_writes(cache):
             with (
                 recording_setup(self.model) as setup,
                 self._decode_through_graphs(first_decode_step),
@@ -249,6 +252,7 @@ class CudaGraphGenerator:
                     position=plan.position,
                     new_tokens=plan.new_tokens,
                     stop=plan.stop,
+                    additive_mask=_sdpa_mask_dtype(self.model),
                 )
         device = plan.prompt.device
         return torch.cat([plan.prompt, step["input_ids"].to(device), new.to(device)], dim=-1)
@@ -336,6 +340,20 @@ class CudaGraphGenerator:
         if message not in self._logged:
             self._logged.add(message)
             logger.info(message)
+
+    @contextlib.contextmanager
+    def _kernel_cache_writes(self, cache: Any) -> Iterator[None]:
+        """With our kernels, each decode step's keys and values written into ``cache`` in one
+        launch a layer for the block (`kernels.generation.cache_writes`)."""
+        if self._cache_kernels is None:
+            yield
+            return
+        with kernel_cache_writes(cache, self._cache_kernels) as layers:
+            self._log_once(
+                f"generate(): {layers} cache layers write a decode step's keys and values in "
+                "one kernel"
+            )
+            yield
 
     @contextlib.contextmanager
     def _grouped_projections(self) -> Iterator[None]:
@@ -474,12 +492,27 @@ def _needed_length(model: nn.Module, prompt: int, kwargs: dict) -> int:
     return max(max_length, prompt + 1)
 
 
-def _decode_kernels() -> Any:
-    """The decode-size kernels of our activation library (``grouped_linear_decode``)."""
+def _sdpa_mask_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype in which the fused loop feeds ``model`` an additive attention mask: the
+    model's own, when its attention is PyTorch's SDPA (which turns a boolean mask into that
+    additive one in every layer otherwise); None for other attention implementations."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return None
+    dtype = getattr(model, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+
+def _library_package(name: str) -> Any:
+    """Our library's kernel package ``name`` (``library/<name>``), loaded as kernelize loads it."""
     from ..library import library_path
     from ..repos.local import get_local_kernel
 
-    return get_local_kernel(library_path() / "activation", "activation").decode_mlp
+    return get_local_kernel(library_path() / name, name)
+
+
+def _decode_kernels() -> Any:
+    """The decode-size kernels of our activation library (``grouped_linear_decode``)."""
+    return _library_package("activation").decode_mlp
 
 
 def _device_of(model: nn.Module) -> torch.device:

@@ -113,6 +113,8 @@ class FusedGreedyLoop:
             new_tokens: tokens left to generate after the one the step feeds.
             capacity: tokens the cache holds.
             stop: the call's end tokens and pad token.
+            additive_mask: feed a boolean attention mask as an additive one of this dtype
+                (`GreedySteps`); None feeds it as it is.
         """
         reason = capture_blocker(cache)
         if reason is None:
@@ -142,6 +144,7 @@ class FusedGreedyLoop:
         position: int,
         new_tokens: int,
         stop: StopSettings,
+        additive_mask: torch.dtype | None = None,
     ) -> torch.Tensor:
         """The tokens ``generate()``'s greedy loop would append after the token ``kwargs`` feed:
         ``[batch, n]`` with ``n <= new_tokens``, cut where every sequence has finished.
@@ -153,12 +156,15 @@ class FusedGreedyLoop:
             position: the cache position of the token ``kwargs`` feed.
             new_tokens: tokens left to generate (``max_length`` minus the sequence so far).
             stop: the call's end tokens and pad token.
+            additive_mask: feed a boolean attention mask as an additive one of this dtype
+                (`GreedySteps`); None feeds it as it is.
         """
         key = self._key(kwargs, cache, stop)
         block = self._blocks.get(key)
         if block is None:
             eos_count = 0 if stop.eos is None else stop.eos.numel()
-            block = _Block(GreedySteps(forward, kwargs, self.steps, eos_count), id(cache))
+            steps = GreedySteps(forward, kwargs, self.steps, eos_count, additive_mask)
+            block = _Block(steps, id(cache))
             self._blocks[key] = block
         elif block.graph is not None and block.fingerprint != fingerprint(cache):
             logger.info("the static cache's tensors moved; recapturing the fused decode block")

@@ -124,6 +124,23 @@ def check_additive_mask() -> None:
     assert block.steps.inputs.buffers["attention_mask"].dtype == torch.float32
 
 
+def check_sdpa_mask_is_fed_additive() -> None:
+    """With SDPA attention the loop feeds the boolean decode mask as an additive one in the
+    model's dtype (0.0 open, the dtype's minimum closed), which SDPA takes as it is rather than
+    converting it in every layer; the tokens stay generate()'s, padding included."""
+    from generation_checks import tiny_llama
+
+    model = tiny_llama()
+    ids, mask = padded_prompt()
+    generator = check_fused_matches_generate(model, ids, mask, FUSED_STEPS + 3, None)
+    block = next(iter(generator._fused._blocks.values()))
+    fed = block.steps.inputs.buffers["attention_mask"]
+    assert fed.dtype == torch.float32
+    closed = torch.finfo(torch.float32).min
+    assert bool(((fed == 0.0) | (fed == closed)).all())
+    assert bool((fed == closed).any()) and bool((fed == 0.0).any())
+
+
 def check_kernelized(model) -> None:
     """With ``kernels=True`` the fused loop's tokens are the kernelized model's own greedy tokens
     (the model is kernelized first, so that the references run our kernels too)."""

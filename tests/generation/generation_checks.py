@@ -233,3 +233,40 @@ def check_generator_groups_q_k_v(monkeypatch) -> None:
     assert torch.equal(got, expected)
     for module in model.modules():
         assert not isinstance(module, nn.Linear) or "forward" not in vars(module)
+
+
+def check_generator_writes_the_cache_in_one_launch(monkeypatch) -> None:
+    """With ``kernels=True`` every decode step's keys and values go into the static cache
+    through the rotary library's ``write_kv_cache`` (transformers 5.x: its counter form, 4.57:
+    its positions form), the tokens are the kernelized model's own greedy tokens (the writes
+    are exact copies), and no ``update`` is left on the cache's layers afterwards."""
+    import transformers
+
+    from kernels.generation import CudaGraphGenerator, generator
+
+    load = generator._library_package
+    real = load("rotary")
+    forms = []
+
+    def write(key_cache, value_cache, keys, values, **where):
+        forms.append(tuple(where))
+        real.write_kv_cache(key_cache, value_cache, keys, values, **where)
+
+    rotary = types.SimpleNamespace(write_kv_cache=write, takes_kv_write=real.takes_kv_write)
+    monkeypatch.setattr(
+        generator, "_library_package", lambda n: rotary if n == "rotary" else load(n)
+    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: Triton's interpreter
+    model = tiny_llama(device, torch.bfloat16)
+    gen = CudaGraphGenerator(model, kernels=True)
+    ids, mask = prompt(2, device=device)
+    got = gen.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    layers = model.config.num_hidden_layers
+    assert len(forms) >= layers * (NEW_TOKENS - 1)  # every decode step, every layer
+    form = ("counter",) if int(transformers.__version__.split(".")[0]) >= 5 else ("positions",)
+    assert set(forms) == {form}
+    with same_projections(gen, model):
+        expected = eager_greedy(model, ids, mask)
+    assert torch.equal(got, expected)
+    for cache, _ in gen._caches.values():
+        assert all("update" not in vars(layer) for layer in cache.layers)

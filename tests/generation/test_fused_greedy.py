@@ -46,6 +46,10 @@ def test_an_additive_mask_advances_too():
     checks.check_additive_mask()
 
 
+def test_with_sdpa_the_boolean_mask_is_fed_additive():
+    checks.check_sdpa_mask_is_fed_additive()
+
+
 @pytest.mark.parametrize("setting", checks.FALLBACK_CASES)
 def test_other_settings_decode_step_by_step(model, setting, caplog):
     checks.check_falls_back(model, setting, caplog)

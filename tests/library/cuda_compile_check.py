@@ -139,6 +139,14 @@ def _run_rotary(rotary) -> None:
             cos = torch.zeros(2, 7, head_dim, dtype=dtype)
             sin = torch.zeros(2, 7, head_dim, dtype=dtype)
             _grad(rotary.apply_rotary_pos_emb(q, k, cos, sin), (q, k))
+    # The KV-cache write, both position forms (a counter as transformers 5.x keeps, int64
+    # positions as 4.57 passes), at a decode step's size.
+    sys.modules[f"{rotary.__name__}.kv_cache"]._CPU_RUNS_KERNELS = True
+    for dtype in (torch.float32, torch.bfloat16):
+        cache = torch.zeros(8, 8, 256, 128, dtype=dtype)
+        new = torch.zeros(8, 1, 8, 128, dtype=dtype).transpose(1, 2)
+        rotary.write_kv_cache(cache, cache, new, new, counter=torch.zeros((), dtype=torch.long))
+        rotary.write_kv_cache(cache, cache, new, new, positions=torch.zeros(1, dtype=torch.long))
 
 
 def _run_loss(loss) -> None:

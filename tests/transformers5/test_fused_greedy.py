@@ -47,6 +47,10 @@ def test_an_additive_mask_advances_too():
     checks.check_additive_mask()
 
 
+def test_with_sdpa_the_boolean_mask_is_fed_additive():
+    checks.check_sdpa_mask_is_fed_additive()
+
+
 @pytest.mark.parametrize("setting", checks.FALLBACK_CASES)
 def test_other_settings_decode_step_by_step(model, setting, caplog):
     checks.check_falls_back(model, setting, caplog)
@@ -56,3 +60,9 @@ def test_with_our_kernels_q_k_v_are_one_launch(clean_kernels, monkeypatch):
     from generation_checks import check_generator_groups_q_k_v
 
     check_generator_groups_q_k_v(monkeypatch)
+
+
+def test_with_our_kernels_the_cache_writes_are_one_launch(clean_kernels, monkeypatch):
+    from generation_checks import check_generator_writes_the_cache_in_one_launch
+
+    check_generator_writes_the_cache_in_one_launch(monkeypatch)

@@ -1,0 +1,89 @@
+"""`kernels.generation.cache_writes`: a static cache's decode writes through the rotary
+library's one-launch ``write_kv_cache``, on transformers 4.57 (``cache_position``) here; the
+5.x form runs in tests/transformers5. The cache's contents equal transformers' own update's."""
+
+import copy
+import types
+
+import pytest
+import torch
+from generation_checks import check_generator_writes_the_cache_in_one_launch, tiny_llama
+
+from kernels.generation.cache import new_static_cache
+from kernels.generation.cache_writes import kernel_cache_writes
+from kernels.generation.generator import _library_package
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: Triton's interpreter
+
+
+def _counting():
+    real = _library_package("rotary")
+    calls = []
+
+    def write(*args, **kwargs):
+        calls.append(tuple(kwargs))
+        real.write_kv_cache(*args, **kwargs)
+
+    return types.SimpleNamespace(write_kv_cache=write, takes_kv_write=real.takes_kv_write), calls
+
+
+def _filled_cache(model, length=16, prompt=5):
+    """A static cache of ``model`` after an eager prefill of ``prompt`` tokens."""
+    cache = new_static_cache(model, length)
+    ids = torch.randint(1, model.config.vocab_size, (2, prompt), device=DEVICE)
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+    return cache
+
+
+def _step(heads=2, dim=16, dtype=torch.bfloat16):
+    k = torch.randn(2, 1, heads, dim, device=DEVICE, dtype=dtype).transpose(1, 2)
+    return k, torch.randn_like(k)
+
+
+@pytest.fixture
+def model():
+    return tiny_llama(DEVICE, torch.bfloat16)
+
+
+def test_a_decode_write_goes_through_the_kernel_and_equals_transformers(model):
+    cache = _filled_cache(model)
+    reference = copy.deepcopy(cache)
+    kernels, calls = _counting()
+    keys, values = _step()
+    position = {"cache_position": torch.tensor([5], device=DEVICE)}
+    with kernel_cache_writes(cache, kernels) as layers:
+        assert layers == model.config.num_hidden_layers
+        got = cache.update(keys, values, 1, position)
+    expected = reference.update(keys, values, 1, position)
+    assert calls == [("positions",)]
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert got[0] is cache.layers[1].keys  # the cache's own tensors, as transformers returns
+    assert all("update" not in vars(layer) for layer in cache.layers)
+
+
+@pytest.mark.parametrize("case", ["uninitialised", "grad", "other dtype", "no position"])
+def test_other_calls_are_transformers_update(model, case):
+    cache = new_static_cache(model, 16) if case == "uninitialised" else _filled_cache(model)
+    reference = copy.deepcopy(cache)
+    kernels, calls = _counting()
+    keys, values = _step(dtype=torch.float32 if case == "other dtype" else torch.bfloat16)
+    position = {} if case == "no position" else {"cache_position": torch.tensor([5], device=DEVICE)}
+    if case == "grad":
+        keys.requires_grad_()
+    outcome = {}
+    for which, target in (("ours", cache), ("reference", reference)):
+        try:
+            with kernel_cache_writes(target, kernels) if which == "ours" else torch.no_grad():
+                outcome[which] = target.update(keys, values, 0, position)
+        except Exception as error:  # transformers' own error, for the reference too
+            outcome[which] = type(error)
+    assert calls == []
+    if isinstance(outcome["reference"], type):
+        assert outcome["ours"] is outcome["reference"]
+    else:
+        assert torch.equal(outcome["ours"][0], outcome["reference"][0])
+
+
+def test_the_generator_writes_the_cache_in_one_launch_with_our_kernels(monkeypatch):
+    check_generator_writes_the_cache_in_one_launch(monkeypatch)
