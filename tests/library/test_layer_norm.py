@@ -2,6 +2,7 @@
 bias, without either; forward, input, weight and bias gradients, through the kernel layer bound to
 a real ``torch.nn.LayerNorm`` and through the function API."""
 
+import sys
 import types
 
 import pytest
@@ -161,3 +162,171 @@ def test_parameter_gradients_alone_together_and_of_differing_dtypes(norm, wanted
 def test_mismatched_normalized_shape_is_a_clear_error(norm):
     with pytest.raises(ValueError, match="normalized_shape"):
         norm.layer_norm(randn(3, 8), (9,))
+
+
+# ---- launch plans ---------------------------------------------------------------------------
+#
+# The launchers keep a plan (checks passed, launch configuration) per key: the shapes, dtypes
+# and contiguity of their arguments, the parameters present, the device. The tests below call
+# one shape of input again and again with one of those properties changed: a plan kept for the
+# wrong key would give wrong values, dtypes or errors.
+
+
+def _plans(norm):
+    module = sys.modules[norm.layer_norm.__module__]
+    return module._FWD_PLANS, module._BWD_PLANS
+
+
+def _param(n, dtype, layout, wanted, shift=0.0):
+    if dtype is None:
+        return None
+    if layout == "strided":  # every other element of a longer vector: taken as a copy
+        return randn(2 * n, dtype=dtype, scale=0.2, shift=shift)[::2].requires_grad_(wanted)
+    return torch.nn.Parameter(randn(n, dtype=dtype, scale=0.2, shift=shift), requires_grad=wanted)
+
+
+def _check_layer_norm(norm, x, normalized_shape, w, b, dy, what):
+    """``norm.layer_norm`` against float64: output and the gradients asked for; and the forward
+    without a backward to feed (no mean and rstd kept: another key), called first."""
+    y_fn = norm.layer_norm(x.detach(), normalized_shape, w, b, 1e-5)
+    y = norm.layer_norm(x, normalized_shape, w, b, 1e-5)
+    assert y.dtype == x.dtype, what
+    x64 = x.detach().double().requires_grad_()
+    w64 = None if w is None else w.detach().double().requires_grad_()
+    b64 = None if b is None else b.detach().double().requires_grad_()
+    y64 = F.layer_norm(x64, normalized_shape, w64, b64, 1e-5)
+    assert_close(y, y64, x.dtype, f"forward, {what}")
+    pairs = [(t, t64) for t, t64 in ((x, x64), (w, w64), (b, b64)) if t is not None]
+    pairs = [(t, t64) for t, t64 in pairs if t.requires_grad]
+    got = grads(y, [t for t, _ in pairs], dy)
+    want = grads(y64, [t64 for _, t64 in pairs], dy.double())
+    for g, g64, (t, _) in zip(got, want, pairs, strict=True):
+        assert g.dtype == t.dtype and g.shape == t.shape, what
+        assert_close(g, g64, x.dtype, f"gradient, {what}")
+    ulp = torch.finfo(x.dtype).eps
+    torch.testing.assert_close(y_fn, y.detach(), rtol=2 * ulp, atol=2 * ulp)
+    return y
+
+
+# (x dtype, weight dtype, bias dtype (None: no parameter), x layout, dy layout, weight layout,
+# gradients wanted of (weight, bias)), in turn
+PLAN_VARIANTS = [
+    (torch.float32, torch.float32, torch.float32, None, None, None, (True, True)),
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, None, None, None, (True, True)),
+    (torch.bfloat16, torch.float32, torch.float32, None, None, None, (True, True)),
+    (torch.bfloat16, torch.bfloat16, torch.float32, None, None, None, (True, True)),
+    (torch.bfloat16, torch.bfloat16, None, None, None, None, (True, False)),
+    (torch.bfloat16, None, None, None, None, None, (False, False)),
+    (torch.bfloat16, None, torch.bfloat16, None, None, None, (False, True)),
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, "slice", None, None, (True, True)),
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, "transpose", None, None, (True, True)),
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, None, "transpose", None, (True, True)),
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, None, None, "strided", (True, True)),
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, None, None, None, (False, True)),
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, None, None, None, (True, False)),
+    (torch.float32, torch.float32, torch.float32, None, None, None, (True, True)),
+]
+
+
+def test_plans_follow_dtype_layout_and_parameters(norm):
+    lead, hidden = (6,), 40
+    for dtype, w_dtype, b_dtype, layout, dy_layout, w_layout, wanted in PLAN_VARIANTS:
+        what = (
+            f"{dtype} x ({layout}), weight {w_dtype} ({w_layout}), bias {b_dtype}, dy {dy_layout}"
+        )
+        x = _input(lead, hidden, layout, dtype)
+        w = _param(hidden, w_dtype, w_layout, wanted[0], shift=1.0)
+        b = _param(hidden, b_dtype, None, wanted[1])
+        dy = (
+            randn(hidden, *lead, dtype=dtype).t()
+            if dy_layout
+            else randn(*lead, hidden, dtype=dtype)
+        )
+        _check_layer_norm(norm, x, [hidden], w, b, dy, what)
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["weight+bias", "none"])
+def test_plans_follow_normalized_shape(norm, affine):
+    # One input shape normalised over its last dimension, then its last two, then the last again.
+    x = randn(4, 6, 8, shift=2.0).requires_grad_()
+    dy = randn(4, 6, 8)
+    for normalized_shape in ([8], [6, 8], [8]):
+        w = torch.nn.Parameter(randn(*normalized_shape, shift=1.0)) if affine else None
+        b = torch.nn.Parameter(randn(*normalized_shape)) if affine else None
+        _check_layer_norm(norm, x, normalized_shape, w, b, dy, f"over {normalized_shape}")
+
+
+def test_backward_plans_follow_the_dtype(norm, monkeypatch):
+    # fp32 rows of 4096 walk their backward steps a row at a time, half-precision rows two at a
+    # time (``_bwd_config``). Either gives right values: what shows a plan kept for the wrong
+    # dtype is the configuration launched.
+    module = sys.modules[norm.layer_norm.__module__]
+    launched = []
+    launch = module.launch
+
+    def recording_launch(kernel, grid, args, num_warps, device):
+        if kernel is module._layer_norm_bwd_kernel:
+            launched.append((args[-3], args[-1], num_warps))  # ROWS, LOOKAHEAD
+        launch(kernel, grid, args, num_warps, device)
+
+    monkeypatch.setattr(module, "launch", recording_launch)
+    for dtype in (torch.float32, torch.bfloat16, torch.float32):
+        x = randn(2, 4096, dtype=dtype, shift=1.0).requires_grad_()
+        grads(norm.layer_norm(x, (4096,)), x, randn(2, 4096, dtype=dtype))
+        _, _, rows, num_warps, _, lookahead = module._bwd_config(4096, x.element_size())
+        assert launched[-1] == (rows, lookahead, num_warps), dtype
+
+
+def test_errors_after_a_kept_plan(norm):
+    x, w, b = randn(3, 8), randn(8), randn(8)
+    norm.layer_norm(x, (8,), w, b)
+    for _ in range(2):  # a failed call keeps no plan: the second fails alike
+        with pytest.raises(ValueError, match="normalized_shape"):
+            norm.layer_norm(x, (9,), w, b)
+        with pytest.raises(ValueError, match="layer_norm: weight of shape"):
+            norm.layer_norm(x, (8,), randn(9), b)
+        with pytest.raises(ValueError, match="layer_norm: bias of shape"):
+            norm.layer_norm(x, (8,), w, randn(9))
+        with pytest.raises(TypeError, match="layer_norm weight: dtype torch.float64"):
+            norm.layer_norm(x, (8,), w.double(), b)
+        with pytest.raises(TypeError, match="layer_norm bias: dtype torch.float64"):
+            norm.layer_norm(x, (8,), w, b.double())
+        with pytest.raises(TypeError, match="layer_norm: dtype torch.float64"):
+            norm.layer_norm(x.double(), (8,), w, b)
+
+
+@pytest.mark.parametrize("layout", [None, "slice"])
+def test_kept_plans_give_identical_results(norm, layout):
+    # The first call of a key makes its plans, the second reuses them: bit for bit the same.
+    fwd, bwd = _plans(norm)
+    x = _input((3, 25), 520, layout, torch.bfloat16)
+    w = torch.nn.Parameter(randn(520, dtype=torch.bfloat16, shift=1.0))
+    b = torch.nn.Parameter(randn(520))
+    dy = randn(3, 25, 520, dtype=torch.bfloat16)
+
+    def run():
+        y = norm.layer_norm(x, (520,), w, b)
+        return (y, *grads(y, (x, w, b), dy))
+
+    fwd.clear()
+    bwd.clear()
+    made = run()
+    assert (len(fwd), len(bwd)) == (1, 1)
+    kept = run()
+    assert (len(fwd), len(bwd)) == (1, 1)  # no plan made: each call found its own
+    for a, c in zip(made, kept, strict=True):
+        assert torch.equal(a, c)
+
+
+def test_plans_are_bounded(norm, monkeypatch):
+    fwd, _ = _plans(norm)
+    monkeypatch.setattr(fwd, "maxsize", 3)
+    with torch.no_grad():
+        for rows in range(1, 7):
+            x = randn(rows, 16, shift=1.0)
+            y = norm.layer_norm(x, (16,))
+            assert_close(y, F.layer_norm(x.double(), (16,)), torch.float32, f"{rows} rows")
+            assert len(fwd) <= 3
+        kept = list(fwd)
+        norm.layer_norm(x, (16,))  # the latest plans are the ones kept
+        assert list(fwd) == kept

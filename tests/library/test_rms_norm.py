@@ -2,6 +2,7 @@
 float64 references; forward, input and weight gradients, through the kernel layers bound to real
 modules and through the function API."""
 
+import sys
 import types
 
 import pytest
@@ -172,3 +173,166 @@ def test_unsupported_residual_dtype_is_a_clear_error(norm):
     x = randn(3, 8)
     with pytest.raises(TypeError, match="fused_add_rms_norm residual: dtype torch.float64"):
         norm.fused_add_rms_norm(x, x.double(), randn(8), EPS)
+
+
+# ---- launch plans ---------------------------------------------------------------------------
+#
+# The launchers keep a plan (checks passed, launch configuration) per key: the shapes, dtypes
+# and contiguity of their arguments, the mode, the device. The tests below call one shape of
+# input again and again with one of those properties changed: a plan kept for the wrong key
+# would give wrong values, dtypes or errors.
+
+
+def _plans(norm):
+    module = sys.modules[norm.rms_norm.__module__]
+    return module._FWD_PLANS, module._BWD_PLANS
+
+
+def _noncontiguous_weight(hidden, dtype):
+    # Every other element of a longer vector: a strided weight, which the kernels take as a copy.
+    return randn(2 * hidden, dtype=dtype, scale=0.2, shift=1.0)[::2].requires_grad_()
+
+
+# (x dtype, weight dtype, x layout, dy layout, weight layout, weight gradient wanted), in turn
+PLAN_VARIANTS = [
+    (torch.float32, torch.float32, None, None, None, True),
+    (torch.bfloat16, torch.bfloat16, None, None, None, True),  # another dtype
+    (torch.bfloat16, torch.float32, None, None, None, True),  # another weight dtype
+    (torch.bfloat16, torch.bfloat16, "slice", None, None, True),  # rows viewed in place
+    (torch.bfloat16, torch.bfloat16, "transpose", None, None, True),  # rows copied
+    (torch.bfloat16, torch.bfloat16, None, "transpose", None, True),  # dy not contiguous
+    (torch.bfloat16, torch.bfloat16, None, None, "strided", True),  # weight not contiguous
+    (torch.bfloat16, torch.bfloat16, None, None, None, False),  # no weight gradient
+    (torch.float32, torch.float32, None, None, None, True),  # the first again: kept plans
+]
+
+
+@pytest.mark.parametrize("mode", ["llama", "gemma"])
+def test_plans_follow_dtype_layout_and_weight(norm, mode):
+    lead, hidden = (6,), 40
+    fn = norm.rms_norm if mode == "llama" else norm.gemma_rms_norm
+    for dtype, w_dtype, layout, dy_layout, w_layout, w_grad in PLAN_VARIANTS:
+        what = f"{dtype} x ({layout}), {w_dtype} weight ({w_layout}), dy {dy_layout}"
+        x = _input(lead, hidden, layout, dtype)
+        if w_layout == "strided":
+            w = _noncontiguous_weight(hidden, w_dtype)
+        else:
+            w = _weight(hidden, w_dtype, offset=1.0 if mode == "llama" else 0.0)
+        w.requires_grad_(w_grad)
+        # First without a backward to feed (no rstd kept: another key), then with one.
+        y_fn = fn(x.detach(), w.detach(), EPS)
+        y = fn(x, w, EPS)
+        x64 = x.detach().double().requires_grad_()
+        w64 = w.detach().double().requires_grad_()
+        if mode == "llama":
+            assert y.dtype == torch.promote_types(dtype, w_dtype), what
+            y64 = w64 * _rms64(x64, EPS)
+        else:
+            assert y.dtype == dtype, what
+            y64 = _rms64(x64, EPS) * (1.0 + w64)
+        assert_close(y, y64, dtype, f"forward, {what}")
+        dy = (
+            randn(hidden, *lead, dtype=y.dtype).t() if dy_layout else randn(*y.shape, dtype=y.dtype)
+        )
+        got = grads(y, (x, w) if w_grad else (x,), dy)
+        want = grads(y64, (x64, w64) if w_grad else (x64,), dy.double())
+        for g, g64, t in zip(got, want, (x, w), strict=False):
+            assert g.dtype == t.dtype, what
+            assert_close(g, g64, dtype, f"gradient, {what}")
+        assert torch.equal(y_fn, y.detach()), what
+
+
+def test_fused_add_plans_follow_the_residual(norm):
+    lead, hidden = (6,), 40
+    x = _input(lead, hidden, None, torch.bfloat16)
+    w = _weight(hidden, torch.bfloat16)
+    # (residual dtype, residual layout), in turn: of x's dtype, of another, not contiguous.
+    for r_dtype, layout in [
+        (torch.bfloat16, None),
+        (torch.float32, None),
+        (torch.bfloat16, "slice"),
+        (torch.float32, "transpose"),
+        (torch.bfloat16, None),
+    ]:
+        what = f"{r_dtype} residual ({layout})"
+        r = _input(lead, hidden, layout, r_dtype)
+        with torch.no_grad():  # first without a backward to feed (no rstd kept: another key)
+            y_fn, s_fn = norm.fused_add_rms_norm(x, r, w, EPS)
+        y, s = norm.fused_add_rms_norm(x, r, w, EPS)
+        assert s.dtype == torch.promote_types(x.dtype, r_dtype), what
+        assert y.dtype == torch.promote_types(w.dtype, s.dtype), what
+        x64 = x.detach().double().requires_grad_()
+        r64 = r.detach().double().requires_grad_()
+        w64 = w.detach().double().requires_grad_()
+        s64 = x64 + r64
+        y64 = w64 * _rms64(s64, EPS)
+        assert_close(s, s64, s.dtype, f"sum, {what}")
+        assert_close(y, y64, s.dtype, f"forward, {what}")
+        dy, ds = randn(*y.shape, dtype=y.dtype), randn(*s.shape, dtype=s.dtype)
+        got = grads((y, s), (x, r, w), (dy, ds))
+        want = grads((y64, s64), (x64, r64, w64), (dy.double(), ds.double()))
+        for g, g64, t in zip(got, want, (x, r, w), strict=True):
+            assert g.dtype == t.dtype, what
+            assert_close(g, g64, torch.bfloat16, f"gradient, {what}")
+        assert torch.equal(y_fn, y.detach()) and torch.equal(s_fn, s.detach()), what
+    # A residual of an unsupported dtype, or of another shape, after the kept plans: the checks'
+    # errors, every time (a failed call keeps no plan).
+    for _ in range(2):
+        with pytest.raises(TypeError, match="fused_add_rms_norm residual: dtype torch.float64"):
+            norm.fused_add_rms_norm(x, x.detach().double(), w, EPS)
+        with pytest.raises(ValueError, match="must have the same shape"):
+            norm.fused_add_rms_norm(x, randn(7, hidden, dtype=torch.bfloat16), w, EPS)
+
+
+def test_errors_after_a_kept_plan(norm):
+    x, w = randn(3, 8), randn(8)
+    norm.rms_norm(x, w, EPS)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="does not match the last dimension"):
+            norm.rms_norm(x, randn(9), EPS)
+        with pytest.raises(ValueError, match="does not match the last dimension"):
+            norm.rms_norm(x, randn(1, 8), EPS)
+        with pytest.raises(TypeError, match="rms_norm weight: dtype torch.float64"):
+            norm.rms_norm(x, w.double(), EPS)
+        with pytest.raises(TypeError, match="rms_norm: dtype torch.float64"):
+            norm.gemma_rms_norm(x.double(), w, EPS)
+
+
+@pytest.mark.parametrize("layout", [None, "slice"])
+def test_kept_plans_give_identical_results(norm, layout):
+    # The first call of a key makes its plans, the second reuses them: bit for bit the same.
+    fwd, bwd = _plans(norm)
+    x = _input((3, 25), 520, layout, torch.bfloat16)
+    r = _input((3, 25), 520, None, torch.float32)
+    w = _weight(520, torch.bfloat16)
+    dy, ds = randn(3, 25, 520), randn(3, 25, 520)
+
+    def run():
+        y = norm.gemma_rms_norm(x, w, EPS)
+        fused = norm.fused_add_rms_norm(x, r, w, EPS)
+        return (y, *grads(y, (x, w), dy.to(y.dtype)), *fused, *grads(fused, (x, r, w), (dy, ds)))
+
+    fwd.clear()
+    bwd.clear()
+    made = run()
+    counts = len(fwd), len(bwd)
+    assert counts == (2, 2)
+    kept = run()
+    assert (len(fwd), len(bwd)) == counts  # no plan made: every call found its own
+    for a, b in zip(made, kept, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_plans_are_bounded(norm, monkeypatch):
+    fwd, _ = _plans(norm)
+    monkeypatch.setattr(fwd, "maxsize", 3)
+    w = _weight(16, torch.float32)
+    with torch.no_grad():
+        for rows in range(1, 7):
+            x = randn(rows, 16)
+            y = norm.rms_norm(x, w, EPS)
+            assert_close(y, w.double() * _rms64(x.double(), EPS), torch.float32, f"{rows} rows")
+            assert len(fwd) <= 3
+        kept = list(fwd)
+        norm.rms_norm(x, w, EPS)  # the latest plans are the ones kept
+        assert list(fwd) == kept

@@ -3,8 +3,9 @@
 ``y = (x - mean) * rstd * weight + bias`` computed in fp32 and cast to the input dtype, as
 ``torch.nn.functional.layer_norm`` does.
 
-Read top to bottom: the Triton kernels, the launchers that pick block sizes, then the autograd
-wiring (``torch.autograd.Function`` for eager calls; ``torch.library`` custom ops with fake
+Read top to bottom: the Triton kernels, the launchers that pick block sizes (once per shape,
+dtype and layout of their arguments: launch plans), then the autograd wiring
+(``torch.autograd.Function`` for eager calls; ``torch.library`` custom ops with fake
 implementations and registered autograd for ``torch.compile``).
 
 Forward: reads x, writes y and fp32 mean and rstd per row; rows in registers (one pass) or in
@@ -15,6 +16,7 @@ and bias gradients in fp32 registers; the per-program partials are summed at the
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -25,7 +27,6 @@ from ._library import (
     FWD_NARROW_ELEMENTS,
     MAX_ONE_PASS,
     WIDE_ROW_WARPS,
-    as_rows,
     bwd_block,
     cdiv,
     check_dtype,
@@ -37,6 +38,7 @@ from ._library import (
     sum_partials,
     use_autograd_function,
 )
+from .rms_norm import PlanCache, rows_of
 
 # Forward launch configuration, from interleaved A/Bs of configurations at ~64M elements (H200,
 # CUDA graphs; benchmarks/diagnose/norm_forward.py; us are per call):
@@ -395,39 +397,165 @@ def _flat(param: torch.Tensor) -> torch.Tensor:
     return param.contiguous() if param.dim() == 1 else param.reshape(-1).contiguous()
 
 
+def _is_flat(param: torch.Tensor) -> bool:
+    """Whether ``_flat(param)`` is ``param`` itself (a contiguous vector)."""
+    return param.dim() == 1 and param.is_contiguous()
+
+
 def _stats_shape(x: torch.Tensor, normalized_shape) -> tuple[int, ...]:
     return tuple(x.shape[: x.dim() - len(tuple(normalized_shape))])
+
+
+# The launchers work from plans, as RMSNorm's do (``rms_norm``: ``PlanCache`` and the notes
+# above it): the first call with a key (shapes, dtypes, contiguity, the parameters present, the
+# device) runs every check and rule and keeps what they derive; later ones only allocate and
+# launch.
+
+
+class _FwdPlan(NamedTuple):
+    """A forward's plan (``_fwd_plan``): all but the tensors and eps. Shapes are plain tuples,
+    which ``new_empty`` parses faster than a ``torch.Size``."""
+
+    shape: tuple  # y's: x's
+    stats_shape: tuple  # mean's and rstd's: x's without the normalised dimensions
+    grid: tuple | None = None  # None: no elements, nothing to launch
+    n_rows: int = 0
+    n_cols: int = 0
+    num_warps: int = 0
+    constexprs: tuple = ()  # the kernel's constexpr arguments, in order
+    x_rows: bool = True  # x is contiguous: its rows are read in place (``rows_of``)
+    w_ready: bool = True  # the weight is a contiguous vector, or there is none (``_is_flat``)
+    b_ready: bool = True  # likewise the bias
+
+
+_FWD_PLANS = PlanCache()  # _FwdPlan by key
+
+
+def _fwd_plan(x, normalized_shape, weight, bias, keep_stats: bool) -> _FwdPlan:
+    """The plan of a forward of these arguments: kept, or made (``_make_fwd_plan``)."""
+    try:
+        key = (
+            x.shape, x.dtype, x.is_contiguous(), tuple(normalized_shape),
+            None if weight is None else (weight.shape, weight.dtype, weight.is_contiguous()),
+            None if bias is None else (bias.shape, bias.dtype, bias.is_contiguous()),
+            keep_stats,
+        )  # fmt: skip
+    except (AttributeError, TypeError):  # an argument of the wrong kind: the checks say which
+        return _make_fwd_plan(x, normalized_shape, weight, bias, keep_stats)
+    plan = _FWD_PLANS.get(key)
+    if plan is None:
+        plan = _FWD_PLANS.add(key, _make_fwd_plan(x, normalized_shape, weight, bias, keep_stats))
+    return plan
+
+
+def _make_fwd_plan(x, normalized_shape, weight, bias, keep_stats: bool) -> _FwdPlan:
+    """A forward's checks and launch configuration (a plan cache miss); raises for bad arguments."""
+    n_cols = _check(x, normalized_shape, weight, bias)
+    outputs = (tuple(x.shape), _stats_shape(x, normalized_shape))
+    if x.numel() == 0:
+        return _FwdPlan(*outputs)
+    n_rows = x.numel() // n_cols
+    many_rows = n_rows >= FWD_CHUNK_MIN_ROWS
+    one_pass, block_n, rows, num_warps = _fwd_block(n_cols, x.element_size(), many_rows)
+    constexprs = (weight is not None, bias is not None, one_pass, rows, block_n,
+                  0 if one_pass else n_cols, keep_stats)  # fmt: skip
+    return _FwdPlan(
+        *outputs,
+        grid=(cdiv(n_rows, rows),) if one_pass else (n_rows,),
+        n_rows=n_rows,
+        n_cols=n_cols,
+        num_warps=num_warps,
+        constexprs=constexprs,
+        x_rows=x.is_contiguous(),
+        w_ready=weight is None or _is_flat(weight),
+        b_ready=bias is None or _is_flat(bias),
+    )
 
 
 def _forward(x, normalized_shape, weight, bias, eps, keep_stats: bool = True):
     """(y, mean, rstd); mean and rstd are fp32, one per normalised row, or None unless
     ``keep_stats`` (for a backward): two allocations less, a third of an inference call's
     host time."""
-    n_cols = _check(x, normalized_shape, weight, bias)
-    y = x.new_empty(x.shape)
+    plan = _fwd_plan(x, normalized_shape, weight, bias, keep_stats)
+    y = x.new_empty(plan.shape)
     mean = rstd = None
     if keep_stats:
-        stats = _stats_shape(x, normalized_shape)
-        mean = x.new_empty(stats, dtype=torch.float32)
-        rstd = x.new_empty(stats, dtype=torch.float32)
-    if y.numel() == 0:
+        mean = x.new_empty(plan.stats_shape, dtype=torch.float32)
+        rstd = x.new_empty(plan.stats_shape, dtype=torch.float32)
+    if plan.grid is None:
         return y, mean, rstd
-    x2, n_rows, stride_x = as_rows(x, n_cols)
-    w = None if weight is None else _flat(weight)
-    b = None if bias is None else _flat(bias)
-    many_rows = n_rows >= FWD_CHUNK_MIN_ROWS
-    one_pass, block_n, rows, num_warps = _fwd_block(n_cols, x.element_size(), many_rows)
-    grid = (cdiv(n_rows, rows),) if one_pass else (n_rows,)
+    n_cols = plan.n_cols
+    x2, stride_x = rows_of(x, n_cols, plan.x_rows)
+    # Placeholders are never read: HAS_WEIGHT / HAS_BIAS are False.
+    w = x2 if weight is None else (weight if plan.w_ready else _flat(weight))
+    b = x2 if bias is None else (bias if plan.b_ready else _flat(bias))
     args = (
-        x2,
-        x2 if w is None else w,  # placeholders are never read: HAS_WEIGHT / HAS_BIAS are False
-        x2 if b is None else b,
-        y, y if mean is None else mean, y if rstd is None else rstd, n_rows, n_cols, stride_x, eps,
-        w is not None, b is not None, one_pass, rows, block_n, 0 if one_pass else n_cols,
-        keep_stats,
-    )  # fmt: skip
-    launch(_layer_norm_fwd_kernel, grid, args, num_warps, x.device)
+        x2, w, b, y, y if mean is None else mean, y if rstd is None else rstd,
+        plan.n_rows, n_cols, stride_x, eps,
+    ) + plan.constexprs  # fmt: skip
+    launch(_layer_norm_fwd_kernel, plan.grid, args, plan.num_warps, x.device)
     return y, mean, rstd
+
+
+class _BwdPlan(NamedTuple):
+    """A backward's plan (``_bwd_plan``): all but the tensors and the parameter gradients'
+    reduction."""
+
+    shape: tuple  # dx's: x's
+    grid: tuple | None = None  # (programs, column blocks); None: no elements, nothing to launch
+    n_rows: int = 0
+    n_cols: int = 0
+    rows_per_program: int = 0
+    num_warps: int = 0
+    constexprs: tuple = ()  # the backward kernel's constexpr arguments, in order
+    row_dot: bool = False  # rows too wide for registers: the row dot kernel runs first
+    partials_shape: tuple = ()  # the parameter gradients' fp32 partials: a row a program
+    x_rows: bool = True  # x is contiguous: its rows are read in place (``rows_of``)
+    dy_rows: bool = True  # so is dy
+    w_ready: bool = True  # the weight is a contiguous vector, or there is none (``_is_flat``)
+
+
+_BWD_PLANS = PlanCache()  # _BwdPlan by key
+
+
+def _bwd_plan(dy, x, normalized_shape, weight, compute_dw, compute_db, device) -> _BwdPlan:
+    """The plan of a backward of these arguments: kept, or made (``_make_bwd_plan``)."""
+    key = (x.shape, x.dtype, x.is_contiguous(), dy.is_contiguous(), tuple(normalized_shape),
+           None if weight is None else _is_flat(weight), compute_dw, compute_db, device)  # fmt: skip
+    plan = _BWD_PLANS.get(key)
+    if plan is None:
+        plan = _make_bwd_plan(dy, x, normalized_shape, weight, compute_dw, compute_db, device)
+        _BWD_PLANS.add(key, plan)
+    return plan
+
+
+def _make_bwd_plan(dy, x, normalized_shape, weight, compute_dw, compute_db, device) -> _BwdPlan:
+    """A backward's launch configuration (a plan cache miss)."""
+    n_cols = math.prod(tuple(normalized_shape))
+    shape = tuple(x.shape)
+    if x.numel() == 0:
+        return _BwdPlan(shape)
+    n_rows = x.numel() // n_cols
+    one_pass, block_n, rows, num_warps, per_sm, lookahead = _bwd_config(n_cols, x.element_size())
+    col_blocks = 1 if one_pass else cdiv(n_cols, block_n)
+    programs, rows_per_program = persistent_grid(n_rows, rows, device, per_sm, col_blocks)
+    parts = compute_dw + compute_db  # gradients wanted: rows of partials a program
+    constexprs = (weight is not None, compute_dw, compute_db, not one_pass, rows, block_n,
+                  lookahead)  # fmt: skip
+    return _BwdPlan(
+        shape,
+        grid=(programs, col_blocks),
+        n_rows=n_rows,
+        n_cols=n_cols,
+        rows_per_program=rows_per_program,
+        num_warps=num_warps,
+        constexprs=constexprs,
+        row_dot=not one_pass,
+        partials_shape=(programs, parts * n_cols),
+        x_rows=x.is_contiguous(),
+        dy_rows=dy.is_contiguous(),
+        w_ready=weight is None or _is_flat(weight),
+    )
 
 
 def _backward(
@@ -435,10 +563,11 @@ def _backward(
 ):
     """(dx, dw, db); dw/db are empty tensors when not asked for. ``views``: dw and db may be
     views of one tensor (one launch less: the eager path; a custom op's outputs must not alias)."""
-    n_cols = math.prod(tuple(normalized_shape))
-    dx = x.new_empty(x.shape)
+    device = x.device
+    plan = _bwd_plan(dy, x, normalized_shape, weight, compute_dw, compute_db, device)
+    dx = x.new_empty(plan.shape)
     param = weight if weight is not None else x  # dtype/device template when there is no weight
-    if x.numel() == 0:
+    if plan.grid is None:
         dw = torch.zeros_like(weight) if compute_dw else param.new_empty((0,))
         db = (
             x.new_zeros(tuple(normalized_shape), dtype=db_dtype)
@@ -446,30 +575,28 @@ def _backward(
             else param.new_empty((0,))
         )
         return dx, dw, db
-    x2, n_rows, stride_x = as_rows(x, n_cols)
-    dy2, _, stride_dy = as_rows(dy, n_cols)
-    one_pass, block_n, rows, num_warps, per_sm, lookahead = _bwd_config(n_cols, x.element_size())
-    w = x2 if weight is None else _flat(weight)  # x2: a placeholder, never read (HAS_WEIGHT)
-    c, col_blocks = rstd, 1  # rstd: a placeholder for C, never read in one pass
-    if not one_pass:
+    n_rows, n_cols = plan.n_rows, plan.n_cols
+    x2, stride_x = rows_of(x, n_cols, plan.x_rows)
+    dy2, stride_dy = rows_of(dy, n_cols, plan.dy_rows)
+    # x2 where there is no weight: a placeholder, never read (HAS_WEIGHT is False)
+    w = x2 if weight is None else (weight if plan.w_ready else _flat(weight))
+    c = rstd  # a placeholder for C, never read in one pass
+    if plan.row_dot:
         c = rstd.new_empty((2, n_rows))
         args = (dy2, x2, w, mean, rstd, c, n_rows, n_cols, stride_dy, stride_x,
                 weight is not None, CHUNK)  # fmt: skip
-        launch(_layer_norm_row_dot_kernel, (n_rows,), args, WIDE_ROW_WARPS, x.device)
-        col_blocks = cdiv(n_cols, block_n)
-    programs, rows_per_program = persistent_grid(n_rows, rows, x.device, per_sm, col_blocks)
+        launch(_layer_norm_row_dot_kernel, (n_rows,), args, WIDE_ROW_WARPS, device)
     # One fp32 buffer for the partial sums, a row a program: the weight's, then the bias's. Both
     # are summed in one launch where their dtypes agree: each launch and allocation is host time.
     parts = compute_dw + compute_db
     partials = rstd  # a placeholder, never touched when no parameter gradient is wanted
     if parts:
-        partials = torch.empty((programs, parts * n_cols), dtype=torch.float32, device=x.device)
+        partials = x.new_empty(plan.partials_shape, dtype=torch.float32)
     args = (
         dy2, x2, w, mean, rstd, c, dx,
-        partials, n_rows, n_cols, rows_per_program, stride_dy, stride_x,
-        weight is not None, compute_dw, compute_db, not one_pass, rows, block_n, lookahead,
-    )  # fmt: skip
-    launch(_layer_norm_bwd_kernel, (programs, col_blocks), args, num_warps, x.device)
+        partials, n_rows, n_cols, plan.rows_per_program, stride_dy, stride_x,
+    ) + plan.constexprs  # fmt: skip
+    launch(_layer_norm_bwd_kernel, plan.grid, args, plan.num_warps, device)
     if parts == 2 and views and weight.dtype == db_dtype:
         dw, db = sum_partials(partials, db_dtype).split(n_cols)
     elif parts == 2:
