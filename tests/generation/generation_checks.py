@@ -209,22 +209,56 @@ def counting_kernels():
     return kernels, calls
 
 
+def counting_cache_kernels():
+    """The rotary library's cache write, noting each call's position form (``("positions",)``
+    or ``("counter",)``)."""
+    from kernels.generation.generator import _library_package
+
+    real = _library_package("rotary")
+    forms = []
+
+    def write(key_cache, value_cache, keys, values, **where):
+        forms.append(tuple(where))
+        real.write_kv_cache(key_cache, value_cache, keys, values, **where)
+
+    kernels = types.SimpleNamespace(write_kv_cache=write, takes_kv_write=real.takes_kv_write)
+    return kernels, forms
+
+
+def cache_write_form() -> tuple[str]:
+    """The form in which this transformers line's static layers get their positions: 5.x's
+    count them in a device tensor, 4.57's are told them (``cache_position``). The version comes
+    from the package's metadata: importing transformers at a test module's collection would
+    import huggingface_hub before tests/hub's conftest points it at the test server."""
+    from importlib.metadata import version
+
+    return ("counter",) if int(version("transformers").split(".")[0]) >= 5 else ("positions",)
+
+
+def _generate_with_our_kernels():
+    """(model, generator, ids, mask, tokens): a bf16 tiny Llama's greedy tokens from a
+    generator with ``kernels=True``, on the GPU or, without one, through Triton's interpreter."""
+    from kernels.generation import CudaGraphGenerator
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = tiny_llama(device, torch.bfloat16)
+    gen = CudaGraphGenerator(model, kernels=True)
+    ids, mask = prompt(2, device=device)
+    return model, gen, ids, mask, gen.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+
+
 def check_generator_groups_q_k_v(monkeypatch) -> None:
     """With ``kernels=True`` a bf16 Llama's decode steps project q, k and v in one launch (the
     prefill, more than 8 tokens, does not), and its tokens are the kernelized model's own greedy
     tokens with the same grouping; nothing is left on the projections afterwards."""
     from torch import nn
 
-    from kernels.generation import CudaGraphGenerator, generator
+    from kernels.generation import generator
     from kernels.generation.projections import grouped_projections
 
     kernels, calls = counting_kernels()
     monkeypatch.setattr(generator, "_decode_kernels", lambda: kernels)
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: Triton's interpreter
-    model = tiny_llama(device, torch.bfloat16)
-    gen = CudaGraphGenerator(model, kernels=True)
-    ids, mask = prompt(2, device=device)
-    got = gen.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    model, _, ids, mask, got = _generate_with_our_kernels()
     layers = model.config.num_hidden_layers
     assert len(calls) >= layers * (NEW_TOKENS - 1)  # every decode step, every layer
     assert all(shape[:-1].numel() <= 8 for shape in calls)
@@ -240,31 +274,17 @@ def check_generator_writes_the_cache_in_one_launch(monkeypatch) -> None:
     through the rotary library's ``write_kv_cache`` (transformers 5.x: its counter form, 4.57:
     its positions form), the tokens are the kernelized model's own greedy tokens (the writes
     are exact copies), and no ``update`` is left on the cache's layers afterwards."""
-    import transformers
-
-    from kernels.generation import CudaGraphGenerator, generator
+    from kernels.generation import generator
 
     load = generator._library_package
-    real = load("rotary")
-    forms = []
-
-    def write(key_cache, value_cache, keys, values, **where):
-        forms.append(tuple(where))
-        real.write_kv_cache(key_cache, value_cache, keys, values, **where)
-
-    rotary = types.SimpleNamespace(write_kv_cache=write, takes_kv_write=real.takes_kv_write)
+    rotary, forms = counting_cache_kernels()
     monkeypatch.setattr(
         generator, "_library_package", lambda n: rotary if n == "rotary" else load(n)
     )
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: Triton's interpreter
-    model = tiny_llama(device, torch.bfloat16)
-    gen = CudaGraphGenerator(model, kernels=True)
-    ids, mask = prompt(2, device=device)
-    got = gen.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    model, gen, ids, mask, got = _generate_with_our_kernels()
     layers = model.config.num_hidden_layers
     assert len(forms) >= layers * (NEW_TOKENS - 1)  # every decode step, every layer
-    form = ("counter",) if int(transformers.__version__.split(".")[0]) >= 5 else ("positions",)
-    assert set(forms) == {form}
+    assert set(forms) == {cache_write_form()}
     with same_projections(gen, model):
         expected = eager_greedy(model, ids, mask)
     assert torch.equal(got, expected)

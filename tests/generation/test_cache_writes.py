@@ -4,34 +4,23 @@ library's one-launch ``write_kv_cache``: transformers 4.57's form (``cache_posit
 equal transformers' own update's."""
 
 import copy
-import types
-from importlib.metadata import version
 
 import pytest
 import torch
-from generation_checks import check_generator_writes_the_cache_in_one_launch, tiny_llama
+from generation_checks import (
+    cache_write_form,
+    check_generator_writes_the_cache_in_one_launch,
+    counting_cache_kernels,
+    tiny_llama,
+)
 
 from kernels.generation.cache import new_static_cache
 from kernels.generation.cache_writes import kernel_cache_writes
-from kernels.generation.generator import _library_package
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: Triton's interpreter
 # 5.x's static layers count their positions (and ignore cache_position); 4.57's are told them.
-# (The version from the metadata: importing transformers here would import huggingface_hub before
-# tests/hub's conftest points it at the test server.)
-COUNTS_ITSELF = int(version("transformers").split(".")[0]) >= 5
-FORM = ("counter",) if COUNTS_ITSELF else ("positions",)
-
-
-def _counting():
-    real = _library_package("rotary")
-    calls = []
-
-    def write(*args, **kwargs):
-        calls.append(tuple(kwargs))
-        real.write_kv_cache(*args, **kwargs)
-
-    return types.SimpleNamespace(write_kv_cache=write, takes_kv_write=real.takes_kv_write), calls
+FORM = cache_write_form()
+COUNTS_ITSELF = FORM == ("counter",)
 
 
 def _filled_cache(model, length=16, prompt=5):
@@ -56,7 +45,7 @@ def model():
 def test_a_decode_write_goes_through_the_kernel_and_equals_transformers(model):
     cache = _filled_cache(model)
     reference = copy.deepcopy(cache)
-    kernels, calls = _counting()
+    kernels, calls = counting_cache_kernels()
     keys, values = _step()
     position = {"cache_position": torch.tensor([5], device=DEVICE)}
     with kernel_cache_writes(cache, kernels) as layers:
@@ -75,7 +64,7 @@ def test_other_calls_are_transformers_update(model, case):
         pytest.skip("transformers 5.x's static layers take no position: they count")
     cache = new_static_cache(model, 16) if case == "uninitialised" else _filled_cache(model)
     reference = copy.deepcopy(cache)
-    kernels, calls = _counting()
+    kernels, calls = counting_cache_kernels()
     keys, values = _step(dtype=torch.float32 if case == "other dtype" else torch.bfloat16)
     position = {} if case == "no position" else {"cache_position": torch.tensor([5], device=DEVICE)}
     if case == "grad":
