@@ -302,9 +302,9 @@ def host_case(op: str, lib):
     return inputs, params, {"aten": aten_function(op, params), "ours": fns["ours"]}
 
 
-def issue_us(call, calls: int = 50, blocks: int = 7) -> float:
-    """Median host microseconds to issue one of ``calls`` back-to-back calls, with the GPU kept
-    busy by a sleep kernel first so that the launch queue never makes the host wait.
+def issue_block_us(call, calls: int = 50) -> float:
+    """Host microseconds to issue one of ``calls`` back-to-back calls, with the GPU kept busy by
+    a sleep kernel first so that the launch queue never makes the host wait.
 
     Where the GPU finishes sleeping before the host is done, either the sleep was too short or
     the calls filled the launch queue (a call of many small kernels, as eager rotary is: the
@@ -314,8 +314,7 @@ def issue_us(call, calls: int = 50, blocks: int = 7) -> float:
     import torch
 
     cycles = 100_000_000  # about 50-70 ms at an H100's or H200's clock
-    samples = []
-    while len(samples) < blocks and cycles < 10**10:
+    while cycles < 10**10:
         torch.cuda.synchronize()
         torch.cuda._sleep(cycles)
         busy = torch.cuda.Event()
@@ -324,16 +323,25 @@ def issue_us(call, calls: int = 50, blocks: int = 7) -> float:
         for _ in range(calls):
             call()
         elapsed = time.perf_counter() - start
-        if busy.query():  # the GPU finished sleeping before the host was done
-            cycles *= 2
-            calls = max(4, calls // 2)
-            torch.cuda.synchronize()
-            continue
-        samples.append(elapsed / calls * 1e6)
-    torch.cuda.synchronize()
-    if not samples:
-        raise RuntimeError("the GPU could not be kept busy for the issue of one block of calls")
-    return statistics.median(samples)
+        finished_early = busy.query()  # the GPU finished sleeping before the host was done
+        torch.cuda.synchronize()
+        if not finished_early:
+            return elapsed / calls * 1e6
+        cycles *= 2
+        calls = max(4, calls // 2)
+    raise RuntimeError("the GPU could not be kept busy for the issue of one block of calls")
+
+
+def interleaved_issue_us(calls: dict, rounds: int = 9) -> dict:
+    """{name: median host microseconds a call}: blocks of each call issued in turn, the order
+    rotating each round, so that a phase of the host (another tenant, a clock change) weighs on
+    every contender alike rather than on whichever ran then."""
+    names = list(calls)
+    samples: dict = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            samples[name].append(issue_block_us(calls[name]))
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def wall_us(call, calls: int = 50, blocks: int = 7) -> float:
@@ -364,14 +372,16 @@ def run_host() -> list:
     rows = []
     for op in HOST_OPS:
         inputs, params, fns = host_case(op, lib)
-        for impl, fn in fns.items():
-            forward, forward_backward = ops._calls(inputs, params, fn)
-            for pass_name, call in (("forward", forward), ("forward+backward", forward_backward)):
+        passes = {impl: ops._calls(inputs, params, fn) for impl, fn in fns.items()}
+        for index, pass_name in enumerate(("forward", "forward+backward")):
+            calls = {impl: both[index] for impl, both in passes.items()}
+            host = interleaved_issue_us(calls)
+            for impl, call in calls.items():
                 row = {
                     "op": op,
                     "pass": pass_name,
                     "impl": impl,
-                    "host_us": issue_us(call),
+                    "host_us": host[impl],
                     "wall_us": wall_us(call),
                     "device_us": device_us(call),
                 }
@@ -481,7 +491,8 @@ def markdown(results: dict) -> str:
             "",
             "## Host time per call, 4096x4096 bf16 (rotary: 4096 tokens, 32 q and 8 kv heads of 128)",
             "",
-            "Host: microseconds to issue a call, back to back with the GPU kept busy. Wall: per "
+            "Host: microseconds to issue a call, back to back with the GPU kept busy (median of "
+            "blocks of aten's and ours issued in turn). Wall: per "
             "call of back-to-back calls. Device: per call, the calls captured back to back in a "
             "CUDA graph. aten: F.rms_norm, F.layer_norm, F.silu(a) * b, transformers' eager "
             "rotary (PyTorch ops). Target: ours host <= 1.5x aten's.",
