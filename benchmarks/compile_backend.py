@@ -14,10 +14,12 @@ Models, each built once and copied for every contender (the same weights):
   is the ReLU, which the library has no kernel for: OpenDeepKernel's example registers a
   Triton ReLU of its own (``triton_relu`` below) and compiles with it.
 
-Contenders: ``eager``; ``compile`` (``torch.compile``, inductor); ``ours`` (the backend with
-the library's kernels and default policies, inductor downstream: ``eager_only`` entries, so
-the same program as ``compile``, with a report of what it left); ``ours, eager downstream``
-(our kernels, no compiler). For ``llama`` also the library's entries forced into inductor's
+Contenders: ``eager``; ``compile`` (``torch.compile``, inductor) and ``compile,
+reduce-overhead`` (inductor replaying CUDA graphs); ``ours`` (the backend with the library's
+kernels and default policies, inductor downstream: ``eager_only`` entries, so the same program
+as ``compile``, with a report of what it left) and ``ours, CUDA graphs`` (``cuda_graphs=True``);
+``ours, eager downstream`` (our kernels, no compiler) and ``ours, eager downstream, CUDA
+graphs`` (our kernels replayed from CUDA graphs by Dynamo's cudagraphs backend). For ``llama`` also the library's entries forced into inductor's
 graph (``ours, all 'always'``, ``ours, rms_norm 'always'``, ``ours, silu_mul 'always'``: what
 the default policy is decided on); for ``resnet18`` ``ours + triton relu`` (inductor; a
 registered kernel applies everywhere by default) and ``ours + triton relu, eager
@@ -218,34 +220,40 @@ def resnet_case(device: str, dtype: torch.dtype, quick: bool) -> Case | None:
 
 
 def contenders(case: Case, with_inductor: bool) -> dict:
-    """{name: (registry, downstream)}: ``(None, None)`` is eager PyTorch, ``("compile", None)``
-    torch.compile; the others are the backend with a registry and a downstream."""
+    """{name: (registry, downstream, options)}: ``(None, None, {})`` is eager PyTorch,
+    ``("compile", None, options)`` torch.compile with ``options`` (``mode``); the others are the
+    backend with a registry, a downstream and `KernelsBackend` keyword arguments."""
     from kernels.compile import KernelRegistry
 
-    found: dict = {"eager": (None, None)}
+    graphs = {"cuda_graphs": True}
+    found: dict = {"eager": (None, None, {})}
     if with_inductor:
-        found["compile"] = ("compile", None)
-        found["ours"] = (KernelRegistry.library(), "inductor")
-    found["ours, eager downstream"] = (KernelRegistry.library(), "eager")
+        found["compile"] = ("compile", None, {})
+        found["compile, reduce-overhead"] = ("compile", None, {"mode": "reduce-overhead"})
+        found["ours"] = (KernelRegistry.library(), "inductor", {})
+        found["ours, CUDA graphs"] = (KernelRegistry.library(), "inductor", graphs)
+    found["ours, eager downstream"] = (KernelRegistry.library(), "eager", {})
+    if with_inductor:  # the CUDA-graph contenders need a GPU (on the CPU they run as above)
+        found["ours, eager downstream, CUDA graphs"] = (KernelRegistry.library(), "eager", graphs)
     if case.name.startswith("llama") and with_inductor:
         # The library's entries are eager_only: these put them into inductor's graph, to
         # measure what that policy decides (docs/compile-backend.md, Policy).
         always = KernelRegistry.library(policy="always")
-        found["ours, all 'always'"] = (always, "inductor")
+        found["ours, all 'always'"] = (always, "inductor", {})
         rms_norm = KernelRegistry.library(["rms_norm"], policy="always")
-        found["ours, rms_norm 'always'"] = (rms_norm, "inductor")
+        found["ours, rms_norm 'always'"] = (rms_norm, "inductor", {})
         silu_mul = KernelRegistry.library(["silu_mul"], policy="always")
-        found["ours, silu_mul 'always'"] = (silu_mul, "inductor")
+        found["ours, silu_mul 'always'"] = (silu_mul, "inductor", {})
     if case.name == "resnet18":
         with_relu = KernelRegistry.library()
         with_relu.register("relu", triton_relu)
         if with_inductor:
-            found["ours + triton relu"] = (with_relu, "inductor")
-        found["ours + triton relu, eager downstream"] = (with_relu, "eager")
+            found["ours + triton relu"] = (with_relu, "inductor", {})
+        found["ours + triton relu, eager downstream"] = (with_relu, "eager", {})
     return found
 
 
-def build(case: Case, registry, downstream):
+def build(case: Case, registry, downstream, options: dict):
     """(callable model, backend or None) of one contender, on a copy of the case's model."""
     from kernels.compile import kernels_backend
 
@@ -253,8 +261,8 @@ def build(case: Case, registry, downstream):
     if registry is None:
         return model, model, None
     if registry == "compile":
-        return model, torch.compile(model), None
-    backend = kernels_backend(registry, downstream=downstream)
+        return model, torch.compile(model, **options), None
+    backend = kernels_backend(registry, downstream=downstream, **options)
     return model, torch.compile(model, backend=backend), backend
 
 
@@ -319,9 +327,9 @@ def run_case(case: Case, on_gpu: bool, quick: bool, rep_ms: float) -> list[dict]
     with torch.no_grad():
         reference = case.model(*case.inputs).float()
     built = {}
-    for name, (registry, downstream) in contenders(case, with_inductor=on_gpu).items():
+    for name, (registry, downstream, options) in contenders(case, with_inductor=on_gpu).items():
         torch._dynamo.reset()
-        model, fn, backend = build(case, registry, downstream)
+        model, fn, backend = build(case, registry, downstream, options)
         train, infer = _step_calls(case, model, fn)
         first_train = _first_call_s(train, on_gpu)
         train_graphs = len(backend.reports) if backend is not None else 0

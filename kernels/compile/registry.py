@@ -212,7 +212,7 @@ class KernelRegistry:
     def backend(self, **options: Any) -> KernelsBackend:
         """A ``torch.compile`` backend that puts these kernels into graphs: `KernelsBackend`
         with this registry; ``options`` are its keyword arguments (``downstream``, ``report``,
-        ``draw``, ``draw_format``, ``inductor_options``).
+        ``draw``, ``draw_format``, ``inductor_options``, ``cuda_graphs``).
 
         Example:
             ```python
@@ -255,7 +255,7 @@ class KernelRegistry:
 def kernels_backend(registry: KernelRegistry | None = None, **options: Any) -> KernelsBackend:
     """A ``torch.compile`` backend with ``registry``'s kernels (`KernelRegistry.library()` when
     none is given); ``options`` are `KernelsBackend`'s keyword arguments (``downstream``,
-    ``report``, ``draw``, ``draw_format``, ``inductor_options``).
+    ``report``, ``draw``, ``draw_format``, ``inductor_options``, ``cuda_graphs``).
 
     Example:
         ```python

@@ -48,6 +48,45 @@ def test_unknown_downstream(library):
     kernels_backend(library, inductor_options={"max_autotune": True, "triton.cudagraphs": False})
 
 
+def test_cuda_graphs_option_picks_the_graph_replaying_downstream(library):
+    """cuda_graphs=True: inductor with its CUDA-graph trees switched on; the uncompiled
+    downstreams through Dynamo's cudagraphs backend, still counted as not fusing."""
+    cudagraphs = torch._dynamo.lookup_backend("cudagraphs")
+    backend = kernels_backend(library, cuda_graphs=True)
+    assert backend.downstream_name == "inductor" and backend.downstream_fuses
+    assert repr(backend).endswith("downstream='inductor', cuda_graphs=True)")
+    for name in ("eager", "aot_eager"):
+        backend = kernels_backend(library, downstream=name, cuda_graphs=True)
+        # Traced by aot_autograd before capture: aot_eager's program, under either name.
+        assert backend.downstream_name == "aot_eager" and not backend.downstream_fuses
+        assert backend._downstream is cudagraphs
+    assert kernels_backend(library, downstream="eager")._downstream is not cudagraphs
+    kernels_backend(library, cuda_graphs=True, inductor_options={"triton.cudagraphs": True})
+
+
+def test_cuda_graphs_option_errors(library):
+    with pytest.raises(
+        DownstreamError, match=r"contradicts inductor_options=\{'triton.cudagraphs'"
+    ):
+        kernels_backend(library, cuda_graphs=True, inductor_options={"triton.cudagraphs": False})
+    with pytest.raises(DownstreamError, match="works with downstream 'inductor', 'eager' or 'aot"):
+        kernels_backend(library, downstream=lambda gm, inputs: gm.forward, cuda_graphs=True)
+    with pytest.raises(DownstreamError, match="works with downstream .* got 'cudagraphs'"):
+        kernels_backend(library, downstream="cudagraphs", cuda_graphs=True)
+    with pytest.raises(DownstreamError, match="cuda_graphs is True or False; got 'yes'"):
+        kernels_backend(library, cuda_graphs="yes")
+
+
+def test_cuda_graphs_with_eager_downstream_trains():
+    """Our kernels in Dynamo's cudagraphs backend: aot_autograd traces them (forward and their
+    registered backward); off the GPU the graphs are skipped and the graph runs as traced."""
+    block = LlamaBlock()
+    backend = kernels_backend(KernelRegistry.library(), downstream="eager", cuda_graphs=True)
+    check_against_float64(block, torch.compile(block, backend=backend), randn(2, 4, 32))
+    assert (backend.count("rms_norm"), backend.count("silu_mul")) == (2, 1), backend.report()
+    assert "graph 0 (downstream aot_eager): " in backend.report()
+
+
 def test_report_file(library, tmp_path):
     path = tmp_path / "out" / "report.txt"
     backend = kernels_backend(library, downstream="eager", report=path)
