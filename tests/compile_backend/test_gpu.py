@@ -58,9 +58,12 @@ def test_llama_block_trains_from_cuda_graphs(downstream):
     """cuda_graphs=True: every graph (forward and backward) is captured, none skipped, and
     replays give the float64 reference's output and gradients, step after step."""
     from torch._dynamo.utils import counters
+    from torch._inductor import cudagraph_trees
 
     torch._dynamo.reset()
     counters.clear()
+    container = cudagraph_trees.get_container(torch.cuda.current_device())
+    before = set(container.tree_manager.id_to_mode) if container.tree_manager else set()
     block = LlamaBlock(hidden=256, heads=2, intermediate=512).cuda().bfloat16()
     backend = kernels_backend(downstream=downstream, cuda_graphs=True)
     compiled = torch.compile(block, backend=backend)
@@ -68,4 +71,10 @@ def test_llama_block_trains_from_cuda_graphs(downstream):
         check_against_float64(block, compiled, randn(4, 64, 256, dtype=torch.bfloat16, seed=seed),
                               dtype=torch.bfloat16, what=f"{downstream} step {seed}")  # fmt: skip
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    # The step's forward and backward were recorded as CUDA graphs by PyTorch's graph trees.
+    manager = container.tree_manager
+    assert manager is not None, "no CUDA graph was recorded"
+    modes = {manager.id_to_mode[f].name for f in set(manager.id_to_mode) - before}
+    assert {"FORWARD", "BACKWARD"} <= modes, modes
+    assert any(manager.roots.get(f) for f in set(manager.id_to_mode) - before)
     assert backend.count("rms_norm") == (0 if downstream == "inductor" else 2), backend.report()
