@@ -532,11 +532,8 @@ def main(argv: list[str] | None = None) -> tuple[dict, list[dict]]:
         torch.set_num_threads(threads)
     meta["configs"] = configs
 
-    json_path = os.path.join(out, "results.json")
-    meta, results = merge_results(json_path, meta, results)
-    with open(json_path, "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
-    write_markdown(meta, results, os.path.join(out, "results.md"))
+    meta, results = merge_results(os.path.join(out, "results.json"), meta, results)
+    ops.save_results(out, meta, results, write_markdown)
     print(f"wrote {out}/results.md and results.json")
     return meta, results
 

@@ -514,9 +514,7 @@ def main() -> None:
             results += run_shape(
                 package, hidden, inter, rows, dtype, args.calls, args.rep_ms, args.peak_gbps
             )
-            with open(os.path.join(args.out, "results.json"), "w") as f:
-                json.dump({"meta": meta, "results": results}, f, indent=1)
-            write_markdown(meta, results, os.path.join(args.out, "results.md"))
+            ops.save_results(args.out, meta, results, write_markdown)
     with open(os.path.join(args.out, "results.md")) as f:
         print(f.read())
 

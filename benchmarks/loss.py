@@ -396,9 +396,7 @@ def main():
             meta = meta or data["meta"]
             results = _merge(results, data["results"])
         os.makedirs(args.out, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1)
-        write_markdown(meta, results, os.path.join(args.out, "results.md"))
+        ops.save_results(args.out, meta, results, write_markdown)
         return
     if args.card:
         with open(path) as f:
@@ -435,9 +433,7 @@ def main():
                     ours, liger, tokens, hidden, vocab, args.rep_ms, args.block, variants
                 )
                 results = _merge(results, rows)
-                with open(path, "w") as f:
-                    json.dump({"meta": meta, "results": results}, f, indent=1)
-                write_markdown(meta, results, os.path.join(args.out, "results.md"))
+                ops.save_results(args.out, meta, results, write_markdown)
     with open(os.path.join(args.out, "results.md")) as f:
         print(f.read())
 

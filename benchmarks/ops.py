@@ -713,6 +713,14 @@ def merge(folders: list) -> tuple:
     return meta, results
 
 
+def save_results(out: str, meta: dict, results: list, write_markdown) -> None:
+    """A benchmark's two result files in ``out``: ``results.json`` (``{"meta", "results"}``)
+    and ``results.md``, the tables ``write_markdown(meta, results, path)`` renders."""
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1)
+    write_markdown(meta, results, os.path.join(out, "results.md"))
+
+
 def write_markdown(meta, results, path):
     lines = [
         "# Library kernel benchmarks",
@@ -941,9 +949,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     def save(meta, results):
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1)
-        write_markdown(meta, results, os.path.join(args.out, "results.md"))
+        save_results(args.out, meta, results, write_markdown)
 
     if args.merge:
         meta, results = merge(args.merge)

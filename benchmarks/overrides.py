@@ -43,7 +43,6 @@ import argparse
 import contextlib
 import datetime
 import functools
-import json
 import math
 import os
 import statistics
@@ -574,9 +573,7 @@ def run(out: str, cases, quick: bool, rep_ms: float, block: bool = True) -> tupl
     meta = _meta(quick)
 
     def save(results):
-        with open(os.path.join(out, "results.json"), "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1)
-        write_markdown(meta, results, os.path.join(out, "results.md"))
+        ops.save_results(out, meta, results, write_markdown)
 
     shapes = QUICK_SHAPES if quick else ops.NORM_SHAPES
     results = run_ops(cases, shapes, rep_ms, quick, device, save)
