@@ -145,6 +145,25 @@ def _tanh(u):
 
 
 @triton.jit
+def _softcapped(z, softcap, HAS_SOFTCAP: tl.constexpr):
+    # The logit the loss sees: softcap * tanh(z / softcap) with soft-capping, else z itself.
+    if HAS_SOFTCAP:
+        z = softcap * _tanh(z / softcap)
+    return z
+
+
+@triton.jit
+def _stats_logits(z, mask, total, softcap, HAS_SOFTCAP: tl.constexpr, SMOOTHING: tl.constexpr):
+    # A loaded block of logits made ready for the softmax statistics, in either layout:
+    # soft-capped, added to the smoothing sums ``total`` (masked lanes add 0), and -inf where
+    # masked, so that they add nothing to the maximum or the sums of exponentials.
+    z = _softcapped(z, softcap, HAS_SOFTCAP)
+    if SMOOTHING:
+        total += tl.where(mask, z, 0.0)
+    return tl.where(mask, z, float("-inf")), total
+
+
+@triton.jit
 def _token_loss(lse, zy, z_sum, y, vocab, label_smoothing, SMOOTHING: tl.constexpr):
     # loss = lse - (1 - eps) z[y] - eps / V sum_j z_j (z_sum: the sum of a token's z, read
     # only with label smoothing); NaN for a label outside [0, V) that is not ignore_index.
@@ -174,11 +193,7 @@ def _stats_step(
     cols = first + tl.arange(0, BLOCK)
     mask = cols < end
     z = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_SOFTCAP:
-        z = softcap * _tanh(z / softcap)
-    if SMOOTHING:
-        total += tl.where(mask, z, 0.0)
-    z = tl.where(mask, z, float("-inf"))
+    z, total = _stats_logits(z, mask, total, softcap, HAS_SOFTCAP, SMOOTHING)
     m_new = tl.maximum(m, tl.max(z, axis=0))
     s = s * tl.exp(m - m_new) + tl.exp(z - m_new)
     return m_new, s, total
@@ -275,9 +290,7 @@ def _row_stats_kernel(
         tl.store(SUM_PART + part, tl.sum(total, axis=0))
     label_col = y - col_start
     if (label_col >= start) & (label_col < end):
-        zy = tl.load(x_row + label_col).to(tl.float32)
-        if HAS_SOFTCAP:
-            zy = softcap * _tanh(zy / softcap)
+        zy = _softcapped(tl.load(x_row + label_col).to(tl.float32), softcap, HAS_SOFTCAP)
         tl.store(ZY + row, zy)
 
 
@@ -407,8 +420,7 @@ def _row_loss_grad_kernel(
     lse = m + tl.log(tl.sum(s, axis=0))
     in_range = (y >= 0) & (y < n_cols)
     zy = tl.load(x_row + tl.where(in_range, y, 0)).to(tl.float32)
-    if HAS_SOFTCAP:
-        zy = softcap * _tanh(zy / softcap)
+    zy = _softcapped(zy, softcap, HAS_SOFTCAP)
     z_sum = tl.sum(total, axis=0) if SMOOTHING else 0.0
     loss = _token_loss(lse, zy, z_sum, y, n_cols, label_smoothing, SMOOTHING)
     tl.store(LOSS + row_start + row, loss)
@@ -477,11 +489,7 @@ def _col_stats_kernel(
         mask = (v < end)[:, None] & live[None, :]
         offsets = v[:, None].to(tl.int64) * stride_z + tokens[None, :]
         z = tl.load(ZT + offsets, mask=mask, other=0.0).to(tl.float32)
-        if HAS_SOFTCAP:
-            z = softcap * _tanh(z / softcap)
-        if SMOOTHING:
-            total += tl.where(mask, z, 0.0)
-        z = tl.where(mask, z, float("-inf"))
+        z, total = _stats_logits(z, mask, total, softcap, HAS_SOFTCAP, SMOOTHING)
         # A new maximum rescales the sum by exp(m - z) and adds 1; otherwise exp(z - m) is
         # added: either way the one exponential is exp(-|z - m|).
         e = tl.exp(-tl.abs(z - m))
@@ -497,9 +505,7 @@ def _col_stats_kernel(
     label = y - v_start
     has_label = live & (label >= start) & (label < end)
     zy = tl.load(ZT + label.to(tl.int64) * stride_z + tokens, mask=has_label, other=0.0)
-    zy = zy.to(tl.float32)
-    if HAS_SOFTCAP:
-        zy = softcap * _tanh(zy / softcap)
+    zy = _softcapped(zy.to(tl.float32), softcap, HAS_SOFTCAP)
     tl.store(ZY + tokens, zy, mask=has_label)
 
 
