@@ -32,7 +32,6 @@ from ..errors import (
     BuildVariantNotFoundError,
     KernelLoadError,
     KernelOfflineError,
-    KernelRepositoryNotFoundError,
     KernelRevisionError,
 )
 from . import hubclient
@@ -42,6 +41,7 @@ from .info import RepoInfo
 from .layout import PackageLocation, locate_package, read_preference
 from .loaded import record_origin
 from .loader import import_package
+from .repo_id import check_repo_id
 from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
 from .variants import (
     PREFERENCE_FILE,
@@ -595,13 +595,10 @@ def _check_complete(resolved: ResolvedRevision, snapshot: Path, variant: str, re
 
 
 def _check_repo_id(repo_id: object, repo_type: object = KERNEL_REPO_TYPE) -> None:
+    # Before trust is decided or the Hub asked: an id that is not ASCII could be a look-alike
+    # of a trusted organisation, and one that is not a str would fail deep inside a Hub call.
+    check_repo_id(repo_id)
     hubclient.check_repo_type(repo_type, where=f"{repo_id!r}")
-    if not isinstance(repo_id, str) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id):
-        raise KernelRepositoryNotFoundError(
-            f"{repo_id!r} is not a Hub repository id; write it as 'org/name', e.g. "
-            "'kernels-community/activation'. For a folder on disk, use LocalLayerRepository or "
-            "get_local_kernel."
-        )
 
 
 __all__ = [
