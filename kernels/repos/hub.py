@@ -11,6 +11,7 @@ from ..errors import KernelMappingError
 from .base import PackageFunction
 from .hubclient import KERNEL_REPO_TYPE, check_repo_type
 from .provides import provided_kernel
+from .repo_id import check_repo_id
 from .trust import normalize_trust
 from .versions import check_version_argument
 
@@ -58,13 +59,15 @@ class LayerRepository:
     _loaded: object = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # Fail when the mapping is written, not when kernelize first runs; the id first, so no
+        # look-alike of a trusted organisation is ever compared with one.
+        check_repo_id(self.repo_id, where="LayerRepository repo_id", error=KernelMappingError)
         check_repo_type(self.repo_type, where=f"LayerRepository('{self.repo_id}')")
         if self.revision is not None and self.version is not None:
             raise KernelMappingError(
                 f"LayerRepository('{self.repo_id}') got both revision={self.revision!r} and "
                 f"version={self.version!r}; give one of them."
             )
-        # Fail when the mapping is written, not when kernelize first runs.
         check_version_argument(self.version, repo_id=self.repo_id)
         object.__setattr__(
             self,
@@ -179,6 +182,7 @@ class FuncRepository(PackageFunction):
     _package: LayerRepository = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        check_repo_id(self.repo_id, where="FuncRepository repo_id", error=KernelMappingError)
         package = LayerRepository(
             self.repo_id,
             layer_name=self.func_name,
