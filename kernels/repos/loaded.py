@@ -8,16 +8,13 @@ record the repository and the exact commit they came from.
 
 from __future__ import annotations
 
-import logging
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
-from ..errors import KernelLoadError
+from ..errors import KernelLoadError, KernelsError
 from .info import METADATA_FILE, Metadata, RepoInfo
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,17 +39,33 @@ _lock = threading.Lock()
 _loaded: dict[Path, LoadedKernel] = {}
 
 
-def record_import(package_dir: Path, module: ModuleType) -> None:
-    """Note a freshly imported package (by `kernels.repos.loader`)."""
-    package_dir = Path(package_dir).resolve()
-    # metadata.json sits in the variant folder: the package itself, or its parent.
+def read_metadata(package_dir: Path) -> Metadata:
+    """The metadata of the variant a package folder belongs to, read before the package is
+    imported: ``metadata.json`` sits in the variant folder, which is the package itself
+    or its parent. Empty when there is none.
+
+    Raises:
+        KernelLoadError: the file is malformed; it names the file.
+    """
+    package_dir = Path(package_dir)
     variant_dir = package_dir if (package_dir / METADATA_FILE).is_file() else package_dir.parent
     try:
-        metadata = Metadata.load_from_variant(variant_dir)
-    except KernelLoadError as exc:
-        # The package imported; a malformed metadata.json must not undo that.
-        logger.warning("ignoring the metadata of %s: %s", variant_dir, exc)
-        metadata = Metadata()
+        return Metadata.load_from_variant(variant_dir)
+    except KernelsError as exc:
+        problem = str(exc)
+    except Exception as exc:  # a parser's own failure is still a malformed file
+        problem = f"{type(exc).__name__}: {exc}"
+    raise KernelLoadError(
+        f"Refusing to import the kernel package in {package_dir}: its "
+        f"{variant_dir / METADATA_FILE} is malformed ({problem}). Nothing was imported. Fix or "
+        "remove the file (kernel-builder writes it), or download the kernel again."
+    )
+
+
+def record_import(package_dir: Path, module: ModuleType, metadata: Metadata) -> None:
+    """Note a freshly imported package and the metadata `read_metadata` gave for it (by
+    `kernels.repos.loader`, once the import succeeded)."""
+    package_dir = Path(package_dir).resolve()
     with _lock:
         _loaded[package_dir] = LoadedKernel(metadata, module, None, package_dir)
 

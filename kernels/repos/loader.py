@@ -18,7 +18,8 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import KernelLoadError
-from .loaded import record_import
+from . import source_import
+from .loaded import read_metadata, record_import
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +37,15 @@ def unique_module_name(package_name: str, package_dir: Path) -> str:
 def import_package(package_dir: Path, package_name: str) -> ModuleType:
     """Import the package in `package_dir` (a folder with ``__init__.py``), once per folder.
 
+    The package and every module under it are imported from source only
+    (`kernels.repos.source_import`). Its variant's ``metadata.json`` is read first, and
+    the package is recorded as loaded only once all of it succeeded.
+
     Raises:
-        KernelLoadError: the folder is no package, or importing it raised; nothing of a
-            failed import is left in ``sys.modules``.
+        KernelLoadError: the folder is no package, its metadata.json is malformed, or
+            importing it raised (any exception, ``SystemExit`` included; only
+            ``KeyboardInterrupt`` passes through as it is). Nothing of a failed import is
+            left in ``sys.modules``.
     """
     package_dir = Path(package_dir).resolve()
     with _lock:
@@ -48,24 +55,32 @@ def import_package(package_dir: Path, package_name: str) -> ModuleType:
         init = package_dir / "__init__.py"
         if not init.is_file():
             raise KernelLoadError(f"{package_dir} is not a Python package: it has no __init__.py.")
+        metadata = read_metadata(package_dir)
         name = unique_module_name(package_name, package_dir)
-        spec = importlib.util.spec_from_file_location(
-            name, init, submodule_search_locations=[str(package_dir)]
-        )
-        if spec is None or spec.loader is None:
-            raise KernelLoadError(f"Python cannot import the package at {package_dir}.")
+        spec = source_import.register(name, str(package_dir))
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-                del sys.modules[key]
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except BaseException as exc:
+            # Kernel code that calls sys.exit() or raises its own BaseException at import is a
+            # kernel that failed to load, to fall back from like any other; only the user's
+            # Ctrl-C is theirs to see. GeneratorExit counts as a failure too: our caller is
+            # not a generator being closed while this runs, so the kernel raised it itself.
+            _forget(name)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
             raise KernelLoadError(
                 f"Importing kernel package '{package_name}' from {package_dir} failed: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         logger.debug("imported kernel package %s from %s as %s", package_name, package_dir, name)
         _loaded[package_dir] = module
-        record_import(package_dir, module)
+        record_import(package_dir, module, metadata)
         return module
+
+
+def _forget(name: str) -> None:
+    """Remove a failed import's package and every module under it from ``sys.modules``."""
+    for key in [k for k in list(sys.modules) if k == name or k.startswith(name + ".")]:
+        del sys.modules[key]
