@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NoReturn
 
 from ..errors import KernelHashMismatchError, KernelLockError
 
@@ -44,17 +46,124 @@ def file_digest(path: Path, kind: str) -> str:
     return f"{kind}:{m.hexdigest()}"
 
 
-def _files_on_disk(variant_dir: Path) -> list[str]:
-    """The files of a variant folder, without the bytecode Python writes when importing."""
-    found = []
-    for root, dirs, names in os.walk(variant_dir):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        for name in names:
-            found.append((Path(root) / name).relative_to(variant_dir).as_posix())
-    return sorted(found)
+# What the walk keeps of each file, to tell whether it changed since it was hashed: its
+# path, its link target (None for a regular file) and the identity and times of the data
+# read through it. ctime is in it because no one can set it back, unlike mtime.
+_Entry = tuple[str, str | None, int, int, int, int, int]
+_Listing = tuple[_Entry, ...]
 
 
-_verified: set[tuple[Path, str]] = set()
+def _repo_folder(variant_dir: Path) -> Path:
+    """The repository's own cache folder: ``<repo>`` of ``<repo>/snapshots/<commit>/build/
+    <variant>``; outside huggingface_hub's layout, the variant folder itself."""
+    parts = variant_dir.parts
+    if len(parts) >= 5 and parts[-2] == "build" and parts[-4] == "snapshots":
+        return variant_dir.parents[3]
+    return variant_dir
+
+
+def _walk(variant_dir: Path, refuse: Callable[[Path, str], NoReturn]) -> _Listing:
+    """Every file of a variant folder, without following links (see `verify_variant`).
+
+    `refuse(path, why)` raises the error for an entry that no lock can vouch for.
+    """
+    variant_dir = Path(os.path.abspath(variant_dir))
+    repo = _repo_folder(variant_dir)
+    # A folder between the repository's folder and the variant that is a link makes the
+    # variant another folder's files; huggingface_hub makes none of them links.
+    folder = variant_dir
+    while folder != repo and folder != folder.parent:
+        if folder.is_symlink():
+            refuse(folder, "is a link to a folder (huggingface_hub's cache holds real folders)")
+        folder = folder.parent
+    found: list[_Entry] = []
+    pending = [variant_dir]  # a stack, not recursion: the folder's depth is not ours to pick
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as exc:
+            refuse(folder, f"cannot be read ({exc.strerror or exc})")
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                entry.name.encode("utf-8")
+            except UnicodeEncodeError:
+                refuse(path, "has a name that is not UTF-8, which no lock lists")
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    if entry.name == "__pycache__":
+                        _check_bytecode_folder(path, refuse)
+                    else:
+                        pending.append(path)
+                    continue
+                rel = path.relative_to(variant_dir).as_posix()
+                if stat.S_ISREG(st.st_mode):
+                    found.append(
+                        (
+                            rel,
+                            None,
+                            st.st_size,
+                            st.st_mtime_ns,
+                            st.st_ctime_ns,
+                            st.st_dev,
+                            st.st_ino,
+                        )
+                    )
+                elif stat.S_ISLNK(st.st_mode):
+                    found.append(_linked_file(path, rel, st, repo, refuse))
+                else:
+                    refuse(path, "is neither a file nor a folder (a pipe, socket or device)")
+            except OSError as exc:  # e.g. removed while we look
+                refuse(path, f"cannot be read ({exc.strerror or exc})")
+    return tuple(sorted(found, key=lambda e: e[0].encode()))
+
+
+def _linked_file(
+    path: Path, rel: str, st: os.stat_result, repo: Path, refuse: Callable[[Path, str], NoReturn]
+) -> _Entry:
+    """A file link is fine where it leads to a file of the repository's own cache folder
+    (huggingface_hub's snapshots link each file to ``<repo>/blobs/``)."""
+    target = os.path.realpath(path)
+    repo_real = os.path.realpath(repo)
+    try:
+        target_st = os.stat(target)
+    except OSError:
+        refuse(path, f"is a link to {target}, which does not exist")
+    if stat.S_ISDIR(target_st.st_mode):
+        refuse(path, f"is a link to the folder {target}")
+    if os.path.commonpath([repo_real, target]) != repo_real:
+        refuse(path, f"is a link to {target}, outside the repository's cache folder {repo}")
+    if not stat.S_ISREG(target_st.st_mode):
+        refuse(path, f"is a link to {target}, which is not a regular file")
+    return (
+        rel,
+        os.readlink(path),
+        target_st.st_size,
+        target_st.st_mtime_ns,
+        max(st.st_ctime_ns, target_st.st_ctime_ns),
+        target_st.st_dev,
+        target_st.st_ino,
+    )
+
+
+def _check_bytecode_folder(folder: Path, refuse: Callable[[Path, str], NoReturn]) -> None:
+    """A ``__pycache__`` may hold bytecode only. It is left out of verification because
+    kernel packages are never imported from bytecode (`kernels.repos.source_import`), not
+    because anything in it is trusted."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError as exc:
+        refuse(folder, f"cannot be read ({exc.strerror or exc})")
+    for entry in entries:
+        if not (entry.name.endswith(".pyc") and entry.is_file(follow_symlinks=False)):
+            refuse(Path(entry.path), "is in a __pycache__ folder, which holds only .pyc files")
+
+
+# Variant folders whose files matched a lock: (folder, hash, file digests) -> the listing
+# they had then.
+_verified: dict[tuple[str, str, tuple | None], _Listing] = {}
 _verified_lock = threading.Lock()
 
 
@@ -90,18 +199,41 @@ def verify_variant(
             "kernel version that has this variant."
         )
     expected_hash = lock["hash"] if isinstance(lock, Mapping) else lock.hash  # type: ignore[attr-defined]
-    key = (variant_dir.resolve(), expected_hash)
-    with _verified_lock:
-        if key in _verified:
-            return
-
-    on_disk = _files_on_disk(variant_dir)
+    if not isinstance(expected_hash, str):
+        raise KernelLockError(
+            f"{where}: the hash of {repo_id} variant {variant} is {expected_hash!r}, not a "
+            "string. Re-create the lock with `kernels lock`."
+        )
     expected = (files or {}).get(variant)
     problem = f"{repo_id} at {commit[:12]}, variant {variant}, does not match {where}"
+    snapshot = variant_dir.parent.parent
+
+    def refuse(path: Path, why: str) -> NoReturn:
+        raise KernelHashMismatchError(
+            f"{problem}: {path} {why}. Nothing was imported. If you did not put it there, the "
+            f"cache was tampered with: delete {snapshot} and download the kernel again "
+            "(`kernels download PROJECT_DIR`, or load it with the Hub reachable)."
+        )
+
+    # The listing is taken on every call, so that a file added, removed, relinked or
+    # rewritten since the last check is seen; only the hashing is skipped when nothing
+    # changed.
+    listing = _walk(variant_dir, refuse)
+    key = (
+        os.path.realpath(variant_dir),
+        expected_hash,
+        None if expected is None else tuple(sorted(expected.items())),
+    )
+    with _verified_lock:
+        if _verified.get(key) == listing:
+            return
+
+    on_disk = [entry[0] for entry in listing]
     if expected:
-        for rel in sorted(set(expected) | set(on_disk)):
+        listed = set(on_disk)
+        for rel in sorted(set(expected) | listed):
             shown = f"build/{variant}/{rel}"
-            if rel not in on_disk:
+            if rel not in listed:
                 raise KernelHashMismatchError(
                     f"{problem}: file {shown} is missing from the download ({variant_dir}). "
                     "Nothing was imported."
@@ -111,7 +243,7 @@ def verify_variant(
                     f"{problem}: file {shown} is not in the lock. Nothing was imported."
                 )
             kind = expected[rel].split(":", 1)[0]
-            actual = file_digest(variant_dir / rel, kind)
+            actual = _digest(variant_dir / rel, kind, refuse)
             if actual != expected[rel]:
                 raise KernelHashMismatchError(
                     f"{problem}: file {shown} has {actual}, the lock records {expected[rel]}. "
@@ -127,7 +259,8 @@ def verify_variant(
         # A lock without per-file digests (e.g. written by Hugging Face's kernels): compare
         # the combined hash, telling LFS files (SHA-256 blob names) from Git blobs in the cache.
         digests = {
-            rel: file_digest(variant_dir / rel, _blob_kind(variant_dir / rel)) for rel in on_disk
+            rel: _digest(variant_dir / rel, _blob_kind(variant_dir / rel), refuse)
+            for rel in on_disk
         }
         actual_hash = combined_hash(digests)
         if actual_hash != expected_hash:
@@ -137,7 +270,14 @@ def verify_variant(
                 f"{', '.join(on_disk)}. Nothing was imported."
             )
     with _verified_lock:
-        _verified.add(key)
+        _verified[key] = listing
+
+
+def _digest(path: Path, kind: str, refuse: Callable[[Path, str], NoReturn]) -> str:
+    try:
+        return file_digest(path, kind)
+    except OSError as exc:
+        refuse(path, f"cannot be read ({exc.strerror or exc})")
 
 
 def _blob_kind(path: Path) -> str:
