@@ -2,7 +2,8 @@
 
 A repository id is ``name`` or ``owner/name``, each part made of ASCII letters, digits, ``_``,
 ``-`` and ``.``, beginning and ending with a letter, digit or ``_``, without ``--`` or ``..``,
-and at most 96 characters long (huggingface_hub's ``validate_repo_id``, restricted to ASCII).
+not ending in ``.git``, each part at most 96 characters long (huggingface_hub's
+``validate_repo_id``, restricted to ASCII).
 The restriction to ASCII is what keeps trust decisions sound: Unicode look-alikes of a trusted
 organisation (``"\\u212aernels-community"``, with KELVIN SIGN) are refused here instead of
 being compared, case-folded, with the real name.
@@ -11,6 +12,7 @@ being compared, case-folded, with the real name.
 from __future__ import annotations
 
 import re
+import reprlib
 
 from ..errors import KernelRepositoryNotFoundError, KernelsError
 
@@ -23,9 +25,11 @@ def is_repo_id(value: object) -> bool:
     """Whether `value` is a well-formed Hub repository id (``owner/name`` or ``name``)."""
     return (
         isinstance(value, str)
+        and len(value) <= 2 * MAX_LENGTH + 1
         and _REPO_ID.fullmatch(value) is not None
         and "--" not in value
         and ".." not in value
+        and not value.endswith(".git")
         and all(len(part) <= MAX_LENGTH for part in value.split("/"))
     )
 
@@ -45,14 +49,27 @@ def check_repo_id(
     """
     if is_repo_id(value):
         return value  # type: ignore[return-value]
-    shown = repr(value) if isinstance(value, str) else f"{type(value).__name__} {value!r}"
-    if len(shown) > 120:
-        shown = shown[:117] + "..."
     raise error(
-        f"{where} {shown} is not a Hub repository id: write it as 'org/name' with ASCII "
+        f"{where} {shown(value)} is not a Hub repository id: write it as 'org/name' with ASCII "
         "letters, digits, '-', '_' and '.' (e.g. 'kernels-community/activation'). For a folder "
         "on disk, use LocalLayerRepository or get_local_kernel."
     )
+
+
+def shown(value: object) -> str:
+    """`value` for an error message: short, and with non-ASCII characters escaped.
+
+    The escapes show what makes a look-alike differ (``'\\u212aernels-community'``), where
+    `repr` would print a convincing ``'Kernels-community'``.
+    """
+    try:
+        text = repr(value[:200]) if isinstance(value, str) else reprlib.repr(value)
+    except Exception:  # a hostile or broken __repr__ must not replace the real error
+        text = "<unprintable>"
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    if not isinstance(value, str):
+        text = f"{type(value).__name__} {text}"
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def owner_of(repo_id: str) -> str | None:
