@@ -62,8 +62,15 @@ def kernelize(
             dict of keyword arguments). The model is run once on them to capture each tagged
             layer's real input; every chosen kernel's output (and, for TRAINING, its
             gradients) is compared with the layer's own forward on that input, and a kernel
-            that disagrees is not used (`KernelVerificationError` with
-            ``use_fallback=False``). See `kernels.layer.verify`.
+            that disagrees, or raises, is not used (`KernelVerificationError` with
+            ``use_fallback=False``). The model is left exactly as it was whether verification
+            passes, falls back or raises: buffers (BatchNorm statistics), parameters and
+            their ``.grad``, ``training`` flags, hooks, the random generators and torch's grad,
+            autocast and determinism flags are restored, the same tensor objects in place, so
+            the next forward gives what it would without ``verify=``. This holds one copy of
+            the model's parameters, buffers and gradients on their devices while it runs
+            (about the model's size again). A model with uninitialised lazy modules is refused.
+            See `kernels.layer.verify`.
 
     Example:
         ```python

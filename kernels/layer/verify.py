@@ -6,15 +6,24 @@ signature and the wrong result. `kernelize(..., verify=example_inputs)` runs the
 on the example, with hooks that capture what each tagged layer receives, then calls the
 layer's own forward and the kernel's forward on that same input and compares outputs (and,
 for TRAINING, the gradients with respect to the inputs and the layer's parameters).
+
+All of it runs inside `left_as_it_was`: the model, its gradients, the random generators and
+torch's global flags are put back as they were afterwards, whether verification passes, falls
+back or raises, so the next forward is the one it would have been without ``verify=``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import random
+import sys
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import KernelVerificationError
+from ..errors import KernelsError, KernelVerificationError
 from ..mapping.mode import Mode
 from .decisions import ExampleInputs, Plan
 from .swap import kernel_layer_of, use_original_forward
@@ -39,10 +48,22 @@ class _Call:
 def verify_plan(
     model: nn.Module, plan: Plan, example: ExampleInputs, *, use_fallback: bool
 ) -> Plan:
-    """Return `plan` with every kernel that disagrees with its layer turned into a fallback."""
+    """Return `plan` with every kernel that disagrees with its layer turned into a fallback.
+
+    The model is left exactly as it was (`left_as_it_was`), whether this returns or raises.
+    """
+    _check_example(example)
     chosen = [d for d in plan.decisions if d.kernel is not None]
     if not chosen:
         return plan
+    _refuse_lazy_modules(model)
+    with left_as_it_was(model, [d.module for d in plan.decisions]):
+        return _verified(model, plan, chosen, example, use_fallback=use_fallback)
+
+
+def _verified(
+    model: nn.Module, plan: Plan, chosen: list, example: ExampleInputs, *, use_fallback: bool
+) -> Plan:
     training = Mode.TRAINING in plan.mode
     calls = capture_layer_inputs(
         model, [d.module for d in chosen], example, keep_graph_flags=training
@@ -52,6 +73,7 @@ def verify_plan(
         if decision.kernel is None:
             decisions.append(decision)
             continue
+        label = f"{decision.path or '<model>'} ({type(decision.module).__name__})"
         call = calls.get(id(decision.module))
         if call is None:
             logger.warning(
@@ -60,7 +82,10 @@ def verify_plan(
             )
             decisions.append(decision)
             continue
-        problem = compare_kernel(decision.module, decision.kernel, call, training=training)
+        try:
+            problem = compare_kernel(decision.module, decision.kernel, call, training=training)
+        except KernelVerificationError as exc:
+            raise KernelVerificationError(f"{label}: {exc}") from exc.__cause__
         if problem is None:
             decisions.append(decision)
             continue
@@ -69,9 +94,7 @@ def verify_plan(
             f"failed verification: {problem}"
         )
         if not use_fallback:
-            raise KernelVerificationError(
-                f"{decision.path or '<model>'} ({type(decision.module).__name__}): {reason}."
-            )
+            raise KernelVerificationError(f"{label}: {reason}.")
         decisions.append(
             dataclasses.replace(
                 decision, kernel=None, fallback_reason=reason, fallback_level=logging.WARNING
@@ -102,6 +125,13 @@ def capture_layer_inputs(
     try:
         with torch.set_grad_enabled(keep_graph_flags):
             _run(model, example)
+    except KernelsError:
+        raise
+    except Exception as exc:
+        raise KernelVerificationError(
+            f"verify=: the model raised {type(exc).__name__} on the example inputs: {exc}. "
+            "Pass inputs the model itself runs on (model(x), model(*args) or model(**kwargs))."
+        ) from exc
     finally:
         for handle in handles:
             handle.remove()
@@ -112,18 +142,34 @@ def capture_layer_inputs(
 
 
 def compare_kernel(module: nn.Module, kernel: type, call: _Call, *, training: bool) -> str | None:
-    """Why `kernel.forward` disagrees with the module's own forward on `call`, or None."""
+    """Why `kernel.forward` disagrees with the module's own forward on `call`, or None.
+
+    A kernel that raises disagrees (the reason names the exception); the layer's own forward
+    raising is `KernelVerificationError`, since then there is nothing to compare with.
+    """
+    original = type(module).forward
+    try:
+        expected = _outputs(original, module, call, training=training)
+    except Exception as exc:
+        raise KernelVerificationError(
+            f"the layer's own forward raised {type(exc).__name__} on the input the example "
+            f"gave it: {exc}"
+        ) from exc
+    try:
+        got = _outputs(kernel.forward, module, call, training=training)
+    except Exception as exc:
+        return f"it raised {type(exc).__name__}: {exc}"
+    return _compare_outputs(expected[0], got[0]) or _compare_gradients(expected[1], got[1])
+
+
+def _outputs(forward: Any, module: nn.Module, call: _Call, *, training: bool):
+    """The tensors `forward` returns on `call`, and (TRAINING) their gradients by input/parameter."""
     import torch
 
-    original = type(module).forward
-    if not training:
-        with torch.no_grad():
-            expected = _tensors(original(module, *call.args, **call.kwargs))
-            got = _tensors(kernel.forward(module, *call.args, **call.kwargs))
-        return _compare_outputs(expected, got)
-    expected, expected_grads = _forward_backward(original, module, call)
-    got, got_grads = _forward_backward(kernel.forward, module, call)
-    return _compare_outputs(expected, got) or _compare_gradients(expected_grads, got_grads)
+    if training:
+        return _forward_backward(forward, module, call)
+    with torch.no_grad():
+        return _tensors(forward(module, *call.args, **call.kwargs)), []
 
 
 def _forward_backward(forward: Any, module: nn.Module, call: _Call):
@@ -196,6 +242,16 @@ def _tensor_difference(label: str, expected: torch.Tensor, got: torch.Tensor) ->
     return None
 
 
+def _check_example(example: ExampleInputs) -> None:
+    import torch
+
+    if not isinstance(example, (torch.Tensor, dict, tuple, list)):
+        raise KernelVerificationError(
+            f"verify= takes a tensor, a tuple of positional arguments or a dict of keyword arguments "
+            f"for the model, got {type(example).__name__}."
+        )
+
+
 def _run(model: nn.Module, example: ExampleInputs) -> None:
     import torch
 
@@ -203,13 +259,22 @@ def _run(model: nn.Module, example: ExampleInputs) -> None:
         model(example)
     elif isinstance(example, dict):
         model(**example)
-    elif isinstance(example, (tuple, list)):
-        model(*example)
     else:
-        raise KernelVerificationError(
-            f"verify= takes a tensor, a tuple of positional arguments or a dict of keyword arguments "
-            f"for the model, got {type(example).__name__}."
-        )
+        model(*example)
+
+
+def _refuse_lazy_modules(model: nn.Module) -> None:
+    """Lazy parameters are created, at random, by the first forward: not a change to undo."""
+    from torch.nn.parameter import is_lazy
+
+    for path, module in model.named_modules():
+        tensors = [*module._parameters.values(), *module._buffers.values()]
+        if any(t is not None and is_lazy(t) for t in tensors):
+            raise KernelVerificationError(
+                f"verify= cannot run {path or '<model>'} ({type(module).__name__}): its parameters "
+                "are not initialised yet and the first forward would create them. Run the model "
+                "once before kernelize(..., verify=...), or kernelize without verify=."
+            )
 
 
 def _detach(value: Any, keep_grad_flag: bool) -> Any:
@@ -259,3 +324,205 @@ def _tensors(value: Any) -> list:
     if isinstance(value, dict):
         return [t for v in value.values() for t in _tensors(v)]
     return []
+
+
+# Leaving the model as it was ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def left_as_it_was(model: nn.Module, modules: Iterable[nn.Module] = ()) -> Iterator[None]:
+    """Run the body, then put `model` (and `modules`) back as they were, whether it raised or not.
+
+    Restored: each module's attributes (``training``, hooks, which tensor each parameter and
+    buffer name is bound to, attributes the body added or rebound); the values of parameters
+    and buffers, copied back in place so the tensor objects stay the ones the caller may hold;
+    each parameter's ``.grad`` (object and values; None stays None); the random generators
+    (Python's, numpy's, torch's CPU generator and those of initialised accelerators); and
+    torch's grad mode, default dtype, deterministic-algorithms, autocast and cuDNN flags.
+    Not restored: tensors or objects held in plain attributes and changed in place.
+
+    Costs one copy of every parameter, buffer and existing gradient, on its own device, while
+    the body runs. Tensors whose bits did not change are not written back, so their autograd
+    version counters only move when the body itself changed them.
+    """
+    unique = list({id(m): m for m in [*model.modules(), *modules]}.values())
+    attributes = [_ModuleAttributes(m) for m in unique]
+    values = _TensorValues(unique)
+    randomness = _RandomState({t.device.type for t, _ in values.tensors})
+    flags = _GlobalFlags()
+    try:
+        yield
+    finally:
+        for saved in attributes:
+            saved.restore()
+        values.restore()
+        randomness.restore()
+        flags.restore()
+
+
+# Containers torch keeps in a module's __dict__ and mutates in place: hooks, _parameters,
+# _buffers, _modules, _non_persistent_buffers_set. Only these exact types are refilled, so a
+# dict subclass with its own rules (transformers' ModelOutput refuses update) is only rebound.
+_CONTAINERS = (dict, OrderedDict, set, list)
+
+
+class _ModuleAttributes:
+    """A module's __dict__: which object each name is bound to, and its containers' contents."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.bound = dict(vars(module))
+        self.contents = {
+            name: list(value.items()) if isinstance(value, dict) else list(value)
+            for name, value in self.bound.items()
+            if type(value) in _CONTAINERS
+        }
+
+    def restore(self) -> None:
+        current = vars(self.module)
+        for name in [n for n in current if n not in self.bound]:
+            del current[name]
+        current.update(self.bound)
+        for name, items in self.contents.items():
+            container = self.bound[name]
+            container.clear()
+            if isinstance(container, (dict, set)):
+                container.update(items)
+            else:
+                container.extend(items)
+
+
+class _TensorValues:
+    """A copy of every parameter, buffer and gradient of `modules`, to copy back in place."""
+
+    def __init__(self, modules: list[nn.Module]):
+        import torch
+
+        owned = [
+            t
+            for m in modules
+            for t in [*m._parameters.values(), *m._buffers.values()]
+            if t is not None
+        ]
+        unique = list({id(t): t for t in owned}.values())
+        with torch.no_grad():
+            self.tensors = [(t, t.detach().clone()) for t in unique]
+            self.grads = [
+                (t, t.grad, None if t.grad is None else t.grad.detach().clone())
+                for t in unique
+                if isinstance(t, torch.nn.Parameter)
+            ]
+
+    def restore(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for tensor, saved in self.tensors:
+                _write_back(tensor, saved)
+            for param, grad, saved in self.grads:
+                if param.grad is not grad:
+                    param.grad = grad
+                if grad is not None:
+                    _write_back(grad, saved)
+
+
+def _write_back(tensor: torch.Tensor, saved: torch.Tensor) -> None:
+    if _same_bits(tensor, saved):
+        return
+    if tensor.shape == saved.shape and tensor.dtype == saved.dtype:
+        tensor.copy_(saved)
+    else:  # resized or retyped in place: copy_ cannot undo that, rebinding the data can
+        tensor.data = saved
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality: torch.equal calls -0.0 and 0.0 equal and a NaN unequal to itself."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return False
+    a, b = a.detach(), b.detach()
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    if a.is_floating_point() and a.layout == torch.strided and a.element_size() in ints:
+        a, b = a.view(ints[a.element_size()]), b.view(ints[b.element_size()])
+    return torch.equal(a, b)
+
+
+class _RandomState:
+    """The global random generators a forward draws from (dropout, sampling, LayerDrop)."""
+
+    def __init__(self, device_types: set[str]):
+        import torch
+
+        self.python = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self.numpy = (numpy, numpy.random.get_state()) if numpy is not None else None
+        self.cpu = torch.get_rng_state()
+        self.devices = []
+        # Only initialised accelerators: reading an uninitialised one's state would initialise
+        # it (torch.random.fork_rng does), which is itself a change to the process.
+        for device_type in sorted((device_types | {"cuda", "xpu"}) - {"cpu", "meta"}):
+            module = getattr(torch, device_type, None)
+            is_initialized = getattr(module, "is_initialized", None)
+            if is_initialized is None or not is_initialized():
+                continue
+            if hasattr(module, "get_rng_state_all"):
+                self.devices.append((module.set_rng_state_all, module.get_rng_state_all()))
+            elif hasattr(module, "get_rng_state"):
+                self.devices.append((module.set_rng_state, module.get_rng_state()))
+
+    def restore(self) -> None:
+        import torch
+
+        random.setstate(self.python)
+        if self.numpy is not None:
+            self.numpy[0].random.set_state(self.numpy[1])
+        torch.set_rng_state(self.cpu)
+        for set_state, state in self.devices:
+            set_state(state)
+
+
+class _GlobalFlags:
+    """Process-wide torch settings a forward can switch and forget to switch back.
+
+    Matmul precision (``allow_tf32``, ``fp32_precision``) is left out: on torch 2.9+ merely
+    reading it raises once a program has mixed its legacy and new APIs.
+    """
+
+    def __init__(self):
+        import torch
+
+        cudnn = torch.backends.cudnn
+        accessors: list[tuple[Callable[[], Any], Callable[[Any], Any]]] = [
+            (torch.is_grad_enabled, torch.set_grad_enabled),
+            (torch.get_default_dtype, torch.set_default_dtype),
+            (
+                lambda: (
+                    torch.are_deterministic_algorithms_enabled(),
+                    torch.is_deterministic_algorithms_warn_only_enabled(),
+                ),
+                lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1]),
+            ),
+            (torch.is_autocast_cache_enabled, torch.set_autocast_cache_enabled),
+        ]
+        for device_type in ("cpu", "cuda"):
+            accessors += [
+                (
+                    lambda d=device_type: torch.is_autocast_enabled(d),
+                    lambda v, d=device_type: torch.set_autocast_enabled(d, v),
+                ),
+                (
+                    lambda d=device_type: torch.get_autocast_dtype(d),
+                    lambda v, d=device_type: torch.set_autocast_dtype(d, v),
+                ),
+            ]
+        for name in ("enabled", "benchmark", "deterministic"):
+            accessors.append(
+                (lambda n=name: getattr(cudnn, n), lambda v, n=name: setattr(cudnn, n, v))
+            )
+        self.saved = [(get, set_, get()) for get, set_ in accessors]
+
+    def restore(self) -> None:
+        for get, set_, value in self.saved:
+            if get() != value:
+                set_(value)
