@@ -85,10 +85,15 @@ def _load(args: argparse.Namespace):
         revision = pinned
     if isinstance(version, str) and version.isdigit():
         version = int(version)
-    if "/" not in repo_id:
+    from ..repos.repo_id import is_repo_id, shown
+
+    if "/" not in repo_id or not is_repo_id(repo_id):
+        # A plain name as typed; anything else escaped, so a look-alike shows what differs.
+        plain = args.repo if args.repo.isascii() and args.repo.isprintable() else None
         raise CommandError(
-            f"{args.repo} is neither a folder nor a Hub repository id (org/name); give the "
-            "kernel repository folder or e.g. kernels-community/activation@v1"
+            f"{plain or shown(args.repo)} is neither a folder nor a Hub repository id (org/name, "
+            "in ASCII letters, digits, '-', '_' and '.'); give the kernel repository folder or "
+            "e.g. kernels-community/activation@v1"
         )
     from ..repos.download import load_hub_kernel
 

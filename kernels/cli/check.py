@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,9 +110,14 @@ def _repository_folder(args: argparse.Namespace) -> tuple[Path, str]:
         if args.revision or args.version:
             raise CommandError("--revision and --version apply to Hub repositories, not folders")
         return path, str(path.resolve())
-    if path.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", args.target):
+    from ..repos.repo_id import is_repo_id, shown
+
+    if path.exists() or "/" not in args.target or not is_repo_id(args.target):
+        # A plain name as typed; anything else escaped, so a look-alike shows what differs.
+        target = args.target if args.target.isascii() and args.target.isprintable() else None
         raise CommandError(
-            f"{args.target} is neither a kernel repository folder nor a Hub repo id 'org/name'"
+            f"{target or shown(args.target)} is neither a kernel repository folder nor a Hub "
+            "repo id 'org/name' (ASCII letters, digits, '-', '_' and '.')"
         )
     return _download_all_variants(args)
 

@@ -37,13 +37,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..repos.repo_id import is_repo_id, shown
     from .scaffold import files
 
     repo_id = args.name
-    if not re.fullmatch(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z][\w-]*", repo_id):
+    # ASCII only: the name becomes a Hub repository id and a Python package name.
+    if not (
+        re.fullmatch(r"(?:[A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z][A-Za-z0-9_-]*", repo_id)
+        and is_repo_id(repo_id)
+    ):
         raise CommandError(
-            f"{repo_id!r} is not a usable name: use letters, digits, '-' and '_', starting with a "
-            "letter, optionally prefixed by an organisation ('my-org/fused-silu')"
+            f"{shown(repo_id)} is not a usable name: use ASCII letters, digits, '-' and '_', "
+            "starting with a letter, optionally prefixed by an organisation "
+            "('my-org/fused-silu')"
         )
     name = repo_id.split("/")[-1]
     package = name.replace("-", "_")

@@ -81,11 +81,15 @@ def plan_upload(
     """
     import re
 
+    from ..repos.repo_id import is_repo_id, shown
     from ..repos.versions import parse_version_tag
     from .check import check_repository
 
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
-        raise CommandError(f"--repo-id {repo_id!r}: write it as 'org/name'")
+    if "/" not in repo_id or not is_repo_id(repo_id):
+        raise CommandError(
+            f"--repo-id {shown(repo_id)}: write it as 'org/name' in ASCII letters, digits, '-', "
+            "'_' and '.' (the Hub's repository ids)"
+        )
     if tag is not None and (
         not re.fullmatch(r"v\d+\.\d+\.\d+\S*", tag) or parse_version_tag(tag) is None
     ):

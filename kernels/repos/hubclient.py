@@ -14,6 +14,8 @@ still published as models (an old mirror, a private Hub) are asked for with
 from __future__ import annotations
 
 import enum
+import errno
+import os
 import re
 from pathlib import Path
 
@@ -216,8 +218,12 @@ def describe(exc: BaseException) -> str:
     """A short description of a huggingface_hub exception: its type and first line.
 
     Connection errors of requests/urllib3 nest several reprs; only the OS error is kept
-    ("ConnectionError: Connection refused").
+    ("ConnectionError: Connection refused"). An error of the local file system (the cache
+    cannot be written) keeps its path and says how to fix it.
     """
+    local = _local_file_error(exc)
+    if local is not None:
+        return local
     text = str(exc).strip()
     os_error = re.search(r"\[Errno -?\d+\] ([^\"')\]]+)", text)
     if os_error:
@@ -226,6 +232,43 @@ def describe(exc: BaseException) -> str:
     if len(first) > 300:
         first = first[:297] + "..."
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _local_file_error(exc: BaseException) -> str | None:
+    """Describe an OS error about a file or folder on this machine, or None for other errors.
+
+    The nested-repr shortening of `describe` would cut ``[Errno 13] Permission denied: '<path>'``
+    at the quote and lose the path, which is the one thing the user needs.
+    """
+    if not isinstance(exc, OSError) or isinstance(exc, _connection_errors()):
+        return None
+    path = exc.filename
+    if path is None:
+        return None
+    text = f"{type(exc).__name__}: {exc.strerror or 'error'}: {os.fsdecode(path)}"
+    if exc.filename2 is not None:
+        text += f" -> {os.fsdecode(exc.filename2)}"
+    cache = cache_dir()
+    if exc.errno in _FULL:
+        text += (
+            f". The disk that holds the Hugging Face cache (HF_HUB_CACHE={cache}) is full: free "
+            "space there, or point HF_HUB_CACHE at a folder on another disk"
+        )
+    elif exc.errno in _UNWRITABLE:
+        text += (
+            f". The Hugging Face cache (HF_HUB_CACHE={cache}) cannot be written by this user: "
+            "point HF_HUB_CACHE at a writable folder (e.g. HF_HUB_CACHE=~/.cache/hf-kernels), or "
+            "have the cache's owner make it writable; a read-only shared cache works offline "
+            "(HF_HUB_OFFLINE=1) once `kernels download PROJECT_DIR` has filled it"
+        )
+    return text
+
+
+#: OS errors that mean "this user cannot write there", as opposed to a missing file.
+_UNWRITABLE = frozenset(
+    getattr(errno, name) for name in ("EACCES", "EPERM", "EROFS", "ENOTDIR") if hasattr(errno, name)
+)
+_FULL = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT") if hasattr(errno, name))
 
 
 def offline_hint() -> str:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
+from conftest import subprocess_env
 
 import kernels
 from kernels import LayerRepository, UntrustedKernelError
@@ -140,3 +145,157 @@ def test_layer_repository_refused_falls_back_in_kernelize(untrusted, caplog):
 def test_malformed_trust_argument(bad):
     with pytest.raises(kernels.KernelMappingError):
         LayerRepository("x/y", layer_name="L", trust_remote_code=bad)
+
+
+# Look-alike and malformed repository ids: refused before any request reaches the Hub.
+
+KELVIN = "\u212aernels-community"  # KELVIN SIGN: str.lower() makes it 'kernels-community'
+LOOK_ALIKE_ORGS = [
+    KELVIN,
+    "\uff4bernels-community",  # fullwidth k
+    "k\u0435rnels-community",  # Cyrillic e
+    "kernels-commun\u0131ty",  # dotless i
+    "kernels-community\u200b",  # a trailing zero-width space
+]
+
+
+@pytest.mark.any_hub_client
+def test_a_look_alike_org_served_by_the_hub_is_refused_before_any_request(hub):
+    # The server really serves it: with huggingface_hub 0.x (whose id check accepts any
+    # Unicode word character) a look-alike org's code was imported as "trusted by default".
+    repo = hub.create_repo(f"{KELVIN}/activation", repo_type="model")
+    repo.release("0.1.0")
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        refs = HfApi().list_repo_refs(repo.repo_id, repo_type="model")
+        assert "v0.1.0" in {t.name for t in refs.tags}
+    except HFValidationError:
+        pass  # huggingface_hub 1.x and later refuse the name themselves
+    hub.proxy.sent.clear()
+    for trust in (False, ["kernels-community"], True):
+        with pytest.raises(kernels.KernelRepositoryNotFoundError, match="u212aernels-community"):
+            kernels.get_kernel(
+                repo.repo_id, version=">=0.1", repo_type="model", trust_remote_code=trust
+            )
+    with pytest.raises(kernels.KernelRepositoryNotFoundError):
+        kernels.has_kernel(repo.repo_id, version=">=0.1", repo_type="model")
+    assert bytes(hub.proxy.sent) == b""
+    assert not repo_cache_folder("kernels-community/activation", "model").exists()
+
+
+@pytest.mark.any_hub_client
+@pytest.mark.parametrize("org", LOOK_ALIKE_ORGS, ids=ascii)
+def test_look_alike_ids_are_refused_by_every_entry_point_without_a_request(hub, org):
+    from kernels.repos.download import load_hub_kernel
+
+    repo_id = f"{org}/activation"
+    calls = {
+        "get_kernel": lambda: kernels.get_kernel(repo_id, version=1),
+        "load_hub_kernel": lambda: load_hub_kernel(repo_id, version=1),
+        "has_kernel": lambda: kernels.has_kernel(repo_id, version=1),
+        "get_kernel_variants": lambda: kernels.get_kernel_variants(repo_id, version=1),
+        "install_kernel": lambda: kernels.install_kernel(repo_id, "main"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(kernels.KernelRepositoryNotFoundError, match="not a Hub repository id"):
+            call()
+        assert bytes(hub.proxy.sent) == b"", f"{name} sent a request"
+    with pytest.raises(kernels.KernelMappingError):
+        LayerRepository(repo_id, layer_name="SiluAndMul", version=1)
+
+
+@pytest.mark.any_hub_client
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["versions", f"{KELVIN}/activation"],
+        ["check", f"{KELVIN}/activation", "--trust-remote-code"],
+        ["benchmark", f"{KELVIN}/activation@v1"],
+    ],
+    ids=lambda args: args[0],
+)
+def test_commands_refuse_look_alike_ids_without_a_request(hub, cli, args):
+    result = cli(*args)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert "\\u212aernels-community" in result.stderr
+    assert bytes(hub.proxy.sent) == b""
+
+
+def test_an_owner_less_id_is_not_trusted_by_the_default_orgs(hub):
+    with pytest.raises(UntrustedKernelError, match="names no organisation"):
+        kernels.get_kernel("kernels-community", version=1)
+    assert bytes(hub.proxy.sent) == b""
+
+
+def test_ascii_case_of_a_trusted_org_is_trusted(hub):
+    # The Hub treats names case-insensitively; the test server does not, so the repository
+    # is published under the spelling that is asked for.
+    repo = hub.create_repo("Kernels-Community/shouted-activation")
+    repo.release("0.1.0")
+    assert "trusted by default" in decide_trust(repo.repo_id).reason
+    assert kernels.get_kernel(repo.repo_id, version=">=0.1").VERSION == "0.1.0"
+
+
+# A cache this user cannot write: the error names the folder and the fix.
+
+
+def _without_root_powers() -> list[str]:
+    """A command prefix that runs a child unable to override file permissions (root could)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: cannot make a folder unwritable to it")
+    caps = "-dac_override,-dac_read_search,-fowner"
+    return ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+
+
+@pytest.mark.any_hub_client
+def test_a_read_only_cache_names_its_path_and_the_fix(released, tmp_path):
+    repo = released("0.1.0", repo_type="model")
+    cache = tmp_path / "shared-cache"
+    cache.mkdir()
+    code = (
+        "import kernels\n"
+        f"print(kernels.get_kernel({repo.repo_id!r}, version='>=0.1', repo_type='model').VERSION)"
+    )
+
+    def load(**env):
+        return subprocess.run(
+            [*_without_root_powers(), sys.executable, "-c", code],
+            env={**subprocess_env(), "HF_HUB_CACHE": str(cache), **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    cache.chmod(0o555)
+    try:
+        result = load()
+        assert result.returncode != 0
+        error = result.stderr.strip().splitlines()[-1]
+        assert error.startswith("kernels.errors.KernelDownloadError"), error
+        assert f"{cache}/models--" in error  # the folder it could not write
+        assert f"HF_HUB_CACHE={cache}" in error
+        assert "point HF_HUB_CACHE at a writable folder" in error
+        # What the message promises: once filled, a read-only cache serves offline loads.
+        cache.chmod(0o755)
+        filled = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**subprocess_env(), "HF_HUB_CACHE": str(cache)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert filled.stdout.strip() == "0.1.0", filled.stderr
+        for folder in [cache, *cache.rglob("*")]:
+            if folder.is_dir() and not folder.is_symlink():
+                folder.chmod(0o555)
+        offline = load(HF_HUB_OFFLINE="1")
+        assert offline.stdout.strip() == "0.1.0", offline.stderr
+    finally:
+        for folder in [cache, *cache.rglob("*")]:
+            if folder.is_dir() and not folder.is_symlink():
+                folder.chmod(0o755)
