@@ -32,10 +32,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..errors import BuildVariantNotFoundError
     from ..repos import hubclient
+    from ..repos.repo_id import check_repo_id
     from ..repos.variants import PREFERENCE_FILE, choose_variant, parse_preference_file, variants_in
     from ..repos.versions import hub_error, list_refs, parse_version_tag
 
-    repo_id, repo_type = args.repo_id, args.repo_type
+    repo_id, repo_type = check_repo_id(args.repo_id, where="REPO"), args.repo_type
     refs = list_refs(repo_id, repo_type)
     api = hubclient.hub_api()
     offers: dict[str, tuple[list[str], str | None, str | None]] = {}
