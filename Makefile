@@ -7,6 +7,8 @@
 #              that need the `kernel` repo type skip: huggingface_hub 0.x does not know it)
 #   .venv-tf5  transformers 5.24 with huggingface_hub 2.x and the olah test server: the Hub tests
 #              and the transformers 5.x tests
+#   .venv-hf   Hugging Face's own `kernels` client (HF_KERNELS_VERSION), without this package: the
+#              interoperability tests (tests/interop) load our kernel repositories through it
 #
 # On a machine without torch, the CPU build of torch is installed first: a bare `torch`
 # requirement would otherwise pull a multi-GB CUDA build.
@@ -14,6 +16,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TF5_VENV ?= .venv-tf5
+HF_VENV ?= .venv-hf
+# The newest release of Hugging Face's client that our kernel repositories are checked against.
+HF_KERNELS_VERSION ?= 0.17.2
 TORCH_CPU_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
 # What runs in the transformers 5.x environment (the rest of the suite does not depend on it).
@@ -23,8 +28,9 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 TF5_BIN := $(TF5_VENV)/bin
 OLAH := $(abspath $(TF5_BIN))/olah-cli
+HF_BIN := $(HF_VENV)/bin
 
-.PHONY: install install-test install-tf5 hub-server demo test test-4 test-5 lint clean
+.PHONY: install install-test install-tf5 install-hf hub-server demo test test-4 test-5 test-hf library lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +39,10 @@ $(BIN)/python:
 $(TF5_BIN)/python:
 	$(PYTHON) -m venv $(TF5_VENV)
 	$(TF5_BIN)/python -m pip install -q --upgrade pip
+
+$(HF_BIN)/python:
+	$(PYTHON) -m venv $(HF_VENV)
+	$(HF_BIN)/python -m pip install -q --upgrade pip
 
 install: $(BIN)/python
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
@@ -46,6 +56,13 @@ install-tf5: $(TF5_BIN)/python
 	@$(TF5_BIN)/python -c "import torch" 2>/dev/null || $(TF5_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
 	$(TF5_BIN)/python -m pip install -q -e ".[test-tf5]"
 
+# Hugging Face's client without this package (both are the `kernels` distribution), so the
+# interoperability tests import theirs; triton, which the CPU build of torch does not pull in,
+# runs our kernels through its interpreter (which needs numpy).
+install-hf: $(HF_BIN)/python
+	@$(HF_BIN)/python -c "import torch" 2>/dev/null || $(HF_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
+	$(HF_BIN)/python -m pip install -q "kernels==$(HF_KERNELS_VERSION)" "triton>=3.1" numpy "pytest>=8"
+
 # The Hub-compatible test server (olah) lives in the transformers 5.x environment, whose
 # huggingface_hub it accepts; the 4.57 environment's tests start it from there.
 hub-server: install-tf5
@@ -53,7 +70,7 @@ hub-server: install-tf5
 demo: install
 	$(BIN)/kernels demo
 
-test: test-4 test-5
+test: test-4 test-5 test-hf
 
 test-4: install-test hub-server
 	KERNELS_TEST_OLAH=$(OLAH) $(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -61,9 +78,18 @@ test-4: install-test hub-server
 test-5: install-tf5
 	KERNELS_TEST_OLAH=$(OLAH) $(TF5_BIN)/python -m pytest $(TF5_TESTS) $(PYTEST_ARGS)
 
+test-hf: install-hf
+	$(HF_BIN)/python -m pytest tests/interop $(PYTEST_ARGS)
+
+# Each kernel repository's build/<variant>/ folders, from its torch-ext/ source and the shared
+# files in library/_shared/ (library/build.py). The output is committed, as on the Hub; a test
+# checks that it matches a fresh build.
+library:
+	$(PYTHON) library/build.py
+
 lint: install-test
 	$(BIN)/ruff check kernels tests library benchmarks
 	$(BIN)/ruff format --check kernels tests library benchmarks
 
 clean:
-	rm -rf $(VENV) $(TF5_VENV) .pytest_cache
+	rm -rf $(VENV) $(TF5_VENV) $(HF_VENV) .pytest_cache

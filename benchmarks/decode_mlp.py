@@ -26,7 +26,7 @@ counted). Each contender's output is compared with eager's (max abs difference p
 must be within bf16's rounding).
 
 ``--sweep`` times, instead, every candidate configuration of each decode kernel
-(``candidate_configs`` of library/activation's ``decode_mlp``: the gate-up kernel and the down
+(library/activation's ``candidate_configs``: the gate-up kernel and the down
 projection, at each shape and row count) in the same kind of graphs and rounds, beside cuBLAS
 doing the same work (``F.linear`` twice and ``silu_mul``; one ``F.linear``), and marks the rule's
 pick (``gemv_config``) and the fastest: what the rule should be is read from one run.
@@ -64,13 +64,19 @@ DEVICE = "cuda"  # the CPU test of this script's plumbing runs it on "cpu" (Trit
 
 
 def load_decode():
-    """(the activation package, its ``decode_mlp`` module)."""
+    """The activation package: ``gated_mlp_decode`` and its kernels' configurations
+    (``candidate_configs``, ``gemv_config``, ``gemv``, ``gated_gemv``)."""
     import kernels
 
-    package = kernels.get_local_kernel(
-        os.path.join(ops.ROOT, "library", "activation"), "activation"
-    )
-    return package, sys.modules[f"{package.__name__}.decode_mlp"]
+    return kernels.get_local_kernel(os.path.join(ops.ROOT, "library", "activation"), "activation")
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The SMs the decode kernels plan their grid for, counted as their launcher counts them
+    (2 on the CPU, where Triton's interpreter runs the programs)."""
+    if device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # ---- shapes and bytes -----------------------------------------------------------------------
@@ -223,7 +229,7 @@ def run_shape(package, hidden, inter, rows, dtype, calls, rep_ms, peak_gbps) -> 
 # ---- the sweep ------------------------------------------------------------------------------
 
 
-def sweep_calls(package, decode, kernel, hidden, inter, rows, dtype, sets, calls) -> tuple:
+def sweep_calls(package, kernel, hidden, inter, rows, dtype, sets, calls) -> tuple:
     """``({label: call}, {label: config}, {label: error}, the rule's config)``: for each
     candidate configuration of ``kernel`` (``"gate_up"`` or ``"down"``) and for cuBLAS doing
     the same work, a call of ``calls`` back-to-back runs cycling through the weight ``sets``;
@@ -233,13 +239,13 @@ def sweep_calls(package, decode, kernel, hidden, inter, rows, dtype, sets, calls
     h = torch.randn(rows, inter, device=DEVICE).to(dtype)
     gated = kernel == "gate_up"
     n, k = (inter, hidden) if gated else (hidden, inter)
-    sms = decode.multiprocessors(x.device)
-    configs = decode.candidate_configs(rows, n, k, gated, sms)
+    sms = multiprocessors(x.device)
+    configs = package.candidate_configs(rows, n, k, gated, sms)
 
     def run(config):
         if gated:
-            return lambda g, u, d: decode.gated_gemv(x, g, None, u, None, decode.SILU, config)
-        return lambda g, u, d: decode.gemv(h, d, None, config)
+            return lambda g, u, d: package.gated_gemv(x, g, None, u, None, package.SILU, config)
+        return lambda g, u, d: package.gemv(h, d, None, config)
 
     def cublas(g, u, d):
         if gated:
@@ -259,7 +265,7 @@ def sweep_calls(package, decode, kernel, hidden, inter, rows, dtype, sets, calls
             except Exception as exc:  # noqa: BLE001  (a configuration that does not launch)
                 print(f"  {label}: {type(exc).__name__}: {exc}"[:300], flush=True)
                 errors[label] = float("inf")
-    return out, labels, errors, decode.gemv_config(rows, n, k, gated, sms)
+    return out, labels, errors, package.gemv_config(rows, n, k, gated, sms)
 
 
 def config_label(config) -> str:
@@ -271,7 +277,7 @@ def config_label(config) -> str:
     )
 
 
-def run_sweep(package, decode, shapes, rows_list, dtype, calls, rep_ms, peak_gbps) -> list:
+def run_sweep(package, shapes, rows_list, dtype, calls, rep_ms, peak_gbps) -> list:
     """Rows of the sweep: each case's candidates and cuBLAS, timed in interleaved rounds."""
     results = []
     for hidden, inter in shapes:
@@ -279,7 +285,7 @@ def run_sweep(package, decode, shapes, rows_list, dtype, calls, rep_ms, peak_gbp
         for rows in rows_list:
             for kernel in SWEEP_KERNELS:
                 calls_, labels, errors, rule = sweep_calls(
-                    package, decode, kernel, hidden, inter, rows, dtype, sets, calls
+                    package, kernel, hidden, inter, rows, dtype, sets, calls
                 )
                 # Left out of the timing: configurations that failed or compute something else.
                 calls_ = {k: c for k, c in calls_.items() if errors.get(k, 0.0) < 2e-2}
@@ -495,11 +501,11 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     shapes = parse_shapes(args.shapes)
     rows_list = [int(r) for r in args.rows.split(",")]
-    package, decode = load_decode()
+    package = load_decode()
     meta = metadata(args, dtype)
     if args.sweep:
         results = run_sweep(
-            package, decode, shapes, rows_list, dtype, args.calls, args.sweep_rep_ms, args.peak_gbps
+            package, shapes, rows_list, dtype, args.calls, args.sweep_rep_ms, args.peak_gbps
         )
         with open(os.path.join(args.out, "sweep.json"), "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1)

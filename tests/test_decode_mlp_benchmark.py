@@ -74,7 +74,7 @@ def test_run_writes_times_ratios_and_bandwidth(on_cpu, monkeypatch, tmp_path):
 
 
 def test_sweep_times_every_candidate_and_marks_the_rule(on_cpu, monkeypatch, tmp_path, request):
-    activation, decode = bench.load_decode()
+    decode = bench.load_decode()  # the activation package, whose decode functions the run calls
     configs = [decode.GemvConfig(16, 32, 1, 4, 1, False), decode.GemvConfig(32, 32, 2, 4, 2, True)]
     broken = decode.GemvConfig(64, 32, 1, 4, 1, True)  # made to compute zeros below
 

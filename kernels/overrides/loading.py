@@ -8,15 +8,15 @@ where it is used, and an import error then surfaces at ``enable``, not inside a 
 An override runs below autograd: the dispatcher has already recorded the backward (PyTorch's
 derivative formula, which calls the backward operator, which is overridden separately). So it
 calls the launchers themselves, the functions the library's own eager paths run under their
-``autograd.Function``s: not the public functions (which would record a second backward) nor
-the custom ops (a second dispatcher round trip, which costs more than the kernel at small sizes).
-``tests/overrides`` pins the signatures used here.
+``autograd.Function``s: not the autograd-recording functions (which would record a second
+backward) nor the custom ops (a second dispatcher round trip, which costs more than the kernel at
+small sizes). Each repository exports its launchers for this (``norm.layer_norm_forward``,
+``activation.activation_forward``, ...); ``tests/overrides`` pins the signatures used here.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -68,35 +68,27 @@ def _repository(name: str) -> ModuleType:
     return get_local_kernel(library_path() / name, name)
 
 
-def _submodule(package: ModuleType, name: str) -> ModuleType:
-    # The package's __init__ re-exports functions under its modules' names (``norm.layer_norm``
-    # is the function), so the modules are reached through the import system.
-    return importlib.import_module(f"{package.__name__}.{name}")
-
-
 @functools.cache
 def norm_kernels() -> NormKernels:
     """The norm repository's launchers, imported on first use."""
-    package = _repository("norm")
-    layer_norm = _submodule(package, "layer_norm")
-    rms_norm = _submodule(package, "rms_norm")
+    norm = _repository("norm")
     return NormKernels(
-        layer_norm_forward=layer_norm._forward,
-        layer_norm_backward=layer_norm._backward,
-        rms_norm_forward=rms_norm._forward,
-        rms_norm_backward=rms_norm._backward,
-        llama=rms_norm.LLAMA,
+        layer_norm_forward=norm.layer_norm_forward,
+        layer_norm_backward=norm.layer_norm_backward,
+        rms_norm_forward=norm.rms_norm_forward,
+        rms_norm_backward=norm.rms_norm_backward,
+        llama=norm.LLAMA,
     )
 
 
 @functools.cache
 def activation_kernels() -> ActivationKernels:
     """The activation repository's element-wise launchers, imported on first use."""
-    elementwise = _submodule(_repository("activation"), "elementwise")
+    activation = _repository("activation")
     return ActivationKernels(
-        forward=elementwise.activation_forward,
-        backward=elementwise.activation_backward,
-        silu=elementwise.SILU,
-        gelu=elementwise.GELU,
-        gelu_tanh=elementwise.GELU_TANH,
+        forward=activation.activation_forward,
+        backward=activation.activation_backward,
+        silu=activation.SILU,
+        gelu=activation.GELU,
+        gelu_tanh=activation.GELU_TANH,
     )

@@ -22,6 +22,12 @@ from transformers.models.mixtral.modeling_mixtral import MixtralForCausalLM
 from kernels.layer.decorators import use_kernel_func_from_hub
 from kernels.layer.validation import validate_kernel_layer
 
+
+def _rotary_5x(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers 5.x's apply_rotary_pos_emb signature (4.57's has position_ids too)."""
+    return q, k
+
+
 # (repo, layer name) -> the module class whose forward the layer replaces
 REPLACES = {
     ("activation", "SiLU"): transformers_activation("SiLUActivation", torch.relu),
@@ -43,6 +49,7 @@ REPLACES = {
     ("loss", "CausalLMFusedLoss"): LlamaForCausalLM,
     ("loss", "GemmaCausalLMFusedLoss"): Gemma2ForCausalLM,
     ("loss", "MoeCausalLMFusedLoss"): MixtralForCausalLM,
+    ("rotary", "RotaryPosEmb"): type(use_kernel_func_from_hub("rotary_pos_emb")(_rotary_5x)),
 }
 
 ALLOWED = {"forward", "has_backward", "can_torch_compile"}
@@ -67,7 +74,7 @@ def test_layer_rules(request, repo, name):
     validate_kernel_layer(layer, original, kernel_source=f"library/{repo}", layer_name=name)
 
 
-@pytest.mark.parametrize("repo", ["activation", "norm"])
+@pytest.mark.parametrize("repo", ["activation", "norm", "rotary"])
 def test_every_layer_is_covered(request, repo):
     package = request.getfixturevalue(repo)
     layers = {

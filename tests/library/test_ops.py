@@ -500,25 +500,6 @@ def test_launch_hooks_count_as_installed_only_with_functions(norm):
     assert library._hook_installed(print)  # Tritons before 3.4 hold the function itself
 
 
-def test_the_repositories_share_one_launch_helper():
-    """Each kernel repository stands alone on the Hub, so each carries its own copy of the launch
-    helper (``_library.py``, section "launching"); the copies must not drift apart."""
-    root = os.path.join(os.path.dirname(__file__), "..", "..", "library")
-
-    def launching_section(repo):
-        path = os.path.join(root, repo, "build", "torch-universal", repo, "_library.py")
-        with open(path) as f:
-            text = f.read()
-        start = text.index("# ---- launching")
-        end = text.find("\n# ----", start + 1)
-        return text[start : end if end != -1 else len(text)].strip()
-
-    norm_copy = launching_section("norm")
-    assert "def launch(" in norm_copy
-    for repo in ("activation", "rotary", "loss"):
-        assert launching_section(repo) == norm_copy, f"{repo}/_library.py's launch helper differs"
-
-
 def test_grid_arithmetic_matches_triton(norm):
     """The launchers' ``cdiv`` and ``next_power_of_2`` (plain ints, without the call cost of
     Triton's ``ConstexprFunction``s) give Triton's results, 0 included."""
@@ -535,7 +516,7 @@ def test_row_blocks_count_warps_from_the_elements_a_block_holds(norm):
     block of 8192 runs 8 warps; 16 were slower on the H100); rows past MAX_ONE_PASS are chunked
     and their backward split into blocks of columns; rows up to NARROW_ROW take the narrow
     backward configuration, the others their norm's own."""
-    helpers = sys.modules[f"{norm.__name__}._library"]
+    helpers = sys.modules[f"{norm.__name__}._tuning"]
     assert [helpers.previous_power_of_2(n) for n in (0, 1, 2, 3, 10, 16, 17)] == [
         0,
         1,
@@ -572,7 +553,7 @@ def test_forward_blocks_follow_each_norms_sweep(norm):
     past 4096 in registers at 32 elements a thread; LayerNorm reads rows up to MAX_ONE_PASS in
     the largest power-of-two chunks (1024 to 4096) that divide them into two or more, bf16 rows of
     4096 only with many rows, and packs the others into blocks of 8192 elements."""
-    helpers = sys.modules[f"{norm.__name__}._library"]
+    helpers = sys.modules[f"{norm.__name__}._tuning"]
     rms = sys.modules[f"{norm.__name__}.rms_norm"]
     ln = sys.modules[f"{norm.__name__}.layer_norm"]
     for n in (3, 1000, 1024, 2048):
@@ -606,7 +587,7 @@ def test_layer_norm_backward_takes_fp32_rows_as_swept(norm):
     """LayerNorm's backward runs bf16 rows and narrow fp32 rows as ``bwd_block`` says, fp32
     rows of 4096 one to a step, and wider fp32 rows one to a step without the look-ahead (the
     H200 sweep of 2026-11-24)."""
-    helpers = sys.modules[f"{norm.__name__}._library"]
+    helpers = sys.modules[f"{norm.__name__}._tuning"]
     ln = sys.modules[f"{norm.__name__}.layer_norm"]
     for n in (1000, 2048, 4096, 8192, 12288, 20000):
         assert ln._bwd_config(n, 2) == (*helpers.bwd_block(n), True), n

@@ -1,12 +1,15 @@
 """Op registration and launch helpers shared by this package's ops.
 
-Two versions of this repository can be loaded into one process, each under its own module name
-(``_kernels_loss_<hash of the package folder>`` when ``kernels`` loads it). ``torch.library`` ops
-live in one global registry, so the namespace is derived from that module name and a digest of
-this package's sources: each loaded copy registers its ops apart from the others.
+Two versions of a kernel repository can be loaded into one process, each under its own module
+name (``_kernels_<repo>_<hash of the package folder>`` when ``kernels`` loads it; the ``id`` of
+the variant's ``metadata.json`` when Hugging Face's client does). ``torch.library`` ops live in
+one global registry, so the namespace is derived from that module name and a digest of this
+package's sources: each loaded copy registers its ops apart from the others.
 
-Each kernel repository stands alone (on the Hub it cannot import another), so each carries its
-own copy of the launch helper below; a test in the ``kernels`` project keeps the copies equal.
+Each kernel repository stands alone (on the Hub it cannot import another), so each build variant
+carries its own copy of this file. The one source is ``library/_shared/_library.py`` in the
+``kernels`` project; ``make library`` copies it into every build, and a test checks the copies
+by hash. Edit it there, never in a ``build/`` folder.
 """
 
 import functools
@@ -49,7 +52,7 @@ def check_dtype(what: str, tensor: torch.Tensor) -> None:
         )
 
 
-def use_autograd_function(*tensors: torch.Tensor) -> bool:
+def use_autograd_function(*tensors: torch.Tensor | None) -> bool:
     """Whether an eager call must record a backward (else the bare launcher is enough)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
@@ -61,7 +64,8 @@ def _cuda_multiprocessors(index: int) -> int:
 
 def multiprocessors(device: torch.device) -> int:
     """Streaming multiprocessors of ``device``; 2 on the CPU, where the Triton interpreter runs
-    programs one after another."""
+    programs one after another (two, not one, so that reductions across programs, such as the
+    norms' weight gradients, are exercised there too)."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         return _cuda_multiprocessors(index)

@@ -434,7 +434,10 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted({*globals(), *_LAYER_NAMES})
+    # Only the layers `__getattr__` gives on this transformers line: code that walks
+    # ``dir(layers)`` and calls ``getattr`` on each name (``kernels check``, a kernel mapping
+    # that lists a repository's layers) must not meet a name it then refuses.
+    return sorted({*globals(), *_causal_lm_layers()})
 
 
 # How ``kernels`` runs each layer when tensor parallelism hands it DTensors (its shard rule, an

@@ -1,12 +1,15 @@
 """Op registration and launch helpers shared by this package's ops.
 
-Two versions of this repository can be loaded into one process, each under its own module name
-(``_kernels_norm_<hash of the package folder>`` when ``kernels`` loads it). ``torch.library`` ops
-live in one global registry, so the namespace is derived from that module name and a digest of
-this package's sources: each loaded copy registers its ops apart from the others.
+Two versions of a kernel repository can be loaded into one process, each under its own module
+name (``_kernels_<repo>_<hash of the package folder>`` when ``kernels`` loads it; the ``id`` of
+the variant's ``metadata.json`` when Hugging Face's client does). ``torch.library`` ops live in
+one global registry, so the namespace is derived from that module name and a digest of this
+package's sources: each loaded copy registers its ops apart from the others.
 
-Each kernel repository stands alone (on the Hub it cannot import another), so each carries its
-own copy of the launch helper below; a test in the ``kernels`` project keeps the copies equal.
+Each kernel repository stands alone (on the Hub it cannot import another), so each build variant
+carries its own copy of this file. The one source is ``library/_shared/_library.py`` in the
+``kernels`` project; ``make library`` copies it into every build, and a test checks the copies
+by hash. Edit it there, never in a ``build/`` folder.
 """
 
 import functools
@@ -15,8 +18,6 @@ import os
 import re
 
 import torch
-import triton
-import triton.language as tl
 
 
 def _source_digest() -> str:
@@ -37,57 +38,6 @@ NAMESPACE = "kernels_lib_" + re.sub(r"\W", "_", __package__) + "_" + _source_dig
 # The dtypes the kernels load and store; arithmetic is always fp32 inside the kernels.
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-# Rows up to this many elements are held in registers whole (one pass over memory); wider rows
-# are streamed in chunks of CHUNK elements by WIDE_ROW_WARPS warps, two passes (the second
-# mostly hits L2). 16384 fp32 values over 16 warps is 32 registers a thread per live
-# row tensor; past that the backward kernel, which keeps x, dy, w and the dw accumulator live,
-# would spill. Chunks and warps from a sweep at 1024x65536 (H100, 2026-11-23, bf16, CUDA
-# graphs): against chunks of 4096 with 8 warps, the forward 142 -> 130 us (RMSNorm) and
-# 202 -> 123 us (LayerNorm). The backward of such rows is below (WIDE_BWD_*); only its row
-# reduction streams CHUNKs.
-MAX_ONE_PASS = 16384
-CHUNK = 16384
-WIDE_ROW_WARPS = 32
-
-# The backward kernels walk their rows in steps, loading the next step's rows before reducing
-# their own (so that loads stay in flight while a program reduces); a step's rows are held in
-# registers twice over. Configuration from a sweep of the backward launchers (kernel and
-# partial sums, CUDA graphs; H200, 2026-11-24, bf16; benchmarks/diagnose/norm_backward.py):
-# - rows up to MAX_ONE_PASS: BWD_BLOCK_ELEMENTS a step (two rows of 4096, four of 2048, one of
-#   8192), one program per SM, 8 warps up to rows of 2048 and 16 beyond. RMSNorm 16384x4096
-#   110 us, 8192x8192 110 us, 32768x8192 410 us (3.9 TB/s); LayerNorm 119, 120 and 427 us.
-#   Without the look-ahead the best was 16384 elements a step: 115, 128 and 478 us (RMSNorm),
-#   139, 149 and 537 us (LayerNorm);
-# - rows up to NARROW_ROW wide: NARROW_BWD_ELEMENTS a step (four rows of 1024), two programs
-#   per SM, 4 warps: at 65536x1024 RMSNorm 114 against 134 us with 8192 elements a step,
-#   LayerNorm 139 against 224 us.
-BWD_BLOCK_ELEMENTS = 8192
-BWD_PROGRAMS_PER_SM = 1
-
-# The forward of rows up to FWD_NARROW_ELEMENTS wide, in both norms: such rows share blocks of
-# that many elements, 4 warps (interleaved A/B, H200, 2026-11-24; diagnose/norm_forward.py):
-# RMSNorm 32768x2048 63.3 against 65.0 us and 65536x1024 64.3 against 65.1 us in blocks of 4096
-# elements (8 warps); LayerNorm 32768x2048 64.2 against 67.4 us, 65536x1024 64.5 against 71.2 us.
-# Each norm's wider rows follow its own sweep (``_fwd_block`` in its module).
-FWD_NARROW_ELEMENTS = 2048
-NARROW_ROW = 1024
-NARROW_BWD_ELEMENTS = 4096
-NARROW_BWD_WARPS = 4
-NARROW_BWD_PROGRAMS_PER_SM = 2
-
-# The backward of rows past MAX_ONE_PASS: a first kernel reduces each row to the dot products
-# the input gradient needs (reading x and dy once, in CHUNKs), then the backward kernel runs on
-# a 2-D grid, each program a run of rows times a block of WIDE_BWD_COLUMNS columns, so every
-# program streams x and dy once and keeps its weight-gradient share in registers. Streaming
-# whole rows twice per program, with the partial weight gradient read and written per chunk,
-# took 663 us (RMSNorm) and 829 us (LayerNorm) at 1024x65536; this takes 237 and 242 us (H100,
-# 2026-11-23; column blocks of 2048 to 8192, 8 or 16 warps and one or two programs per SM
-# were within 2% of each other).
-WIDE_BWD_COLUMNS = 4096
-WIDE_BWD_ROWS = 4
-WIDE_BWD_WARPS = 8
-WIDE_BWD_PROGRAMS_PER_SM = 1
-
 
 def op_name(name: str) -> str:
     """The qualified ``torch.library`` name of this package's op ``name``."""
@@ -102,7 +52,7 @@ def check_dtype(what: str, tensor: torch.Tensor) -> None:
         )
 
 
-def use_autograd_function(*tensors) -> bool:
+def use_autograd_function(*tensors: torch.Tensor | None) -> bool:
     """Whether an eager call must record a backward (else the bare launcher is enough)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
@@ -114,85 +64,12 @@ def _cuda_multiprocessors(index: int) -> int:
 
 def multiprocessors(device: torch.device) -> int:
     """Streaming multiprocessors of ``device``; 2 on the CPU, where the Triton interpreter runs
-    programs one after another (two keep the cross-program weight-gradient reduction tested)."""
+    programs one after another (two, not one, so that reductions across programs, such as the
+    norms' weight gradients, are exercised there too)."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         return _cuda_multiprocessors(index)
     return 2
-
-
-def previous_power_of_2(n: int) -> int:
-    """The largest power of two at most ``n`` (0 for 0)."""
-    return 1 << (n.bit_length() - 1) if n > 0 else 0
-
-
-@functools.cache
-def row_block(n_cols: int, elements: int = 4096) -> tuple[bool, int, int, int]:
-    """(one_pass, block_n, rows_per_block, num_warps) for a row-wise kernel over ``n_cols`` columns.
-
-    A program's block holds about ``elements`` elements: short rows are packed several to a block
-    (up to 64), a row as long or longer (up to MAX_ONE_PASS) gets a block of its own, wider rows
-    are streamed in CHUNK pieces. With 16 elements a thread (two 16-byte vectors of bf16 per
-    load) that is 8 warps for 4096 elements, 16 for 8192 and more. Warps are counted from the
-    elements a block holds, not from its power-of-two padding: a row of 5120 in a block of 8192
-    runs 8 warps, not 16 (H100, 2026-11-23, forward at 16384x5120: RMSNorm 118 -> 113 us,
-    LayerNorm 133 -> 119 us).
-    """
-    if n_cols > MAX_ONE_PASS:
-        return False, CHUNK, 1, WIDE_ROW_WARPS
-    block_n = next_power_of_2(n_cols)
-    rows = max(1, min(64, elements // block_n))
-    num_warps = max(1, min(16, previous_power_of_2(rows * n_cols // 512)))
-    return True, block_n, rows, num_warps
-
-
-def narrow_bwd_block(n_cols: int) -> tuple[bool, int, int, int, int] | None:
-    """The backward's (one_pass, block_n, rows, num_warps, programs_per_sm) for rows up to
-    NARROW_ROW wide; None for wider rows."""
-    if n_cols > NARROW_ROW:
-        return None
-    one_pass, block_n, rows, _ = row_block(n_cols, NARROW_BWD_ELEMENTS)
-    return one_pass, block_n, rows, NARROW_BWD_WARPS, NARROW_BWD_PROGRAMS_PER_SM
-
-
-@functools.cache
-def bwd_block(n_cols: int) -> tuple[bool, int, int, int, int]:
-    """(one_pass, block_n, rows, num_warps, programs_per_sm) for a norm's backward, as swept."""
-    special = narrow_bwd_block(n_cols) or wide_bwd_block(n_cols)
-    if special is not None:
-        return special
-    _, block_n, rows, _ = row_block(n_cols, BWD_BLOCK_ELEMENTS)  # one pass: not wide
-    return True, block_n, rows, 8 if block_n <= 2048 else 16, BWD_PROGRAMS_PER_SM
-
-
-def wide_bwd_block(n_cols: int) -> tuple[bool, int, int, int, int] | None:
-    """The backward's (one_pass=False, column block, rows, num_warps, programs_per_sm) for rows
-    past MAX_ONE_PASS; None for the others."""
-    if n_cols <= MAX_ONE_PASS:
-        return None
-    return False, WIDE_BWD_COLUMNS, WIDE_BWD_ROWS, WIDE_BWD_WARPS, WIDE_BWD_PROGRAMS_PER_SM
-
-
-def persistent_grid(
-    n_rows: int, rows_per_block: int, device: torch.device, per_sm: int, col_blocks: int = 1
-):
-    """(programs, rows_per_program) for a backward kernel that sums weight gradients per program.
-
-    At most ``per_sm`` programs per multiprocessor (counting the ``col_blocks`` programs that
-    share a run of rows, one per block of columns), each walking a contiguous run of rows and
-    keeping its partial weight gradient in registers; the partials ([programs, n_cols] fp32)
-    are summed afterwards. Fewer programs means fewer partial rows to write and reduce.
-    """
-    max_programs = max(1, multiprocessors(device) * per_sm // col_blocks)
-    return _persistent_grid(n_rows, rows_per_block, max_programs)
-
-
-@functools.lru_cache(maxsize=1024)
-def _persistent_grid(n_rows: int, rows_per_block: int, max_programs: int):
-    blocks = cdiv(n_rows, rows_per_block)
-    programs = max(1, min(blocks, max_programs))
-    rows_per_program = cdiv(blocks, programs) * rows_per_block
-    return cdiv(n_rows, rows_per_program), rows_per_program
 
 
 # ---- launching ------------------------------------------------------------------------------
@@ -416,34 +293,3 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.devic
         return
     run, function, metadata = direct
     run(*grid, _current_stream(index), function, metadata, None, None, None, *addressed)
-
-
-# ---- the weight-gradient reduction -----------------------------------------------------------
-
-
-@triton.jit
-def _sum_partials_kernel(
-    P, OUT, n_partials, n_cols, stride_p, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr
-):
-    # OUT[c] = sum over p of P[p, c], in fp32, cast to OUT's dtype. Each program owns BLOCK_N
-    # columns and walks the partial rows (stride_p apart) BLOCK_P at a time.
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
-    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for first in range(0, n_partials, BLOCK_P):
-        rows = first + tl.arange(0, BLOCK_P)
-        mask = (rows < n_partials)[:, None] & col_mask[None, :]
-        acc += tl.load(P + rows[:, None] * stride_p + cols[None, :], mask=mask, other=0.0)
-    tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=col_mask)
-
-
-def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``partials.sum(0).to(dtype)`` for an fp32 [programs, n_cols] tensor with contiguous rows,
-    in one launch. 64 columns a program (256-byte row segments) gives 64 programs for 4096
-    columns; 64 x 64 tiles (16 fp32 a thread with 4 warps) keep several rows' loads in flight."""
-    n_partials, n_cols = partials.shape
-    out = partials.new_empty(n_cols, dtype=dtype)
-    grid = (cdiv(n_cols, 64),)
-    args = (partials, out, n_partials, n_cols, partials.stride(0), 64, 64)
-    launch(_sum_partials_kernel, grid, args, 4, partials.device)
-    return out

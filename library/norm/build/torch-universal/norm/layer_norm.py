@@ -23,26 +23,28 @@ import triton
 import triton.language as tl
 
 from ._library import (
+    cdiv,
+    check_dtype,
+    launch,
+    op_name,
+    use_autograd_function,
+)
+from ._partials import sum_partials
+from ._tuning import (
     CHUNK,
     FWD_NARROW_ELEMENTS,
     MAX_ONE_PASS,
     WIDE_ROW_WARPS,
     bwd_block,
-    cdiv,
-    check_dtype,
-    launch,
-    op_name,
     persistent_grid,
     previous_power_of_2,
     row_block,
-    sum_partials,
-    use_autograd_function,
 )
 from .rms_norm import PlanCache, rows_of
 
 # Forward launch configuration, from interleaved A/Bs of configurations at ~64M elements (H200,
 # CUDA graphs; benchmarks/diagnose/norm_forward.py; us are per call):
-# - rows up to FWD_NARROW_ELEMENTS as both norms (``_library``);
+# - rows up to FWD_NARROW_ELEMENTS as both norms (``_tuning``);
 # - wider rows up to 16384 in chunks, two passes (2026-11-24, benchmarks/results/
 #   ops-2026-11-24c-h200/forward-ab*.txt at 6035486): chunks of the largest power of two up to
 #   FWD_MAX_CHUNK that divides the row into two or more (at least FWD_MIN_CHUNK); 8 warps up
@@ -53,7 +55,7 @@ from .rms_norm import PlanCache, rows_of
 # - bf16 rows of 4096 only from FWD_CHUNK_MIN_ROWS rows (16384x4096: 65.0 against 65.9 us);
 #   fewer rows share blocks of FWD_BLOCK_ELEMENTS, at most FWD_MAX_WARPS warps (4096x4096: 18.5
 #   against 18.9 us in chunks); so do rows whose width no chunk divides;
-# - rows past MAX_ONE_PASS in chunks of ``_library``'s CHUNK: bf16 1024x65536 88 us, 6.6x
+# - rows past MAX_ONE_PASS in chunks of ``_tuning``'s CHUNK: bf16 1024x65536 88 us, 6.6x
 #   Liger and 1.39x torch.compile (chunks of 8192 were 2% faster in bf16 and 15% slower in
 #   fp32).
 FWD_MAX_WARPS = 8
@@ -83,7 +85,7 @@ def _fwd_block(n_cols: int, itemsize: int, many_rows: bool = True) -> tuple[bool
 
 
 # The backward's look-ahead holds a step's rows twice over, beside the weight and both gradient
-# accumulators; ``_library``'s steps are sized for bf16. fp32 rows of 4096 go one to a step
+# accumulators; ``_tuning``'s steps are sized for bf16. fp32 rows of 4096 go one to a step
 # (16 KB), and wider fp32 rows, which do not fit a thread's registers twice, load the next row
 # after their step instead, with FP32_NO_LOOKAHEAD_WARPS warps. H200, 2026-11-24, fp32
 # backward against the bf16 configuration (benchmarks/results/ops-2026-11-24c-h200/
@@ -95,7 +97,7 @@ FP32_NO_LOOKAHEAD_WARPS = 16
 
 def _bwd_config(n_cols: int, itemsize: int) -> tuple[bool, int, int, int, int, bool]:
     """(one_pass, block_n, rows, num_warps, programs_per_sm, lookahead) for the backward:
-    ``_library.bwd_block``, with fp32 rows of 4096 and wider as swept."""
+    ``_tuning.bwd_block``, with fp32 rows of 4096 and wider as swept."""
     one_pass, block_n, rows, num_warps, per_sm = bwd_block(n_cols)
     if one_pass and itemsize == 4 and block_n > 4096:
         return one_pass, block_n, 1, FP32_NO_LOOKAHEAD_WARPS, per_sm, False
@@ -472,8 +474,12 @@ def _make_fwd_plan(x, normalized_shape, weight, bias, keep_stats: bool) -> _FwdP
     )
 
 
-def _forward(x, normalized_shape, weight, bias, eps, keep_stats: bool = True):
-    """(y, mean, rstd); mean and rstd are fp32, one per normalised row, or None unless
+def layer_norm_forward(x, normalized_shape, weight, bias, eps, keep_stats: bool = True):
+    """LayerNorm's forward launcher, without autograd: ``(y, mean, rstd)``.
+
+    Part of the repository's public surface for callers that run below autograd (an operator
+    override, whose backward the dispatcher records), where `layer_norm` would record a second
+    backward. mean and rstd are fp32, shaped as x's leading dimensions, or None unless
     ``keep_stats`` (for a backward): two allocations less, a third of an inference call's
     host time."""
     plan = _fwd_plan(x, normalized_shape, weight, bias, keep_stats)
@@ -558,11 +564,15 @@ def _make_bwd_plan(dy, x, normalized_shape, weight, compute_dw, compute_db, devi
     )
 
 
-def _backward(
+def layer_norm_backward(
     dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db, db_dtype, views=False
 ):
-    """(dx, dw, db); dw/db are empty tensors when not asked for. ``views``: dw and db may be
-    views of one tensor (one launch less: the eager path; a custom op's outputs must not alias)."""
+    """LayerNorm's backward launcher, without autograd: ``(dx, dw, db)``, from the mean and rstd
+    that `layer_norm_forward` returned.
+
+    dw/db are empty tensors when not asked for (``compute_dw``, ``compute_db``); db is of
+    ``db_dtype``. ``views``: dw and db may be views of one tensor (one launch less: the eager
+    path; a custom op's outputs must not alias)."""
     device = x.device
     plan = _bwd_plan(dy, x, normalized_shape, weight, compute_dw, compute_db, device)
     dx = x.new_empty(plan.shape)
@@ -620,7 +630,7 @@ def _backward(
 class _LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, normalized_shape, weight, bias, eps):
-        y, mean, rstd = _forward(x, normalized_shape, weight, bias, eps)
+        y, mean, rstd = layer_norm_forward(x, normalized_shape, weight, bias, eps)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.normalized_shape = normalized_shape
         ctx.bias_dtype = x.dtype if bias is None else bias.dtype
@@ -631,7 +641,7 @@ class _LayerNormFunction(torch.autograd.Function):
         x, weight, mean, rstd = ctx.saved_tensors
         compute_dw = ctx.needs_input_grad[2]
         compute_db = ctx.needs_input_grad[3]
-        dx, dw, db = _backward(
+        dx, dw, db = layer_norm_backward(
             dy, x, ctx.normalized_shape, weight, mean, rstd, compute_dw, compute_db,
             ctx.bias_dtype, views=True,
         )  # fmt: skip
@@ -651,7 +661,7 @@ def layer_norm_op(
     bias: torch.Tensor | None,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _forward(x, normalized_shape, weight, bias, eps)
+    return layer_norm_forward(x, normalized_shape, weight, bias, eps)
 
 
 @layer_norm_op.register_fake
@@ -677,7 +687,9 @@ def layer_norm_backward_op(
     compute_db: bool,
     db_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db, db_dtype)
+    return layer_norm_backward(
+        dy, x, normalized_shape, weight, mean, rstd, compute_dw, compute_db, db_dtype
+    )
 
 
 @layer_norm_backward_op.register_fake
@@ -735,4 +747,4 @@ def layer_norm(
         return layer_norm_op(x, normalized_shape, weight, bias, eps)[0]
     if use_autograd_function(x, weight, bias):
         return _LayerNormFunction.apply(x, normalized_shape, weight, bias, eps)
-    return _forward(x, normalized_shape, weight, bias, eps, keep_stats=False)[0]
+    return layer_norm_forward(x, normalized_shape, weight, bias, eps, keep_stats=False)[0]

@@ -27,21 +27,23 @@ import triton
 import triton.language as tl
 
 from ._library import (
-    CHUNK,
-    FWD_NARROW_ELEMENTS,
-    MAX_ONE_PASS,
-    WIDE_ROW_WARPS,
     as_rows,
-    bwd_block,
     cdiv,
     check_dtype,
     launch,
     op_name,
+    use_autograd_function,
+)
+from ._partials import sum_partials
+from ._tuning import (
+    CHUNK,
+    FWD_NARROW_ELEMENTS,
+    MAX_ONE_PASS,
+    WIDE_ROW_WARPS,
+    bwd_block,
     persistent_grid,
     previous_power_of_2,
     row_block,
-    sum_partials,
-    use_autograd_function,
 )
 
 # Semantics: plain ints for Python (the custom ops take an int), constexpr copies for kernels.
@@ -59,7 +61,7 @@ _GEMMA = tl.constexpr(GEMMA)
 #   against 69.8 us, fp32 16384x4096 127 against 131 us; rows of 16384 are as fast in one block;
 # - other rows past 4096 stay in registers with 32 elements a thread: bf16 16384x5120 80 us
 #   against 84 us with 16;
-# - rows up to FWD_NARROW_ELEMENTS as both norms (``_library``).
+# - rows up to FWD_NARROW_ELEMENTS as both norms (``_tuning``).
 # The chunked loops take the row width as a constexpr (CHUNKED_COLS), as inductor's do: bf16
 # GemmaRMSNorm 8192x8192 64.9 against 66.0 us, 32768x8192 249.5 against 252.9 us, level with
 # torch.compile; Llama rows and fp32 within 0.3% either way (interleaved A/B, H200, 2026-11-24,
@@ -485,10 +487,15 @@ def _make_fwd_plan(x, residual, weight, mode: int, keep_rstd: bool) -> _FwdPlan:
     )
 
 
-def _forward(x, residual, weight, eps, mode, keep_rstd: bool = True):
-    """(y, sum or None, rstd); the sum is computed and returned only when residual is given,
-    rstd only when ``keep_rstd`` (for a backward; else None: one allocation less, which is a
-    tenth of an inference call's host time)."""
+def rms_norm_forward(x, residual, weight, eps, mode, keep_rstd: bool = True):
+    """RMSNorm's forward launcher, without autograd: ``(y, sum or None, rstd)``.
+
+    Part of the repository's public surface for callers that run below autograd (an operator
+    override), where `rms_norm` would record a second backward. ``mode`` is `LLAMA`
+    (``weight * normalize(x)``) or `GEMMA` (``(1 + weight) * normalize(x)``). The sum
+    ``x + residual`` is computed and returned only when residual is given, rstd (fp32) only
+    when ``keep_rstd`` (for a backward; else None: one allocation less, which is a tenth of an
+    inference call's host time)."""
     plan = _fwd_plan(x, residual, weight, mode, keep_rstd)
     # new_empty: the cheapest allocation call that takes a dtype (torch.empty with dtype and
     # device keywords costs ~1.5 us more a call on the H100 VMs, 2026-11-23).
@@ -567,9 +574,12 @@ def _make_bwd_plan(dy, dsum, x, weight, mode: int, compute_dw: bool, device) -> 
     )
 
 
-def _backward(dy, dsum, x, weight, rstd, mode, compute_dw):
-    """(dx, dw); dw is an empty tensor when not compute_dw. ``x`` is the normalised input (the
-    sum, for the fused add) and ``dsum`` the gradient of the sum output, or None."""
+def rms_norm_backward(dy, dsum, x, weight, rstd, mode, compute_dw):
+    """RMSNorm's backward launcher, without autograd: ``(dx, dw)``, from the rstd that
+    `rms_norm_forward` returned.
+
+    dw is an empty tensor when not ``compute_dw``. ``x`` is the normalised input (the sum, for
+    the fused add) and ``dsum`` the gradient of the sum output, or None."""
     device = x.device
     plan = _bwd_plan(dy, dsum, x, weight, mode, compute_dw, device)
     dx = x.new_empty(plan.shape)
@@ -605,7 +615,7 @@ def _backward(dy, dsum, x, weight, rstd, mode, compute_dw):
 class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, mode):
-        y, _, rstd = _forward(x, None, weight, eps, mode)
+        y, _, rstd = rms_norm_forward(x, None, weight, eps, mode)
         ctx.save_for_backward(x, weight, rstd)
         ctx.mode = mode
         return y
@@ -613,14 +623,14 @@ class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = _backward(dy, None, x, weight, rstd, ctx.mode, ctx.needs_input_grad[1])
+        dx, dw = rms_norm_backward(dy, None, x, weight, rstd, ctx.mode, ctx.needs_input_grad[1])
         return dx, (dw if ctx.needs_input_grad[1] else None), None, None
 
 
 class _FusedAddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, eps):
-        y, s, rstd = _forward(x, residual, weight, eps, LLAMA)
+        y, s, rstd = rms_norm_forward(x, residual, weight, eps, LLAMA)
         ctx.save_for_backward(s, weight, rstd)
         ctx.dtypes = (x.dtype, residual.dtype)
         return y, s
@@ -628,7 +638,7 @@ class _FusedAddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dsum):
         s, weight, rstd = ctx.saved_tensors
-        ds, dw = _backward(dy, dsum, s, weight, rstd, LLAMA, ctx.needs_input_grad[2])
+        ds, dw = rms_norm_backward(dy, dsum, s, weight, rstd, LLAMA, ctx.needs_input_grad[2])
         # d(x + r)/dx = d(x + r)/dr = 1: both get the same gradient, as torch.add's backward
         # gives (the same tensor when the dtypes agree).
         x_dtype, r_dtype = ctx.dtypes
@@ -644,7 +654,7 @@ class _FusedAddRMSNormFunction(torch.autograd.Function):
 def rms_norm_op(
     x: torch.Tensor, weight: torch.Tensor, eps: float, mode: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    y, _, rstd = _forward(x, None, weight, eps, mode)
+    y, _, rstd = rms_norm_forward(x, None, weight, eps, mode)
     return y, rstd
 
 
@@ -665,7 +675,7 @@ def rms_norm_backward_op(
     mode: int,
     compute_dw: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _backward(dy, dsum, x, weight, rstd, mode, compute_dw)
+    return rms_norm_backward(dy, dsum, x, weight, rstd, mode, compute_dw)
 
 
 @rms_norm_backward_op.register_fake
@@ -696,7 +706,7 @@ rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_
 def fused_add_rms_norm_op(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _forward(x, residual, weight, eps, LLAMA)
+    return rms_norm_forward(x, residual, weight, eps, LLAMA)
 
 
 @fused_add_rms_norm_op.register_fake
@@ -755,7 +765,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: int) -> t
         return _torch_rms_norm(x, weight, eps, mode)
     if use_autograd_function(x, weight):
         return _RMSNormFunction.apply(x, weight, eps, mode)
-    return _forward(x, None, weight, eps, mode, keep_rstd=False)[0]
+    return rms_norm_forward(x, None, weight, eps, mode, keep_rstd=False)[0]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -778,5 +788,5 @@ def fused_add_rms_norm(
         return y, s
     if use_autograd_function(hidden_states, residual, weight):
         return _FusedAddRMSNormFunction.apply(hidden_states, residual, weight, eps)
-    y, s, _ = _forward(hidden_states, residual, weight, eps, LLAMA, keep_rstd=False)
+    y, s, _ = rms_norm_forward(hidden_states, residual, weight, eps, LLAMA, keep_rstd=False)
     return y, s

@@ -1,0 +1,329 @@
+"""Build our kernel repositories' ``build/<variant>/`` folders from their source.
+
+Each repository is laid out as Hugging Face's kernel-builder lays out a pure-Python (Triton)
+kernel::
+
+    <repo>/build.toml             name, version, edition, license, backends; [torch-noarch]
+    <repo>/torch-ext/<package>/   the package source
+    <repo>/build/<variant>/       what the Hub serves, written here (never edit it by hand)
+
+and the files of ``library/_shared/`` (the launch helper every repository needs) are copied into
+each package, byte for byte. The variants:
+
+* ``torch-<backend>`` for each backend of ``build.toml`` (``torch-cuda``, ``torch-rocm``,
+  ``torch-xpu``): the current noarch layout, the package directly in the variant folder;
+* ``torch-universal``: the legacy layout (``build/torch-universal/<package>/``) that older
+  clients, and ours before noarch variants, load.
+
+Each variant gets the ``metadata.json`` that Hugging Face's client requires (``name``, ``id``,
+``version``, ``license``, ``python-depends``, ``backend``). The ``id`` is the module name their
+client imports the variant under, so it is unique per variant and per source: it ends with a
+digest of the package's files. The output depends only on the source: building twice changes
+nothing, and ``tests/library/test_layout.py`` checks that the committed folders equal a fresh
+build.
+
+Usage::
+
+    python library/build.py                 # every repository under library/
+    python library/build.py norm rotary     # some of them
+    python library/build.py --check         # exit 1 if a committed build/ differs from its source
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    try:
+        import tomli as tomllib
+    except ImportError:
+        sys.exit("library/build.py needs Python 3.11, or the tomli package on Python 3.10.")
+
+LIBRARY = Path(__file__).resolve().parent
+#: Files every repository's package carries (the one source of each).
+SHARED = LIBRARY / "_shared"
+CONFIG = "build.toml"
+SOURCE = "torch-ext"
+BUILD = "build"
+METADATA = "metadata.json"
+#: The legacy variant, kept for clients that predate noarch variants.
+UNIVERSAL = "torch-universal"
+#: Its backend in metadata.json, which must name one: Hugging Face's client rejects
+#: "universal" there. Our kernels are tested on CUDA.
+UNIVERSAL_BACKEND = "cuda"
+#: Backends a noarch ``torch-<backend>`` variant may name (kernel-builder's ``backends``).
+BACKENDS = ("cpu", "cuda", "metal", "rocm", "xpu")
+#: kernel-builder's default ``pyext``: the source files a package ships.
+DEFAULT_PYEXT = ("py", "pyi")
+LICENSE = "Apache-2.0"
+#: Hex digits of the source digest in a variant's id.
+ID_DIGEST_LENGTH = 10
+
+# kernel-builder's kernel names: lowercase letters, digits and dashes, a letter first.
+_NAME = re.compile(r"[a-z][-a-z0-9]*[a-z0-9]")
+_GENERAL_KEYS = {"name", "version", "edition", "license", "backends", "hub", "python-depends"}
+_NOARCH_KEYS = {"pyext"}
+
+
+class LibraryBuildError(Exception):
+    """A repository's source cannot be built: the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class Repository:
+    """One kernel repository's source, as its ``build.toml`` describes it."""
+
+    folder: Path
+    name: str
+    version: int
+    license: str
+    backends: tuple[str, ...]
+    pyext: tuple[str, ...]
+
+    @property
+    def package(self) -> str:
+        """The Python package name: the kernel name with dashes as underscores."""
+        return self.name.replace("-", "_")
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return (UNIVERSAL, *(f"torch-{backend}" for backend in self.backends))
+
+
+def read_repository(folder: Path) -> Repository:
+    """Read and check ``folder``'s ``build.toml``.
+
+    Raises:
+        LibraryBuildError: the file is missing, not TOML, or not a noarch kernel's build.toml.
+    """
+    path = folder / CONFIG
+    where = str(path.relative_to(LIBRARY.parent) if path.is_relative_to(LIBRARY.parent) else path)
+    try:
+        config = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LibraryBuildError(f"{where} is missing; a kernel repository needs one.") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise LibraryBuildError(f"{where} is not valid TOML: {exc}.") from None
+    general = _table(config, "general", where)
+    unknown = set(config) - {"general", "torch-noarch"}
+    if unknown:
+        raise LibraryBuildError(
+            f"{where} has {', '.join(sorted(unknown))}: this script builds pure-Python (noarch) "
+            "repositories only; a compiled kernel is built with kernel-builder."
+        )
+    if "torch-noarch" not in config:
+        raise LibraryBuildError(f"{where} needs a [torch-noarch] table (a pure-Python kernel).")
+    noarch = _table(config, "torch-noarch", where)
+    for table, keys, label in ((general, _GENERAL_KEYS, "general"), (noarch, _NOARCH_KEYS, "torch-noarch")):  # fmt: skip
+        extra = set(table) - keys
+        if extra:
+            raise LibraryBuildError(f"{where}: [{label}] has unknown keys {sorted(extra)}.")
+    name = general.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise LibraryBuildError(
+            f"{where}: name must be lowercase letters, digits and dashes, starting with a "
+            f"letter (kernel-builder's rule), got {name!r}."
+        )
+    if name != folder.name:
+        raise LibraryBuildError(f"{where}: name {name!r} differs from its folder {folder.name!r}.")
+    version = general.get("version")
+    if type(version) is not int or version < 1:
+        raise LibraryBuildError(f"{where}: version must be a positive integer, got {version!r}.")
+    edition = general.get("edition", 5)
+    if type(edition) is not int:
+        raise LibraryBuildError(f"{where}: edition must be an integer, got {edition!r}.")
+    license_ = general.get("license")
+    if license_ != LICENSE:
+        raise LibraryBuildError(f"{where}: license must be {LICENSE!r}, got {license_!r}.")
+    if general.get("python-depends", []) != []:
+        raise LibraryBuildError(
+            f"{where}: python-depends must be empty: our kernels need torch and triton only."
+        )
+    backends = general.get("backends")
+    if (
+        not isinstance(backends, list)
+        or not backends
+        or any(b not in BACKENDS for b in backends)
+        or len(set(backends)) != len(backends)
+    ):
+        raise LibraryBuildError(
+            f"{where}: backends must be a non-empty list of distinct names among "
+            f"{', '.join(BACKENDS)}, got {backends!r}."
+        )
+    pyext = noarch.get("pyext", list(DEFAULT_PYEXT))
+    if not isinstance(pyext, list) or not all(isinstance(e, str) and e.isalnum() for e in pyext):
+        raise LibraryBuildError(f"{where}: pyext must be a list of file extensions, got {pyext!r}.")
+    return Repository(folder, name, version, license_, tuple(sorted(backends)), tuple(pyext))
+
+
+def _table(config: Mapping, key: str, where: str) -> Mapping:
+    table = config.get(key, {})
+    if not isinstance(table, dict):
+        raise LibraryBuildError(f"{where}: [{key}] must be a table.")
+    return table
+
+
+def package_files(repo: Repository) -> dict[str, bytes]:
+    """The package's files by path relative to the package: its source under
+    ``torch-ext/<package>/`` (the ``pyext`` extensions) and the shared files.
+
+    Raises:
+        LibraryBuildError: the source folder is missing, lacks ``__init__.py``, or holds a file
+            of the same name as a shared one (which would be overwritten).
+    """
+    source = repo.folder / SOURCE / repo.package
+    if not (source / "__init__.py").is_file():
+        raise LibraryBuildError(
+            f"{source} has no __init__.py: a repository's package source lives in "
+            f"{SOURCE}/<package>/ (kernel-builder's layout)."
+        )
+    files = _files_under(source, repo.pyext)
+    for name, content in _files_under(SHARED, DEFAULT_PYEXT).items():
+        if name in files:
+            raise LibraryBuildError(
+                f"{source / name} has the name of a shared file ({SHARED / name}), which the "
+                "build copies into every package: rename it, or edit the shared file."
+            )
+        files[name] = content
+    return files
+
+
+def _files_under(folder: Path, extensions: Iterable[str]) -> dict[str, bytes]:
+    suffixes = {f".{e}" for e in extensions}
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if "__pycache__" in relative.parts or path.suffix not in suffixes:
+            continue
+        if path.is_symlink():
+            raise LibraryBuildError(f"{path} is a symbolic link; a package ships plain files.")
+        if path.is_file():
+            files[relative.as_posix()] = path.read_bytes()
+    return files
+
+
+def source_digest(files: Mapping[str, bytes]) -> str:
+    """A digest of a package's files (names and contents), in hex."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        content = files[name]
+        digest.update(f"{name}\0{len(content)}\0".encode())
+        digest.update(content)
+    return digest.hexdigest()
+
+
+def metadata(repo: Repository, variant: str, digest: str) -> dict:
+    """A variant's ``metadata.json`` as Hugging Face's client reads it."""
+    backend = UNIVERSAL_BACKEND if variant == UNIVERSAL else variant.removeprefix("torch-")
+    kind = "universal" if variant == UNIVERSAL else backend
+    return {
+        "name": repo.name,
+        "id": f"_{repo.package}_{kind}_{digest[:ID_DIGEST_LENGTH]}",
+        "version": repo.version,
+        "license": repo.license,
+        "python-depends": [],
+        "backend": {"type": backend},
+    }
+
+
+def build_files(repo: Repository) -> dict[str, bytes]:
+    """Every file of ``repo``'s ``build/`` folder, by path relative to it."""
+    files = package_files(repo)
+    digest = source_digest(files)
+    out = {}
+    for variant in repo.variants:
+        # torch-universal keeps the package in a folder of its own name (the legacy layout);
+        # noarch variants are the package.
+        prefix = f"{variant}/{repo.package}/" if variant == UNIVERSAL else f"{variant}/"
+        out.update({prefix + name: content for name, content in files.items()})
+        text = json.dumps(metadata(repo, variant, digest), indent=2) + "\n"
+        out[f"{variant}/{METADATA}"] = text.encode()
+    return out
+
+
+def repositories(names: Iterable[str] | None = None) -> list[Repository]:
+    """The repositories under library/ (folders with a build.toml), or those named."""
+    if names:
+        return [read_repository(LIBRARY / name) for name in names]
+    return [read_repository(p.parent) for p in sorted(LIBRARY.glob(f"*/{CONFIG}"))]
+
+
+def write_build(repo: Repository, out: Path | None = None) -> Path:
+    """Write ``repo``'s ``build/`` folder afresh under ``out`` (default: the repository's own
+    folder) and return it. Files of an earlier build that the source no longer has go too."""
+    files = build_files(repo)
+    target = (out if out is not None else repo.folder) / BUILD
+    if target.exists():
+        shutil.rmtree(target)
+    for name, content in files.items():
+        path = target / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    return target
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    """The files under ``folder`` by relative path, without Python's byte-code caches."""
+    if not folder.is_dir():
+        return {}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.relative_to(folder).parts
+    }
+
+
+def differences(repo: Repository) -> list[str]:
+    """How the committed ``build/`` of ``repo`` differs from a fresh build: one line a file."""
+    expected = build_files(repo)
+    actual = tree(repo.folder / BUILD)
+    lines = []
+    for name in sorted(set(expected) | set(actual)):
+        if name not in actual:
+            lines.append(f"missing   {BUILD}/{name}")
+        elif name not in expected:
+            lines.append(f"extra     {BUILD}/{name}")
+        elif actual[name] != expected[name]:
+            lines.append(f"differs   {BUILD}/{name}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("repos", nargs="*", help="repository folders under library/ (default: all)")
+    parser.add_argument(
+        "--check", action="store_true", help="compare the committed build/ folders, write nothing"
+    )
+    args = parser.parse_args(argv)
+    try:
+        repos = repositories(args.repos)
+        if args.check:
+            stale = {repo.name: differences(repo) for repo in repos}
+            for name, lines in stale.items():
+                for line in lines:
+                    print(f"library/{name}: {line}")
+            if any(stale.values()):
+                print("Run `make library` to rebuild from torch-ext/ and library/_shared/.")
+                return 1
+            return 0
+        for repo in repos:
+            print(f"library/{repo.name}/{BUILD}: {', '.join(repo.variants)}")
+            write_build(repo)
+    except LibraryBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
