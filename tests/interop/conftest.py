@@ -1,0 +1,42 @@
+"""The interoperability tests run in their own environment: Hugging Face's `kernels` client
+installed, this package not (``make install-hf``, ``make test-hf``). Both are the `kernels`
+distribution, so an environment holds one or the other; elsewhere these tests are not collected
+(``pytest tests/interop`` says so in its header).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from pathlib import Path
+
+#: The client release these tests pin: the Makefile's HF_KERNELS_VERSION.
+HF_KERNELS_VERSION = "0.17.2"
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _installed_kernels_version() -> str | None:
+    try:
+        return importlib.metadata.version("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+IN_HF_ENVIRONMENT = _installed_kernels_version() == HF_KERNELS_VERSION
+
+if IN_HF_ENVIRONMENT:
+    # `python -m pytest` puts the working directory on sys.path, where this repository's own
+    # `kernels` package would shadow the installed client.
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO_ROOT]
+else:
+    collect_ignore_glob = ["test_*.py"]
+
+
+def pytest_report_header(config):
+    if not IN_HF_ENVIRONMENT:
+        return (
+            f"tests/interop: not collected (the installed kernels is {_installed_kernels_version()}, "
+            f"not Hugging Face's {HF_KERNELS_VERSION}); run them with `make test-hf`"
+        )
+    return None
