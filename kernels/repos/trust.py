@@ -87,6 +87,7 @@ class TrustedNames:
         return None
 
     def names(self) -> list[str]:
+        """Every trusted organisation and repository (folded), sorted, for messages."""
         return sorted({*self.orgs, *self.repos})
 
 
