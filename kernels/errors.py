@@ -64,6 +64,12 @@ class UntrustedKernelError(KernelLoadError, PermissionError):
     """A kernel repository's organisation is not trusted to run code here (docs/hub.md#trust)."""
 
 
+class KernelMetadataError(KernelLoadError, ValueError):
+    """A kernel build describes itself wrongly: its ``metadata.json``, its repository's
+    ``kernel-variants.json`` or a build variant's name is malformed, too large or too deeply
+    nested."""
+
+
 class KernelLockError(KernelLoadError):
     """A lock file is missing, malformed, or does not list the kernel asked for."""
 
