@@ -31,6 +31,7 @@ from ..errors import (
     KernelVersionSpecError,
 )
 from . import hubclient
+from .bounded_json import quoted
 from .hubclient import COMMIT_PATTERN, KERNEL_REPO_TYPE, MODEL_REPO_TYPE, Failure
 
 logger = logging.getLogger(__name__)
@@ -95,30 +96,46 @@ def parse_version_tag(name: str) -> Version | None:
     return None if version.local else version
 
 
+#: The longest version specifier read: real ones are a few dozen characters.
+MAX_VERSION_SPEC_LENGTH = 1000
+
+#: The highest int version (the branch ``v<N>``): real ones are single digits.
+MAX_VERSION_BRANCH = 2**31 - 1
+
+
 def check_version_argument(version: object, *, repo_id: str) -> SpecifierSet | int | None:
     """Validate a `version` argument: None, an int N >= 0, or a PEP 440 specifier string.
 
+    Any object may be given (it may come from a pyproject.toml or a lock file): whatever is
+    not one of those raises the package's error.
+
     Raises:
-        KernelVersionSpecError: anything else, including a malformed specifier.
+        KernelVersionSpecError: anything else, including a malformed specifier, an int above
+            `MAX_VERSION_BRANCH` or a string longer than `MAX_VERSION_SPEC_LENGTH`.
     """
     if version is None:
         return None
     if isinstance(version, bool) or not isinstance(version, (int, str)):
         raise KernelVersionSpecError(
             f"{repo_id}: version must be a PEP 440 specifier string such as '>=0.1,<0.2' or an "
-            f"int N for the branch vN, got {version!r}."
+            f"int N for the branch vN, got {quoted(version)}."
         )
     if isinstance(version, int):
-        if version < 0:
+        if not 0 <= version <= MAX_VERSION_BRANCH:
             raise KernelVersionSpecError(
-                f"{repo_id}: version={version} names no branch; an int version N means the "
-                "branch vN and must be 0 or more."
+                f"{repo_id}: version={quoted(version)} names no branch; an int version N means "
+                f"the branch vN and must be from 0 to {MAX_VERSION_BRANCH}."
             )
         return version
     if not version.strip():
         raise KernelVersionSpecError(
             f"{repo_id}: version is an empty string; give a specifier such as '>=0.1,<0.2', or "
             "version=None to follow main."
+        )
+    if len(version) > MAX_VERSION_SPEC_LENGTH:
+        raise KernelVersionSpecError(
+            f"{repo_id}: version is a string of {len(version)} characters, {quoted(version)}; "
+            f"a specifier may be at most {MAX_VERSION_SPEC_LENGTH}, e.g. '>=0.1,<0.2'."
         )
     try:
         return SpecifierSet(version)
@@ -130,8 +147,8 @@ def check_version_argument(version: object, *, repo_id: str) -> SpecifierSet | i
         except InvalidVersion:
             pass
         raise KernelVersionSpecError(
-            f"{repo_id}: version={version!r} is not a PEP 440 version specifier; write bounds "
-            f"such as '>=0.1,<0.2' or '==0.1.*'.{hint}"
+            f"{repo_id}: version={quoted(version)} is not a PEP 440 version specifier; write "
+            f"bounds such as '>=0.1,<0.2' or '==0.1.*'.{hint}"
         ) from None
 
 
