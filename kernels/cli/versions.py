@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import BuildVariantNotFoundError
     from ..repos import hubclient
     from ..repos.repo_id import check_repo_id
-    from ..repos.variants import PREFERENCE_FILE, choose_variant, parse_preference_file, variants_in
+    from ..repos.variants import PREFERENCE_FILE, choose_variant, read_preference_file, variants_in
     from ..repos.versions import hub_error, list_refs, parse_version_tag
 
     repo_id, repo_type = check_repo_id(args.repo_id, where="REPO"), args.repo_type
@@ -69,10 +69,8 @@ def run(args: argparse.Namespace) -> int:
                         f"download {PREFERENCE_FILE} of {repo_id} at {commit}",
                         repo_type,
                     ) from exc
-                with open(path) as f:
-                    text = f.read()
                 try:
-                    prefer = parse_preference_file(text, where=f"{repo_id} at {commit[:12]}")
+                    prefer = read_preference_file(path, where=f"{repo_id} at {commit[:12]}")
                 except BuildVariantNotFoundError as exc:
                     # One ref's broken preference file must not hide the other refs; it is
                     # shown on its row, and nothing there would load.

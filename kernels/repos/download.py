@@ -49,7 +49,7 @@ from .variants import (
     allow_patterns,
     choose_variant,
     decide_variants,
-    parse_preference_file,
+    read_preference_file,
     variants_in,
 )
 from .versions import (
@@ -364,7 +364,7 @@ def _remote_listing(resolved: ResolvedRevision) -> tuple[list[str], str, list[st
             raise hub_error(
                 exc, repo_id, f"download {PREFERENCE_FILE} of {where}", resolved.repo_type
             ) from exc
-        prefer = parse_preference_file(Path(path).read_text(), where=where)
+        prefer = read_preference_file(path, where=where)
     return offered, prefer, repo_files
 
 

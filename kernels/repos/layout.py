@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KernelLoadError
-from .variants import PREFERENCE_FILE, choose_variant, parse_preference_file
+from .variants import PREFERENCE_FILE, choose_variant, read_preference_file
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
 
@@ -89,7 +89,7 @@ def read_preference(repo_dir: Path, *, where: str) -> str:
     path = repo_dir / PREFERENCE_FILE
     if not path.is_file():
         return "compiled"
-    return parse_preference_file(path.read_text(), where=where)
+    return read_preference_file(path, where=where)
 
 
 def _packages_in(folder: Path) -> list[str]:

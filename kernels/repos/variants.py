@@ -32,7 +32,7 @@ put the pure-Python variants first with a ``kernel-variants.json`` at its root:
 from __future__ import annotations
 
 import importlib.metadata
-import json
+import os
 import platform
 import re
 from collections.abc import Iterable
@@ -41,7 +41,8 @@ from functools import lru_cache
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import BuildVariantNotFoundError
+from ..errors import BuildVariantNotFoundError, KernelMetadataError
+from .bounded_json import MiB, json_type, load_json_file, parse_json, quoted
 
 UNIVERSAL_VARIANT = "torch-universal"
 
@@ -51,12 +52,23 @@ PREFERENCE_FILE = "kernel-variants.json"
 #: Values of ``prefer`` in `PREFERENCE_FILE` ("universal" is accepted for "noarch").
 PREFERENCES = ("compiled", "noarch")
 
+#: The largest `PREFERENCE_FILE` read; the real ones are a few dozen bytes.
+MAX_PREFERENCE_FILE_SIZE = 1 * MiB
+
+#: The longest variant name read: a folder name (255 bytes on common file systems).
+MAX_VARIANT_NAME_LENGTH = 255
+
 #: Backends that have a pure-Python ``torch-<backend>`` variant.
 NOARCH_BACKENDS = ("cpu", "cuda", "metal", "neuron", "npu", "rocm", "xpu")
 
 #: Folder names under ``build/`` that claim to be build variants. Names of this shape that
 #: `BuildVariant.parse` cannot read are reported as rejected, never silently skipped.
 VARIANT_PATTERN = re.compile(r"^(torch[0-9-][\w.-]*|tvm-ffi[\w.-]*)$")
+
+# What a variant name in a lock file may be: the shape above in ASCII, so that it is always
+# one safe path component (it names ``build/<variant>/`` to download and verify).
+_VARIANT_NAME = re.compile(r"(?:torch[0-9-]|tvm-ffi)[A-Za-z0-9_.-]*")
+_VARIANT_CHARS = re.compile(r"[A-Za-z0-9_.-]+")
 
 # The kinds of variant, in the default order of preference.
 STABLE_ABI, TORCH, TVM_FFI, BACKEND, UNIVERSAL = (
@@ -70,7 +82,20 @@ _COMPILED_KINDS = (STABLE_ABI, TORCH, TVM_FFI)
 
 # Runtime prefixes as variant names spell them, by backend.
 _RUNTIME_PREFIX = {"cuda": "cu", "rocm": "rocm", "xpu": "xpu"}
-_RUNTIME = re.compile(r"^(cu|rocm|xpu)(\d+)$|^(cpu|metal|npu|neuron)$")
+_RUNTIME = re.compile(r"(cu|rocm|xpu)([0-9]+)|(cpu|metal|npu|neuron)")
+
+
+def is_variant_name(value: object) -> bool:
+    """Whether `value` is shaped like a build variant name (ASCII, one path component).
+
+    Unlike `BuildVariant.parse`, it accepts kinds this version cannot read, as a lock written
+    by a newer tool may list them.
+    """
+    return (
+        isinstance(value, str)
+        and len(value) <= MAX_VARIANT_NAME_LENGTH
+        and _VARIANT_NAME.fullmatch(value) is not None
+    )
 
 
 def _split_version(digits: str, *, major_digits: int) -> Version:
@@ -80,7 +105,7 @@ def _split_version(digits: str, *, major_digits: int) -> Version:
 
 def _parse_runtime(token: str) -> tuple[str, Version | None]:
     """``cu128`` -> ("cuda", 12.8); ``rocm63`` -> ("rocm", 6.3); ``xpu20251`` -> ("xpu", 2025.1)."""
-    match = _RUNTIME.match(token)
+    match = _RUNTIME.fullmatch(token)
     if match is None:
         raise ValueError(f"unknown backend {token!r}")
     prefix, digits, plain = match.groups()
@@ -128,8 +153,26 @@ class BuildVariant:
         """Read a variant folder name.
 
         Raises:
-            ValueError: the name is not one of the five kinds (the message says why).
+            KernelMetadataError: the name is not one of the five kinds (a ``ValueError``; its
+                ``reason`` attribute says why, without the name).
         """
+        if not isinstance(name, str):
+            raise _bad_variant(name, f"a variant name is a string, not {type(name).__name__}")
+        if len(name) > MAX_VARIANT_NAME_LENGTH:
+            raise _bad_variant(
+                name, f"longer than the {MAX_VARIANT_NAME_LENGTH} characters a folder name has"
+            )
+        if not _VARIANT_CHARS.fullmatch(name):
+            raise _bad_variant(
+                name, "variant names are made of ASCII letters, digits, '-', '_' and '.'"
+            )
+        try:
+            return cls._parse(name)
+        except ValueError as exc:  # our reasons, and packaging's InvalidVersion
+            raise _bad_variant(name, str(exc)) from None
+
+    @classmethod
+    def _parse(cls, name: str) -> BuildVariant:
         parts = name.split("-")
         if name == UNIVERSAL_VARIANT:
             return cls(name, UNIVERSAL)
@@ -138,16 +181,16 @@ class BuildVariant:
                 raise ValueError(f"unknown backend {parts[1]!r}")
             return cls(name, BACKEND, backend=parts[1])
         if parts[:2] == ["torch", "stable"] and len(parts) == 6:
-            abi = re.fullmatch(r"abi(\d)(\d+)", parts[2])
+            abi = re.fullmatch(r"abi([0-9])([0-9]+)", parts[2])
             if abi is None:
                 raise ValueError(f"{parts[2]!r} is not abi<X><Y>")
             return cls._compiled(name, STABLE_ABI, Version(f"{abi[1]}.{abi[2]}"), None, parts[3:])
         if parts[0] == "tvm" and len(parts) == 5:
-            ffi = re.fullmatch(r"ffi(\d)(\d+)", parts[1])
+            ffi = re.fullmatch(r"ffi([0-9])([0-9]+)", parts[1])
             if ffi is None:
                 raise ValueError(f"{parts[1]!r} is not ffi<X><Y>")
             return cls._compiled(name, TVM_FFI, Version(f"{ffi[1]}.{ffi[2]}"), None, parts[2:])
-        torch = re.fullmatch(r"torch(\d)(\d+)", parts[0])
+        torch = re.fullmatch(r"torch([0-9])([0-9]+)", parts[0])
         if torch is not None and len(parts) in (4, 5):
             abi = parts[1] if len(parts) == 5 else None
             if abi not in (None, "cxx11", "cxx98"):
@@ -166,6 +209,12 @@ class BuildVariant:
         runtime, cpu, os = rest
         backend, backend_version = _parse_runtime(runtime)
         return cls(name, kind, version, abi, backend, backend_version, cpu, os)
+
+
+def _bad_variant(name: object, reason: str) -> KernelMetadataError:
+    error = KernelMetadataError(f"{quoted(name)} is not a build variant name: {reason}.")
+    error.reason = reason
+    return error
 
 
 @dataclass(frozen=True)
@@ -355,8 +404,8 @@ def decide_variants(
     for name in variants_in(available):
         try:
             variant = BuildVariant.parse(name)
-        except ValueError as exc:
-            rejected.append(VariantRejected(BuildVariant(name, "unknown"), str(exc)))
+        except KernelMetadataError as exc:
+            rejected.append(VariantRejected(BuildVariant(name, "unknown"), exc.reason))
             continue
         reason = machine.rejection(variant)
         if reason is None:
@@ -368,29 +417,63 @@ def decide_variants(
 
 
 def check_preference(prefer: object, *, where: str = "prefer") -> str:
-    """Validate a variant preference; returns "compiled" or "noarch"."""
-    if prefer == "universal":
-        return "noarch"
-    if prefer not in PREFERENCES:
-        raise BuildVariantNotFoundError(
-            f"{where} must be one of {', '.join(PREFERENCES)}, got {prefer!r}."
-        )
-    return prefer  # type: ignore[return-value]
-
-
-def parse_preference_file(text: str, *, where: str) -> str:
-    """The ``prefer`` value of a `PREFERENCE_FILE`'s contents ("compiled" when absent).
+    """Validate a variant preference; returns "compiled" or "noarch".
 
     Raises:
-        BuildVariantNotFoundError: the file is not JSON, or states an unknown preference.
+        BuildVariantNotFoundError: anything else (any object may be given).
+    """
+    if isinstance(prefer, str):
+        if prefer == "universal":
+            return "noarch"
+        if prefer in PREFERENCES:
+            return prefer
+    raise BuildVariantNotFoundError(
+        f"{where} must be one of {', '.join(PREFERENCES)}, got {quoted(prefer)}."
+    )
+
+
+def parse_preference_file(text: str | bytes, *, where: str) -> str:
+    """The ``prefer`` value of a `PREFERENCE_FILE`'s contents ("compiled" when absent).
+
+    Args:
+        text: the file's contents, as bytes (strict UTF-8) or text.
+        where: the repository (and revision) it comes from, for messages.
+
+    Raises:
+        BuildVariantNotFoundError: the file is not UTF-8 JSON of at most
+            `MAX_PREFERENCE_FILE_SIZE`, or states an unknown preference.
+    """
+    data = parse_json(
+        text,
+        where=f"{where}: {PREFERENCE_FILE}",
+        error=BuildVariantNotFoundError,
+        limit=MAX_PREFERENCE_FILE_SIZE,
+    )
+    return _preference_of(data, where)
+
+
+def read_preference_file(path: str | os.PathLike[str], *, where: str) -> str:
+    """The ``prefer`` value of the `PREFERENCE_FILE` at `path` (as `parse_preference_file`).
+
+    The size is checked before the file is read.
+
+    Raises:
+        BuildVariantNotFoundError: as `parse_preference_file`, or the file cannot be read.
     """
     try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise BuildVariantNotFoundError(f"{where}: {PREFERENCE_FILE} is not JSON: {exc}") from exc
+        data = load_json_file(path, error=BuildVariantNotFoundError, limit=MAX_PREFERENCE_FILE_SIZE)
+    except OSError as exc:
+        raise BuildVariantNotFoundError(
+            f"{where}: cannot read {PREFERENCE_FILE} at {path} ({exc.strerror or exc})."
+        ) from exc
+    return _preference_of(data, where)
+
+
+def _preference_of(data: object, where: str) -> str:
     if not isinstance(data, dict):
         raise BuildVariantNotFoundError(
-            f'{where}: {PREFERENCE_FILE} must hold an object such as {{"prefer": "noarch"}}.'
+            f'{where}: {PREFERENCE_FILE} must hold an object such as {{"prefer": "noarch"}}, '
+            f"not {json_type(data)}."
         )
     return check_preference(
         data.get("prefer", "compiled"), where=f"{where}: {PREFERENCE_FILE} prefer"
