@@ -10,16 +10,19 @@ kernel-builder, e.g.::
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from ..errors import KernelLoadError
+from ..errors import KernelMetadataError
+from .bounded_json import MiB, json_type, load_json_file, quoted
 
 METADATA_FILE = "metadata.json"
+
+#: The largest ``metadata.json`` read; kernel-builder's are under a few KiB.
+MAX_METADATA_SIZE = 1 * MiB
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,16 @@ class Metadata:
         """Metadata from the parsed JSON object of a ``metadata.json``.
 
         Raises:
-            KernelLoadError: a known key has a value of the wrong type (named with `where`).
+            KernelMetadataError: `data` is not a mapping, or a known key has a value of the
+                wrong type (named with `where`).
         """
         if not isinstance(data, Mapping):
-            raise KernelLoadError(f"{where} must hold a JSON object, got {type(data).__name__}.")
+            raise KernelMetadataError(f"{where} must hold a JSON object, not {json_type(data)}.")
         values: dict[str, object] = {}
         extra: dict[str, object] = {}
         for key, value in data.items():
+            if not isinstance(key, str):
+                raise KernelMetadataError(f"{where}: keys must be strings, got {quoted(key)}.")
             name = _RENAMED.get(key, key)
             if name in _CHECKS:
                 values[name] = _CHECKS[name](value, f"{where}: '{key}'")
@@ -116,19 +122,29 @@ class Metadata:
 
         Raises:
             FileNotFoundError: there is no such file.
-            KernelLoadError: it is not valid JSON, or a value has the wrong type.
+            KernelMetadataError: it cannot be read, is larger than `MAX_METADATA_SIZE`, is not
+                UTF-8 JSON (nested at most 64 deep, without duplicate keys), or a value has
+                the wrong type.
         """
         path = Path(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise KernelLoadError(f"{path} is not valid JSON: {exc}") from exc
+            data = load_json_file(path, error=KernelMetadataError, limit=MAX_METADATA_SIZE)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise KernelMetadataError(
+                f"Cannot read {path} ({exc.strerror or exc}); check its permissions."
+            ) from exc
         return cls.from_dict(data, where=str(path))
 
     @classmethod
     def load_from_variant(cls, variant_path: str | os.PathLike[str]) -> Metadata:
         """The metadata of the build variant folder `variant_path`; empty when it has no
-        ``metadata.json`` (builds from before kernel-builder wrote one)."""
+        ``metadata.json`` (builds from before kernel-builder wrote one).
+
+        Raises:
+            KernelMetadataError: as `read_from_file`.
+        """
         path = Path(variant_path) / METADATA_FILE
         return cls.read_from_file(path) if path.is_file() else cls()
 
@@ -137,7 +153,7 @@ def _optional(kind: type, label: str):
     def check(value: object, where: str):
         if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
             return value
-        raise KernelLoadError(f"{where} must be {label} or null, got {value!r}.")
+        raise KernelMetadataError(f"{where} must be {label} or null, got {quoted(value)}.")
 
     return check
 
@@ -147,15 +163,27 @@ def _python_depends(value: object, where: str) -> tuple[str, ...]:
         return ()
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise KernelLoadError(f"{where} must be a list of requirement strings, got {value!r}.")
+    raise KernelMetadataError(
+        f"{where} must be a list of requirement strings, got {quoted(value)}."
+    )
 
 
 def _backend(value: object, where: str) -> Mapping[str, object] | None:
-    if value is None or isinstance(value, Mapping):
-        return None if value is None else MappingProxyType(dict(value))
+    if value is None:
+        return None
     if isinstance(value, str):  # a bare backend name
         return MappingProxyType({"type": value})
-    raise KernelLoadError(f"{where} must be an object (or a backend name), got {value!r}.")
+    if isinstance(value, Mapping):
+        kind = value.get("type")
+        if kind is not None and not isinstance(kind, str):
+            raise KernelMetadataError(
+                f"{where}: 'type' must be a backend name such as 'cuda', got {quoted(kind)}."
+            )
+        return MappingProxyType(dict(value))
+    raise KernelMetadataError(
+        f'{where} must be an object such as {{"type": "cuda"}} (or a backend name), '
+        f"got {quoted(value)}."
+    )
 
 
 _CHECKS = {
