@@ -16,8 +16,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import KernelLockError
+from ..errors import KernelLockError, KernelsError
+from .bounded_json import MiB, quoted, read_bounded
 from .hubclient import KERNEL_REPO_TYPE, check_repo_type
+from .repo_id import is_repo_id
 from .trust import TrustArgument, normalize_trust
 from .versions import check_version_argument
 
@@ -26,14 +28,21 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-_TABLE_KEYS = {
-    "version",
-    "revision",
-    "trust-remote-code",
-    "trust_remote_code",
-    "repo-type",
-    "repo_type",
+#: The largest pyproject.toml read: big projects' are tens of KiB.
+MAX_PYPROJECT_SIZE = 4 * MiB
+
+#: The longest ``revision`` read: a branch or tag name, or a 40-character commit hash.
+MAX_REVISION_LENGTH = 256
+
+# Each key of an entry's table, and the spelling pyproject.toml conventions also allow.
+_ALIASES = {
+    "version": ("version",),
+    "revision": ("revision",),
+    "trust-remote-code": ("trust-remote-code", "trust_remote_code"),
+    "repo-type": ("repo-type", "repo_type"),
 }
+_TABLE_PATH = ("tool", "kernels", "dependencies")
+_TABLE_KEYS = {spelling for spellings in _ALIASES.values() for spelling in spellings}
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,8 @@ def read_dependencies(project_dir: Path) -> list[Dependency]:
     """The ``[tool.kernels.dependencies]`` of ``project_dir/pyproject.toml``.
 
     Raises:
-        KernelLockError: no pyproject.toml, invalid TOML, or a malformed entry.
+        KernelLockError: no pyproject.toml, one larger than `MAX_PYPROJECT_SIZE`, not UTF-8
+            TOML, or a malformed table or entry (the message names it).
     """
     path = Path(project_dir) / "pyproject.toml"
     if not path.is_file():
@@ -69,53 +79,127 @@ def read_dependencies(project_dir: Path) -> list[Dependency]:
             f"{path} does not exist; `kernels lock` reads the kernels a project depends on from "
             "[tool.kernels.dependencies] in its pyproject.toml."
         )
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise KernelLockError(f"{path} is not valid TOML: {exc}") from exc
-    table = data.get("tool", {}).get("kernels", {}).get("dependencies")
-    if table is None:
-        raise KernelLockError(
-            f"{path} has no [tool.kernels.dependencies] table. Add one, e.g.\n"
-            '[tool.kernels.dependencies]\n"kernels-community/activation" = ">=0.1,<0.2"'
-        )
-    if not isinstance(table, dict):
-        raise KernelLockError(f"[tool.kernels.dependencies] in {path} must be a table.")
+    data = _read_toml(path)
+    table: object = data
+    for depth, key in enumerate(_TABLE_PATH):
+        table = table.get(key)  # type: ignore[union-attr]  # a dict: checked below
+        if table is None:
+            raise KernelLockError(
+                f"{path} has no [tool.kernels.dependencies] table. Add one, e.g.\n"
+                '[tool.kernels.dependencies]\n"kernels-community/activation" = ">=0.1,<0.2"'
+            )
+        if not isinstance(table, dict):
+            name = ".".join(_TABLE_PATH[: depth + 1])
+            raise KernelLockError(f"[{name}] in {path} must be a table, not {_toml_type(table)}.")
     return [_dependency(repo_id, value, path) for repo_id, value in table.items()]
 
 
+def _read_toml(path: Path) -> dict:
+    try:
+        raw = read_bounded(path, limit=MAX_PYPROJECT_SIZE, error=KernelLockError)
+    except OSError as exc:
+        raise KernelLockError(f"Cannot read {path} ({exc.strerror or exc}).") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise KernelLockError(
+            f"{path} is not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}); TOML files "
+            "must be UTF-8."
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        # tomllib recurses once per level of nested arrays and inline tables.
+        raise KernelLockError(
+            f"{path} nests arrays or inline tables too deeply to be read as TOML."
+        ) from None
+    except ValueError as exc:  # TOMLDecodeError, or an integer too long to convert
+        raise KernelLockError(f"{path} is not valid TOML: {exc}") from exc
+
+
 def _dependency(repo_id: str, value: object, path: Path) -> Dependency:
-    where = f'"{repo_id}" in [tool.kernels.dependencies] of {path}'
+    where = f"{quoted(repo_id)} in [tool.kernels.dependencies] of {path}"
+    if not is_repo_id(repo_id):
+        raise KernelLockError(
+            f"[tool.kernels.dependencies] of {path}: the key {quoted(repo_id)} is not a Hub "
+            "repository id; write it as 'org/name' with ASCII letters, digits, '-', '_' and '.', "
+            'e.g. "kernels-community/activation" = ">=0.1,<0.2".'
+        )
     try:
         if isinstance(value, (str, int)) and not isinstance(value, bool):
             check_version_argument(value, repo_id=repo_id)
             return Dependency(repo_id, version=value)
         if isinstance(value, dict):
-            unknown = set(value) - _TABLE_KEYS
-            if unknown:
-                raise KernelLockError(
-                    f"{where} has unknown keys {', '.join(sorted(unknown))}; use version, "
-                    "revision, trust-remote-code and repo-type."
-                )
-            version = value.get("version")
-            revision = value.get("revision")
-            if version is not None and revision is not None:
-                raise KernelLockError(f"{where} gives both version and revision; give one.")
-            check_version_argument(version, repo_id=repo_id)
-            trust = value.get("trust-remote-code", value.get("trust_remote_code", False))
-            repo_type = value.get("repo-type", value.get("repo_type", KERNEL_REPO_TYPE))
-            return Dependency(
-                repo_id,
-                version=version,
-                revision=revision,
-                trust_remote_code=normalize_trust(trust, where=f"{where}: trust-remote-code"),
-                repo_type=check_repo_type(repo_type, where=f"{where}: repo-type"),
-            )
+            return _table_dependency(repo_id, value, where)
     except KernelLockError:
         raise
-    except Exception as exc:  # a malformed specifier or trust list
-        raise KernelLockError(f"{where}: {exc}") from exc
+    except KernelsError as exc:  # a malformed specifier, trust list or repository type
+        raise KernelLockError(f"{where}: {exc}") from None
     raise KernelLockError(
         f"{where} must be a version specifier string, an int (the branch vN) or a table with "
-        f"version / revision / trust-remote-code / repo-type, got {value!r}."
+        f"version / revision / trust-remote-code / repo-type, got {_toml_type(value)} "
+        f"{quoted(value)}."
     )
+
+
+def _table_dependency(repo_id: str, value: dict, where: str) -> Dependency:
+    unknown = set(value) - _TABLE_KEYS
+    if unknown:
+        raise KernelLockError(
+            f"{where} has unknown keys {', '.join(sorted(map(_key, unknown)))}; use version, "
+            "revision, trust-remote-code and repo-type."
+        )
+    given = {}
+    for key, spellings in _ALIASES.items():
+        present = [s for s in spellings if s in value]
+        if len(present) > 1:
+            raise KernelLockError(f"{where} gives both {' and '.join(present)}; give one.")
+        if present:
+            given[key] = value[present[0]]
+    version = given.get("version")
+    revision = given.get("revision")
+    if version is not None and revision is not None:
+        raise KernelLockError(f"{where} gives both version and revision; give one.")
+    check_version_argument(version, repo_id=repo_id)
+    if revision is not None and not (
+        isinstance(revision, str) and revision.strip() and len(revision) <= MAX_REVISION_LENGTH
+    ):
+        raise KernelLockError(
+            f"{where}: revision must be a branch, tag or commit name (a string of at most "
+            f"{MAX_REVISION_LENGTH} characters), got {_toml_type(revision)} {quoted(revision)}."
+        )
+    trust = given.get("trust-remote-code", False)
+    if not isinstance(trust, bool) and not (
+        isinstance(trust, list) and all(isinstance(name, str) for name in trust)
+    ):
+        raise KernelLockError(
+            f"{where}: trust-remote-code must be true, false or a list of organisations / "
+            f"repository ids, got {_toml_type(trust)} {quoted(trust)}."
+        )
+    return Dependency(
+        repo_id,
+        version=version,
+        revision=revision,
+        trust_remote_code=normalize_trust(trust, where=f"{where}: trust-remote-code"),
+        repo_type=check_repo_type(
+            given.get("repo-type", KERNEL_REPO_TYPE), where=f"{where}: repo-type"
+        ),
+    )
+
+
+def _key(key: str) -> str:
+    """A TOML key for a message: as written when short and printable, else quoted."""
+    return key if len(key) <= 40 and key.isprintable() else quoted(key)
+
+
+def _toml_type(value: object) -> str:
+    """How TOML names the type of a parsed value, with its article: ``"an array"``."""
+    if isinstance(value, bool):
+        return "a boolean"
+    return {
+        str: "a string",
+        int: "an integer",
+        float: "a float",
+        list: "an array",
+        dict: "a table",
+    }.get(type(value), "a date or time")
