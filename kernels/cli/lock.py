@@ -37,11 +37,11 @@ def run(args: argparse.Namespace) -> int:
     path, locks = lock_project(args.project_dir)
     for lock in locks:
         pinned = f"{lock.ref} ({lock.sha[:12]})" if lock.ref else lock.sha[:12]
-        trust = (lock.trust or {}).get("reason", "")
+        asked = f" {lock.version}" if lock.version is not None else ""
+        trust = (lock.trust or {}).get("reason")
         print(
-            f"locked {lock.repo_id} {lock.version or ''} -> {pinned}, {len(lock.variants)} variant(s); {trust}".replace(
-                "  ", " "
-            )
+            f"locked {lock.repo_id}{asked} -> {pinned}, {len(lock.variants)} variant(s)"
+            + (f"; {trust}" if trust else "")
         )
     print(f"wrote {path}")
     return 0

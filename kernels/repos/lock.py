@@ -54,21 +54,29 @@ from ..errors import (
     KernelOfflineError,
     KernelRepositoryNotFoundError,
     KernelRevisionError,
+    KernelVersionSpecError,
 )
 from . import hubclient
 from .base import PackageFunction
+from .bounded_json import MiB, json_type, load_json_file, parse_json, quoted
 from .download import FetchedKernel, LoadedHubKernel, fetch_kernel, import_fetched
 from .hashing import HASH_TYPE, combined_hash, verify_variant
 from .hubclient import KERNEL_REPO_TYPE, MODEL_REPO_TYPE
 from .project import Dependency, read_dependencies
 from .provides import provided_kernel
+from .repo_id import fold, is_repo_id
 from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
-from .variants import VARIANT_PATTERN
-from .versions import ResolvedRevision, hub_error, resolve_revision
+from .variants import is_variant_name
+from .versions import ResolvedRevision, check_version_argument, hub_error, resolve_revision
 
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = "kernels.lock"
+
+#: The largest lock file read: one kernel's entry, with every file's digest, is a few KiB.
+MAX_LOCK_SIZE = 4 * MiB
+
+_RELOCK = "Re-create the lock with `kernels lock PROJECT_DIR`."
 
 
 @dataclass(frozen=True)
@@ -103,48 +111,59 @@ class KernelLock:
 
     @classmethod
     def from_json(cls, data: object, *, where: str) -> KernelLock:
+        """One entry of a lock file, from its parsed JSON (any value may be given).
+
+        Every field is checked, so that nothing downstream meets a value of the wrong type:
+        the repository id is a Hub id, ``sha`` a full commit hash, variant names are build
+        variant names (one path component each), hashes and digests have their exact form,
+        and file paths stay inside their variant folder. Unknown keys are ignored, as
+        locks written by newer versions may carry more.
+
+        Args:
+            data: the parsed entry.
+            where: how to name the lock (and entry) in messages.
+
+        Raises:
+            KernelLockError: the entry is malformed; the message names the field.
+        """
         if not isinstance(data, dict):
-            raise KernelLockError(f"{where}: each entry must be an object, got {data!r}.")
-        try:
-            repo_id, sha = data["repo_id"], data["sha"]
-            variants = {
-                name: VariantLock(lock["hash"], lock.get("hash_type", HASH_TYPE))
-                for name, lock in data["variants"].items()
-            }
-        except (KeyError, TypeError, AttributeError) as exc:
+            raise KernelLockError(f"{where}: each entry must be an object, got {json_type(data)}.")
+        missing = [key for key in ("repo_id", "sha", "variants") if key not in data]
+        if missing:
             raise KernelLockError(
-                f"{where}: an entry lacks {exc} or is malformed; each needs repo_id, sha and "
-                "variants. Re-create the lock with `kernels lock PROJECT_DIR`."
-            ) from None
-        if not hubclient.COMMIT_PATTERN.match(str(sha)):
-            raise KernelLockError(f"{where}: {repo_id} is locked to {sha!r}, not a commit hash.")
-        for name, lock in variants.items():
-            if lock.hash_type != HASH_TYPE:
-                raise KernelLockError(
-                    f"{where}: {repo_id} variant {name} has hash_type {lock.hash_type!r}; this "
-                    f"version of kernels knows {HASH_TYPE!r}."
-                )
-        files = data.get("files") or {}
-        if not _valid_file_digests(files):
-            # Checked here so that a hand-edited lock fails as a lock error, not mid-verification.
-            raise KernelLockError(
-                f"{where}: the per-file digests of {repo_id} are malformed; 'files' maps each "
-                "variant to {path: 'git-sha1:<40 hex>' or 'sha256:<64 hex>'}. Re-create the lock "
-                "with `kernels lock PROJECT_DIR`."
+                f"{where}: an entry lacks {', '.join(map(repr, missing))}; each needs repo_id, "
+                f"sha and variants. {_RELOCK}"
             )
+        repo_id = data["repo_id"]
+        if not is_repo_id(repo_id):
+            raise KernelLockError(
+                f"{where}: the entry's repo_id {quoted(repo_id)} is not a Hub repository id "
+                f"('org/name' in ASCII letters, digits, '-', '_' and '.'). {_RELOCK}"
+            )
+        entry = f"{where}: {repo_id}"
+        sha = data["sha"]
+        if not (isinstance(sha, str) and _COMMIT.fullmatch(sha)):
+            raise KernelLockError(
+                f"{entry} is locked to {quoted(sha)}, not a commit hash (40 lowercase hex "
+                f"digits). {_RELOCK}"
+            )
+        variants = _variant_locks(data["variants"], entry)
+        files = _file_digests(
+            data.get("files"), variants, f"{where}: the per-file digests of {repo_id}"
+        )
         repo_type = data.get("repo_type")
         if repo_type is not None:
             try:
-                hubclient.check_repo_type(repo_type, where=f"{where}: {repo_id}")
+                hubclient.check_repo_type(repo_type, where=entry)
             except KernelMappingError as exc:
                 raise KernelLockError(str(exc)) from None
         return cls(
             repo_id=repo_id,
             sha=sha,
             variants=variants,
-            version=data.get("version"),
-            ref=data.get("ref"),
-            trust=data.get("trust"),
+            version=_version(data.get("version"), entry),
+            ref=_ref(data.get("ref"), entry),
+            trust=_trust_record(data.get("trust"), entry),
             files=files,
             repo_type=repo_type,
         )
@@ -169,16 +188,129 @@ class KernelLock:
         return data
 
 
-_FILE_DIGEST = re.compile(r"^(?:git-sha1:[0-9a-f]{40}|sha256:[0-9a-f]{64})$")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_VARIANT_HASH = re.compile(r"sha256-[0-9a-f]{64}")
+_FILE_DIGEST = re.compile(r"git-sha1:[0-9a-f]{40}|sha256:[0-9a-f]{64}")
+#: The longest ``ref`` and trust ``reason`` kept: a branch or tag name, a sentence.
+_MAX_TEXT = 1024
+#: The longest file path inside a variant folder (PATH_MAX on Linux).
+_MAX_PATH = 4096
 
 
-def _valid_file_digests(files: object) -> bool:
-    """Whether a lock entry's ``files`` is variant -> path -> a digest `file_digest` writes."""
-    return isinstance(files, dict) and all(
-        isinstance(paths, dict)
-        and all(isinstance(d, str) and _FILE_DIGEST.match(d) for d in paths.values())
-        for paths in files.values()
+def _variant_locks(value: object, where: str) -> dict[str, VariantLock]:
+    if not isinstance(value, dict) or not value:
+        raise KernelLockError(
+            f"{where}: 'variants' must be an object mapping each build variant to its hash, "
+            f'e.g. {{"torch-universal": {{"hash": "sha256-<hex>"}}}}, got {quoted(value)}. '
+            f"{_RELOCK}"
+        )
+    locks = {}
+    for name, lock in value.items():
+        if not is_variant_name(name):
+            raise KernelLockError(
+                f"{where}: {quoted(name)} in 'variants' is not a build variant name (such as "
+                f"torch-universal or torch28-cxx11-cu128-x86_64-linux). {_RELOCK}"
+            )
+        if not isinstance(lock, dict) or not (
+            isinstance(lock.get("hash"), str) and _VARIANT_HASH.fullmatch(lock["hash"])
+        ):
+            raise KernelLockError(
+                f"{where}: variant {name} must be an object with a 'hash' of the form "
+                f"'sha256-<64 hex>', got {quoted(lock)}. {_RELOCK}"
+            )
+        hash_type = lock.get("hash_type", HASH_TYPE)
+        if hash_type != HASH_TYPE:
+            raise KernelLockError(
+                f"{where} variant {name} has hash_type {quoted(hash_type)}; this version of "
+                f"kernels knows {HASH_TYPE!r}."
+            )
+        locks[name] = VariantLock(lock["hash"], HASH_TYPE)
+    return locks
+
+
+def _file_digests(
+    value: object, variants: dict[str, VariantLock], what: str
+) -> dict[str, dict[str, str]]:
+    """A lock entry's ``files``: variant -> path inside ``build/<variant>/`` -> digest.
+
+    `what` names them in messages ("<lock>: the per-file digests of <repo>").
+    """
+    if value is None:
+        return {}
+    problem = _file_digests_problem(value, variants)
+    if problem is not None:
+        # Checked here so that a hand-edited lock fails as a lock error, not mid-verification.
+        raise KernelLockError(
+            f"{what} are malformed ({problem}); 'files' maps each locked "
+            "variant to {path: 'git-sha1:<40 hex>' or 'sha256:<64 hex>'}, with paths relative "
+            f"to build/<variant>/. {_RELOCK}"
+        )
+    return {variant: dict(paths) for variant, paths in value.items()}  # type: ignore[union-attr]
+
+
+def _file_digests_problem(value: object, variants: dict[str, VariantLock]) -> str | None:
+    if not isinstance(value, dict):
+        return f"'files' is {json_type(value)}, not an object"
+    for variant, paths in value.items():
+        if variant not in variants:
+            return f"{quoted(variant)} is not one of the entry's variants"
+        if not isinstance(paths, dict):
+            return f"variant {variant} maps to {json_type(paths)}, not an object"
+        for path, digest in paths.items():
+            if not _is_relative_path(path):
+                return f"{quoted(path)} is not a relative path inside build/{variant}/"
+            if not (isinstance(digest, str) and _FILE_DIGEST.fullmatch(digest)):
+                return f"{quoted(path)} has the digest {quoted(digest)}"
+    return None
+
+
+def _is_relative_path(path: object) -> bool:
+    """Whether `path` is a POSIX path that stays inside the folder it is relative to."""
+    return (
+        isinstance(path, str)
+        and 0 < len(path) <= _MAX_PATH
+        and "\\" not in path
+        and path.isprintable()
+        and all(part not in ("", ".", "..") for part in path.split("/"))
     )
+
+
+def _version(value: object, where: str) -> str | int | None:
+    """The ``version`` the pyproject asked for: recorded, so it must be one `kernels` reads."""
+    try:
+        check_version_argument(value, repo_id=where)
+    except KernelVersionSpecError as exc:
+        raise KernelLockError(f"{exc} (the lock's 'version') {_RELOCK}") from None
+    return value  # type: ignore[return-value]
+
+
+def _ref(value: object, where: str) -> str | None:
+    if value is None or (
+        isinstance(value, str) and 0 < len(value) <= _MAX_TEXT and value.isprintable()
+    ):
+        return value
+    raise KernelLockError(
+        f"{where}: 'ref' must be the tag or branch the lock resolved, got {quoted(value)}. "
+        f"{_RELOCK}"
+    )
+
+
+def _trust_record(value: object, where: str) -> dict | None:
+    """The recorded trust decision: ``{"trusted": bool, "reason": str}``, or None."""
+    if value is None:
+        return None
+    reason = value.get("reason", "") if isinstance(value, dict) else None
+    if not (
+        isinstance(value, dict)
+        and isinstance(value.get("trusted"), bool)
+        and isinstance(reason, str)
+        and len(reason) <= _MAX_TEXT
+    ):
+        raise KernelLockError(
+            f'{where}: \'trust\' must be an object such as {{"trusted": true, "reason": '
+            f'"..."}}, got {quoted(value)}. {_RELOCK}'
+        )
+    return dict(value)  # keys beyond these two, from newer versions, are kept unread
 
 
 # --- reading and writing locks ---------------------------------------------------------------
@@ -188,33 +320,70 @@ def read_lockfile(path: Path) -> list[KernelLock]:
     """The entries of a lock file.
 
     Raises:
-        KernelLockError: it does not exist or is malformed.
+        KernelLockError: it does not exist, cannot be read, is larger than `MAX_LOCK_SIZE`
+            (checked before reading it) or is malformed (as `parse_lock`).
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        data = load_json_file(path, error=KernelLockError, limit=MAX_LOCK_SIZE)
     except OSError as exc:
         raise KernelLockError(
             f"Cannot read lock file {path} ({exc.strerror or exc}). Create it with "
             "`kernels lock PROJECT_DIR`."
         ) from exc
-    return parse_lock(text, where=str(path))
+    return _entries(data, where=str(path))
 
 
-def parse_lock(text: str, *, where: str) -> list[KernelLock]:
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise KernelLockError(f"{where} is not JSON: {exc}") from exc
+def parse_lock(text: str | bytes, *, where: str) -> list[KernelLock]:
+    """The entries of a lock file's contents.
+
+    Args:
+        text: the contents, as text or bytes (strict UTF-8).
+        where: how to name the lock in messages.
+
+    Raises:
+        KernelLockError: it is larger than `MAX_LOCK_SIZE`, not UTF-8 JSON nested at most 64
+            deep without duplicate keys, not a list, lists a kernel twice, or an entry is
+            malformed (as `KernelLock.from_json`).
+    """
+    return _entries(
+        parse_json(text, where=where, error=KernelLockError, limit=MAX_LOCK_SIZE), where
+    )
+
+
+def _entries(data: object, where: str) -> list[KernelLock]:
     if not isinstance(data, list):
-        raise KernelLockError(f"{where} must hold a JSON list of locked kernels.")
-    return [KernelLock.from_json(entry, where=where) for entry in data]
+        raise KernelLockError(
+            f"{where} must hold a JSON array of locked kernels, not {json_type(data)}. {_RELOCK}"
+        )
+    locks = [
+        KernelLock.from_json(entry, where=f"{where} (entry {i + 1})")
+        for i, entry in enumerate(data)
+    ]
+    seen: dict[str, int] = {}
+    for i, lock in enumerate(locks):
+        # The Hub compares repository names without ASCII case: two entries would be one repo.
+        first = seen.setdefault(fold(lock.repo_id), i)
+        if first != i:
+            raise KernelLockError(
+                f"{where} locks {lock.repo_id} twice (entries {first + 1} and {i + 1}); which "
+                f"one counts would be a guess. {_RELOCK}"
+            )
+    return locks
 
 
 def write_lockfile(path: Path, locks: Iterable[KernelLock]) -> None:
+    """Write `locks` to `path` (atomically: a reader sees the old lock or the new one).
+
+    Raises:
+        KernelLockError: the locks would not read back (e.g. a Hub listing gave a path or
+            digest of the wrong form); nothing is written then.
+    """
     text = json.dumps([lock.to_json() for lock in locks], indent=2) + "\n"
+    # What is written must be what `read_lockfile` accepts: the values came from the Hub.
+    parse_lock(text, where=f"the lock about to be written to {path}")
     tmp = Path(path).with_suffix(".lock.tmp")
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
 
 
@@ -257,7 +426,7 @@ def lock_dependency(dependency: Dependency) -> KernelLock:
         if blob_id is None:  # a folder
             continue
         parts = entry.path.split("/")
-        if len(parts) < 3 or not VARIANT_PATTERN.match(parts[1]):
+        if len(parts) < 3 or not is_variant_name(parts[1]):
             continue
         lfs = getattr(entry, "lfs", None)
         lfs_sha = getattr(lfs, "sha256", None) or (
@@ -330,12 +499,17 @@ def lock_source(lockfile: str | os.PathLike[str] | None, *, caller: str | None) 
     module = sys.modules.get(caller)
     top = caller.split(".")[0]
     for dist_name in importlib.metadata.packages_distributions().get(top, []):
+        where = f"the {LOCK_FILE} of distribution {dist_name}"
         try:
             text = importlib.metadata.distribution(dist_name).read_text(LOCK_FILE)
         except importlib.metadata.PackageNotFoundError:
             continue
+        except UnicodeDecodeError as exc:
+            raise KernelLockError(
+                f"{where} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}); "
+                f"reinstall {dist_name}, or pass lockfile=..."
+            ) from None
         if text is not None:
-            where = f"the {LOCK_FILE} of distribution {dist_name}"
             return LockSource(where, tuple(parse_lock(text, where=where)))
     source_file = getattr(module, "__file__", None)
     if source_file:
