@@ -234,6 +234,8 @@ def test_lock_from_any_bytes(data):
 def test_lock_from_any_json(value):
     _outcome(KernelLockError, parse_lock, json.dumps(value), where="kernels.lock")
     _outcome(KernelLockError, KernelLock.from_json, value, where="kernels.lock")
+    if not isinstance(value, str):  # not a document at all: refused, not misread
+        _outcome(KernelLockError, parse_lock, value, where="kernels.lock")
 
 
 @FAST
@@ -289,6 +291,7 @@ def test_metadata_file_from_any_bytes(workdir, data):
     st.binary(max_size=100)
     | st.text(max_size=100)
     | json_values.map(json.dumps)
+    | json_values
     | mutated({"prefer": "noarch"}).map(json.dumps)
 )
 def test_preference_from_any_input(data):

@@ -92,23 +92,14 @@ def parse_json(
         error: the document is too large, not UTF-8, not JSON, too deep, has duplicate keys
             or a ``NaN`` / ``Infinity``.
     """
+    if not isinstance(data, (bytes, str)):
+        raise error(f"{where}: expected JSON text, got {type(data).__name__}.")
     if len(data) > limit:
         raise error(
             f"{where} is {len(data)} {'bytes' if isinstance(data, bytes) else 'characters'}; "
             f"it may be at most {describe_size(limit)}, so it is refused unread."
         )
-    if isinstance(data, bytes):
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise error(
-                f"{where} is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); "
-                "JSON files must be UTF-8."
-            ) from None
-    elif isinstance(data, str):
-        text = data
-    else:
-        raise error(f"{where}: expected JSON text, got {type(data).__name__}.")
+    text = decode_utf8(data, where=where, error=error) if isinstance(data, bytes) else data
     if text.startswith("\ufeff"):
         raise error(f"{where} starts with a byte-order mark; JSON files must be plain UTF-8.")
     depth = json_depth(text)
@@ -130,6 +121,21 @@ def parse_json(
         raise error(f"{where} is nested too deeply to parse here.") from None
     except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
         raise error(f"{where} is not valid JSON: {exc}") from None
+
+
+def decode_utf8(data: bytes, *, where: str, error: type[KernelsError], kind: str = "JSON") -> str:
+    """`data` decoded as strict UTF-8 (what JSON and TOML files must be).
+
+    Raises:
+        error: it is not UTF-8; the message names the first bad byte and its offset.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"{where} is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); {kind} "
+            "files must be UTF-8."
+        ) from None
 
 
 def load_json_file(

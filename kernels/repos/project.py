@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KernelLockError, KernelsError
-from .bounded_json import MiB, quoted, read_bounded
+from .bounded_json import MiB, decode_utf8, quoted, read_bounded
 from .hubclient import KERNEL_REPO_TYPE, check_repo_type
 from .repo_id import is_repo_id
 from .trust import TrustArgument, normalize_trust
@@ -99,13 +99,7 @@ def _read_toml(path: Path) -> dict:
         raw = read_bounded(path, limit=MAX_PYPROJECT_SIZE, error=KernelLockError)
     except OSError as exc:
         raise KernelLockError(f"Cannot read {path} ({exc.strerror or exc}).") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise KernelLockError(
-            f"{path} is not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}); TOML files "
-            "must be UTF-8."
-        ) from None
+    text = decode_utf8(raw, where=str(path), error=KernelLockError, kind="TOML")
     try:
         return tomllib.loads(text)
     except RecursionError:
