@@ -14,6 +14,7 @@ escaped as a raw exception.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import sys
 import zlib
@@ -37,7 +38,14 @@ from kernels import (
 from kernels.cli import main
 from kernels.repos import bounded_json
 from kernels.repos.layout import read_preference
-from kernels.repos.lock import MAX_LOCK_SIZE, KernelLock, lock_source, parse_lock, read_lockfile
+from kernels.repos.lock import (
+    MAX_LOCK_SIZE,
+    KernelLock,
+    lock_source,
+    parse_lock,
+    read_lockfile,
+    write_lockfile,
+)
 from kernels.repos.project import read_dependencies
 from kernels.repos.variants import (
     PREFERENCE_FILE,
@@ -548,6 +556,21 @@ def test_a_distributions_malformed_lock_is_a_lock_error(tmp_path, monkeypatch, c
     with pytest.raises(KernelLockError, match=message) as caught:
         lock_source(None, caller=name)
     assert f"kernels.lock of distribution {name}" in str(caught.value)
+
+
+def test_a_lock_that_would_not_read_back_is_not_written(tmp_path):
+    """The values of a new lock come from the Hub's listing: a path it should never give is
+    refused before anything is written."""
+    (good,) = parse_lock(json.dumps([VALID_ENTRY]), where="kernels.lock")
+    bad = dataclasses.replace(
+        good, files={"torch-universal": {"../evil.py": "git-sha1:" + "0" * 40}}
+    )
+    path = tmp_path / "kernels.lock"
+    with pytest.raises(KernelLockError, match="relative path"):
+        write_lockfile(path, [bad])
+    assert not path.exists()
+    write_lockfile(path, [good])
+    assert read_lockfile(path) == [good]
 
 
 def test_lock_that_is_not_utf8_is_a_lock_error(tmp_path):
