@@ -449,3 +449,15 @@ def test_init_refuses_non_ascii_names(tmp_path, capsys, name):
 def test_upload_refuses_malformed_ids(tmp_path, capsys, repo_id):
     assert cli_main(["upload", str(tmp_path), "--repo-id", repo_id, "--dry-run"]) == 1
     assert "--repo-id" in capsys.readouterr().err
+
+
+def test_trust_remote_code_as_a_mapping_is_refused_not_read_as_its_keys():
+    with pytest.raises(KernelMappingError, match="must be True, False or a list"):
+        normalize_trust({"my-org": False})
+
+
+def test_a_commit_hash_with_a_trailing_newline_is_no_commit_hash():
+    from kernels.repos.hubclient import COMMIT_PATTERN
+
+    assert COMMIT_PATTERN.match("a" * 40)
+    assert not COMMIT_PATTERN.match("a" * 40 + "\n")

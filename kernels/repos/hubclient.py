@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 #: A full commit hash; shorter prefixes are not accepted by the Hub as revisions.
-COMMIT_PATTERN = re.compile(r"^[0-9a-f]{40}$")
+COMMIT_PATTERN = re.compile(r"\A[0-9a-f]{40}\Z")  # \Z: "$" would accept a trailing newline
 
 #: The Hub's repository type for kernels (``huggingface_hub.constants.REPO_TYPE_KERNEL``).
 KERNEL_REPO_TYPE = "kernel"

@@ -108,7 +108,8 @@ def normalize_trust(value: object, *, where: str = "trust_remote_code") -> Trust
     """
     if isinstance(value, bool):
         return value
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+    # A mapping is refused too: iterating it would silently trust its keys.
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
         raise KernelMappingError(
             f"{where} must be True, False or a list of organisations / repository ids such as "
             f"['my-org', 'someone/kernel'], got {shown(value)}."
