@@ -1,32 +1,36 @@
-"""Build our kernel repositories' ``build/<variant>/`` folders from their source.
+"""Build kernel repositories' ``build/<variant>/`` folders from their source.
 
-Each repository is laid out as Hugging Face's kernel-builder lays out a pure-Python (Triton)
+A repository is laid out as Hugging Face's kernel-builder lays out a pure-Python (Triton)
 kernel::
 
     <repo>/build.toml             name, version, edition, license, backends; [torch-noarch]
     <repo>/torch-ext/<package>/   the package source
     <repo>/build/<variant>/       what the Hub serves, written here (never edit it by hand)
 
-and the files of ``library/_shared/`` (the launch helper every repository needs) are copied into
-each package, byte for byte. The variants:
+The variants:
 
 * ``torch-<backend>`` for each backend of ``build.toml`` (``torch-cuda``, ``torch-rocm``,
   ``torch-xpu``): the current noarch layout, the package directly in the variant folder;
 * ``torch-universal``: the legacy layout (``build/torch-universal/<package>/``) that older
-  clients, and ours before noarch variants, load.
+  clients load.
 
 Each variant gets the ``metadata.json`` that Hugging Face's client requires (``name``, ``id``,
 ``version``, ``license``, ``python-depends``, ``backend``). The ``id`` is the module name their
 client imports the variant under, so it is unique per variant and per source: it ends with a
 digest of the package's files. The output depends only on the source: building twice changes
-nothing, and ``tests/library/test_layout.py`` checks that the committed folders equal a fresh
-build.
+nothing.
+
+In the ``kernels`` project this file is ``library/build.py``: ``make library`` runs it for every
+repository under ``library/``, and the files of ``library/_shared/`` (the launch helper every
+one of them needs) are copied into each package, byte for byte; ``tests/library/test_layout.py``
+checks that the committed folders equal a fresh build. ``kernels init`` copies it into a new
+repository, where it builds that repository (which has no shared files).
 
 Usage::
 
-    python library/build.py                 # every repository under library/
+    python library/build.py                 # every repository under library/ (or this one)
     python library/build.py norm rotary     # some of them
-    python library/build.py --check         # exit 1 if a committed build/ differs from its source
+    python library/build.py --check         # exit 1 if a build/ differs from its source
 """
 
 from __future__ import annotations
@@ -41,16 +45,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    try:
-        import tomli as tomllib
-    except ImportError:
-        sys.exit("library/build.py needs Python 3.11, or the tomli package on Python 3.10.")
-
+#: The folder of this script: our library/, or a repository it was copied into.
 LIBRARY = Path(__file__).resolve().parent
-#: Files every repository's package carries (the one source of each).
+#: Files every repository's package carries (the one source of each), where the folder exists.
 SHARED = LIBRARY / "_shared"
 CONFIG = "build.toml"
 SOURCE = "torch-ext"
@@ -106,6 +103,15 @@ def read_repository(folder: Path) -> Repository:
     Raises:
         LibraryBuildError: the file is missing, not TOML, or not a noarch kernel's build.toml.
     """
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise LibraryBuildError(
+                "Reading build.toml needs Python 3.11 or later, or the tomli package."
+            ) from None
     path = folder / CONFIG
     where = str(path.relative_to(LIBRARY.parent) if path.is_relative_to(LIBRARY.parent) else path)
     try:
@@ -143,11 +149,14 @@ def read_repository(folder: Path) -> Repository:
     if type(edition) is not int:
         raise LibraryBuildError(f"{where}: edition must be an integer, got {edition!r}.")
     license_ = general.get("license")
-    if license_ != LICENSE:
-        raise LibraryBuildError(f"{where}: license must be {LICENSE!r}, got {license_!r}.")
+    if not isinstance(license_, str) or not license_:
+        raise LibraryBuildError(
+            f"{where}: license must be a license identifier such as {LICENSE!r}, got {license_!r}."
+        )
     if general.get("python-depends", []) != []:
         raise LibraryBuildError(
-            f"{where}: python-depends must be empty: our kernels need torch and triton only."
+            f"{where}: python-depends is not supported here; a Triton kernel needs torch and "
+            "triton only."
         )
     backends = general.get("backends")
     if (
@@ -188,7 +197,8 @@ def package_files(repo: Repository) -> dict[str, bytes]:
             f"{SOURCE}/<package>/ (kernel-builder's layout)."
         )
     files = _files_under(source, repo.pyext)
-    for name, content in _files_under(SHARED, DEFAULT_PYEXT).items():
+    shared = _files_under(SHARED, DEFAULT_PYEXT) if SHARED.is_dir() else {}
+    for name, content in shared.items():
         if name in files:
             raise LibraryBuildError(
                 f"{source / name} has the name of a shared file ({SHARED / name}), which the "
@@ -252,9 +262,12 @@ def build_files(repo: Repository) -> dict[str, bytes]:
 
 
 def repositories(names: Iterable[str] | None = None) -> list[Repository]:
-    """The repositories under library/ (folders with a build.toml), or those named."""
+    """The repositories named (folders, relative to this script's), else this script's folder
+    when it is a repository, else the folders under it with a build.toml."""
     if names:
         return [read_repository(LIBRARY / name) for name in names]
+    if (LIBRARY / CONFIG).is_file():
+        return [read_repository(LIBRARY)]
     return [read_repository(p.parent) for p in sorted(LIBRARY.glob(f"*/{CONFIG}"))]
 
 
@@ -300,7 +313,9 @@ def differences(repo: Repository) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("repos", nargs="*", help="repository folders under library/ (default: all)")
+    parser.add_argument(
+        "repos", nargs="*", help="repository folders (default: this one, or all under library/)"
+    )
     parser.add_argument(
         "--check", action="store_true", help="compare the committed build/ folders, write nothing"
     )
@@ -311,13 +326,16 @@ def main(argv: list[str] | None = None) -> int:
             stale = {repo.name: differences(repo) for repo in repos}
             for name, lines in stale.items():
                 for line in lines:
-                    print(f"library/{name}: {line}")
+                    print(f"{name}: {line}")
             if any(stale.values()):
-                print("Run `make library` to rebuild from torch-ext/ and library/_shared/.")
+                print(
+                    "Rebuild from torch-ext/ with `make library` (our library) or "
+                    "`python build.py` (a repository of its own)."
+                )
                 return 1
             return 0
         for repo in repos:
-            print(f"library/{repo.name}/{BUILD}: {', '.join(repo.variants)}")
+            print(f"{repo.name}/{BUILD}: {', '.join(repo.variants)}")
             write_build(repo)
     except LibraryBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)

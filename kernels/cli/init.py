@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
+import sys
 from pathlib import Path
 
 from . import CommandError
 
-HELP = "scaffold a new Triton kernel repository with a layer, tests and a benchmark stub"
+HELP = "scaffold a new Triton kernel repository with a layer, tests and a benchmark"
 DESCRIPTION = """\
-Create the folder NAME (or DIR/NAME) with a Triton kernel repository in the Hub layout:
-an example element-wise kernel with a backward pass, a kernel layer, tests against PyTorch
-that run on CPU through Triton's interpreter (TRITON_INTERPRET=1), a triton.testing
-benchmark stub and a README. NAME may be a Hub repo id (org/name); the folder and the
-package are named after its last part (dashes become underscores in the package)."""
+Create the folder NAME (or DIR/NAME) with a Triton kernel repository in kernel-builder's
+layout: build.toml and the package source in torch-ext/<package>/ (an example element-wise
+kernel with a backward pass and a kernel layer), build.py, which writes build/ from it (the
+torch-cuda, torch-rocm, torch-xpu and torch-universal variants, each with the metadata.json
+Hugging Face's client needs; run it after every change), tests against PyTorch that run on the
+CPU through Triton's interpreter (TRITON_INTERPRET=1), a benchmark for `kernels benchmark` and
+a README. NAME may be a Hub repo id (org/name); its last part names the kernel and the folder
+(lowercase letters, digits and dashes, kernel-builder's rule) and, with dashes as
+underscores, the package."""
 EPILOG = """\
 examples:
   kernels init my-org/fused-silu
@@ -37,6 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..library import library_path
     from ..repos.repo_id import is_repo_id, shown
     from .scaffold import files
 
@@ -52,16 +59,44 @@ def run(args: argparse.Namespace) -> int:
             "('my-org/fused-silu')"
         )
     name = repo_id.split("/")[-1]
+    if not re.fullmatch(r"[a-z][-a-z0-9]*[a-z0-9]", name):
+        raise CommandError(
+            f"{shown(name)} is not a kernel name: use lowercase letters, digits and dashes, "
+            "starting with a letter and not ending with a dash (kernel-builder's rule, which "
+            "Hugging Face's client checks), e.g. 'fused-silu'"
+        )
     package = name.replace("-", "_")
     if "/" not in repo_id:
         repo_id = f"<your-org>/{name}"
     target = args.dir / name
     if target.exists() and any(target.iterdir()) and not args.force:
         raise CommandError(f"{target} exists and is not empty; choose another NAME or pass --force")
-    for relative, content in files(repo_id=repo_id, name=name, package=package).items():
+    builder = library_path() / "build.py"
+    for relative, content in files(
+        repo_id=repo_id, name=name, package=package, builder=builder
+    ).items():
         path = target / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
         print(f"wrote {path}")
+    for variant in _build(target):
+        print(f"wrote {target / 'build' / variant}/")
     print(f"\nNext: cd {target} && pytest tests && kernels check .")
     return 0
+
+
+def _build(target: Path) -> tuple[str, ...]:
+    """Run the repository's own build.py (as `python build.py` would) and return its variants."""
+    spec = importlib.util.spec_from_file_location("_kernels_init_build", target / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    # dataclasses look their module up in sys.modules while the class is created.
+    sys.modules[spec.name] = build
+    try:
+        spec.loader.exec_module(build)
+        repo = build.read_repository(target)
+        build.write_build(repo)
+    except build.LibraryBuildError as exc:
+        raise CommandError(f"building {target}: {exc}") from None
+    finally:
+        sys.modules.pop(spec.name, None)
+    return repo.variants

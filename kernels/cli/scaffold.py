@@ -1,10 +1,16 @@
-"""The files `kernels init` writes: a Triton kernel repository in our Hub layout.
+"""The files `kernels init` writes: a Triton kernel repository in kernel-builder's layout.
 
-Templates use ``{repo_id}``, ``{name}``, ``{package}`` and ``{title}`` placeholders
+The source (``build.toml``, ``torch-ext/<package>/``) and ``build.py``, a copy of our
+``library/build.py``, which `kernels init` then runs to write ``build/`` (each variant with its
+``metadata.json``), as ``make library`` does for our own repositories.
+
+Templates use ``{repo_id}``, ``{name}``, ``{package}``, ``{title}`` and ``{hub}`` placeholders
 (``str.format``; literal braces are doubled).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 README = """\
 ---
@@ -24,10 +30,15 @@ element-wise SiLU with a backward pass, and a kernel layer that can replace `tor
 ## Layout
 
 ```
-build/torch-universal/{package}/   the package the Hub serves (Triton: one build for every backend)
+build.toml                          name, version, license, backends (kernel-builder's format)
+torch-ext/{package}/                the package source: edit it here, then run `python build.py`
     __init__.py                     the functions the package exports
     silu.py                         Triton kernels -> launchers -> autograd.Function -> silu()
     layers.py                       kernel layers for kernelize (stateless, forward only)
+build.py                            writes build/ from torch-ext/ (the same package in each variant)
+build/                              what the Hub serves, never edited by hand; each variant has a
+    torch-cuda/ torch-rocm/ torch-xpu/   metadata.json; these hold the package itself (current
+    torch-universal/{package}/           clients); this one the legacy layout (older clients)
 tests/                              correctness against PyTorch (TRITON_INTERPRET=1 without a GPU)
 benchmarks/                         benchmarks run by `kernels benchmark .` (kernels.benchmark.Benchmark)
 ```
@@ -46,6 +57,7 @@ mapping = {{"SiLU": {{"cuda": LayerRepository("{repo_id}", layer_name="SiLU", ve
 ## Develop and publish
 
 ```bash
+python build.py                               # after every change to torch-ext/
 pytest tests                                  # on CPU, Triton runs through its interpreter
 kernels check .                               # layout, imports, layer rules, signatures
 kernels benchmark .                           # times each workload against PyTorch
@@ -56,6 +68,26 @@ Kernel layers must stay stateless: no `__init__`, no members besides `forward`,
 `has_backward` and `can_torch_compile`, and `forward` must take exactly the arguments of the
 layer it replaces. Inside the package, import only relatively (`from .silu import silu`):
 the package is loaded under a private module name.
+"""
+
+BUILD_TOML = """\
+[general]
+name = "{name}"
+version = 1
+edition = 5
+license = "Apache-2.0"
+backends = [
+    "cuda",
+    "rocm",
+    "xpu",
+]
+{hub}
+[torch-noarch]
+"""
+
+HUB = """
+[general.hub]
+repo-id = "{repo_id}"
 """
 
 INIT = '''\
@@ -184,6 +216,8 @@ if not torch.cuda.is_available():
 TEST = '''\
 """{title} against PyTorch: forward, backward, and as a kernel layer through kernelize."""
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -227,6 +261,15 @@ def test_backward_matches_pytorch(kernel):
     ours, x.grad = x.grad, None
     F.silu(x).backward(dy)
     torch.testing.assert_close(ours, x.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_build_is_current():
+    """build/ is what build.py makes of torch-ext/: run `python build.py` after a change."""
+    spec = importlib.util.spec_from_file_location("kernel_build", REPO / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = build
+    spec.loader.exec_module(build)
+    assert build.differences(build.read_repository(REPO)) == [], "run `python build.py`"
 
 
 def test_kernelize_swaps_the_layer_forward():
@@ -289,16 +332,20 @@ benchmarks/results/
 """
 
 
-def files(*, repo_id: str, name: str, package: str) -> dict[str, str]:
-    """Relative path -> contents of every file of a new kernel repository."""
-    values = {"repo_id": repo_id, "name": name, "package": package, "title": name}
-    base = f"build/torch-universal/{package}"
+def files(*, repo_id: str, name: str, package: str, builder: Path) -> dict[str, str]:
+    """Relative path -> contents of every source file of a new kernel repository; ``builder`` is
+    the build script copied in as ``build.py`` (our ``library/build.py``)."""
+    hub = "" if repo_id.startswith("<") else HUB.format(repo_id=repo_id)
+    values = {"repo_id": repo_id, "name": name, "package": package, "title": name, "hub": hub}
+    source = f"torch-ext/{package}"
     return {
         "README.md": README.format(**values),
         ".gitignore": GITIGNORE,
-        f"{base}/__init__.py": INIT.format(**values),
-        f"{base}/silu.py": OP,
-        f"{base}/layers.py": LAYERS,
+        "build.toml": BUILD_TOML.format(**values),
+        "build.py": builder.read_text(encoding="utf-8"),
+        f"{source}/__init__.py": INIT.format(**values),
+        f"{source}/silu.py": OP,
+        f"{source}/layers.py": LAYERS,
         "tests/conftest.py": CONFTEST,
         f"tests/test_{package}.py": TEST.format(**values),
         f"benchmarks/benchmark_{package}.py": BENCHMARK.format(**values),

@@ -25,8 +25,8 @@ from kernels.repos.layout import locate_package
 from kernels.repos.variants import MachineBuild, VariantAccepted, decide_variants
 
 
-def _load_build_script():
-    spec = importlib.util.spec_from_file_location("library_build", Path(LIBRARY) / "build.py")
+def _load_build_script(path=Path(LIBRARY) / "build.py", name="library_build"):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -269,3 +269,34 @@ def test_a_repository_builds_its_backends_with_metadata(tmp_path):
     assert build.main([str(folder), "--check"]) == 1  # nothing built yet
     build.write_build(repo)
     assert build.main([str(folder), "--check"]) == 0
+
+
+def test_kernels_init_scaffolds_the_same_layout(tmp_path, capsys):
+    """`kernels init` writes a repository built as ours are: the source in torch-ext/ beside
+    build.toml, our build script as build.py, and build/ made by it, metadata.json included."""
+    from kernels.cli import main
+
+    assert main(["init", "my-org/fused-silu", "--dir", str(tmp_path)]) == 0
+    folder = tmp_path / "fused-silu"
+    assert (folder / "build.py").read_bytes() == (Path(LIBRARY) / "build.py").read_bytes()
+    own = _load_build_script(folder / "build.py", "scaffold_build")  # as `python build.py` runs
+    repo = own.read_repository(folder)
+    assert (repo.name, repo.package, repo.variants) == (
+        "fused-silu",
+        "fused_silu",
+        ("torch-universal", *NOARCH),
+    )
+    assert own.differences(repo) == []
+    # No shared launcher in a repository of its own: its package is its torch-ext/ alone.
+    assert sorted(own.package_files(repo)) == ["__init__.py", "layers.py", "silu.py"]
+    meta = json.loads((folder / "build" / "torch-cuda" / "metadata.json").read_text())
+    assert meta["name"] == "fused-silu" and meta["id"].startswith("_fused_silu_cuda_")
+    assert 'repo-id = "my-org/fused-silu"' in (folder / "build.toml").read_text()
+
+
+@pytest.mark.parametrize("name", ["Fused-SiLU", "fused_silu", "a"])
+def test_kernels_init_refuses_names_hugging_faces_client_refuses(tmp_path, capsys, name):
+    from kernels.cli import main
+
+    assert main(["init", name, "--dir", str(tmp_path)]) == 1
+    assert "lowercase letters, digits and dashes" in capsys.readouterr().err
