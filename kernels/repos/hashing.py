@@ -4,6 +4,12 @@ A variant's hash is Hugging Face's ``git_lfs_concat``: the SHA-256 over each fil
 (relative to ``build/<variant>/``, sorted as UTF-8 bytes) followed by its digest, where the
 digest is the Git LFS SHA-256 for LFS files and the Git blob SHA-1 otherwise. Lock files
 (`kernels.repos.lock`) record it, and `install_kernel` checks downloads against it.
+
+Verification covers everything Python could import from the variant folder: every entry is
+listed without following links, and what a lock cannot vouch for is refused: a linked
+folder, a file link leading outside the repository's cache folder, a pipe, socket or device,
+any file the lock does not list. ``__pycache__`` folders are the one thing left out, and only
+because kernel code is never imported from bytecode (`kernels.repos.source_import`).
 """
 
 from __future__ import annotations
@@ -158,7 +164,11 @@ def _check_bytecode_folder(folder: Path, refuse: Callable[[Path, str], NoReturn]
         refuse(folder, f"cannot be read ({exc.strerror or exc})")
     for entry in entries:
         if not (entry.name.endswith(".pyc") and entry.is_file(follow_symlinks=False)):
-            refuse(Path(entry.path), "is in a __pycache__ folder, which holds only .pyc files")
+            refuse(
+                Path(entry.path),
+                f"is in {folder}, where only Python's .pyc files belong (never read for kernel "
+                "code; that folder can be deleted)",
+            )
 
 
 # Variant folders whose files matched a lock: (folder, hash, file digests) -> the listing
@@ -187,9 +197,14 @@ def verify_variant(
         files: the lock's per-file digests (variant -> path -> digest), when it has them.
         where: how to name the lock in the messages.
 
+    Every call lists the folder again (names, kinds, link targets); the files are hashed
+    again unless that listing and each file's size, times and inode are as they were when
+    they last matched this lock.
+
     Raises:
-        KernelLockError: the lock has no hash for this variant.
-        KernelHashMismatchError: a file is missing, extra or different; the message names it.
+        KernelLockError: the lock has no hash for this variant, or its hashes are malformed.
+        KernelHashMismatchError: a file is missing, extra or different, or an entry is one
+            no lock can vouch for (see the module docstring); the message names it.
     """
     lock = variants.get(variant)
     if lock is None:

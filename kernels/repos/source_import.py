@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -82,7 +83,7 @@ class SourceOnlyFinder(importlib.abc.MetaPathFinder):
 def package_spec(name: str, package_dir: str) -> ModuleSpec:
     """The spec of the package in `package_dir` (a folder with ``__init__.py``), imported as
     `name` from source only."""
-    init = f"{package_dir}/__init__.py"
+    init = os.path.join(package_dir, "__init__.py")
     spec = importlib.util.spec_from_file_location(
         name,
         init,
