@@ -83,4 +83,4 @@ def import_package(package_dir: Path, package_name: str) -> ModuleType:
 def _forget(name: str) -> None:
     """Remove a failed import's package and every module under it from ``sys.modules``."""
     for key in [k for k in list(sys.modules) if k == name or k.startswith(name + ".")]:
-        del sys.modules[key]
+        sys.modules.pop(key, None)

@@ -59,10 +59,6 @@ class SourceOnlyFinder(importlib.abc.MetaPathFinder):
         with self._lock:
             self._packages[name] = package_dir
 
-    def handles(self, fullname: str) -> bool:
-        with self._lock:
-            return fullname.partition(".")[0] in self._packages
-
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target=None
     ) -> ModuleSpec | None:
