@@ -369,13 +369,14 @@ def test_a_cpu_tensor_where_a_cuda_one_was_is_refused_after_direct_launches(norm
     given to a kernel already launched with CUDA tensors must still get Triton's error, not a
     launch that reads host memory from the GPU."""
     library = sys.modules[f"{norm.__name__}._library"]
+    reduction = sys.modules[f"{norm.__name__}._partials"]
     partials = torch.randn(33, 256, device="cuda")
     for _ in range(2):  # the second launch goes the direct way
-        out = library.sum_partials(partials, torch.float32)
+        out = reduction.sum_partials(partials, torch.float32)
     torch.testing.assert_close(out, partials.sum(0))
     with pytest.raises(ValueError, match="cpu tensor"):
         library.launch(
-            library._sum_partials_kernel,
+            reduction._sum_partials_kernel,
             (4,),
             (partials, out.cpu(), 33, 256, 256, 64, 64),
             4,
