@@ -239,6 +239,78 @@ def hub_error(
     return KernelDownloadError(f"Could not {doing} on {where}: {hubclient.describe(exc)}")
 
 
+@dataclass(frozen=True)
+class Request:
+    """A checked request for a revision of a Hub repository (`check_request`)."""
+
+    repo_id: str
+    repo_type: str
+    #: The branch, tag or full commit hash asked for ("main" when neither a revision nor a
+    #: version was given); None for a version.
+    revision: str | None
+    wanted: SpecifierSet | int | None
+    #: The version as the caller wrote it, for messages (SpecifierSet reorders it).
+    shown: str
+
+    @property
+    def asked(self) -> str:
+        """What was asked, in one line: the key of its resolution (`kernels.repos.load_locks`)."""
+        if self.revision is not None:
+            if COMMIT_PATTERN.match(self.revision):
+                return f"commit={self.revision}"
+            return f"revision={self.revision!r}"
+        if isinstance(self.wanted, int):
+            return f"version={self.wanted} (branch v{self.wanted})"
+        return f"version={self.wanted}"
+
+    def admits(self, name: str) -> bool:
+        """Whether the branch or tag `name` is one this request may resolve to."""
+        if self.revision is not None:
+            return name == self.revision
+        if isinstance(self.wanted, int):
+            return name == f"v{self.wanted}"
+        assert isinstance(self.wanted, SpecifierSet)
+        version = parse_version_tag(name)
+        return version is not None and self.wanted.contains(
+            version, prereleases=bool(self.wanted.prereleases)
+        )
+
+
+def check_request(
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    version: str | int | None = None,
+    repo_type: str = KERNEL_REPO_TYPE,
+) -> Request:
+    """Validate what is asked of `repo_id`, without any Hub call; warn when it is unpinned.
+
+    Raises:
+        KernelVersionSpecError: both `revision` and `version`, or a malformed `version`.
+        KernelRevisionError: a `revision` that is no name.
+        KernelHubUnsupportedError: a kernel-type repository and a huggingface_hub < 1.10.
+    """
+    if revision is not None and version is not None:
+        raise KernelVersionSpecError(
+            f"{repo_id}: got both revision={revision!r} and version={version!r}; give one of them."
+        )
+    wanted = check_version_argument(version, repo_id=repo_id)
+    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
+        raise KernelRevisionError(
+            f"{repo_id}: revision must be a branch, tag or commit name, got {revision!r}."
+        )
+    hubclient.require_repo_type(repo_type, repo_id)
+    if revision is None and wanted is None:
+        logger.warning(
+            "Kernel %s is unpinned: loading the main branch, which its authors may change "
+            "incompatibly at any time. Pin it with version='>=X.Y,<X.Z' (or revision=...).",
+            repo_id,
+        )
+        revision = "main"
+    shown = version.strip() if isinstance(version, str) else str(wanted)
+    return Request(repo_id, repo_type, revision, wanted, shown)
+
+
 def resolve_revision(
     repo_id: str,
     *,
@@ -259,39 +331,29 @@ def resolve_revision(
             that exist.
         KernelRepositoryNotFoundError, KernelOfflineError, KernelDownloadError: as `list_refs`.
     """
-    if revision is not None and version is not None:
-        raise KernelVersionSpecError(
-            f"{repo_id}: got both revision={revision!r} and version={version!r}; give one of them."
-        )
-    wanted = check_version_argument(version, repo_id=repo_id)
-    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
-        raise KernelRevisionError(
-            f"{repo_id}: revision must be a branch, tag or commit name, got {revision!r}."
-        )
-    hubclient.require_repo_type(repo_type, repo_id)
-    if revision is None and wanted is None:
-        logger.warning(
-            "Kernel %s is unpinned: loading the main branch, which its authors may change "
-            "incompatibly at any time. Pin it with version='>=X.Y,<X.Z' (or revision=...).",
-            repo_id,
-        )
-        revision = "main"
+    request = check_request(repo_id, revision=revision, version=version, repo_type=repo_type)
+    return resolve_request(request, from_cache=from_cache)
 
+
+def resolve_request(request: Request, *, from_cache: bool = True) -> ResolvedRevision:
+    """`resolve_revision` for a request `check_request` has validated."""
+    repo_id, repo_type, revision = request.repo_id, request.repo_type, request.revision
     if revision is not None and COMMIT_PATTERN.match(revision):
         # A commit is immutable: nothing to resolve, and no Hub call needed.
         return ResolvedRevision(
             repo_id, revision, revision, f"commit {revision}", repo_type=repo_type
         )
-
-    # Messages quote the specifier as the caller wrote it (SpecifierSet reorders it).
-    shown = version.strip() if isinstance(version, str) else str(wanted)
     try:
         refs = list_refs(repo_id, repo_type)
     except KernelOfflineError as offline:
         if not from_cache:
             raise
-        return _resolve_from_cache(repo_id, repo_type, revision, wanted, offline, shown)
-    return replace(_resolve(repo_id, revision, wanted, refs, shown), repo_type=repo_type)
+        return _resolve_from_cache(
+            repo_id, repo_type, revision, request.wanted, offline, request.shown
+        )
+    return replace(
+        _resolve(repo_id, revision, request.wanted, refs, request.shown), repo_type=repo_type
+    )
 
 
 def _resolve(
