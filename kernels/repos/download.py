@@ -10,6 +10,12 @@
    cache, file locks and progress bars;
 5. import the package once per downloaded folder, i.e. per commit and variant.
 
+Steps 2-4 run under the lock of what was asked (`kernels.repos.load_locks`): the threads
+and processes of one machine asking for the same kernel at once make one set of Hub requests
+and one download; step 5 runs under no lock of ours, so a kernel may load other kernels when
+it is imported. A commit never changes: once its variant is complete in the cache (with the
+notes of `kernels.repos.cache_records`), loading it asks the Hub nothing.
+
 Offline (``HF_HUB_OFFLINE=1``) or with the Hub unreachable, steps 2-4 are answered from the
 cache when it can; otherwise the error says what is missing and how to fetch it.
 
@@ -20,9 +26,10 @@ after the other, since they could hold different code (docs/hub.md#repository-ty
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +41,7 @@ from ..errors import (
     KernelOfflineError,
     KernelRevisionError,
 )
-from . import hubclient
+from . import cache_records, hubclient, load_locks
 from .hashing import verify_variant
 from .hubclient import COMMIT_PATTERN, KERNEL_REPO_TYPE, Failure
 from .info import RepoInfo
@@ -53,20 +60,22 @@ from .variants import (
     variants_in,
 )
 from .versions import (
+    Request,
     ResolvedRevision,
     cached_other_type_hint,
+    check_request,
     hub_error,
     list_refs,
+    resolve_request,
     resolve_revision,
 )
 
 logger = logging.getLogger(__name__)
 
-#: Where, inside a repository's cache folder, we note the files of each variant we download
-#: (``<commit>/<variant>.json``), so an interrupted download is not mistaken offline for a
-#: complete one. huggingface_hub 0.x cannot tell them apart when offline; 1.x and later
-#: can, and we ask it too.
-_FILE_LISTS = ".kernels-files"
+#: How long a resolution made by another process may be used instead of asking the Hub
+#: again (docs/hub.md#many-processes); ``0`` turns the sharing off.
+REUSE_ENV = "KERNELS_RESOLVE_REUSE_SECONDS"
+DEFAULT_REUSE_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -175,17 +184,120 @@ def load_hub_kernel(
     """`get_kernel`, returning what was resolved, downloaded and trusted along with the module."""
     _check_repo_id(repo_id, repo_type)
     trust = require_trust(repo_id, normalize_trust(trust_remote_code))
-    resolved = resolve_revision(repo_id, revision=revision, version=version, repo_type=repo_type)
-    fetched = fetch_kernel(resolved, user_agent=user_agent)
+    request = check_request(repo_id, revision=revision, version=version, repo_type=repo_type)
+    fetched = _resolve_and_fetch(request, user_agent=user_agent)
+    # Outside every lock of ours: the kernel's code runs now, and may load other kernels.
     loaded = import_fetched(fetched, trust)
     logger.info("Loaded kernel %s; %s", loaded.describe(), trust.reason)
     return loaded
 
 
+def _resolve_and_fetch(request: Request, *, user_agent: str | dict | None) -> FetchedKernel:
+    """Resolve `request` and make its variant present in the cache, once for all the
+    threads and processes of this machine that ask for it at the same time."""
+    if hubclient.is_offline():  # only the cache answers: nothing to share
+        return fetch_kernel(resolve_request(request), user_agent=user_agent)
+    key = load_locks.LoadKey(request.repo_type, request.repo_id, request.asked)
+    folder = hubclient.repo_cache_folder(request.repo_id, request.repo_type)
+    with load_locks.hold(key, _lock_folder(request.repo_id, request.repo_type)) as turn:
+        shared = turn.in_flight()
+        if isinstance(shared, FetchedKernel):
+            logger.debug("%s: using what another thread resolved meanwhile", key.describe())
+            return shared
+        fetched = _recorded(request, key, folder) if turn.across_processes else None
+        if fetched is None:
+            fetched = fetch_kernel(resolve_request(request), user_agent=user_agent)
+            _note_resolution(key, folder, fetched)
+        turn.publish(fetched)
+        return fetched
+
+
+def reuse_seconds() -> float:
+    """How old another process's resolution may be to be used (`REUSE_ENV`)."""
+    raw = os.environ.get(REUSE_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_REUSE_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        logger.warning(
+            "%s=%r is not a number of seconds (0 or more); using %g. Set it to 0 to make "
+            "every process ask the Hub itself.",
+            REUSE_ENV,
+            raw,
+            DEFAULT_REUSE_SECONDS,
+        )
+        return DEFAULT_REUSE_SECONDS
+    return seconds
+
+
+def _recorded(request: Request, key: load_locks.LoadKey, folder: Path) -> FetchedKernel | None:
+    """The answer another process found for `request` moments ago, if the cache holds it.
+
+    The record is hostile input: it is used only when it answers this very request, is
+    younger than `reuse_seconds`, names a branch or tag the request admits that the cache's
+    refs map to its commit, and that commit's variant for this machine is complete in the
+    cache. Anything else and the request is resolved with the Hub as usual.
+    """
+    window = reuse_seconds()
+    if window <= 0 or request.revision is not None and COMMIT_PATTERN.match(request.revision):
+        return None  # turned off; or a commit, which needs no resolving
+    record = cache_records.read_resolution(folder, key.digest, key.text)
+    if record is None or record.by_this_process():
+        # This process asks the Hub each time it is asked, as before; its own threads
+        # share answers only while they wait (`load_locks.Turn.in_flight`).
+        return None
+    age = time.time() - record.time
+    if not 0 <= age <= window or not request.admits(record.revision):
+        return None
+    resolved = ResolvedRevision(
+        request.repo_id,
+        record.revision,
+        record.commit,
+        f"{record.how}; resolved {age:.0f} s ago by process {record.pid}",
+        repo_type=request.repo_type,
+    )
+    fetched = _fetch_cached_commit(resolved)
+    if fetched is None or fetched.variant != record.variant:
+        return None
+    logger.debug("%s: using the resolution of process %d", key.describe(), record.pid)
+    return fetched
+
+
+def _note_resolution(key: load_locks.LoadKey, folder: Path, fetched: FetchedKernel) -> None:
+    """Write the resolution record other processes may use (`_recorded`)."""
+    resolved = fetched.resolved
+    if resolved.from_cache or resolved.commit is None or fetched.files is None:
+        return  # not the Hub's answer, or not a complete download of the resolved commit
+    if COMMIT_PATTERN.match(resolved.revision):
+        return  # a commit needs no resolving
+    cache_records.record_resolution(
+        folder,
+        key.digest,
+        cache_records.Resolution.now(
+            key.text, resolved.revision, fetched.commit, resolved.how, fetched.variant
+        ),
+    )
+
+
+def _lock_folder(repo_id: str, repo_type: str) -> Path:
+    folder = hubclient.repo_cache_folder(repo_id, repo_type)
+    return load_locks.lock_folder(hubclient.cache_dir(), folder.name)
+
+
 def import_fetched(fetched: FetchedKernel, trust: TrustDecision) -> LoadedHubKernel:
-    """Import a fetched (and, for locks, verified) kernel and record where it came from."""
+    """Import a fetched (and, for locks, verified) kernel and record where it came from.
+
+    Raises:
+        KernelLoadError: the import failed, or is cyclic (the kernel's import loads the
+            kernel itself, directly or through another kernel).
+    """
     location = fetched.location
-    module = import_package(location.package_dir, location.package_name)
+    what = f"{fetched.repo_id}@{fetched.commit[:12]}"
+    with load_locks.importing(location.package_dir, what):
+        module = import_package(location.package_dir, location.package_name)
     record_origin(
         location.package_dir, RepoInfo(fetched.repo_id, fetched.commit, fetched.repo_type)
     )
@@ -320,7 +432,12 @@ def fetch_kernel(
     local_files_only: bool = False,
     user_agent: str | dict | None = None,
 ) -> FetchedKernel:
-    """Make the variant of `resolved` for this machine (or `variant`) present in the cache."""
+    """Make the variant of `resolved` for this machine (or `variant`) present in the cache.
+
+    A commit whose variant an earlier download left complete in the cache is used without
+    any Hub request: a commit never changes. Otherwise one thread of one process at a time
+    lists and downloads a commit; the others then find it in the cache.
+    """
     if local_files_only or hubclient.is_offline():
         return _fetch_from_cache(
             resolved,
@@ -329,13 +446,83 @@ def fetch_kernel(
         )
     if resolved.from_cache:
         return _fetch_from_cache(resolved, variant=variant, reason="the Hub cannot be reached")
+    cached = _fetch_cached_commit(resolved, variant=variant)
+    if cached is not None or resolved.commit is None:
+        return cached or _fetch_online(resolved, variant=variant, user_agent=user_agent)
+    key = load_locks.LoadKey(resolved.repo_type, resolved.repo_id, f"commit={resolved.commit}")
+    with load_locks.hold(key, _lock_folder(resolved.repo_id, resolved.repo_type)):
+        # Another thread or process may have downloaded it while this one waited.
+        cached = _fetch_cached_commit(resolved, variant=variant)
+        return cached or _fetch_online(resolved, variant=variant, user_agent=user_agent)
+
+
+def _fetch_online(
+    resolved: ResolvedRevision, *, variant: str | None, user_agent: str | dict | None
+) -> FetchedKernel:
     try:
-        chosen, files = _choose_remote_variant(resolved, variant=variant)
+        listing = _choose_remote_variant(resolved, variant=variant)
     except KernelOfflineError as exc:
         reason = getattr(exc, "reason", str(exc))
         logger.warning("%s: %s Trying the cache.", resolved.repo_id, reason)
         return _fetch_from_cache(resolved, variant=variant, reason=reason)
-    return _download(resolved, chosen, files, user_agent=user_agent)
+    return _download(resolved, listing, user_agent=user_agent)
+
+
+def _fetch_cached_commit(
+    resolved: ResolvedRevision, *, variant: str | None = None
+) -> FetchedKernel | None:
+    """The variant of the resolved commit, when the cache holds it complete; else None.
+
+    Only what an earlier download noted counts: the variants the commit offers and the
+    repository's preference (so the choice is the one the Hub's listing would give), the
+    variant's file list, and, for a branch or tag, huggingface_hub's ref naming this commit
+    (so offline loads by that name keep finding it). No Hub request is made.
+    """
+    commit = resolved.commit
+    if commit is None or not COMMIT_PATTERN.match(commit):
+        return None
+    if resolved.revision != commit:
+        refs = hubclient.cached_refs(resolved.repo_id, resolved.repo_type)
+        if refs.get(resolved.revision) != commit:
+            return None
+    folder = hubclient.repo_cache_folder(resolved.repo_id, resolved.repo_type)
+    listing = cache_records.read_listing(folder, commit)
+    if listing is None:
+        return None
+    offered, prefer = listing
+    if variant is None:
+        try:
+            variant = choose_variant(offered, where=resolved.repo_id, prefer=prefer)
+        except BuildVariantNotFoundError:
+            return None  # the Hub's listing gives the error, with its own words
+    elif variant not in offered:
+        return None
+    files = cache_records.read_files(folder, commit, variant)
+    snapshot = folder / "snapshots" / commit
+    if files is None or not snapshot.is_dir():
+        return None
+    variant_dir = snapshot / "build" / variant
+    if not all((variant_dir / f).is_file() for f in files):
+        return None
+    try:
+        _check_complete(resolved, snapshot, variant, "the cache answers for an immutable commit")
+    except KernelOfflineError:
+        return None
+    logger.debug(
+        "%s (%s): commit %s is complete in the cache", resolved.repo_id, resolved.how, commit[:12]
+    )
+    return _fetched(resolved, snapshot, variant, files)
+
+
+@dataclass(frozen=True)
+class _Listing:
+    """What the file listing at a revision offers, and the variant chosen from it."""
+
+    offered: list[str]
+    prefer: str
+    variant: str
+    #: The variant's files, relative to ``build/<variant>/``.
+    files: tuple[str, ...]
 
 
 def _remote_listing(resolved: ResolvedRevision) -> tuple[list[str], str, list[str]]:
@@ -368,9 +555,7 @@ def _remote_listing(resolved: ResolvedRevision) -> tuple[list[str], str, list[st
     return offered, prefer, repo_files
 
 
-def _choose_remote_variant(
-    resolved: ResolvedRevision, *, variant: str | None = None
-) -> tuple[str, tuple[str, ...]]:
+def _choose_remote_variant(resolved: ResolvedRevision, *, variant: str | None = None) -> _Listing:
     """List the files at the resolved revision and pick the variant (no download)."""
     where = f"{resolved.repo_id} ({resolved.how})"
     offered, prefer, repo_files = _remote_listing(resolved)
@@ -382,7 +567,7 @@ def _choose_remote_variant(
         )
     prefix = f"build/{variant}/"
     files = tuple(sorted(p[len(prefix) :] for p in repo_files if p.startswith(prefix)))
-    return variant, files
+    return _Listing(offered, prefer, variant, files)
 
 
 def _revision_error(exc: BaseException, resolved: ResolvedRevision, doing: str) -> Exception:
@@ -409,14 +594,11 @@ def _revision_error(exc: BaseException, resolved: ResolvedRevision, doing: str) 
 
 
 def _download(
-    resolved: ResolvedRevision,
-    variant: str,
-    files: tuple[str, ...],
-    *,
-    user_agent: str | dict | None = None,
+    resolved: ResolvedRevision, listing: _Listing, *, user_agent: str | dict | None = None
 ) -> FetchedKernel:
     from huggingface_hub import snapshot_download
 
+    variant, files = listing.variant, listing.files
     repo_id = resolved.repo_id
     where = f"{repo_id} ({resolved.how})"
     logger.debug("downloading %s, variant %s (%d files)", where, variant, len(files))
@@ -465,6 +647,9 @@ def _download(
         )
     if resolved.commit is None:
         _record_files(resolved, commit, variant, files)
+    # Last, once the variant is complete: with these notes the commit loads without the Hub.
+    folder = hubclient.repo_cache_folder(repo_id, resolved.repo_type)
+    cache_records.record_listing(folder, commit, listing.offered, listing.prefer)
     return _fetched(resolved, snapshot, variant, files)
 
 
@@ -533,31 +718,17 @@ def _cached_snapshot(resolved: ResolvedRevision, *, reason: str) -> Path:
         ) from exc
 
 
-def _marker_path(resolved: ResolvedRevision, commit: str, variant: str) -> Path:
-    folder = hubclient.repo_cache_folder(resolved.repo_id, resolved.repo_type)
-    return folder / _FILE_LISTS / commit / f"{variant}.json"
-
-
 def _record_files(
     resolved: ResolvedRevision, commit: str, variant: str, files: tuple[str, ...]
 ) -> None:
     """Note which files the variant has at this commit, for offline completeness checks."""
-    path = _marker_path(resolved, commit, variant)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{id(files)}.tmp")
-        tmp.write_text(json.dumps(list(files)))
-        tmp.replace(path)
-    except OSError as exc:  # a read-only cache still works; it just cannot be checked offline
-        logger.debug("could not record the file list of %s: %s", resolved.repo_id, exc)
+    folder = hubclient.repo_cache_folder(resolved.repo_id, resolved.repo_type)
+    cache_records.record_files(folder, commit, variant, files)
 
 
 def _read_marker(resolved: ResolvedRevision, commit: str, variant: str) -> tuple[str, ...] | None:
-    path = _marker_path(resolved, commit, variant)
-    try:
-        return tuple(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return None
+    folder = hubclient.repo_cache_folder(resolved.repo_id, resolved.repo_type)
+    return cache_records.read_files(folder, commit, variant)
 
 
 def _check_complete(resolved: ResolvedRevision, snapshot: Path, variant: str, reason: str) -> None:

@@ -15,7 +15,8 @@ from .repo_id import check_repo_id
 from .trust import normalize_trust
 from .versions import check_version_argument
 
-_load_lock = threading.Lock()
+# Guards only the publication of a first load, never a load itself.
+_publish_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -84,20 +85,29 @@ class LayerRepository:
         return provided_kernel(self.load_package(), self.layer_name, self)
 
     def load_package(self) -> ModuleType:
-        """Download (if needed) and import the kernel package; resolves once per instance."""
-        from .download import load_hub_kernel
+        """Download (if needed) and import the kernel package; the first load's module is
+        kept, and later loads return it.
 
-        with _load_lock:
-            if self._loaded is None:
-                loaded = load_hub_kernel(
-                    self.repo_id,
-                    revision=self.revision,
-                    version=self.version,
-                    trust_remote_code=self.trust_remote_code,
-                    repo_type=self.repo_type,
-                )
-                object.__setattr__(self, "_loaded", loaded)
-            return self._loaded.module  # type: ignore[attr-defined]
+        Threads that load at once share one resolution and download (`load_hub_kernel`);
+        no lock is held while the kernel's code is imported, so the kernel may itself load
+        other kernels at import (kernels.repos.load_locks explains why this cannot deadlock).
+        """
+        loaded = self._loaded
+        if loaded is None:
+            from .download import load_hub_kernel
+
+            loaded = load_hub_kernel(
+                self.repo_id,
+                revision=self.revision,
+                version=self.version,
+                trust_remote_code=self.trust_remote_code,
+                repo_type=self.repo_type,
+            )
+            with _publish_lock:
+                if self._loaded is None:
+                    object.__setattr__(self, "_loaded", loaded)
+                loaded = self._loaded
+        return loaded.module  # type: ignore[attr-defined]
 
     def __deepcopy__(self, memo: dict) -> LayerRepository:
         return self  # an immutable value; the loaded module must not be copied

@@ -764,18 +764,26 @@ class LockedLayerRepository:
         return provided_kernel(self.load_package(), self.layer_name, self)
 
     def load_package(self) -> ModuleType:
-        """Download (if needed), verify and import the locked kernel; once per instance."""
-        with _repo_lock:
-            if self._loaded is None:
-                source = lock_source(self.lockfile, caller=self._caller)
-                loaded = _load_locked(
-                    self.repo_id,
-                    source,
-                    local_files_only=False,
-                    trust_remote_code=self.trust_remote_code,
-                )
-                object.__setattr__(self, "_loaded", loaded)
-            return self._loaded.module  # type: ignore[attr-defined]
+        """Download (if needed), verify and import the locked kernel; the first load's
+        module is kept, and later loads return it.
+
+        As for `LayerRepository`, no lock is held while the kernel's code is imported, so a
+        locked kernel may load other kernels at import.
+        """
+        loaded = self._loaded
+        if loaded is None:
+            source = lock_source(self.lockfile, caller=self._caller)
+            loaded = _load_locked(
+                self.repo_id,
+                source,
+                local_files_only=False,
+                trust_remote_code=self.trust_remote_code,
+            )
+            with _repo_lock:
+                if self._loaded is None:
+                    object.__setattr__(self, "_loaded", loaded)
+                loaded = self._loaded
+        return loaded.module  # type: ignore[attr-defined]
 
     def __deepcopy__(self, memo: dict) -> LockedLayerRepository:
         return self
@@ -793,6 +801,7 @@ class LockedLayerRepository:
         return f"{text}, layer {self.layer_name}"
 
 
+# Guards only the publication of a first load, never a load itself.
 _repo_lock = threading.Lock()
 
 
