@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -85,8 +86,12 @@ class Proxy:
     `stop()` closes the port and every open connection (the server is gone), `start()`
     opens it again, and `cut_after(n)` lets the next responses through until one
     connection has relayed `n` bytes from the server, then stops as if the server died.
+    `pause()` holds every request at the proxy (counted, not yet forwarded) until
+    `resume()`, so a test can make many clients ask while the first one waits.
     `sent` keeps what clients sent (request lines and headers), so tests can check what
-    huggingface_hub put on the wire (the token, the user agent).
+    huggingface_hub put on the wire (the token, the user agent), and `requests` every
+    request that reached the server, as ``(method, path)``, in order of arrival, so tests
+    can count Hub calls across threads and processes.
     """
 
     def __init__(self, port: int, upstream_port: int):
@@ -98,6 +103,9 @@ class Proxy:
         self._cut_after: int | None = None
         self.cuts = 0
         self.sent = bytearray()
+        self.requests: list[tuple[str, str]] = []
+        self._flowing = threading.Event()
+        self._flowing.set()
 
     @property
     def running(self) -> bool:
@@ -132,6 +140,29 @@ class Proxy:
     def cut_after(self, nbytes: int | None) -> None:
         self._cut_after = nbytes
 
+    def pause(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
+    def clear(self) -> None:
+        """Forget what clients sent so far."""
+        with self._lock:
+            self.sent.clear()
+            self.requests.clear()
+
+    def requested(self, method: str, path_pattern: str) -> list[str]:
+        """The paths of the `method` requests so far whose path (query excluded) matches
+        the regular expression `path_pattern` in full."""
+        with self._lock:
+            requests = list(self.requests)
+        return [
+            path
+            for m, path in requests
+            if m == method and re.fullmatch(path_pattern, path.partition("?")[0])
+        ]
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -154,14 +185,19 @@ class Proxy:
 
     def _pump(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
         relayed = 0
+        requests = None if from_server else _RequestSplitter()
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
-                if not from_server and len(self.sent) < 1 << 22:
+                if requests is not None:
+                    arrived = requests.feed(data)
                     with self._lock:
-                        self.sent += data
+                        self.requests += arrived
+                        if len(self.sent) < 1 << 22:
+                            self.sent += data
+                    self._flowing.wait()
                 limit = self._cut_after if from_server else None
                 if limit is not None and relayed + len(data) > limit:
                     sink.sendall(data[: max(0, limit - relayed)])
@@ -176,6 +212,46 @@ class Proxy:
         finally:
             _close(source)
             _close(sink)
+
+
+class _RequestSplitter:
+    """Splits the bytes a client sends on one connection into HTTP/1.1 requests.
+
+    A keep-alive connection carries several requests, and one ``recv`` may hold part of a
+    request or several: bytes are buffered until a head (request line and headers, ending
+    in a blank line) is complete, then its body (``Content-Length`` bytes) is skipped. The
+    Hub clients send no chunked request bodies.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._body_left = 0
+
+    def feed(self, data: bytes) -> list[tuple[str, str]]:
+        """The requests whose head `data` completes, as ``(method, path)``."""
+        self._buffer += data
+        found = []
+        while True:
+            if self._body_left:
+                skipped = min(self._body_left, len(self._buffer))
+                del self._buffer[:skipped]
+                self._body_left -= skipped
+                if self._body_left:
+                    break
+            end = self._buffer.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            head = bytes(self._buffer[:end]).decode("latin-1")
+            del self._buffer[: end + 4]
+            line, *headers = head.split("\r\n")
+            parts = line.split(" ")
+            if len(parts) == 3 and parts[2].startswith("HTTP/"):
+                found.append((parts[0], parts[1]))
+            for header in headers:
+                name, _, value = header.partition(":")
+                if name.strip().lower() == "content-length" and value.strip().isdigit():
+                    self._body_left = int(value.strip())
+        return found
 
 
 def _close(sock: socket.socket) -> None:
@@ -395,10 +471,12 @@ def hub(hub_server, request):
             "type; this test runs in the transformers 5.x environment (`make test-5`)"
         )
     hub_server.proxy.cut_after(None)
+    hub_server.proxy.resume()
     hub_server.proxy.start()
-    hub_server.proxy.sent.clear()
+    hub_server.proxy.clear()
     yield hub_server
     hub_server.proxy.cut_after(None)
+    hub_server.proxy.resume()
     hub_server.proxy.start()
 
 
