@@ -36,12 +36,14 @@ import kernels
 from kernels import (
     KernelLoadError,
     LayerRepository,
+    LockedLayerRepository,
     Mode,
     get_loaded_kernels,
     kernelize,
     use_kernel_forward_from_hub,
     use_kernel_mapping,
 )
+from kernels.cli import main
 from kernels.repos import cache_records, load_locks
 from kernels.repos.hubclient import repo_cache_folder
 
@@ -130,6 +132,27 @@ def test_a_kernel_that_loads_another_kernel_at_import_loads(hub, inner, repo_typ
     assert outer.INNER.VERSION == "0.1.0"
     inner_folder = repo_cache_folder(inner_repo.repo_id, repo_type)
     assert outer.INNER.__file__.startswith(str(inner_folder))
+
+
+def test_a_locked_kernel_that_loads_another_locked_kernel_at_import_loads(hub, tmp_path, capsys):
+    inner_repo, outer_repo = hub.create_repo(), hub.create_repo()
+    project = tmp_path / "project"
+    lockfile = project / "kernels.lock"
+    release(inner_repo, "0.1.0")
+    locked_inner = (
+        f"kernels.LockedLayerRepository({inner_repo.repo_id!r}, layer_name='SiluAndMul', "
+        f"lockfile={str(lockfile)!r})"
+    )
+    release(outer_repo, "0.1.0", prelude=f"import kernels\nINNER = {locked_inner}.load_package()\n")
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "demo"\nversion = "0.1"\n\n[tool.kernels.dependencies]\n'
+        f'"{inner_repo.repo_id}" = ">=0.1"\n"{outer_repo.repo_id}" = ">=0.1"\n'
+    )
+    assert main(["lock", str(project)]) == 0, capsys.readouterr().err
+    outer = LockedLayerRepository(outer_repo.repo_id, layer_name="SiluAndMul", lockfile=lockfile)
+
+    assert in_time(outer.load_package).INNER.VERSION == "0.1.0"
 
 
 @use_kernel_forward_from_hub("ConcurrentSiluAndMul")
