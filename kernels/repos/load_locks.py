@@ -19,10 +19,11 @@ Why this cannot deadlock. A deadlock needs a cycle of threads, each holding a lo
 one waits for. Here:
 
 * a key lock is held only while resolving and downloading, when no kernel code runs; the
-  only lock taken while holding one is the lock of the commit it resolved to (the download
-  of that commit), whose holder takes none (commit keys are leaves). Key locks are thus
-  always taken in the order *request, then commit*, and never the other way round; the
-  file locks follow the same order, each taken just after its key's thread lock;
+  only locks taken while holding one are the lock of the commit it resolved to (the
+  download of that commit) and huggingface_hub's own per-file locks, whose holders take no
+  key (commit keys and huggingface_hub's locks are leaves). Key locks are thus always
+  taken in the order *request, then commit*, never the other way round; the file locks
+  follow the same order, each taken just after its key's thread lock;
 * the import lock (the loader's) is never taken while a key lock is held, so a thread that
   imports a kernel and, from that kernel's code, waits for a key lock waits for a holder
   that never waits for the import lock; it finishes its download and lets go;
@@ -30,6 +31,10 @@ one waits for. Here:
   loads another kernel at import imports it in the same thread, and two threads can never
   each hold a kernel import the other one waits for. The only cycle left is within one
   thread (X's import loads Y, whose import loads X), and `importing` detects it.
+
+A child forked while a thread of its parent held a key (a dataloader worker) forgets the
+parent's holds, whose threads do not exist in it, and waits for the parent's file locks
+like any other process.
 
 A lock is the place where ``kernels`` waits for another process: if that process hangs
 while holding it, the waiter logs, once, which process it waits for and where the lock file
@@ -42,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -97,6 +103,23 @@ class _Entry:
 
 _entries: dict[LoadKey, _Entry] = {}
 _entries_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    """In a forked child (a dataloader worker), forget the parent's holds.
+
+    A thread of the parent may have held a key at the fork: in the child that thread does
+    not exist, and its locks would stay taken for ever. The child starts afresh; the
+    parent's file locks are left alone (releasing them here would release the parent's),
+    and the child waits for them like any other process.
+    """
+    global _entries, _entries_lock
+    _entries = {}
+    _entries_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @dataclass

@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -548,3 +550,36 @@ def test_mutated_resolution_records_are_refused_or_checked(tmp_path_factory, fie
     if record is not None:
         assert record.asked == good.asked and len(record.commit) == 40
         assert isinstance(record.time, (int, float)) and not isinstance(record.time, bool)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+def test_a_forked_child_waits_for_its_parent_and_is_not_blocked_for_ever(tmp_path):
+    """A dataloader worker forked while a thread of its parent resolves a kernel."""
+    key = load_locks.LoadKey("kernel", "org/name", "version=>=0.1")
+    held, release_it = threading.Event(), threading.Event()
+
+    def parent_thread() -> None:
+        with load_locks.hold(key, tmp_path):
+            held.set()
+            release_it.wait()
+
+    thread = threading.Thread(target=parent_thread, daemon=True)
+    thread.start()
+    assert held.wait(PATIENCE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork in a threaded process
+        pid = os.fork()
+    if pid == 0:  # the child: the parent's thread does not exist here
+        signal.alarm(60)  # a child stuck on a lock it inherited dies instead of hanging
+        try:
+            with load_locks.hold(key, tmp_path) as turn:
+                os._exit(0 if turn.across_processes else 2)
+        except BaseException:
+            os._exit(3)
+    time.sleep(0.5)
+    child_done, _ = os.waitpid(pid, os.WNOHANG)
+    assert child_done == 0, "the child did not wait for the parent's file lock"
+    release_it.set()
+    thread.join(PATIENCE)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
