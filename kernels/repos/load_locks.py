@@ -30,16 +30,19 @@ one waits for. Here:
 * kernel code runs only under the import lock, which is one re-entrant lock: a kernel that
   loads another kernel at import imports it in the same thread, and two threads can never
   each hold a kernel import the other one waits for. The only cycle left is within one
-  thread (X's import loads Y, whose import loads X), and `importing` detects it.
+  thread (X's import loads Y, whose import loads X), and `importing` detects it. (A lock
+  per package folder beside the loader's would bring a cycle back: thread 1 holds Y's
+  folder and waits for the loader's lock, which thread 2 holds while X's import waits for
+  Y's folder. So the loader's one lock stays the only import lock.)
 
 A child forked while a thread of its parent held a key (a dataloader worker) forgets the
 parent's holds, whose threads do not exist in it, and waits for the parent's file locks
 like any other process.
 
-A lock is the place where ``kernels`` waits for another process: if that process hangs
-while holding it, the waiter logs, once, which process it waits for and where the lock file
-is. A lock file that cannot be created (a read-only cache) leaves loading uncoordinated,
-as it was before, with one DEBUG log.
+A lock is the place where ``kernels`` waits for another process: after 10 s the waiter
+logs, once, what it waits for and where the lock file is (the lock frees itself when its
+holder exits, however it exits). A lock file that cannot be created (a read-only cache)
+leaves loading uncoordinated, as it was before, with one DEBUG log.
 """
 
 from __future__ import annotations
