@@ -583,3 +583,29 @@ def test_a_forked_child_waits_for_its_parent_and_is_not_blocked_for_ever(tmp_pat
     thread.join(PATIENCE)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_a_process_waiting_for_another_says_what_for_and_where(tmp_path, monkeypatch, caplog):
+    from filelock import FileLock
+
+    monkeypatch.setattr(load_locks, "_PATIENCE_SECONDS", 0.2)
+    key = load_locks.LoadKey("kernel", "org/name", "version=>=0.1")
+    other_process = FileLock(str(tmp_path / f"{key.digest}.lock"))  # its own file handle
+    other_process.acquire()
+    got: list[bool] = []
+
+    def wait() -> None:
+        with load_locks.hold(key, tmp_path) as turn:
+            got.append(turn.across_processes)
+
+    with caplog.at_level("INFO", logger="kernels"):
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + PATIENCE
+        while "Waiting for another process" not in caplog.text:
+            assert time.monotonic() < deadline and not got
+            time.sleep(0.05)
+        other_process.release()
+        thread.join(PATIENCE)
+    assert got == [True]
+    assert f"org/name (version=>=0.1) (lock file {tmp_path}" in caplog.text
