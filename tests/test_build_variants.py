@@ -160,9 +160,31 @@ def test_per_torch_builds_need_their_torch_and_abi():
     rejected = reasons(names)
     assert rejected["torch28-cxx11-cu128-x86_64-linux"] == "built for torch 2.8; torch here is 2.9"
     assert "C++ ABI cxx98" in rejected["torch29-cxx98-cu128-x86_64-linux"]
-    # A torch built with the old ABI cannot load a build without the tag (the C++11 ABI).
+    # A name without the ABI tag is accepted whatever the ABI (Hugging Face's rule); a torch
+    # with the old ABI prefers the build tagged for it.
     old_abi = machine(abi="cxx98")
-    assert accepted(names, on=old_abi) == ["torch29-cxx98-cu128-x86_64-linux"]
+    assert accepted(names, on=old_abi) == [
+        "torch29-cxx98-cu128-x86_64-linux",
+        "torch29-cu128-x86_64-linux",
+    ]
+
+
+@pytest.mark.parametrize("abi", ["cxx11", "cxx98", None])
+def test_untagged_per_torch_builds_skip_the_abi_check(abi):
+    untagged = "torch213-cu130-x86_64-linux"
+    on = machine(torch="2.13", cuda="13.0", abi=abi)
+    assert accepted([untagged], on=on) == [untagged]
+    assert BuildVariant.parse(untagged).cxx_abi is None
+
+
+def test_tagged_per_torch_builds_keep_the_abi_check():
+    names = ["torch213-cxx11-cu130-x86_64-linux", "torch213-cxx98-cu130-x86_64-linux"]
+    on = machine(torch="2.13", cuda="13.0", abi="cxx11")
+    assert accepted(names, on=on) == ["torch213-cxx11-cu130-x86_64-linux"]
+    assert "C++ ABI cxx98" in reasons(names, on=on)["torch213-cxx98-cu130-x86_64-linux"]
+    # Where torch names no ABI (macOS, Windows), a tagged Linux-style name is rejected.
+    no_abi = machine(torch="2.13", cuda="13.0", abi=None)
+    assert accepted(names, on=no_abi) == []
 
 
 def test_tvm_ffi_builds_need_that_tvm_ffi_installed():

@@ -7,7 +7,8 @@ Kernel builds on today's Hub come in five kinds of variant name:
   digit);
 * ``torch<X><Y>[-cxx11|-cxx98]-<backend>-<cpu>-<os>``, e.g. ``torch28-cxx11-cu128-x86_64-linux``
   or ``torch211-cu130-x86_64-linux``: built for one torch minor release; the C++ ABI tag is
-  absent on macOS and Windows and in newer Linux builds (where it means the C++11 ABI);
+  absent on macOS and Windows and in newer Linux builds, and a name without it runs whatever
+  the ABI of torch here (Hugging Face's rule: only a tag is checked);
 * ``tvm-ffi<X><Y>-<backend>-<cpu>-<os>``: built against that tvm-ffi release, for any torch;
 * ``torch-<backend>`` (``torch-cuda``, ``torch-rocm``, ``torch-xpu``, ``torch-metal``,
   ``torch-cpu``, ``torch-npu``, ``torch-neuron``): pure Python for one backend;
@@ -261,10 +262,10 @@ class MachineBuild:
         if variant.kind == TORCH:
             if version != self.torch:
                 return f"built for torch {version}; torch here is {self.torch}"
-            # No ABI tag means the C++11 ABI, which every torch since 2.8 uses on Linux.
-            wanted = variant.cxx_abi or ("cxx11" if self.cxx_abi else None)
-            if wanted != self.cxx_abi:
-                return f"C++ ABI {wanted or 'none'} does not match this torch's ({self.cxx_abi or 'none'})"
+            # A name without the ABI tag is accepted whatever this torch's ABI, as Hugging
+            # Face's client does: builders dropped the tag once every torch used the C++11 ABI.
+            if variant.cxx_abi is not None and variant.cxx_abi != self.cxx_abi:
+                return f"C++ ABI {variant.cxx_abi} does not match this torch's ({self.cxx_abi or 'none'})"
         if variant.kind == TVM_FFI:
             if self.tvm_ffi is None:
                 return f"built for tvm-ffi {version}, which is not installed"
@@ -295,7 +296,11 @@ class MachineBuild:
             abi = variant.framework_version
             return (order.index(STABLE_ABI), -abi.major, -abi.minor, *newest_first)
         if variant.kind == TORCH:
-            return (order.index(TORCH), variant.cxx_abi is not None, *newest_first)
+            # Untagged names first, as Hugging Face's client orders them; but a torch with the
+            # old ABI takes a build tagged for it first, since untagged builds are C++11 ones.
+            old_abi = self.cxx_abi == "cxx98"
+            tag_rank = variant.cxx_abi != "cxx98" if old_abi else variant.cxx_abi is not None
+            return (order.index(TORCH), tag_rank, *newest_first)
         return (order.index(variant.kind), *newest_first)
 
 
