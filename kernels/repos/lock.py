@@ -31,6 +31,18 @@ load other code.
 Locked loads download exactly the locked commit, verify every file of the variant against
 the lock and only then import it: a mismatch raises `KernelHashMismatchError` naming the
 file, and nothing of that download is imported.
+
+Hugging Face's ``kernels`` 0.17 writes another format, which is read too (and written by
+``kernels lock --format hf``)::
+
+    [{"dependency": {"repo-id": "kernels-community/activation", "version": 1},
+      "lock": {"commit": "<commit>"}}]
+
+``dependency`` holds ``version`` (an int N: the branch vN) or ``revision`` (a branch, tag or
+commit), never both; unknown keys are refused, as their client refuses them. Such an entry
+has no file hashes and no trust record: a load pins the commit (logged at INFO, saying the
+files are not verified), and the repository must pass the normal trust rules (see
+`_locked_trust`). A lock file holds entries of one format: a mix is refused.
 """
 
 from __future__ import annotations
@@ -59,7 +71,13 @@ from ..errors import (
 from . import hubclient
 from .base import PackageFunction
 from .bounded_json import MiB, json_type, load_json_file, parse_json, quoted
-from .download import FetchedKernel, LoadedHubKernel, fetch_kernel, import_fetched
+from .download import (
+    FetchedKernel,
+    LoadedHubKernel,
+    fetch_kernel,
+    get_kernel_variants,
+    import_fetched,
+)
 from .hashing import HASH_TYPE, combined_hash, verify_variant
 from .hubclient import KERNEL_REPO_TYPE, MODEL_REPO_TYPE
 from .project import Dependency, read_dependencies
@@ -78,6 +96,11 @@ MAX_LOCK_SIZE = 4 * MiB
 
 _RELOCK = "Re-create the lock with `kernels lock PROJECT_DIR`."
 
+#: ``kernels lock --format``: ours (with file hashes and trust), or Hugging Face's 0.17 one.
+FORMAT_KERNELS = "kernels"
+FORMAT_HF = "hf"
+LOCK_FORMATS = (FORMAT_KERNELS, FORMAT_HF)
+
 
 @dataclass(frozen=True)
 class VariantLock:
@@ -89,18 +112,30 @@ class VariantLock:
 
 @dataclass(frozen=True)
 class KernelLock:
-    """One kernel in a lock file."""
+    """One kernel in a lock file.
+
+    An entry read from Hugging Face's 0.17 format has no `variants` (hashes), `files` or
+    `trust`; its `version` is the int N it asked for (with `ref` ``"vN"``), or its `ref` the
+    revision it asked for.
+    """
 
     repo_id: str
     sha: str
+    #: Empty only for an entry of Hugging Face's 0.17 format, which records no hashes.
     variants: dict[str, VariantLock]
     version: str | int | None = None
+    #: The tag or branch the lock resolved (or, in Hugging Face's format, the revision asked).
     ref: str | None = None
     trust: dict | None = None
     #: variant -> path inside ``build/<variant>/`` -> ``git-sha1:<hex>`` or ``sha256:<hex>``.
     files: dict[str, dict[str, str]] = field(default_factory=dict)
     #: "kernel" or "model"; None in entries written before the Hub had kernel repositories.
     repo_type: str | None = None
+
+    @property
+    def hashed(self) -> bool:
+        """Whether the entry records file hashes (ours does; Hugging Face's 0.17 format not)."""
+        return bool(self.variants)
 
     @property
     def repo_types(self) -> tuple[str, ...]:
@@ -119,6 +154,9 @@ class KernelLock:
         and file paths stay inside their variant folder. Unknown keys are ignored, as
         locks written by newer versions may carry more.
 
+        An entry with ``dependency`` or ``lock`` is one of Hugging Face's 0.17 format (see the
+        module docstring), checked as strictly, unknown keys included.
+
         Args:
             data: the parsed entry.
             where: how to name the lock (and entry) in messages.
@@ -128,6 +166,8 @@ class KernelLock:
         """
         if not isinstance(data, dict):
             raise KernelLockError(f"{where}: each entry must be an object, got {json_type(data)}.")
+        if "dependency" in data or "lock" in data:
+            return cls._from_hf_json(data, where=where)
         missing = [key for key in ("repo_id", "sha", "variants") if key not in data]
         if missing:
             raise KernelLockError(
@@ -168,7 +208,90 @@ class KernelLock:
             repo_type=repo_type,
         )
 
+    @classmethod
+    def _from_hf_json(cls, data: dict, *, where: str) -> KernelLock:
+        """An entry of Hugging Face's 0.17 format (`from_json` has checked it is an object)."""
+        _only_keys(data, ("dependency", "lock"), where, "an entry")
+        dependency, lock = data.get("dependency"), data.get("lock")
+        if not isinstance(dependency, dict) or not isinstance(lock, dict):
+            raise KernelLockError(
+                f"{where}: an entry of Hugging Face's lock format needs 'dependency' and 'lock' "
+                f'objects, e.g. {{"dependency": {{"repo-id": "org/name", "version": 1}}, '
+                f'"lock": {{"commit": "<40 hex>"}}}}, got {quoted(data)}. {_RELOCK}'
+            )
+        _only_keys(dependency, ("repo-id", "version", "revision"), where, "'dependency'")
+        _only_keys(lock, ("commit",), where, "'lock'")
+        repo_id = dependency.get("repo-id")
+        if not is_repo_id(repo_id):
+            raise KernelLockError(
+                f"{where}: the entry's repo-id {quoted(repo_id)} is not a Hub repository id "
+                f"('org/name' in ASCII letters, digits, '-', '_' and '.'). {_RELOCK}"
+            )
+        entry = f"{where}: {repo_id}"
+        if ("version" in dependency) == ("revision" in dependency):
+            raise KernelLockError(
+                f"{entry}: 'dependency' must give one of 'version' (an int N, the branch vN) "
+                f"and 'revision' (a branch, tag or commit), got {quoted(dependency)}. {_RELOCK}"
+            )
+        commit = lock.get("commit")
+        # Their parser accepts upper-case hex and stores it lower-cased; so do we.
+        if not (isinstance(commit, str) and _COMMIT.fullmatch(commit.lower())):
+            raise KernelLockError(
+                f"{entry} is locked to {quoted(commit)}, not a commit hash (40 hex digits). "
+                f"{_RELOCK}"
+            )
+        if "version" in dependency:
+            version = dependency["version"]
+            if not isinstance(version, int) or isinstance(version, bool):
+                raise KernelLockError(
+                    f"{entry}: 'version' in Hugging Face's lock format is an int N (the branch "
+                    f"vN), got {quoted(version)}. {_RELOCK}"
+                )
+            version = _version(version, entry)
+            ref = f"v{version}"
+        else:
+            version, ref = None, dependency["revision"]
+            if ref is None:
+                raise KernelLockError(f"{entry}: 'revision' is null. {_RELOCK}")
+            ref = _ref(ref, entry, what="'revision' must be a branch, tag or commit")
+        return cls(
+            repo_id=repo_id,
+            sha=commit.lower(),
+            variants={},
+            version=version,
+            ref=ref,
+            # Their client loads kernel repositories only, so the commit is looked for there.
+            repo_type=KERNEL_REPO_TYPE,
+        )
+
+    def to_hf_json(self) -> dict:
+        """This entry in Hugging Face's 0.17 format: no hashes, files or trust record.
+
+        An int version stays one; anything else is written as the revision it resolved
+        (the tag or branch, else the commit), which is what their format can say.
+
+        Raises:
+            KernelLockError: the kernel is a model repository, which their client cannot load.
+        """
+        if self.repo_type == MODEL_REPO_TYPE:
+            raise KernelLockError(
+                f"{self.repo_id} is a model repository; Hugging Face's lock format has no "
+                "repository type and their client loads kernel repositories only. Write this "
+                "lock in our format (`kernels lock` without --format hf), or depend on the "
+                "kernel repository."
+            )
+        dependency: dict = {"repo-id": self.repo_id}
+        if isinstance(self.version, int):
+            dependency["version"] = self.version
+        else:
+            dependency["revision"] = self.ref or self.sha
+        return {"dependency": dependency, "lock": {"commit": self.sha}}
+
     def to_json(self) -> dict:
+        """This entry as its lock file holds it: ours, or Hugging Face's when it has no hashes
+        (an entry read from their format; ours always has them)."""
+        if not self.hashed:
+            return self.to_hf_json()
         data: dict = {"repo_id": self.repo_id}
         if self.repo_type is not None:
             data["repo_type"] = self.repo_type
@@ -284,15 +407,24 @@ def _version(value: object, where: str) -> str | int | None:
     return value  # type: ignore[return-value]
 
 
-def _ref(value: object, where: str) -> str | None:
+def _ref(
+    value: object, where: str, *, what: str = "'ref' must be the tag or branch the lock resolved"
+) -> str | None:
     if value is None or (
         isinstance(value, str) and 0 < len(value) <= _MAX_TEXT and value.isprintable()
     ):
         return value
-    raise KernelLockError(
-        f"{where}: 'ref' must be the tag or branch the lock resolved, got {quoted(value)}. "
-        f"{_RELOCK}"
-    )
+    raise KernelLockError(f"{where}: {what}, got {quoted(value)}. {_RELOCK}")
+
+
+def _only_keys(value: dict, allowed: tuple[str, ...], where: str, what: str) -> None:
+    """Refuse keys Hugging Face's lock format does not have (their parser refuses them too)."""
+    unknown = [key for key in value if key not in allowed]
+    if unknown:
+        raise KernelLockError(
+            f"{where}: {what} has unknown key(s) {', '.join(quoted(k) for k in unknown[:5])}; "
+            f"Hugging Face's lock format allows {', '.join(allowed)} there. {_RELOCK}"
+        )
 
 
 def _trust_record(value: object, where: str) -> dict | None:
@@ -360,6 +492,15 @@ def _entries(data: object, where: str) -> list[KernelLock]:
         KernelLock.from_json(entry, where=f"{where} (entry {i + 1})")
         for i, entry in enumerate(data)
     ]
+    formats = {lock.hashed for lock in locks}
+    if len(formats) > 1:
+        # One tool writes a lock file; a mix is a hand edit, and their client refuses ours.
+        theirs = [str(i + 1) for i, lock in enumerate(locks) if not lock.hashed]
+        raise KernelLockError(
+            f"{where} mixes Hugging Face's lock format (entries {', '.join(theirs[:10])}) with "
+            "ours; a lock file holds one format. Re-create it with `kernels lock PROJECT_DIR` "
+            "(add --format hf for Hugging Face's)."
+        )
     seen: dict[str, int] = {}
     for i, lock in enumerate(locks):
         # The Hub compares repository names without ASCII case: two entries would be one repo.
@@ -372,14 +513,36 @@ def _entries(data: object, where: str) -> list[KernelLock]:
     return locks
 
 
-def write_lockfile(path: Path, locks: Iterable[KernelLock]) -> None:
+def write_lockfile(
+    path: Path, locks: Iterable[KernelLock], *, format: str = FORMAT_KERNELS
+) -> None:
     """Write `locks` to `path` (atomically: a reader sees the old lock or the new one).
 
+    Args:
+        format: `FORMAT_KERNELS` (ours: hashes, trust, what was asked and resolved) or
+            `FORMAT_HF` (Hugging Face's 0.17 format: repository, version or revision, commit).
+
     Raises:
-        KernelLockError: the locks would not read back (e.g. a Hub listing gave a path or
-            digest of the wrong form); nothing is written then.
+        KernelLockError: an unknown format, a lock the format cannot express (see
+            `KernelLock.to_hf_json`), or locks that would not read back (e.g. a Hub listing
+            gave a path or digest of the wrong form); nothing is written then.
     """
-    text = json.dumps([lock.to_json() for lock in locks], indent=2) + "\n"
+    if format not in LOCK_FORMATS:
+        raise KernelLockError(
+            f"Unknown lock format {quoted(format)}; use one of {', '.join(LOCK_FORMATS)}."
+        )
+    locks = list(locks)
+    if format == FORMAT_HF:
+        entries = [lock.to_hf_json() for lock in locks]
+    else:
+        unhashed = [lock.repo_id for lock in locks if not lock.hashed]
+        if unhashed:
+            raise KernelLockError(
+                f"Cannot write {', '.join(unhashed)} in our lock format: no file hashes were "
+                "recorded for it. Re-create the lock with `kernels lock PROJECT_DIR`."
+            )
+        entries = [lock.to_json() for lock in locks]
+    text = json.dumps(entries, indent=2) + "\n"
     # What is written must be what `read_lockfile` accepts: the values came from the Hub.
     parse_lock(text, where=f"the lock about to be written to {path}")
     tmp = Path(path).with_suffix(".lock.tmp")
@@ -451,12 +614,23 @@ def lock_dependency(dependency: Dependency) -> KernelLock:
     )
 
 
-def lock_project(project_dir: Path) -> tuple[Path, list[KernelLock]]:
-    """Resolve every kernel in ``[tool.kernels.dependencies]`` and write ``kernels.lock``."""
+def lock_project(
+    project_dir: Path, *, format: str = FORMAT_KERNELS
+) -> tuple[Path, list[KernelLock]]:
+    """Resolve every kernel in ``[tool.kernels.dependencies]`` and write ``kernels.lock``.
+
+    Args:
+        format: as for `write_lockfile`. Ours is the default: Hugging Face's format keeps
+            no file hashes, so loads from it pin the commit but verify no file.
+    """
     project_dir = Path(project_dir)
+    if format not in LOCK_FORMATS:
+        raise KernelLockError(
+            f"Unknown lock format {quoted(format)}; use one of {', '.join(LOCK_FORMATS)}."
+        )
     locks = [lock_dependency(dep) for dep in read_dependencies(project_dir)]
     path = project_dir / LOCK_FILE
-    write_lockfile(path, locks)
+    write_lockfile(path, locks, format=format)
     return path, locks
 
 
@@ -603,6 +777,17 @@ def fetch_locked(
 
 
 def _verify_locked(fetched: FetchedKernel, lock: KernelLock, where: str) -> None:
+    if not lock.hashed:
+        # Hugging Face's format records only the commit: what the Hub serves for it is used.
+        logger.info(
+            "%s: %s records no file hashes (Hugging Face's lock format), so the files of "
+            "commit %s are used unverified; `kernels lock PROJECT_DIR` writes a lock with "
+            "hashes",
+            lock.repo_id,
+            where,
+            lock.sha[:12],
+        )
+        return
     verify_variant(
         fetched.variant_dir,
         lock.variants,
@@ -625,9 +810,23 @@ def _load_locked(
     trust = _locked_trust(lock, source, trust_remote_code)
     fetched = fetch_locked(lock, local_files_only=local_files_only)
     _verify_locked(fetched, lock, source.description)
-    loaded = import_fetched(fetched, trust)
-    logger.info("Loaded locked kernel %s (verified); %s", loaded.describe(), trust.reason)
+    imported = import_fetched(fetched, trust)
+    loaded = LoadedLockedKernel(imported.module, fetched, trust, checked=_checked(lock))
+    logger.info("Loaded locked kernel %s (%s); %s", loaded.describe(), loaded.checked, trust.reason)
     return loaded
+
+
+@dataclass(frozen=True)
+class LoadedLockedKernel(LoadedHubKernel):
+    """A kernel imported from a lock, and what the lock let us check."""
+
+    #: "verified", or what was checked instead (a lock of Hugging Face's format has no hashes).
+    checked: str = field(default="verified", kw_only=True)
+
+
+def _checked(lock: KernelLock) -> str:
+    """What a locked load checked, for messages."""
+    return "verified" if lock.hashed else "commit pinned, no hashes to verify"
 
 
 def load_kernel(
@@ -701,21 +900,30 @@ def download_locked(
     done = []
     for lock in source.locks:
         trust = _locked_trust(lock, source, trust_remote_code)
-        variants = sorted(lock.variants) if all_variants else [None]
+        variants: list[str | None] = [None]
+        if all_variants:
+            variants = sorted(lock.variants) if lock.hashed else _offered_variants(lock)
         fetched_all = []
         for variant in variants:
             fetched = fetch_locked(lock, variant=variant)
             _verify_locked(fetched, lock, source.description)
             fetched_all.append(fetched)
         logger.info(
-            "Downloaded %s at %s (%s); %s",
+            "Downloaded %s at %s (%s, %s); %s",
             lock.repo_id,
             lock.sha[:12],
             ", ".join(f.variant for f in fetched_all),
+            _checked(lock),
             trust.reason,
         )
         done.append((lock, fetched_all))
     return done
+
+
+def _offered_variants(lock: KernelLock) -> list[str]:
+    """Every build variant at the locked commit, for an entry that lists none (no hashes)."""
+    decisions = get_kernel_variants(lock.repo_id, revision=lock.sha, repo_type=lock.repo_types[0])
+    return sorted(decision.variant.variant_str for decision in decisions)
 
 
 @dataclass(frozen=True)
@@ -795,7 +1003,8 @@ class LockedLayerRepository:
         if loaded is not None:
             fetched = loaded.fetched  # type: ignore[attr-defined]
             text += (
-                f" -> commit {fetched.commit[:12]}, variant {fetched.variant}, verified; "
+                f" -> commit {fetched.commit[:12]}, variant {fetched.variant}, "
+                f"{getattr(loaded, 'checked', 'verified')}; "
                 f"{loaded.trust.reason}"  # type: ignore[attr-defined]
             )
         return f"{text}, layer {self.layer_name}"
