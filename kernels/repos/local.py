@@ -9,24 +9,36 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import KernelLoadError
-from .layout import locate_package
+from .layout import locate_local
 from .loader import import_package
 from .provides import provided_kernel
+from .variants import machine_for_backend
 
 
 def get_local_kernel(
-    repo_path: str | os.PathLike[str], package_name: str | None = None
+    repo_path: str | os.PathLike[str],
+    package_name: str | None = None,
+    *,
+    backend: str | None = None,
 ) -> ModuleType:
     """Import the kernel package of a kernel repository folder.
 
-    The build variant is chosen for this machine (``torch-universal`` or the compiled one that
-    matches the running torch, accelerator runtime, C++ ABI, CPU architecture and OS).
-    Importing the same folder twice returns the same module.
+    The build variant is chosen for this machine (the compiled one that matches the running
+    torch, accelerator runtime, C++ ABI, CPU architecture and OS, else ``torch-<backend>`` or
+    ``torch-universal``). Importing the same folder twice returns the same module.
 
     Args:
-        repo_path: the repository folder, which holds ``build/``.
-        package_name: the package inside ``build/<variant>/``; may be omitted when there is
-            only one, or when the variant folder is the package itself.
+        repo_path: the repository folder (which holds ``build/``), its ``build/`` folder, or
+            one variant folder such as ``build/torch-cuda``, which is imported as it is.
+        package_name: the package inside ``build/<variant>/``; may be omitted when the
+            variant folder is the package itself, or holds only one.
+        backend: load builds for this backend: ``"cpu"``, or the backend torch was built
+            for (the default), as in Hugging Face's client.
+
+    Raises:
+        KernelLoadError: the folder holds no kernel package; BuildVariantNotFoundError when
+            none of its variants runs here (the message says why for each).
+        KernelMappingError: `backend` is not one this machine runs.
 
     Example:
         ```python
@@ -34,12 +46,14 @@ def get_local_kernel(
 
         activation = get_local_kernel("/src/activation", "activation")
         y = activation.silu_and_mul(x)
+        relu = get_local_kernel("/src/relu/build", backend="cpu")
         ```
     """
-    repo_dir = Path(repo_path).expanduser()
-    if not repo_dir.is_dir():
-        raise KernelLoadError(f"Kernel repository folder {repo_dir} does not exist.")
-    location = locate_package(repo_dir, package_name, where=str(repo_dir))
+    path = Path(repo_path).expanduser()
+    machine = machine_for_backend(backend)
+    if not path.is_dir():
+        raise KernelLoadError(f"Kernel repository folder {path} does not exist.")
+    location = locate_local(path, package_name, where=str(path), machine=machine)
     return import_package(location.package_dir, location.package_name)
 
 

@@ -37,12 +37,12 @@ import os
 import platform
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import BuildVariantNotFoundError, KernelMetadataError
+from ..errors import BuildVariantNotFoundError, KernelMappingError, KernelMetadataError
 from .bounded_json import MiB, json_type, load_json_file, parse_json, quoted
 
 UNIVERSAL_VARIANT = "torch-universal"
@@ -330,6 +330,29 @@ def machine_build() -> MachineBuild:
 
     return describe_machine(
         torch, system=platform.system(), machine=platform.machine(), tvm_ffi=_tvm_ffi_version()
+    )
+
+
+def machine_for_backend(backend: object = None) -> MachineBuild:
+    """This machine, or this machine loading builds for `backend` instead of its accelerator.
+
+    As in Hugging Face's client, `backend` is None (the accelerator torch was built for),
+    ``"cpu"``, or the name of that accelerator backend (``"cuda"``, ``"rocm"``, ``"xpu"``,
+    ``"metal"``, ``"npu"``, for which ``"cann"`` is accepted too).
+
+    Raises:
+        KernelMappingError: any other value (any object may be given).
+    """
+    machine = machine_build()
+    if backend is None or backend == machine.backend:
+        return machine
+    if backend == "cpu":
+        return replace(machine, backend="cpu", backend_version=None)
+    if backend == "cann" and machine.backend == "npu":
+        return machine
+    raise KernelMappingError(
+        f"backend must be None, 'cpu' or {machine.backend!r} (the backend torch here was built "
+        f"for), got {quoted(backend)}."
     )
 
 
