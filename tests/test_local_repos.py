@@ -187,8 +187,12 @@ def test_local_repository_values():
     assert str(a).endswith("package activation, layer SiluAndMul")
 
 
-def test_loaded_kernels_are_listed_with_their_metadata(kernel_repo):
+def test_loaded_kernels_are_listed_with_their_metadata(kernel_repo, monkeypatch):
     import json
+
+    # The kernel names einops, which must be installed to load it (kernels.repos.requirements);
+    # a module in sys.modules counts as installed.
+    monkeypatch.setitem(sys.modules, "einops", sys)
 
     from kernels import LoadedKernel, Metadata, get_loaded_kernels
 

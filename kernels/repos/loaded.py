@@ -39,6 +39,13 @@ _lock = threading.Lock()
 _loaded: dict[Path, LoadedKernel] = {}
 
 
+def variant_folder(package_dir: Path) -> Path:
+    """The build variant folder a package folder belongs to: the package itself (the newer,
+    flat layout) when it holds ``metadata.json``, else its parent."""
+    package_dir = Path(package_dir)
+    return package_dir if (package_dir / METADATA_FILE).is_file() else package_dir.parent
+
+
 def read_metadata(package_dir: Path) -> Metadata:
     """The metadata of the variant a package folder belongs to, read before the package is
     imported: ``metadata.json`` sits in the variant folder, which is the package itself
@@ -48,7 +55,7 @@ def read_metadata(package_dir: Path) -> Metadata:
         KernelLoadError: the file is malformed; it names the file.
     """
     package_dir = Path(package_dir)
-    variant_dir = package_dir if (package_dir / METADATA_FILE).is_file() else package_dir.parent
+    variant_dir = variant_folder(package_dir)
     try:
         return Metadata.load_from_variant(variant_dir)
     except KernelsError as exc:

@@ -19,7 +19,8 @@ from types import ModuleType
 
 from ..errors import KernelLoadError
 from . import source_import
-from .loaded import read_metadata, record_import
+from .loaded import read_metadata, record_import, variant_folder
+from .requirements import check_requirements
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +39,13 @@ def import_package(package_dir: Path, package_name: str) -> ModuleType:
     """Import the package in `package_dir` (a folder with ``__init__.py``), once per folder.
 
     The package and every module under it are imported from source only
-    (`kernels.repos.source_import`). Its variant's ``metadata.json`` is read first, and
-    the package is recorded as loaded only once all of it succeeded.
+    (`kernels.repos.source_import`). Its variant's ``metadata.json`` is read first and what
+    it demands is checked (`kernels.repos.requirements`); the package is recorded as loaded
+    only once all of it succeeded.
 
     Raises:
-        KernelLoadError: the folder is no package, its metadata.json is malformed, or
+        KernelLoadError: the folder is no package, its metadata.json is malformed or
+            demands what is not here (`KernelMetadataError` for a malformed demand), or
             importing it raised (any exception, ``SystemExit`` included; only
             ``KeyboardInterrupt`` passes through as it is). Nothing of a failed import is
             left in ``sys.modules``.
@@ -56,6 +59,7 @@ def import_package(package_dir: Path, package_name: str) -> ModuleType:
         if not init.is_file():
             raise KernelLoadError(f"{package_dir} is not a Python package: it has no __init__.py.")
         metadata = read_metadata(package_dir)
+        check_requirements(metadata, variant_folder(package_dir))
         name = unique_module_name(package_name, package_dir)
         spec = source_import.register(name, str(package_dir))
         module = importlib.util.module_from_spec(spec)
