@@ -8,7 +8,9 @@ and the ``LOCAL_KERNELS`` redirect of Hub loads.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -17,8 +19,11 @@ from kernels import (
     BuildVariantNotFoundError,
     KernelLoadError,
     KernelMappingError,
+    LayerRepository,
+    get_kernel,
     get_local_kernel,
 )
+from kernels.repos.local_overrides import ENV, local_overrides
 from kernels.repos.variants import BuildVariant, machine_build
 
 
@@ -125,3 +130,92 @@ def test_untagged_per_torch_variant_loads_here(tmp_path):
     write_variant(repo, name, marker="untagged")
     write_variant(repo, "torch-cpu", marker="noarch")
     assert get_local_kernel(repo).MARKER == "untagged"
+
+
+# LOCAL_KERNELS: Hub loads of the repositories it lists import local folders instead.
+
+
+@pytest.fixture
+def no_hub(monkeypatch):
+    """A Hub that nothing can reach: a load that asked it would fail."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv(ENV, raising=False)
+
+
+def relu_repo(root, marker):
+    write_variant(root, "torch-cpu", marker=marker)
+    layers = root / "build" / "torch-cpu" / "layers.py"
+    layers.write_text(
+        "import torch\n\n\nclass ReLU(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return torch.relu(x)\n"
+    )
+    init = root / "build" / "torch-cpu" / "__init__.py"
+    init.write_text(init.read_text() + "from . import layers\n")
+    return root
+
+
+@pytest.mark.parametrize("form", ["repo", "build", "variant"])
+def test_local_kernels_replaces_a_hub_load(tmp_path, monkeypatch, caplog, no_hub, form):
+    repo = relu_repo(tmp_path / "relu", marker="local")
+    folder = {"repo": repo, "build": repo / "build", "variant": repo / "build" / "torch-cpu"}
+    other = relu_repo(tmp_path / "other", marker="other")
+    # An organisation nobody trusts: local code is the user's own, so it loads all the same.
+    monkeypatch.setenv(ENV, f"someone/relu={folder[form]}:someone/other={other}")
+    with caplog.at_level(logging.INFO, logger="kernels"):
+        module = get_kernel("someone/relu", version=1)
+    assert module.MARKER == "local"
+    assert module is get_local_kernel(repo)
+    notes = [r.getMessage() for r in caplog.records if "instead of the Hub" in r.getMessage()]
+    assert len(notes) == 1 and "someone/relu" in notes[0] and str(folder[form]) in notes[0]
+    assert get_kernel("someone/other").MARKER == "other"
+
+
+def test_local_kernels_serves_layer_repositories(tmp_path, monkeypatch, no_hub):
+    repo = relu_repo(tmp_path / "relu", marker="local")
+    monkeypatch.setenv(ENV, f"someone/relu={repo}")
+    layer_repo = LayerRepository("someone/relu", layer_name="ReLU", version=1)
+    assert layer_repo.load() is get_local_kernel(repo).layers.ReLU
+    assert layer_repo.commit == "local"
+    assert "LOCAL_KERNELS" in str(layer_repo)
+
+
+def test_a_repository_local_kernels_does_not_list_still_asks_the_hub(tmp_path, monkeypatch, no_hub):
+    monkeypatch.setenv(ENV, f"someone/relu={relu_repo(tmp_path / 'relu', marker='local')}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(KernelLoadError) as info:
+        get_kernel("someone/other", trust_remote_code=True)
+    assert not isinstance(info.value, KernelMappingError)
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("someone/relu", "has no '='"),
+        ("relu=/src/relu", "is not a Hub repository id"),
+        ("some one/relu=/src/relu", "is not a Hub repository id"),
+        ("someone/relu=", "names no folder"),
+        ("someone/relu=/a:someone/relu=/b", "already mapped to /a"),
+    ],
+)
+def test_a_malformed_local_kernels_names_the_variable_and_entry(
+    monkeypatch, no_hub, value, problem
+):
+    monkeypatch.setenv(ENV, value)
+    with pytest.raises(KernelMappingError) as info:
+        get_kernel("someone/relu")
+    message = str(info.value)
+    assert message.startswith(f"{ENV} entry ") and problem in message
+    assert "e.g. kernels-community/relu=/src/relu" in message
+
+
+def test_empty_local_kernels_entries_are_skipped():
+    assert local_overrides("") == {}
+    assert local_overrides("a/b=/x::") == {"a/b": Path("/x")}
+    # Only the first '=' separates: a folder name may hold one.
+    assert local_overrides("a/b=/x=y") == {"a/b": Path("/x=y")}
+
+
+def test_a_local_kernels_folder_that_does_not_exist_says_so(tmp_path, monkeypatch, no_hub):
+    monkeypatch.setenv(ENV, f"someone/relu={tmp_path / 'missing'}")
+    with pytest.raises(KernelLoadError, match="the folder does not exist.*remove someone/relu"):
+        get_kernel("someone/relu")

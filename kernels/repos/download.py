@@ -48,6 +48,7 @@ from .info import RepoInfo
 from .layout import PackageLocation, locate_package, read_preference
 from .loaded import record_origin
 from .loader import import_package
+from .local_overrides import load_local_override
 from .repo_id import check_repo_id
 from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
 from .variants import (
@@ -183,6 +184,8 @@ def load_hub_kernel(
 ) -> LoadedHubKernel:
     """`get_kernel`, returning what was resolved, downloaded and trusted along with the module."""
     _check_repo_id(repo_id, repo_type)
+    if (local := load_local_override(repo_id, repo_type)) is not None:
+        return local  # LOCAL_KERNELS names a folder for it: no Hub, no trust check
     trust = require_trust(repo_id, normalize_trust(trust_remote_code))
     request = check_request(repo_id, revision=revision, version=version, repo_type=repo_type)
     fetched = _resolve_and_fetch(request, user_agent=user_agent)
