@@ -45,5 +45,6 @@ def run(args: argparse.Namespace) -> int:
     )
     for lock, fetched in locked:
         variants = ", ".join(f.variant for f in fetched)
-        print(f"downloaded {lock.repo_id} at {lock.sha[:12]} ({variants}), verified")
+        checked = "verified" if lock.hashed else "no file hashes in the lock to verify"
+        print(f"downloaded {lock.repo_id} at {lock.sha[:12]} ({variants}), {checked}")
     return 0

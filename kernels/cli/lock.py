@@ -13,7 +13,14 @@ or branch and commit it resolved to, the trust decision, and the hashes of every
 variant's files (taken from the Hub's file listing; nothing is downloaded).
 
 Kernels from organisations that are not trusted are refused unless the entry says
-trust-remote-code = true (or the organisation is trusted by configuration)."""
+trust-remote-code = true (or the organisation is trusted by configuration).
+
+--format hf writes Hugging Face's kernels 0.17 format instead (repository, int version or
+revision, commit), for projects that their client also reads. It keeps no file hashes and
+no trust record: loads pin the commit but verify no file, and a kernel from an untrusted
+organisation then needs trust-remote-code in this pyproject.toml (beside the lock) or
+trust_remote_code=... at load. An entry whose version is a specifier is written as the
+revision it resolved to; a model repository cannot be written."""
 EPILOG = """\
 pyproject.toml:
   [tool.kernels.dependencies]
@@ -22,6 +29,7 @@ pyproject.toml:
 
 examples:
   kernels lock .
+  kernels lock . --format hf    # Hugging Face's format (no hashes)
   kernels download .        # then prefetch what the lock pins"""
 
 
@@ -29,12 +37,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "project_dir", metavar="PROJECT_DIR", type=Path, help="folder with pyproject.toml"
     )
+    parser.add_argument(
+        "--format",
+        choices=("kernels", "hf"),
+        default="kernels",
+        help="kernels (default: with file hashes and trust) or hf (Hugging Face's kernels "
+        "0.17 format, without them)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from ..repos.lock import lock_project
 
-    path, locks = lock_project(args.project_dir)
+    path, locks = lock_project(args.project_dir, format=args.format)
     for lock in locks:
         pinned = f"{lock.ref} ({lock.sha[:12]})" if lock.ref else lock.sha[:12]
         asked = f" {lock.version}" if lock.version is not None else ""
@@ -43,5 +58,8 @@ def run(args: argparse.Namespace) -> int:
             f"locked {lock.repo_id}{asked} -> {pinned}, {len(lock.variants)} variant(s)"
             + (f"; {trust}" if trust else "")
         )
-    print(f"wrote {path}")
+    if args.format == "hf":
+        print(f"wrote {path} in Hugging Face's format: commits only, no file hashes")
+    else:
+        print(f"wrote {path}")
     return 0

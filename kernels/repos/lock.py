@@ -41,8 +41,9 @@ Hugging Face's ``kernels`` 0.17 writes another format, which is read too (and wr
 ``dependency`` holds ``version`` (an int N: the branch vN) or ``revision`` (a branch, tag or
 commit), never both; unknown keys are refused, as their client refuses them. Such an entry
 has no file hashes and no trust record: a load pins the commit (logged at INFO, saying the
-files are not verified), and the repository must pass the normal trust rules (see
-`_locked_trust`). A lock file holds entries of one format: a mix is refused.
+files are not verified), and the repository must pass the normal trust rules, or be
+given ``trust-remote-code`` by the pyproject.toml beside the lock (see `_locked_trust`). A
+lock file holds entries of one format: a mix is refused.
 """
 
 from __future__ import annotations
@@ -80,10 +81,10 @@ from .download import (
 )
 from .hashing import HASH_TYPE, combined_hash, verify_variant
 from .hubclient import KERNEL_REPO_TYPE, MODEL_REPO_TYPE
-from .project import Dependency, read_dependencies
+from .project import Dependency, dependency_trust, read_dependencies
 from .provides import provided_kernel
 from .repo_id import fold, is_repo_id
-from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
+from .trust import TrustArgument, TrustDecision, decide_trust, normalize_trust, require_trust
 from .variants import is_variant_name
 from .versions import ResolvedRevision, check_version_argument, hub_error, resolve_revision
 
@@ -643,6 +644,8 @@ class LockSource:
 
     description: str
     locks: tuple[KernelLock, ...]
+    #: The project folder (with pyproject.toml) the lock sits in; None for a distribution's.
+    project_dir: Path | None = None
 
     def find(self, repo_id: str) -> KernelLock:
         for lock in self.locks:
@@ -664,7 +667,7 @@ def lock_source(lockfile: str | os.PathLike[str] | None, *, caller: str | None) 
     """
     if lockfile is not None:
         path = Path(lockfile)
-        return LockSource(f"lock file {path}", tuple(read_lockfile(path)))
+        return LockSource(f"lock file {path}", tuple(read_lockfile(path)), _project_of(path))
     if caller is None:
         raise KernelLockError(
             "Cannot tell which package is asking for a locked kernel; pass lockfile=... "
@@ -690,7 +693,11 @@ def lock_source(lockfile: str | os.PathLike[str] | None, *, caller: str | None) 
         for folder in Path(source_file).resolve().parents:
             candidate = folder / LOCK_FILE
             if candidate.is_file():
-                return LockSource(f"lock file {candidate}", tuple(read_lockfile(candidate)))
+                return LockSource(
+                    f"lock file {candidate}",
+                    tuple(read_lockfile(candidate)),
+                    _project_of(candidate),
+                )
             if (folder / "pyproject.toml").is_file():
                 break
     raise KernelLockError(
@@ -698,6 +705,12 @@ def lock_source(lockfile: str | os.PathLike[str] | None, *, caller: str | None) 
         f"none beside the pyproject.toml above {source_file or 'it'}. Run `kernels lock "
         "PROJECT_DIR` (and reinstall the project), or pass lockfile=..."
     )
+
+
+def _project_of(lockfile: Path) -> Path | None:
+    """The folder of `lockfile` when a pyproject.toml sits beside it (the project's lock)."""
+    folder = Path(lockfile).parent
+    return folder if (folder / "pyproject.toml").is_file() else None
 
 
 def calling_module() -> str | None:
@@ -727,6 +740,25 @@ def _locked_trust(
         )
         logger.info("Trusting kernel code from %s: %s", lock.repo_id, decision.reason)
         return decision
+    # No record (Hugging Face's format): the project's own pyproject.toml may grant it, as
+    # it granted it when `kernels lock` wrote this lock. A lock from a distribution's
+    # metadata has no pyproject.toml beside it, so only the normal rules apply there.
+    if (
+        lock.trust is None
+        and source.project_dir is not None
+        and not decide_trust(lock.repo_id, trust_remote_code).trusted
+    ):
+        granted = dependency_trust(source.project_dir, lock.repo_id)
+        decision = decide_trust(lock.repo_id, granted)
+        if decision.trusted:
+            decision = TrustDecision(
+                lock.repo_id,
+                True,
+                f"trust-remote-code for it in {source.project_dir / 'pyproject.toml'} "
+                f"({decision.reason})",
+            )
+            logger.info("Trusting kernel code from %s: %s", lock.repo_id, decision.reason)
+            return decision
     return require_trust(lock.repo_id, trust_remote_code)
 
 
@@ -896,7 +928,7 @@ def download_locked(
             written by other tools), as for `get_kernel`.
     """
     path = Path(project_dir) / LOCK_FILE
-    source = LockSource(f"lock file {path}", tuple(read_lockfile(path)))
+    source = LockSource(f"lock file {path}", tuple(read_lockfile(path)), _project_of(path))
     done = []
     for lock in source.locks:
         trust = _locked_trust(lock, source, trust_remote_code)

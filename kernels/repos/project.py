@@ -19,7 +19,7 @@ from pathlib import Path
 from ..errors import KernelLockError, KernelsError
 from .bounded_json import MiB, decode_utf8, quoted, read_bounded
 from .hubclient import KERNEL_REPO_TYPE, check_repo_type
-from .repo_id import is_repo_id
+from .repo_id import fold, is_repo_id
 from .trust import TrustArgument, normalize_trust
 from .versions import check_version_argument
 
@@ -92,6 +92,32 @@ def read_dependencies(project_dir: Path) -> list[Dependency]:
             name = ".".join(_TABLE_PATH[: depth + 1])
             raise KernelLockError(f"[{name}] in {path} must be a table, not {_toml_type(table)}.")
     return [_dependency(repo_id, value, path) for repo_id, value in table.items()]
+
+
+def dependency_trust(project_dir: Path, repo_id: str) -> TrustArgument:
+    """The ``trust-remote-code`` that ``project_dir/pyproject.toml`` gives `repo_id`.
+
+    For lock entries that record no trust decision (Hugging Face's lock format): the
+    project that wrote the lock beside its pyproject.toml said there whom it trusts.
+    False when there is no pyproject.toml, no ``[tool.kernels.dependencies]`` table, or no
+    entry for `repo_id` (compared without ASCII case, as the Hub compares ids).
+
+    Raises:
+        KernelLockError: the pyproject.toml or its table is malformed (as `read_dependencies`).
+    """
+    path = Path(project_dir) / "pyproject.toml"
+    if not path.is_file():
+        return False
+    table: object = _read_toml(path)
+    for key in _TABLE_PATH:
+        if not isinstance(table, dict) or key not in table:
+            return False
+        table = table[key]
+    wanted = fold(repo_id)
+    for dependency in read_dependencies(project_dir):
+        if fold(dependency.repo_id) == wanted:
+            return dependency.trust_remote_code
+    return False
 
 
 def _read_toml(path: Path) -> dict:
