@@ -268,6 +268,139 @@ def test_lock_file_from_any_bytes(workdir, data):
     _outcome(KernelLockError, read_lockfile, path)
 
 
+# --- Hugging Face's lock format (kernels 0.17) -----------------------------------------------
+
+VALID_HF_ENTRY = {
+    "dependency": {"repo-id": "kernels-community/activation", "version": 1},
+    "lock": {"commit": COMMIT},
+}
+VALID_HF_REVISION = {
+    "dependency": {"repo-id": "kernels-community/other", "revision": "main"},
+    "lock": {"commit": COMMIT},
+}
+
+
+def test_the_valid_hf_documents_parse():
+    first, second = parse_lock(json.dumps([VALID_HF_ENTRY, VALID_HF_REVISION]), where="x")
+    assert (first.sha, first.version, first.ref, first.hashed) == (COMMIT, 1, "v1", False)
+    assert (second.version, second.ref, second.repo_type) == (None, "main", "kernel")
+    assert [first.to_json(), second.to_json()] == [VALID_HF_ENTRY, VALID_HF_REVISION]
+
+
+@FAST
+@given(mutated([VALID_HF_ENTRY, VALID_HF_REVISION]))
+def test_hf_lock_from_a_mutated_lock(document):
+    locks = _outcome(KernelLockError, parse_lock, json.dumps(document), where="kernels.lock")
+    for lock in () if locks is REFUSED else locks:
+        assert isinstance(lock.repo_id, str) and lock.sha == lock.sha.lower()
+        assert len(lock.sha) == 40 and int(lock.sha, 16) >= 0
+        assert (lock.variants, lock.files, lock.trust) == ({}, {}, None)
+        if lock.version is not None:
+            assert type(lock.version) is int and lock.ref == f"v{lock.version}"
+        else:
+            assert isinstance(lock.ref, str) and lock.ref
+        assert KernelLock.from_json(lock.to_json(), where="again") == lock
+
+
+@FAST
+@given(json_values, json_values)
+def test_hf_lock_from_any_dependency_and_lock(dependency, lock):
+    for entry in ({"dependency": dependency, "lock": lock}, {"dependency": dependency}):
+        _outcome(KernelLockError, parse_lock, json.dumps([entry]), where="kernels.lock")
+
+
+@FAST
+@given(st.lists(st.booleans(), min_size=1, max_size=6))
+def test_a_lock_file_holds_one_format(theirs):
+    entries = [
+        {**VALID_HF_ENTRY, "dependency": {"repo-id": f"org/k{i}", "version": 1}}
+        if hf
+        else {**VALID_ENTRY, "repo_id": f"org/k{i}"}
+        for i, hf in enumerate(theirs)
+    ]
+    if len(set(theirs)) == 1:
+        locks = parse_lock(json.dumps(entries), where="kernels.lock")
+        assert [lock.hashed for lock in locks] == [not hf for hf in theirs]
+    else:
+        with pytest.raises(KernelLockError, match="mixes Hugging Face's lock format"):
+            parse_lock(json.dumps(entries), where="kernels.lock")
+
+
+def test_write_lockfile_in_either_format(tmp_path):
+    ours = parse_lock(json.dumps([VALID_ENTRY]), where="x")
+    path = tmp_path / "kernels.lock"
+    write_lockfile(path, ours, format="hf")
+    assert json.loads(path.read_text()) == [
+        # A specifier has no place in their format: the ref it resolved to stands for it.
+        {"dependency": {"repo-id": VALID_ENTRY["repo_id"], "revision": "v0.1.3"},
+         "lock": {"commit": COMMIT}}
+    ]  # fmt: skip
+    theirs = read_lockfile(path)
+    with pytest.raises(KernelLockError, match="no file hashes were recorded"):
+        write_lockfile(tmp_path / "other.lock", theirs)
+    with pytest.raises(KernelLockError, match="Unknown lock format"):
+        write_lockfile(tmp_path / "other.lock", ours, format="toml")
+    assert not (tmp_path / "other.lock").exists()
+    model = dataclasses.replace(ours[0], repo_type="model")
+    with pytest.raises(KernelLockError, match="model repository"):
+        write_lockfile(tmp_path / "other.lock", [model], format="hf")
+
+
+def test_pyproject_int_versions_mean_branches(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(VALID_PYPROJECT)
+    by_repo = {dep.repo_id: dep for dep in read_dependencies(tmp_path)}
+    assert by_repo["kernels-community/moe"].version == 1  # their [tool.kernels] form
+    assert by_repo["kernels-community/moe"].requirement == "1"
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({**VALID_HF_ENTRY, "variants": {}}, "unknown key(s) 'variants'"),
+        ({"dependency": {**VALID_HF_ENTRY["dependency"], "x": 1}, "lock": {"commit": COMMIT}},
+         "'dependency' has unknown key(s) 'x'"),
+        ({"dependency": VALID_HF_ENTRY["dependency"], "lock": {"commit": COMMIT, "hash": "h"}},
+         "'lock' has unknown key(s) 'hash'"),
+        ({"dependency": VALID_HF_ENTRY["dependency"]}, "needs 'dependency' and 'lock' objects"),
+        ({"dependency": [], "lock": {"commit": COMMIT}}, "needs 'dependency' and 'lock'"),
+        ({"dependency": {"repo-id": "a/b", "version": 1, "revision": "main"},
+          "lock": {"commit": COMMIT}}, "must give one of 'version'"),
+        ({"dependency": {"repo-id": "a/b"}, "lock": {"commit": COMMIT}}, "must give one of"),
+        ({"dependency": {"repo_id": "a/b", "version": 1}, "lock": {"commit": COMMIT}},
+         "unknown key(s) 'repo_id'"),
+        ({"dependency": {"repo-id": "../b", "version": 1}, "lock": {"commit": COMMIT}},
+         "is not a Hub repository id"),
+        ({"dependency": {"repo-id": "a/b", "version": True}, "lock": {"commit": COMMIT}},
+         "is an int N"),
+        ({"dependency": {"repo-id": "a/b", "version": "1"}, "lock": {"commit": COMMIT}},
+         "is an int N"),
+        ({"dependency": {"repo-id": "a/b", "version": -1}, "lock": {"commit": COMMIT}},
+         "names no branch"),
+        ({"dependency": {"repo-id": "a/b", "revision": ""}, "lock": {"commit": COMMIT}},
+         "'revision' must be a branch, tag or commit"),
+        ({"dependency": {"repo-id": "a/b", "revision": None}, "lock": {"commit": COMMIT}},
+         "'revision' is null"),
+        ({"dependency": {"repo-id": "a/b", "version": 1}, "lock": {"commit": "0" * 64}},
+         "not a commit hash"),
+        ({"dependency": {"repo-id": "a/b", "version": 1}, "lock": {"commit": COMMIT[:12]}},
+         "not a commit hash"),
+    ],
+)  # fmt: skip
+def test_cli_reports_a_malformed_hf_lock_in_one_line(tmp_path, capsys, monkeypatch, entry, message):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a lock that passed would not reach the Hub
+    (tmp_path / "kernels.lock").write_text(json.dumps([entry]))
+    assert main(["download", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err, err
+    assert "Traceback" not in err and "kernels lock PROJECT_DIR" in err
+
+
+def test_hf_commits_are_read_in_any_case_as_their_parser_reads_them():
+    entry = {**VALID_HF_ENTRY, "lock": {"commit": COMMIT.upper()}}
+    (lock,) = parse_lock(json.dumps([entry]), where="x")
+    assert lock.sha == COMMIT and lock.to_json() == VALID_HF_ENTRY
+
+
 # --- metadata.json ---------------------------------------------------------------------------
 
 
