@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import logging
 import sys
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 
 import kernels
 from kernels import (
+    KernelHashMismatchError,
     KernelLoadError,
     KernelMetadataError,
     LocalLayerRepository,
@@ -24,6 +27,7 @@ from kernels import (
 )
 from kernels.layer.swap import kernel_layer_of
 from kernels.repos import requirements
+from kernels.repos.digests import check_digests
 from kernels.repos.info import Metadata
 from kernels.repos.requirements import ALLOWED_PYTHON_DEPENDS, check_requirements
 
@@ -259,3 +263,94 @@ def test_kernelize_falls_back_from_a_refused_kernel(kernel_repo, caplog):
         assert any("kernels>=99.0.0" in r.getMessage() for r in caplog.records)
         with pytest.raises(KernelLoadError, match="kernels>=99.0.0"):
             kernelize(SiluAndMul(), mode=Mode.INFERENCE, device="cpu", use_fallback=False)
+
+
+# --- file digests -----------------------------------------------------------------------------
+
+
+def _digests(variant_dir, algorithm="sha256"):
+    """The digest field of a variant's files, computed as kernel-builder does."""
+    files = {}
+    for path in sorted(variant_dir.rglob("*")):
+        rel = path.relative_to(variant_dir).as_posix()
+        if path.is_file() and not rel.startswith("metadata.json") and path.suffix != ".pyc":
+            digest = hashlib.new(algorithm, path.read_bytes()).digest()
+            files[rel] = base64.b64encode(digest).decode()
+    return {"algorithm": algorithm, "files": files}
+
+
+def _digested(kernel_repo, name, algorithm="sha256", **fields):
+    path = _repo(kernel_repo, name)
+    variant = path / "build" / "torch-universal"
+    meta = {**BASE, "digest": _digests(variant, algorithm), **fields}
+    (variant / "metadata.json").write_text(json.dumps(meta))
+    return path, variant
+
+
+def test_digests_are_hugging_faces(tmp_path):
+    # The value their client's Digest.hash_variant gives a file holding "x=1\n".
+    data = "mHUu4o1UhL3CgU+3CttqCy+zH2qbjueugf0vyc8wCzs="
+    variant = tmp_path / "build" / "torch-universal"
+    variant.mkdir(parents=True)
+    (variant / "__init__.py").write_text("x=1\n")
+    assert _digests(variant)["files"] == {"__init__.py": data}
+    meta = Metadata(extra={"digest": {"algorithm": "sha256", "files": {"__init__.py": data}}})
+    check_digests(meta, variant)
+    (variant / "__init__.py").write_text("x=2\n")
+    with pytest.raises(KernelHashMismatchError, match="__init__.py has sha256"):
+        check_digests(meta, variant)
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "sha512"])
+def test_files_matching_their_digests_load(kernel_repo, algorithm):
+    path, variant = _digested(kernel_repo, "good", algorithm)
+    # Left out of the digests, as in Hugging Face's client: the metadata and its signature,
+    # and bytecode.
+    (variant / "metadata.json.sigstore").write_text("{}")
+    (variant / "activation" / "__pycache__").mkdir()
+    (variant / "activation" / "__pycache__" / "layers.cpython-311.pyc").write_bytes(b"pyc")
+    (variant / "stray.pyc").write_bytes(b"pyc")
+    assert hasattr(get_local_kernel(path), "layers")
+    # A local folder changes while it is developed: it keeps no receipt.
+    assert not list(path.rglob(".kernels-files"))
+
+
+def test_a_changed_file_is_refused_naming_it(kernel_repo):
+    path, variant = _digested(kernel_repo, "changed")
+    (variant / "activation" / "layers.py").write_text("import os\n")
+    message = _refused(path, KernelHashMismatchError, "activation/layers.py has sha256 ")
+    assert "metadata.json records" in message and "Nothing was imported" in message
+
+
+def test_an_extra_file_is_refused_naming_it(kernel_repo):
+    path, variant = _digested(kernel_repo, "extra")
+    (variant / "activation" / "planted.py").write_text("import os\n")
+    _refused(path, KernelHashMismatchError, "activation/planted.py is not listed in the digests")
+
+
+def test_a_missing_file_is_refused_naming_it(kernel_repo):
+    path, variant = _digested(kernel_repo, "missing")
+    meta = json.loads((variant / "metadata.json").read_text())
+    meta["digest"]["files"]["activation/_ops.py"] = meta["digest"]["files"]["activation/layers.py"]
+    (variant / "metadata.json").write_text(json.dumps(meta))
+    _refused(path, KernelHashMismatchError, "file activation/_ops.py is listed .* but missing")
+
+
+@pytest.mark.parametrize(
+    ("digest", "match"),
+    [
+        ("sha256", "must be an object, not a string"),
+        ({"algorithm": "SHA256", "files": {}}, "'algorithm' is 'SHA256'"),
+        ({"algorithm": "md5", "files": {}}, "must be one of sha256, sha512"),
+        ({"algorithm": "sha256", "files": []}, "'files' must be an object"),
+        ({"algorithm": "sha256", "files": {"../x.py": "A" * 43 + "="}}, "'../x.py' is not a path"),
+        ({"algorithm": "sha256", "files": {"/etc/passwd": "A" * 43 + "="}}, "is not a path"),
+        ({"algorithm": "sha256", "files": {"a//b": "A" * 43 + "="}}, "is not a path"),
+        ({"algorithm": "sha256", "files": {"x.py": "not base64!"}}, "not the base64 of a sha256"),
+        ({"algorithm": "sha512", "files": {"x.py": "A" * 43 + "="}}, "not the base64 of a sha512"),
+        ({"algorithm": "sha256", "files": {"x.py": 3}}, "not the base64"),
+    ],
+)
+def test_malformed_digests_are_a_metadata_error(kernel_repo, digest, match):
+    path, _ = _digested(kernel_repo, "malformed", digest=digest)
+    _refused(path, KernelMetadataError, match)

@@ -126,6 +126,20 @@ def _walk(variant_dir: Path, refuse: Callable[[Path, str], NoReturn]) -> _Listin
     return tuple(sorted(found, key=lambda e: e[0].encode()))
 
 
+#: A variant folder's listing: one `_Entry` per file, sorted by path.
+Listing = _Listing
+
+
+def list_variant_files(variant_dir: Path, refuse: Callable[[Path, str], NoReturn]) -> Listing:
+    """Every file of a variant folder with what tells whether it changed since (path, link
+    target, size, mtime_ns, ctime_ns, device, inode), listed without following links.
+
+    Entries that no recorded hash can vouch for (see the module docstring) are passed to
+    `refuse(path, why)`, which must raise. ``__pycache__`` folders are left out.
+    """
+    return _walk(variant_dir, refuse)
+
+
 def _linked_file(
     path: Path, rel: str, st: os.stat_result, repo: Path, refuse: Callable[[Path, str], NoReturn]
 ) -> _Entry:

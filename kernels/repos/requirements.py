@@ -94,7 +94,7 @@ def check_requirements(
         KernelLoadError: a package the kernel needs is not installed, or this `kernels`
             is older than ``kernels-minver``. Each message names the command that fixes it.
     """
-    kernel = _kernel_name(metadata, variant_dir)
+    kernel = describe_kernel(metadata, variant_dir)
     variant = _variant_of(variant_dir)
     _check_backend(metadata, variant, kernel)
     _check_minver(metadata, kernel)
@@ -109,7 +109,8 @@ def check_requirements(
         )
 
 
-def _kernel_name(metadata: Metadata, variant_dir: Path) -> str:
+def describe_kernel(metadata: Metadata, variant_dir: Path) -> str:
+    """How messages name a kernel: its name, if its metadata says one, and its folder."""
     name = f"kernel {quoted(metadata.name)}" if metadata.name else "the kernel"
     return f"{name} in {variant_dir}"
 

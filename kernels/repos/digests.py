@@ -1,0 +1,230 @@
+"""The file digests of a build's ``metadata.json``, checked before any of its code runs.
+
+kernel-builder records the digest of every file of a build variant in its ``metadata.json``
+(Hugging Face's `kernels` 0.17 checks it in ``kernels verify-signature``)::
+
+    "digest": {"algorithm": "sha256", "files": {"__init__.py": "<base64 of the digest>", ...}}
+
+Every file of the variant folder is covered except its own ``metadata.json`` and
+``metadata.json.sigstore``, Python bytecode (``*.pyc``, ``__pycache__``), as their client
+computes it. A file missing, extra or different refuses the load.
+
+Hashing a large build on every load would cost seconds, so a Hub snapshot's check leaves a
+receipt in the repository's cache folder, ``.kernels-files/<commit>/verified/<variant>.json``:
+the digests it matched and the listing of the files then (`kernels.repos.hashing`: path, link
+target, size, times and inode). A later load lists the folder again and hashes nothing when
+that listing is unchanged. Anyone who can write the cache can write a receipt, so it is read
+as hostile input: bounded, and trusted only when it equals what is on disk now; otherwise it
+is ignored and the files are hashed again. (Whoever can write the cache can rewrite
+``metadata.json`` itself too: the digests guard against corrupted or altered files, not a
+replaced build; locks and signatures do that.) Local folders change while they are developed,
+so they are checked on every load and keep no receipt.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NoReturn
+
+from ..errors import KernelHashMismatchError, KernelMetadataError
+from .bounded_json import json_type, quoted
+from .cache_records import FOLDER
+from .hashing import Listing, list_variant_files
+from .hubclient import COMMIT_PATTERN
+from .info import METADATA_FILE, Metadata
+from .requirements import describe_kernel
+from .variants import VARIANT_PATTERN
+
+logger = logging.getLogger(__name__)
+
+#: Digest algorithms of the format, and the size of their digests in bytes.
+ALGORITHMS = {"sha256": 32, "sha512": 64}
+
+# Files of a variant folder the digests leave out, as Hugging Face's client does.
+_UNHASHED = {METADATA_FILE, f"{METADATA_FILE}.sigstore"}
+
+_MAX_FILES = 100_000
+_MAX_PATH = 4096
+_MAX_RECEIPT_BYTES = 32 << 20
+_RECEIPT_FORMAT = 1
+_RECEIPTS = "verified"
+_CHUNK = 1 << 20
+
+
+def check_digests(metadata: Metadata, variant_dir: Path) -> None:
+    """Check the files of `variant_dir` against the digests of its ``metadata.json``, if it
+    has any (builds without them load unchecked, as in Hugging Face's client).
+
+    Args:
+        metadata: the variant's metadata.
+        variant_dir: the variant folder, in a Hub snapshot or a local folder.
+
+    Raises:
+        KernelMetadataError: ``digest`` is malformed (its algorithm, a path or a digest).
+        KernelHashMismatchError: a file is missing, extra or different, or an entry is one
+            no digest can vouch for (a link out of the repository, a pipe...); the message
+            names it. Nothing was imported.
+    """
+    raw = metadata.extra.get("digest")
+    if raw is None:
+        return
+    variant_dir = Path(os.path.abspath(variant_dir))
+    kernel = describe_kernel(metadata, variant_dir)
+    algorithm, expected = _parse_digest(raw, kernel)
+    receipt = _receipt_path(variant_dir)
+    fix = (
+        f"If you did not change it, the cache was tampered with: delete {variant_dir.parents[1]} "
+        "and download the kernel again."
+        if receipt is not None
+        else "Rebuild the kernel (kernel-builder writes the digests), or remove 'digest' from "
+        "its metadata.json while you develop it."
+    )
+    problem = f"Refusing to load {kernel}: its files do not match the digests in its metadata.json"
+
+    def refuse(path: Path | str, why: str) -> NoReturn:
+        raise KernelHashMismatchError(f"{problem}: {path} {why}. Nothing was imported. {fix}")
+
+    listing = tuple(
+        entry
+        for entry in list_variant_files(variant_dir, refuse)
+        if entry[0] not in _UNHASHED and not entry[0].endswith(".pyc")
+    )
+    stamp = _stamp(algorithm, expected)
+    if receipt is not None and _read_receipt(receipt, stamp) == listing:
+        return
+    on_disk = {entry[0] for entry in listing}
+    for rel in sorted(on_disk | set(expected), key=str.encode):
+        if rel not in on_disk:
+            refuse(
+                f"file {rel}", f"is listed with a {algorithm} digest but missing ({variant_dir})"
+            )
+        if rel not in expected:
+            refuse(variant_dir / rel, "is not listed in the digests")
+        actual = _file_digest(variant_dir / rel, algorithm, refuse)
+        if actual != expected[rel]:
+            refuse(
+                variant_dir / rel,
+                f"has {algorithm} {actual}, and metadata.json records {expected[rel]}",
+            )
+    if receipt is not None:
+        _write_receipt(receipt, stamp, listing)
+
+
+def _parse_digest(raw: object, kernel: str) -> tuple[str, dict[str, str]]:
+    where = f"{kernel}: its metadata.json 'digest'"
+    fix = "Rebuild it with kernel-builder, or report it to the kernel's authors."
+    if not isinstance(raw, Mapping):
+        raise KernelMetadataError(f"{where} must be an object, not {json_type(raw)}. {fix}")
+    algorithm, files = raw.get("algorithm"), raw.get("files")
+    if algorithm not in ALGORITHMS:
+        raise KernelMetadataError(
+            f"{where}: 'algorithm' is {quoted(algorithm)}; it must be one of "
+            f"{', '.join(ALGORITHMS)}. {fix}"
+        )
+    if not isinstance(files, Mapping) or len(files) > _MAX_FILES:
+        raise KernelMetadataError(
+            f"{where}: 'files' must be an object of at most {_MAX_FILES} paths, got "
+            f"{json_type(files)}. {fix}"
+        )
+    size = ALGORITHMS[algorithm]
+    for path, value in files.items():
+        if not _relative_path(path):
+            raise KernelMetadataError(
+                f"{where}: {quoted(path)} is not a path inside the variant folder. {fix}"
+            )
+        if _decoded_size(value) != size:
+            raise KernelMetadataError(
+                f"{where}: the digest of {quoted(path)} is {quoted(value)}, not the base64 of "
+                f"a {algorithm} digest. {fix}"
+            )
+    return algorithm, dict(files)
+
+
+def _relative_path(path: object) -> bool:
+    """A path relative to the variant folder, in the listing's spelling (``a/b.py``)."""
+    if not isinstance(path, str) or not 0 < len(path) <= _MAX_PATH or "\\" in path:
+        return False
+    parts = path.split("/")
+    return all(part not in ("", ".", "..") and part.isprintable() for part in parts)
+
+
+def _decoded_size(value: object) -> int | None:
+    if not isinstance(value, str) or len(value) > 100:
+        return None
+    try:
+        return len(base64.b64decode(value, validate=True))
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _file_digest(path: Path, algorithm: str, refuse) -> str:
+    m = hashlib.new(algorithm)
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                m.update(chunk)
+    except OSError as exc:
+        refuse(path, f"cannot be read ({exc.strerror or exc})")
+    return base64.b64encode(m.digest()).decode()
+
+
+def _stamp(algorithm: str, files: Mapping[str, str]) -> str:
+    """What a receipt vouches for: these digests (another metadata.json needs another check)."""
+    canonical = json.dumps([algorithm, sorted(files.items())])
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _receipt_path(variant_dir: Path) -> Path | None:
+    """Where a Hub snapshot's variant keeps its receipt; None outside huggingface_hub's
+    layout (``<repo>/snapshots/<commit>/build/<variant>``), i.e. for local folders."""
+    parts = variant_dir.parts
+    if len(parts) < 5 or parts[-2] != "build" or parts[-4] != "snapshots":
+        return None
+    commit, variant = parts[-3], parts[-1]
+    if not COMMIT_PATTERN.match(commit) or not VARIANT_PATTERN.match(variant):
+        return None
+    return variant_dir.parents[3] / FOLDER / commit / _RECEIPTS / f"{variant}.json"
+
+
+def _read_receipt(path: Path, stamp: str) -> Listing | None:
+    """The listing a receipt vouches for with `stamp`; None when absent or malformed."""
+    try:
+        with path.open("rb") as file:
+            raw = file.read(_MAX_RECEIPT_BYTES + 1)
+        data = json.loads(raw) if len(raw) <= _MAX_RECEIPT_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        data = None
+    if not (
+        isinstance(data, dict)
+        and data.get("format") == _RECEIPT_FORMAT
+        and data.get("stamp") == stamp
+        and isinstance(data.get("listing"), list)
+    ):
+        logger.debug("no usable digest receipt at %s; hashing the files", path)
+        return None
+    # Compared, never interpreted: whatever shape it has, it only matters if it equals the
+    # listing taken now.
+    return tuple(tuple(e) if isinstance(e, list) else e for e in data["listing"])
+
+
+def _write_receipt(path: Path, stamp: str, listing: Listing) -> None:
+    """Write the receipt whole or not at all; a read-only cache only remembers less."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    data = {"format": _RECEIPT_FORMAT, "stamp": stamp, "listing": [list(e) for e in listing]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+    except OSError as exc:
+        logger.debug("could not write %s: %s", path, exc)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
