@@ -98,8 +98,9 @@ def check_requirements(
     variant = _variant_of(variant_dir)
     _check_backend(metadata, variant, kernel)
     _check_minver(metadata, kernel)
-    backend = variant.backend if variant is not None and variant.backend else None
-    _check_python_depends(metadata, kernel, backend or machine_backend or _machine_backend())
+    if metadata.python_depends:
+        backend = variant.backend if variant is not None else None
+        _check_python_depends(metadata, kernel, backend or machine_backend or _machine_backend())
     if _is_dirty(metadata.extra.get("provenance")):
         logger.warning(
             "%s was built from a git tree with uncommitted changes (its metadata.json "
