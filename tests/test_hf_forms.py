@@ -219,3 +219,46 @@ def test_a_local_kernels_folder_that_does_not_exist_says_so(tmp_path, monkeypatc
     monkeypatch.setenv(ENV, f"someone/relu={tmp_path / 'missing'}")
     with pytest.raises(KernelLoadError, match="the folder does not exist.*remove someone/relu"):
         get_kernel("someone/relu")
+
+
+# `kernels check`: each variant is imported in a process of its own.
+
+TORCH_LIBRARY_INIT = """
+import torch
+
+# What a compiled kernel's TORCH_LIBRARY does: torch accepts one per namespace and process.
+_lib = torch.library.Library("hf_forms_check_ns", "DEF")
+_lib.define("twice(Tensor x) -> Tensor")
+from . import layers
+"""
+
+
+def test_check_imports_each_variant_in_its_own_process(tmp_path, capsys):
+    from kernels.cli import main
+
+    repo = tmp_path / "ops"
+    for variant in ("torch-cpu", "torch-universal"):
+        folder = write_variant(repo, variant, marker=variant)
+        (folder / "__init__.py").write_text(TORCH_LIBRARY_INIT)
+        (folder / "layers.py").write_text(
+            "import torch\n\n\nclass Twice(torch.nn.Module):\n"
+            "    def forward(self, x):\n        return 2 * x\n"
+        )
+    (repo / "README.md").write_text("# ops\n")
+    assert main(["check", str(repo)]) == 0
+    out = capsys.readouterr().out
+    for variant in ("torch-cpu", "torch-universal"):
+        assert f"ok    imports: {variant}: package ops imports" in out, out
+        assert f"ok    layers: {variant}: Twice follows the kernel layer rules" in out
+    assert "0 failed" in out
+
+
+def test_check_reports_a_variant_whose_process_dies(tmp_path, capsys):
+    from kernels.cli import main
+
+    repo = tmp_path / "dies"
+    folder = write_variant(repo, "torch-cpu", marker="dies")
+    (folder / "__init__.py").write_text("import os\nos._exit(3)\n")
+    assert main(["check", str(repo)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  imports: torch-cpu: the process importing it ended with status 3" in out

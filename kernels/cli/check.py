@@ -224,8 +224,118 @@ def check_repository(
         )
         return report
     for variant in (v for v in runnable if v in packages):
-        _check_variant(report, packages[variant], variant, where, originals or {})
+        _check_variant_apart(report, packages[variant], variant, where, originals or {})
     return report
+
+
+#: How long one variant's import and checks may take in their own process.
+VARIANT_TIMEOUT_SECONDS = 600
+
+# The line the child process writes its result on; kernel code may print anything else.
+_RESULT_MARK = "kernels-check-result: "
+
+_CHILD = "import sys; from kernels.cli.check import _variant_child; _variant_child(sys.argv[1])"
+
+
+def _check_variant_apart(
+    report: Report, location, variant: str, where: str, originals: dict[str, type]
+) -> None:
+    """Import one variant and check its layers in a process of its own.
+
+    Variants cannot share a process: each registers the kernel's ``TORCH_LIBRARY`` namespace,
+    which torch accepts once per process, and a variant's import may change global state.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import kernels
+
+    request = {
+        "package_dir": str(location.package_dir),
+        "package_name": location.package_name,
+        "variant": variant,
+        "where": where,
+        "originals": {name: [cls.__module__, cls.__qualname__] for name, cls in originals.items()},
+    }
+    # The child imports this very `kernels`, wherever it is installed or checked out.
+    root = str(Path(kernels.__file__).resolve().parent.parent)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
+    }
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", _CHILD, json.dumps(request)],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            env=env,
+            timeout=VARIANT_TIMEOUT_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        report.fail(
+            f"imports: {variant}: importing and checking it took more than "
+            f"{VARIANT_TIMEOUT_SECONDS} s; its import may hang"
+        )
+        return
+    results = [line for line in child.stdout.splitlines() if line.startswith(_RESULT_MARK)]
+    lines = _child_lines(results[-1][len(_RESULT_MARK) :]) if results else None
+    if lines is None:
+        tail = " | ".join(child.stderr.strip().splitlines()[-5:]) or "no output"
+        report.fail(
+            f"imports: {variant}: the process importing it ended with status {child.returncode} "
+            f"before reporting ({tail})"
+        )
+        return
+    report.lines.extend(lines)
+
+
+def _child_lines(text: str) -> list[tuple[str, str]] | None:
+    """The report lines a child wrote, or None when they are not what `_variant_child` writes."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    statuses = ("ok", "warn", "FAIL", "-")
+    if not isinstance(data, list) or not all(
+        isinstance(item, list)
+        and len(item) == 2
+        and item[0] in statuses
+        and isinstance(item[1], str)
+        for item in data
+    ):
+        return None
+    return [(status, text) for status, text in data]
+
+
+def _variant_child(request_json: str) -> None:
+    """The child process of `_check_variant_apart`: check one variant, write the result line."""
+    import json
+    import sys
+
+    request = json.loads(request_json)
+    report = Report()
+    originals = {}
+    for name, (module_name, qualname) in request["originals"].items():
+        value = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            value = getattr(value, part)
+        originals[name] = value
+    location = _ChildLocation(Path(request["package_dir"]), request["package_name"])
+    _check_variant(report, location, request["variant"], request["where"], originals)
+    # On a line of its own, whatever the kernel printed without a newline.
+    sys.stdout.write("\n" + _RESULT_MARK + json.dumps(report.lines) + "\n")
+    sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class _ChildLocation:
+    package_dir: Path
+    package_name: str
 
 
 def _check_variant(
