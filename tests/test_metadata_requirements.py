@@ -90,6 +90,16 @@ def test_an_installed_allowed_package_loads(kernel_repo, monkeypatch):
     )
 
 
+def test_a_dependency_is_found_without_importing_it(kernel_repo, tmp_path, monkeypatch):
+    # An installed einops whose import would fail: finding it must not run it.
+    (tmp_path / "site" / "einops").mkdir(parents=True)
+    (tmp_path / "site" / "einops" / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "einops", raising=False)
+    get_local_kernel(_repo(kernel_repo, "found", **{"python-depends": ["einops"]}))
+    assert "einops" not in sys.modules
+
+
 def test_a_package_outside_the_allow_list_is_refused(kernel_repo):
     path = _repo(kernel_repo, "evil", **{"python-depends": ["requests"]})
     message = _refused(path, KernelMetadataError, "'python-depends' names 'requests'")
@@ -320,6 +330,7 @@ def test_a_changed_file_is_refused_naming_it(kernel_repo):
     (variant / "activation" / "layers.py").write_text("import os\n")
     message = _refused(path, KernelHashMismatchError, "activation/layers.py has sha256 ")
     assert "metadata.json records" in message and "Nothing was imported" in message
+    assert "Rebuild the kernel (kernel-builder writes the digests)" in message
 
 
 def test_an_extra_file_is_refused_naming_it(kernel_repo):
