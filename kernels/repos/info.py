@@ -61,7 +61,10 @@ class Metadata:
 
     Every field is optional (None, or empty for ``python_depends``): builds made before
     kernel-builder wrote metadata have none, and `Metadata.load_from_variant` then returns an
-    empty `Metadata`. Keys this class does not know are kept, unread, in ``extra``.
+    empty `Metadata`. Keys this class does not know are kept, unread, in ``extra`` (among
+    them ``provenance`` and ``digest``). Loading a kernel enforces what its metadata demands
+    (``python-depends``, ``kernels-minver``, ``backend``, ``digest``): see
+    `kernels.repos.requirements` and `kernels.repos.digests`.
 
     Attributes:
         id: identifier unique to the kernel's version and backend (its Python module name).
