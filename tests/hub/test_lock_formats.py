@@ -276,3 +276,34 @@ def test_a_mixed_lock_is_refused_where_locks_are_read(released, tmp_path, capsys
         kernels.get_locked_kernel(repo.repo_id, lockfile=mixed)
     assert main(["download", str(tmp_path / "mixed")]) == 1
     assert "a lock file holds one format" in capsys.readouterr().err
+
+
+def test_hf_lock_in_a_distributions_metadata(released, tmp_path, monkeypatch):
+    """Their wheels ship kernels.lock in the metadata; no pyproject.toml there grants trust."""
+    trusted = released("0.1.0")
+    stranger = released("0.1.0", org="some-stranger")
+    site = tmp_path / "site-packages"
+    (site / "hf_locked_app").mkdir(parents=True)
+    (site / "hf_locked_app" / "__init__.py").write_text(
+        "from kernels import get_locked_kernel\n\n"
+        "def kernel(repo_id):\n    return get_locked_kernel(repo_id)\n"
+    )
+    dist_info = site / "hf_locked_app-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: hf-locked-app\nVersion: 0.1\n"
+    )
+    (dist_info / "top_level.txt").write_text("hf_locked_app\n")
+    write_hf_lock(
+        dist_info,
+        hf_entry(trusted.repo_id, trusted.git("rev-parse", "v0.1.0"), revision="v0.1.0"),
+        hf_entry(stranger.repo_id, stranger.git("rev-parse", "v0.1.0"), revision="v0.1.0"),
+    )
+    # A pyproject.toml that trusts the stranger, where the metadata is: not the project's.
+    write_project(site, {stranger.repo_id: '{ version = ">=0.1", trust-remote-code = true }'})
+    monkeypatch.syspath_prepend(str(site))
+    import hf_locked_app
+
+    assert hf_locked_app.kernel(trusted.repo_id).VERSION == "0.1.0"
+    with pytest.raises(UntrustedKernelError):
+        hf_locked_app.kernel(stranger.repo_id)
