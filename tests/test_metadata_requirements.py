@@ -119,12 +119,12 @@ def test_backend_specific_packages_follow_the_variant(kernel_repo, monkeypatch):
     check_requirements(Metadata.load_from_variant(variant), variant, machine_backend="rocm")
     rocm = _repo(kernel_repo, "rocm", variant="torch-rocm", backend={"type": "rocm"}, **cutlass)
     variant = rocm / "build" / "torch-rocm"
-    with pytest.raises(KernelMetadataError, match="may not depend on on rocm"):
+    with pytest.raises(KernelMetadataError, match="a kernel for rocm may not depend on"):
         check_requirements(Metadata.load_from_variant(variant), variant, machine_backend="cuda")
     universal = _repo(kernel_repo, "universal", **cutlass)
     variant = universal / "build" / "torch-universal"
     check_requirements(Metadata.load_from_variant(variant), variant, machine_backend="cuda")
-    with pytest.raises(KernelMetadataError, match="may not depend on on xpu"):
+    with pytest.raises(KernelMetadataError, match="a kernel for xpu may not depend on"):
         check_requirements(Metadata.load_from_variant(variant), variant, machine_backend="xpu")
 
 
@@ -365,3 +365,23 @@ def test_a_missing_file_is_refused_naming_it(kernel_repo):
 def test_malformed_digests_are_a_metadata_error(kernel_repo, digest, match):
     path, _ = _digested(kernel_repo, "malformed", digest=digest)
     _refused(path, KernelMetadataError, match)
+
+
+@pytest.mark.parametrize(("machine", "loads"), [("cuda", True), ("cpu", False), ("npu", False)])
+def test_a_universal_build_may_name_the_machines_backend_packages(
+    kernel_repo, monkeypatch, machine, loads
+):
+    from dataclasses import replace
+
+    import kernels.repos.variants as variants
+
+    here = replace(variants.machine_build(), backend=machine, backend_version=None)
+    monkeypatch.setattr(variants, "machine_build", lambda: here)
+    monkeypatch.setitem(sys.modules, "cutlass", sys)
+    path = _repo(kernel_repo, f"on-{machine}", **{"python-depends": ["nvidia-cutlass-dsl"]})
+    if loads:
+        get_local_kernel(path)
+    else:
+        _refused(
+            path, KernelMetadataError, "'nvidia-cutlass-dsl', which a kernel for c[a-z]+ may not"
+        )

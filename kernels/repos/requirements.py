@@ -29,9 +29,10 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from ..errors import KernelLoadError, KernelMetadataError
+from . import variants
 from .bounded_json import quoted
 from .info import Metadata
-from .variants import UNIVERSAL, BuildVariant, machine_build
+from .variants import UNIVERSAL, BuildVariant
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def _variant_of(variant_dir: Path) -> BuildVariant | None:
 
 
 def _machine_backend() -> str:
-    backend = machine_build().backend
+    backend = variants.machine_build().backend  # looked up late: tests stand in a machine
     return "cann" if backend == "npu" else backend
 
 
@@ -189,7 +190,7 @@ def _check_python_depends(metadata: Metadata, kernel: str, backend: str) -> None
             allowed = ", ".join(sorted({*general, *specific}))
             raise KernelMetadataError(
                 f"Refusing to load {kernel}: its metadata.json 'python-depends' names "
-                f"{quoted(entry)}, which kernels may not depend on on {backend} (allowed: "
+                f"{quoted(entry)}, which a kernel for {backend} may not depend on (allowed: "
                 f"{allowed}). Nothing was imported. A kernel cannot make its users install "
                 "arbitrary packages; ask its authors to drop the dependency."
             )
