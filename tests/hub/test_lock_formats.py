@@ -57,6 +57,10 @@ def run_hf_client(code: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run `code` with Hugging Face's client, isolated from our package (-I: no PYTHONPATH,
     no current folder on the path), with this session's Hub settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    # With telemetry off, kernels 0.17.2 sends the user agent "...; python/3.11.7; ", whose
+    # trailing space httpx refuses as a header value. Telemetry only ever reaches HF_ENDPOINT,
+    # the local test server here.
+    env["HF_HUB_DISABLE_TELEMETRY"] = "0"
     return subprocess.run(
         [str(HF_PYTHON), "-I", "-c", textwrap.dedent(code)],
         env=env,
@@ -307,3 +311,44 @@ def test_hf_lock_in_a_distributions_metadata(released, tmp_path, monkeypatch):
     assert hf_locked_app.kernel(trusted.repo_id).VERSION == "0.1.0"
     with pytest.raises(UntrustedKernelError):
         hf_locked_app.kernel(stranger.repo_id)
+
+
+@needs_hf_client
+def test_their_client_loads_the_kernel_a_format_hf_lock_pins(hub, tmp_path):
+    """The whole way: their get_locked_kernel reads our --format hf lock and downloads the
+    pinned commit from the same Hub (a newer v1 head must not be what it loads)."""
+    repo = hub.create_repo()
+    package = repo.repo_id.split("/")[1].replace("-", "_")
+    metadata = {
+        "name": package.replace("_", "-"),
+        "id": f"_{package}_universal",
+        "version": 1,
+        "license": "Apache-2.0",
+        "python-depends": [],
+        "backend": {"type": "cuda"},
+    }
+    repo.write_kernel(version="1.0", offset=1.0)
+    repo.write("build/torch-universal/metadata.json", json.dumps(metadata))
+    pinned = repo.commit("v1")
+    repo.branch("v1")
+    project = write_project(tmp_path / "p", {repo.repo_id: "1"})
+    assert main(["lock", str(project), "--format", "hf"]) == 0
+    repo.write_kernel(version="1.1", offset=2.0)  # v1 moves on after the lock
+    repo.write("build/torch-universal/metadata.json", json.dumps(metadata))
+    repo.commit("v1.1")
+    repo.branch("v1")
+    result = run_hf_client(
+        f"""
+        from pathlib import Path
+        from kernels import get_locked_kernel
+
+        module = get_locked_kernel(
+            {repo.repo_id!r}, lockfile=Path({str(project / "kernels.lock")!r}),
+            trust_remote_code=True,
+        )
+        print(module.VERSION)
+        """,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == "1.0", pinned
