@@ -822,3 +822,11 @@ def test_pyproject_size_is_bounded(tmp_path):
 def test_version_arguments_of_any_size_are_a_version_error(version, message):
     with pytest.raises(KernelVersionSpecError, match=message):
         check_version_argument(version, repo_id="org/kernel")
+
+
+def test_hf_lock_of_one_repository_twice_is_refused():
+    # Their format allows it (two versions reached through kernel-depends); a load by id
+    # could not tell which entry it means.
+    second = {**VALID_HF_ENTRY, "dependency": {**VALID_HF_ENTRY["dependency"], "version": 2}}
+    with pytest.raises(KernelLockError, match="twice"):
+        parse_lock(json.dumps([VALID_HF_ENTRY, second]), where="kernels.lock")
