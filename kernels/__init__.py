@@ -43,6 +43,7 @@ from .mapping.registry import register_kernel_mapping, use_kernel_mapping
 from .repos.download import get_kernel, get_kernel_variants, has_kernel, install_kernel
 from .repos.hub import FuncRepository, LayerRepository
 from .repos.info import Metadata, RepoInfo
+from .repos.kernel_deps import get_kernel_dep
 from .repos.loaded import LoadedKernel, get_loaded_kernels
 from .repos.local import LocalFuncRepository, LocalLayerRepository, get_local_kernel
 from .repos.lock import (
@@ -94,6 +95,7 @@ __all__ = [
     "__version__",
     "explain",
     "get_kernel",
+    "get_kernel_dep",
     "get_kernel_variants",
     "get_loaded_kernels",
     "get_local_kernel",

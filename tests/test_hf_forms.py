@@ -19,8 +19,11 @@ from kernels import (
     BuildVariantNotFoundError,
     KernelLoadError,
     KernelMappingError,
+    KernelMetadataError,
     LayerRepository,
+    UntrustedKernelError,
     get_kernel,
+    get_kernel_dep,
     get_local_kernel,
 )
 from kernels.repos.local_overrides import ENV, local_overrides
@@ -262,3 +265,83 @@ def test_check_reports_a_variant_whose_process_dies(tmp_path, capsys):
     assert main(["check", str(repo)]) == 1
     out = capsys.readouterr().out
     assert "FAIL  imports: torch-cpu: the process importing it ended with status 3" in out
+
+
+# kernel-depends and get_kernel_dep: a kernel's dependencies load before it, LOCAL_KERNELS
+# standing in for the Hub.
+
+USES_DEP = """
+from kernels import get_kernel_dep
+
+RELU = get_kernel_dep("someone/relu")
+"""
+
+
+def dependent_repo(root, depends, init=USES_DEP):
+    folder = write_variant(root, "torch-cpu", marker="dependent")
+    metadata = json.loads((folder / "metadata.json").read_text())
+    (folder / "metadata.json").write_text(json.dumps({**metadata, "kernel-depends": depends}))
+    (folder / "__init__.py").write_text(init)
+    return root
+
+
+def test_a_kernel_gets_its_dependency_while_it_imports(tmp_path, monkeypatch, no_hub):
+    dep = relu_repo(tmp_path / "relu", marker="dep")
+    monkeypatch.setenv(ENV, f"someone/relu={dep}")
+    parent = dependent_repo(tmp_path / "parent", [{"repo-id": "someone/relu", "version": 1}])
+    assert get_local_kernel(parent).RELU is get_local_kernel(dep)
+    # The same through a Hub load of the dependent kernel.
+    other = dependent_repo(tmp_path / "other", [{"repo-id": "someone/relu", "revision": "main"}])
+    monkeypatch.setenv(ENV, f"someone/relu={dep}:someone/other={other}")
+    assert get_kernel("someone/other").RELU is get_local_kernel(dep)
+
+
+def test_get_kernel_dep_outside_an_import_or_for_an_unlisted_kernel(tmp_path, monkeypatch, no_hub):
+    with pytest.raises(KernelLoadError, match="works only while a kernel is imported"):
+        get_kernel_dep("someone/relu")
+    monkeypatch.setenv(ENV, f"someone/relu={relu_repo(tmp_path / 'relu', marker='dep')}")
+    init = 'from kernels import get_kernel_dep\nget_kernel_dep("someone/other")\n'
+    parent = dependent_repo(tmp_path / "p", [{"repo-id": "someone/relu", "version": 1}], init)
+    with pytest.raises(
+        KernelLoadError, match=r"not among this kernel's dependencies.*someone/relu"
+    ):
+        get_local_kernel(parent)
+
+
+def test_dependencies_are_trust_checked(tmp_path, no_hub):
+    parent = dependent_repo(tmp_path / "p", [{"repo-id": "someone/relu", "version": 1}])
+    with pytest.raises(UntrustedKernelError, match="someone"):
+        get_local_kernel(parent)
+
+
+def test_a_cycle_of_dependencies_is_refused(tmp_path, monkeypatch, no_hub):
+    a = dependent_repo(tmp_path / "a", [{"repo-id": "someone/b", "version": 1}], init="")
+    b = dependent_repo(tmp_path / "b", [{"repo-id": "someone/a", "version": 1}], init="")
+    monkeypatch.setenv(ENV, f"someone/a={a}:someone/b={b}")
+    with pytest.raises(
+        KernelLoadError, match="Cyclic kernel-depends: someone/a -> someone/b -> someone/a"
+    ):
+        get_kernel("someone/a")
+
+
+@pytest.mark.parametrize(
+    "depends, problem",
+    [
+        ({"someone/relu": 1}, "must be a list"),
+        (["someone/relu"], "an entry is an object"),
+        ([{"repo-id": "someone/relu"}], "exactly one of version and revision"),
+        ([{"repo-id": "someone/relu", "version": 1, "revision": "main"}], "exactly one of"),
+        ([{"repo-id": "someone/relu", "version": 1, "extra": 1}], "unknown field(s) 'extra'"),
+        ([{"repo-id": "relu", "version": 1}], "is not a Hub repository id"),
+        ([{"repo-id": "someone/relu", "version": True}], "version must be an integer >= 0"),
+        ([{"repo-id": "someone/relu", "version": -1}], "version must be an integer >= 0"),
+        ([{"repo-id": "someone/relu", "revision": ""}], "revision must be a branch"),
+        ([{"repo-id": "someone/relu", "version": 1}] * 2, "someone/relu is listed twice"),
+        ([{"repo-id": f"someone/k{i}", "version": 1} for i in range(65)], "at most 64"),
+    ],
+)
+def test_a_malformed_kernel_depends_imports_nothing(tmp_path, no_hub, depends, problem):
+    parent = dependent_repo(tmp_path / "p", depends, init="raise SystemExit('imported')\n")
+    with pytest.raises(KernelMetadataError) as info:
+        get_local_kernel(parent)
+    assert "kernel-depends is malformed" in str(info.value) and problem in str(info.value)

@@ -45,6 +45,7 @@ from . import cache_records, hubclient, load_locks
 from .hashing import verify_variant
 from .hubclient import COMMIT_PATTERN, KERNEL_REPO_TYPE, Failure
 from .info import RepoInfo
+from .kernel_deps import dependencies_loaded
 from .layout import PackageLocation, locate_package, read_preference
 from .loaded import record_origin
 from .loader import import_package
@@ -190,7 +191,10 @@ def load_hub_kernel(
     request = check_request(repo_id, revision=revision, version=version, repo_type=repo_type)
     fetched = _resolve_and_fetch(request, user_agent=user_agent)
     # Outside every lock of ours: the kernel's code runs now, and may load other kernels.
-    loaded = import_fetched(fetched, trust)
+    with dependencies_loaded(
+        fetched.location.package_dir, repo_id, trust_remote_code=trust_remote_code
+    ):
+        loaded = import_fetched(fetched, trust)
     logger.info("Loaded kernel %s; %s", loaded.describe(), trust.reason)
     return loaded
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import KernelLoadError
+from .kernel_deps import dependencies_loaded
 from .layout import locate_local
 from .loader import import_package
 from .provides import provided_kernel
@@ -20,6 +21,7 @@ def get_local_kernel(
     package_name: str | None = None,
     *,
     backend: str | None = None,
+    trust_remote_code: bool | list[str] = False,
 ) -> ModuleType:
     """Import the kernel package of a kernel repository folder.
 
@@ -34,6 +36,9 @@ def get_local_kernel(
             variant folder is the package itself, or holds only one.
         backend: load builds for this backend: ``"cpu"``, or the backend torch was built
             for (the default), as in Hugging Face's client.
+        trust_remote_code: the trust given to the Hub kernels the kernel depends on (its
+            metadata.json's ``kernel-depends``), as for `get_kernel`; the folder itself is
+            the user's own code and is not trust-checked.
 
     Raises:
         KernelLoadError: the folder holds no kernel package; BuildVariantNotFoundError when
@@ -54,7 +59,8 @@ def get_local_kernel(
     if not path.is_dir():
         raise KernelLoadError(f"Kernel repository folder {path} does not exist.")
     location = locate_local(path, package_name, where=str(path), machine=machine)
-    return import_package(location.package_dir, location.package_name)
+    with dependencies_loaded(location.package_dir, str(path), trust_remote_code=trust_remote_code):
+        return import_package(location.package_dir, location.package_name)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ def load_local_override(repo_id: str, repo_type: str):
         return None
     # Imported here: download imports this module at its top.
     from .download import FetchedKernel, import_fetched
+    from .kernel_deps import dependencies_loaded
     from .layout import locate_local
     from .trust import TrustDecision
     from .versions import ResolvedRevision
@@ -99,7 +100,8 @@ def load_local_override(repo_id: str, repo_type: str):
         folder,
         ENV,
     )
-    return import_fetched(fetched, trust)
+    with dependencies_loaded(location.package_dir, repo_id):
+        return import_fetched(fetched, trust)
 
 
 def _repository_root(folder: Path, variant: str) -> Path:
