@@ -345,3 +345,12 @@ def test_a_malformed_kernel_depends_imports_nothing(tmp_path, no_hub, depends, p
     with pytest.raises(KernelMetadataError) as info:
         get_local_kernel(parent)
     assert "kernel-depends is malformed" in str(info.value) and problem in str(info.value)
+
+
+def test_check_loads_kernel_depends_before_importing(tmp_path, monkeypatch, capsys, no_hub):
+    from kernels.cli import main
+
+    monkeypatch.setenv(ENV, f"someone/relu={relu_repo(tmp_path / 'relu', marker='dep')}")
+    parent = dependent_repo(tmp_path / "p", [{"repo-id": "someone/relu", "version": 1}])
+    assert main(["check", str(parent)]) == 0, capsys.readouterr().out
+    assert "ok    imports: torch-cpu: package p imports" in capsys.readouterr().out

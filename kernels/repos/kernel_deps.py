@@ -13,6 +13,9 @@ imported each dependency is loaded like any Hub kernel (resolved, trust-checked 
 trust given for the kernel, ``LOCAL_KERNELS`` honoured), and during the import
 ``kernels.get_kernel_dep("kernels-community/relu")`` returns it. A cycle of dependencies is a
 `KernelLoadError`.
+
+Loads from a lock file (`LockedLayerRepository`, `get_locked_kernel`, `load_kernel`) do not
+load dependencies yet: a lock would have to record their commits too.
 """
 
 from __future__ import annotations
@@ -186,8 +189,9 @@ def get_kernel_dep(repo_id: str) -> ModuleType:
     deps = _current.get()
     if deps is None:
         raise KernelLoadError(
-            "get_kernel_dep works only while a kernel is imported (from the kernel's own code); "
-            "outside, load the kernel with get_kernel()."
+            "get_kernel_dep works only while a kernel is imported (from the kernel's own code) "
+            "by get_kernel, LayerRepository, get_local_kernel or LOCAL_KERNELS; loads from a "
+            "lock file do not load kernel-depends yet. Outside a kernel, use get_kernel()."
         )
     module = deps.get(repo_id)
     if module is None:
