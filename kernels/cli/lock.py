@@ -25,12 +25,13 @@ EPILOG = """\
 pyproject.toml:
   [tool.kernels.dependencies]
   "kernels-community/activation" = ">=0.1,<0.2"
+  "kernels-community/moe" = 1       # the branch v1, as Hugging Face's kernels writes it
   "my-org/fused-mlp" = { version = ">=1.0,<2", trust-remote-code = true }
 
 examples:
   kernels lock .
   kernels lock . --format hf    # Hugging Face's format (no hashes)
-  kernels download .        # then prefetch what the lock pins"""
+  kernels download .            # then prefetch what the lock pins"""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
