@@ -235,8 +235,9 @@ class KernelLock:
                 f"and 'revision' (a branch, tag or commit), got {quoted(dependency)}. {_RELOCK}"
             )
         commit = lock.get("commit")
-        # Their parser accepts upper-case hex and stores it lower-cased; so do we.
-        if not (isinstance(commit, str) and _COMMIT.fullmatch(commit.lower())):
+        # Their parser accepts upper-case hex and stores it lower-cased; so do we (ASCII
+        # only: str.lower maps some non-ASCII letters to ASCII ones).
+        if not (isinstance(commit, str) and commit.isascii() and _COMMIT.fullmatch(commit.lower())):
             raise KernelLockError(
                 f"{entry} is locked to {quoted(commit)}, not a commit hash (40 hex digits). "
                 f"{_RELOCK}"
