@@ -7,6 +7,7 @@ See docs/layers.md.
 
 from __future__ import annotations
 
+from ._version import __version__
 from .benchmark import Benchmark
 from .errors import (
     BuildVariantNotFoundError,
@@ -53,8 +54,6 @@ from .repos.lock import (
     load_kernel,
 )
 from .repos.variants import BuildVariant, VariantAccepted, VariantRejected
-
-__version__ = "0.18.2"
 
 __all__ = [
     "BuildVariant",

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from .._version import __version__
 from ..errors import KernelLoadError, KernelMetadataError
 from . import variants
 from .bounded_json import quoted
@@ -157,8 +158,6 @@ def _check_minver(metadata: Metadata, kernel: str) -> None:
             f"{quoted(minver)}, not a version X.Y.Z of numbers. Nothing was imported. The "
             "build is malformed: rebuild it with kernel-builder, or report it to its authors."
         )
-    # Imported here: kernels/__init__.py sets __version__ after importing this module.
-    from .. import __version__
 
     needed = tuple(int(part) for part in match.groups())
     if _release(__version__) < needed:
