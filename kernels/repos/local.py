@@ -70,7 +70,8 @@ class LocalLayerRepository:
     Local repositories are trusted: they are code the user already has.
 
     Args:
-        repo_path: the repository folder, which holds ``build/``.
+        repo_path: the repository folder (which holds ``build/``), its ``build/`` folder or
+            one variant folder, as for `get_local_kernel`.
         package_name: the package inside ``build/<variant>/`` (optional, as for
             `get_local_kernel`: transformers 5.x passes only `repo_path` and `layer_name`).
         layer_name: the class in the package's ``layers`` module, or a function of the
