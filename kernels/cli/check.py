@@ -345,12 +345,13 @@ def _check_variant(
 
     from ..errors import KernelLayerError, KernelLoadError
     from ..layer.validation import signature_difference, validate_kernel_layer
+    from ..repos.download import dependency_loader
     from ..repos.kernel_deps import dependencies_loaded
     from ..repos.loader import import_package
 
     try:
         # Its kernel-depends load first (trusted organisations only), as when it is used.
-        with dependencies_loaded(location.package_dir, where):
+        with dependencies_loaded(location.package_dir, where, dependency_loader()):
             module = import_package(location.package_dir, location.package_name)
     except KernelLoadError as exc:
         report.fail(f"imports: {variant}: {exc}")

@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -45,11 +45,11 @@ from . import cache_records, hubclient, load_locks
 from .hashing import verify_variant
 from .hubclient import COMMIT_PATTERN, KERNEL_REPO_TYPE, Failure
 from .info import RepoInfo
-from .kernel_deps import dependencies_loaded
+from .kernel_deps import KernelDependency, dependencies_loaded
 from .layout import PackageLocation, locate_package, read_preference
 from .loaded import record_origin
 from .loader import import_package
-from .local_overrides import load_local_override
+from .local_overrides import LocalOverride, find_local_override
 from .repo_id import check_repo_id
 from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
 from .variants import (
@@ -185,15 +185,14 @@ def load_hub_kernel(
 ) -> LoadedHubKernel:
     """`get_kernel`, returning what was resolved, downloaded and trusted along with the module."""
     _check_repo_id(repo_id, repo_type)
-    if (local := load_local_override(repo_id, repo_type)) is not None:
-        return local  # LOCAL_KERNELS names a folder for it: no Hub, no trust check
+    if (local := find_local_override(repo_id)) is not None:
+        return _load_local_override(local, repo_type)  # no Hub, no trust check
     trust = require_trust(repo_id, normalize_trust(trust_remote_code))
     request = check_request(repo_id, revision=revision, version=version, repo_type=repo_type)
     fetched = _resolve_and_fetch(request, user_agent=user_agent)
     # Outside every lock of ours: the kernel's code runs now, and may load other kernels.
-    with dependencies_loaded(
-        fetched.location.package_dir, repo_id, trust_remote_code=trust_remote_code
-    ):
+    load = dependency_loader(trust_remote_code)
+    with dependencies_loaded(fetched.location.package_dir, repo_id, load):
         loaded = import_fetched(fetched, trust)
     logger.info("Loaded kernel %s; %s", loaded.describe(), trust.reason)
     return loaded
@@ -292,6 +291,39 @@ def _note_resolution(key: load_locks.LoadKey, folder: Path, fetched: FetchedKern
 def _lock_folder(repo_id: str, repo_type: str) -> Path:
     folder = hubclient.repo_cache_folder(repo_id, repo_type)
     return load_locks.lock_folder(hubclient.cache_dir(), folder.name)
+
+
+def dependency_loader(
+    trust_remote_code: TrustArgument | list[str] = False,
+) -> Callable[[KernelDependency], ModuleType]:
+    """How a kernel's ``kernel-depends`` load: as Hub kernels, with the kernel's own trust."""
+
+    def load(dependency: KernelDependency) -> ModuleType:
+        return load_hub_kernel(
+            dependency.repo_id,
+            version=dependency.version,
+            revision=dependency.revision,
+            trust_remote_code=trust_remote_code,
+        ).module
+
+    return load
+
+
+def _load_local_override(local: LocalOverride, repo_type: str) -> LoadedHubKernel:
+    """Import the folder ``LOCAL_KERNELS`` names for a repository, as if it came from the Hub."""
+    resolved = ResolvedRevision(local.repo_id, "local", None, local.how, repo_type=repo_type)
+    fetched = FetchedKernel(
+        local.repo_id, resolved, "local", local.location.variant, local.root, local.location
+    )
+    trust = TrustDecision(local.repo_id, True, f"{local.how} (local code: not trust-checked)")
+    logger.info(
+        "Loading %s from the local folder %s (LOCAL_KERNELS) instead of the Hub; the revision "
+        "or version asked for is ignored.",
+        local.repo_id,
+        local.folder,
+    )
+    with dependencies_loaded(local.location.package_dir, local.repo_id, dependency_loader()):
+        return import_fetched(fetched, trust)
 
 
 def import_fetched(fetched: FetchedKernel, trust: TrustDecision) -> LoadedHubKernel:

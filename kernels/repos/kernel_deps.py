@@ -21,7 +21,7 @@ load dependencies yet: a lock would have to record their commits too.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,7 +125,7 @@ def dependencies_of(package_dir: Path) -> tuple[KernelDependency, ...]:
 
 @contextmanager
 def dependencies_loaded(
-    package_dir: Path, what: str, *, trust_remote_code: object = False
+    package_dir: Path, what: str, load: Callable[[KernelDependency], ModuleType]
 ) -> Iterator[Mapping[str, ModuleType]]:
     """Load the dependencies of the kernel in `package_dir`, and hand them to `get_kernel_dep`
     while the block (the kernel's import) runs.
@@ -133,14 +133,13 @@ def dependencies_loaded(
     Args:
         package_dir: the kernel package about to be imported.
         what: the kernel, as messages name it (a repo id or a folder).
-        trust_remote_code: the trust given for the kernel, given to its dependencies too.
+        load: loads one dependency from the Hub (resolved and trust-checked, with the trust
+            given for the kernel); passed in because the Hub loader imports this module.
 
     Raises:
         KernelMetadataError: ``kernel-depends`` is malformed; KernelLoadError: a dependency
             cannot be loaded, or the dependencies form a cycle.
     """
-    from .download import load_hub_kernel
-
     deps = dependencies_of(package_dir)
     chain = _loading.get()
     modules: dict[str, ModuleType] = {}
@@ -154,12 +153,7 @@ def dependencies_loaded(
                         f"Cyclic {KEY}: {cycle}. A kernel cannot depend on itself, directly "
                         "or through others; remove one of the dependencies."
                     )
-                modules[dep.repo_id] = load_hub_kernel(
-                    dep.repo_id,
-                    version=dep.version,
-                    revision=dep.revision,
-                    trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
-                ).module
+                modules[dep.repo_id] = load(dep)
         finally:
             _loading.reset(chain_token)
     token = _current.set(MappingProxyType(modules))

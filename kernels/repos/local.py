@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import KernelLoadError
+from .download import dependency_loader
 from .kernel_deps import dependencies_loaded
 from .layout import locate_local
 from .loader import import_package
@@ -59,7 +60,8 @@ def get_local_kernel(
     if not path.is_dir():
         raise KernelLoadError(f"Kernel repository folder {path} does not exist.")
     location = locate_local(path, package_name, where=str(path), machine=machine)
-    with dependencies_loaded(location.package_dir, str(path), trust_remote_code=trust_remote_code):
+    load = dependency_loader(trust_remote_code)
+    with dependencies_loaded(location.package_dir, str(path), load):
         return import_package(location.package_dir, location.package_name)
 
 

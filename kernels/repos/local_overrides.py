@@ -11,14 +11,13 @@ is downloaded, and no trust check is made, since the code is the user's own, as 
 
 from __future__ import annotations
 
-import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KernelLoadError, KernelMappingError
+from .layout import PackageLocation, locate_local
 from .repo_id import is_repo_id, shown
-
-logger = logging.getLogger(__name__)
 
 #: The environment variable mapping repository ids to local folders.
 ENV = "LOCAL_KERNELS"
@@ -60,12 +59,22 @@ def local_overrides(value: str | None = None) -> dict[str, Path]:
     return overrides
 
 
-def load_local_override(repo_id: str, repo_type: str):
-    """Import the local folder `ENV` maps `repo_id` to, or return None when it maps none.
+@dataclass(frozen=True)
+class LocalOverride:
+    """A repository that `ENV` maps to a local folder, and the package found there."""
 
-    Returns:
-        A `LoadedHubKernel` whose commit is ``"local"`` and whose trust decision says that the
-        folder came from `ENV`.
+    repo_id: str
+    folder: Path
+    root: Path
+    location: PackageLocation
+
+    @property
+    def how(self) -> str:
+        return f"local folder {self.folder} named by {ENV}"
+
+
+def find_local_override(repo_id: str) -> LocalOverride | None:
+    """The local folder `ENV` maps `repo_id` to, with its package; None when it maps none.
 
     Raises:
         KernelMappingError: `ENV` is malformed; KernelLoadError: the folder holds no kernel
@@ -74,13 +83,6 @@ def load_local_override(repo_id: str, repo_type: str):
     folder = local_overrides().get(repo_id)
     if folder is None:
         return None
-    # Imported here: download imports this module at its top.
-    from .download import FetchedKernel, import_fetched
-    from .kernel_deps import dependencies_loaded
-    from .layout import locate_local
-    from .trust import TrustDecision
-    from .versions import ResolvedRevision
-
     where = f"{repo_id} from {ENV} ({folder})"
     if not folder.is_dir():
         raise KernelLoadError(
@@ -88,20 +90,7 @@ def load_local_override(repo_id: str, repo_type: str):
             f"from {ENV} to load it from the Hub."
         )
     location = locate_local(folder, None, where=where)
-    root = _repository_root(folder, location.variant)
-    how = f"local folder {folder} named by {ENV}"
-    resolved = ResolvedRevision(repo_id, "local", None, how, repo_type=repo_type)
-    fetched = FetchedKernel(repo_id, resolved, "local", location.variant, root, location)
-    trust = TrustDecision(repo_id, True, f"{how} (local code: not trust-checked)")
-    logger.info(
-        "Loading %s from the local folder %s (%s) instead of the Hub; the revision or version "
-        "asked for is ignored.",
-        repo_id,
-        folder,
-        ENV,
-    )
-    with dependencies_loaded(location.package_dir, repo_id):
-        return import_fetched(fetched, trust)
+    return LocalOverride(repo_id, folder, _repository_root(folder, location.variant), location)
 
 
 def _repository_root(folder: Path, variant: str) -> Path:
