@@ -18,7 +18,6 @@ file is imported, before anything imports huggingface_hub, which reads them once
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import re
@@ -27,7 +26,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -35,9 +33,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hubtools import SILU_AND_MUL_LAYERS, kernel_init
+from hubtools import REPO_ROOT, SESSION_DIR, SILU_AND_MUL_LAYERS, kernel_init, subprocess_env
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OLAH = REPO_ROOT / ".venv-tf5" / "bin" / "olah-cli"
 
 
@@ -47,8 +44,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-SESSION_DIR = Path(tempfile.mkdtemp(prefix="kernels-hub-tests-"))
-atexit.register(shutil.rmtree, SESSION_DIR, ignore_errors=True)
 MIRRORS = SESSION_DIR / "mirrors"
 HF_CACHE = SESSION_DIR / "hf-cache"
 OLAH_PORT = _free_port()
@@ -493,13 +488,6 @@ def released(hub):
         return repo
 
     return make
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """This session's environment for a child interpreter: our package first on the path,
-    then whatever PYTHONPATH already holds (e.g. another huggingface_hub under test)."""
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 def _child_env(env: dict[str, str | None] | None) -> dict[str, str]:

@@ -24,13 +24,13 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import SESSION_DIR, HubRepo, subprocess_env
-from hubtools import SILU_AND_MUL_LAYERS, kernel_init
+from hubtools import SESSION_DIR, SILU_AND_MUL_LAYERS, kernel_init, subprocess_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -48,6 +48,9 @@ from kernels import (
 from kernels.cli import main
 from kernels.repos import cache_records, load_locks
 from kernels.repos.hubclient import repo_cache_folder
+
+if TYPE_CHECKING:  # the fixtures' repository type, for annotations only
+    from conftest import HubRepo
 
 pytestmark = pytest.mark.hub
 

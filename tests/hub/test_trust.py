@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import subprocess_env
+from hubtools import subprocess_env
 
 import kernels
 from kernels import LayerRepository, UntrustedKernelError
