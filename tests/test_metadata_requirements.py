@@ -53,13 +53,13 @@ def _repo(kernel_repo, name, variant="torch-universal", **fields):
     return path
 
 
-def _refused(path, error, match):
+def _refused(path, error, match, **load_options):
     """Loading `path` raises `error` matching `match`, and none of the kernel's code ran."""
     import builtins
 
     before = set(sys.modules)
     with pytest.raises(error, match=match) as caught:
-        get_local_kernel(path)
+        get_local_kernel(path, **load_options)
     assert not hasattr(builtins, RAN), "kernel code ran before the refusal"
     assert set(sys.modules) == before
     return str(caught.value)
@@ -211,7 +211,8 @@ def test_a_backend_unlike_its_variant_is_refused(tmp_path, variant, declared):
 
 def test_a_mislabelled_build_is_refused_at_load(kernel_repo):
     path = _repo(kernel_repo, "mislabelled", variant="torch-cpu", backend={"type": "cuda"})
-    message = _refused(path, KernelMetadataError, "declares backend 'cuda'")
+    # backend="cpu": the torch-cpu variant is the one chosen on any machine, a GPU one too.
+    message = _refused(path, KernelMetadataError, "declares backend 'cuda'", backend="cpu")
     assert "expected backend.type 'cpu'" in message and "rebuild it with kernel-builder" in message
 
 
