@@ -79,9 +79,20 @@ def kernelize(
         model = kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE)
         ```
     """
+    _check_model(model)
     fallback = as_fallback(use_fallback)
     run_taggers(model)
     the_plan = plan(model, mode=mode, device=device, use_fallback=fallback)
+    if not the_plan.decisions:
+        # Not a missing kernel (nothing asked for one), so no NoKernelError even with
+        # use_fallback=False; but a silent no-op is the commonest first surprise.
+        logger.warning(
+            "kernelize found no tagged layer in %s, so nothing was kernelized. Tag its layers "
+            "with @use_kernel_forward_from_hub('Name') (or register a tagger such as "
+            "kernels.library.tag_gated_mlps), or use the aten overrides or the compile "
+            "backend, which need no tags: see docs/untagged.md.",
+            type(model).__name__,
+        )
     if verify is not None:
         the_plan = verify_plan(
             model,
@@ -125,6 +136,7 @@ def plan(
     With ``raise_invalid=False`` a kernel layer that breaks the layer rules becomes a
     fallback decision (logged at ERROR) instead of raising, as `explain` needs.
     """
+    _check_model(model)
     mode = validate_kernelize_mode(mode)
     use_fallback = as_fallback(use_fallback)
     target = find_target(model, device)
@@ -156,6 +168,28 @@ def plan(
             _decide(path, module, layer_name, resolution, mode, use_fallback, loaded, raise_invalid)
         )
     return Plan(mode, target, tuple(decisions))
+
+
+def _check_model(model: object) -> None:
+    """Refuse what is not a module instance before anything touches it."""
+    from torch import nn
+
+    if isinstance(model, type) and issubclass(model, nn.Module):
+        raise KernelMappingError(
+            f"kernelize takes a model instance, got the class {model.__module__}."
+            f"{model.__qualname__}; create the model first, e.g. "
+            f"kernelize({model.__name__}(...), mode=...)."
+        )
+    if not isinstance(model, nn.Module):
+        raise KernelMappingError(
+            f"kernelize takes a torch.nn.Module instance, got {type(model).__qualname__} "
+            f"({_short_repr(model)})."
+        )
+
+
+def _short_repr(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _kernelizable_modules(model: nn.Module):
