@@ -3,10 +3,22 @@
 import logging
 
 import pytest
+import torch
 import torch.nn as nn
 
-from kernels import KernelMappingError, Mode, kernelize, register_kernel_mapping
+from kernels import (
+    KernelMappingError,
+    LocalLayerRepository,
+    Mode,
+    NoKernelError,
+    kernelize,
+    register_kernel_mapping,
+    use_kernel_forward_from_hub,
+    use_kernel_mapping,
+)
 from kernels.layer.kernelize import plan
+from kernels.mapping.registry import KernelMapping
+from kernels.mapping.resolve import resolve
 
 
 @pytest.fixture(autouse=True)
@@ -49,3 +61,55 @@ def test_a_module_class_instead_of_an_instance_is_refused_by_name(entry):
 def test_a_non_module_is_refused_by_type(entry):
     with pytest.raises(KernelMappingError, match=r"torch\.nn\.Module instance, got dict"):
         entry({"weight": 1}, mode=Mode.INFERENCE)
+
+
+def _reason(keys, layer_name):
+    repository = LocalLayerRepository("/nowhere", layer_name="Anything")
+    mapping = KernelMapping().registered({key: {"cpu": repository} for key in keys})
+    return resolve(mapping, layer_name, device_type="cpu", capability=None, mode=Mode.INFERENCE)
+
+
+@pytest.mark.parametrize(
+    ("keys", "layer_name", "shown"),
+    [
+        (["RMSnorm"], "RMSNorm", "'RMSnorm'"),  # case only
+        (["RMSNrom", "SiluAndMul"], "RMSNorm", "'RMSNrom'"),  # two letters swapped
+        (["GELU"], "gelu", "'GELU'"),  # short names: case only
+    ],
+)
+def test_a_mapping_key_with_a_typo_is_named_with_the_likely_fix(keys, layer_name, shown):
+    reason = _reason(keys, layer_name).reason
+    assert reason == (
+        f"no kernel is registered for layer name '{layer_name}'; "
+        f"the mapping has {shown}: did you mean '{layer_name}'?"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "layer_name"),
+    [("GeluAndMul", "SiluAndMul"), ("GeGLU", "GELU"), ("LlamaRMSNorm", "RMSNorm")],
+)
+def test_a_different_layer_of_the_same_family_is_not_called_a_typo(key, layer_name):
+    assert _reason([key], layer_name).reason == (
+        f"no kernel is registered for layer name '{layer_name}'"
+    )
+
+
+@use_kernel_forward_from_hub("RMSNorm")
+class RMSNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return x * self.weight
+
+
+def test_the_typo_hint_reaches_the_log_line_and_no_kernel_error(caplog):
+    typo = {"RMSnorm": {"cpu": LocalLayerRepository("/nowhere", layer_name="RMSNorm")}}
+    with use_kernel_mapping(typo), caplog.at_level(logging.INFO, logger="kernels"):
+        kernelize(RMSNorm(), mode=Mode.INFERENCE)
+        with pytest.raises(NoKernelError) as info:
+            kernelize(RMSNorm(), mode=Mode.INFERENCE, use_fallback=False)
+    assert "the mapping has 'RMSnorm': did you mean 'RMSNorm'?" in caplog.text
+    assert str(info.value).endswith("the mapping has 'RMSnorm': did you mean 'RMSNorm'?")

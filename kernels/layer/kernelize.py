@@ -236,7 +236,7 @@ def _decide(
         level=logging.INFO,
     ) -> Decision:
         if cause not in use_fallback:
-            raise error(f"{path or '<model>'} ({type(module).__name__}): {reason}.")
+            raise error(f"{path or '<model>'} ({type(module).__name__}): {_sentence(reason)}")
         return Decision(path, module, layer_name, resolution, None, reason, level)
 
     chosen: Candidate | None = resolution.chosen
@@ -273,6 +273,11 @@ def _decide(
             KernelizeFallback.UNSUPPORTED_MODE,
         )
     return Decision(path, module, layer_name, resolution, kernel)
+
+
+def _sentence(text: str) -> str:
+    """`text` closed with a period, unless it already ends a sentence (a question, a path)."""
+    return text if text.endswith((".", "?", "!")) else text + "."
 
 
 def _missing_support(kernel: type, mode: Mode) -> str | None:

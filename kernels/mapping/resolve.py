@@ -6,6 +6,7 @@ Resolution is pure: it reads a `KernelMapping` and loads nothing, so `kernelize`
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 from ..repos.base import LayerRepositoryProtocol
@@ -65,7 +66,12 @@ def resolve(
         )
 
     if layer_name not in mapping.layer_names():
-        return nothing(f"no kernel is registered for layer name '{layer_name}'")
+        reason = f"no kernel is registered for layer name '{layer_name}'"
+        close = _close_names(layer_name, mapping.layer_names())
+        if close:
+            listed = ", ".join(f"'{name}'" for name in close)
+            reason += f"; the mapping has {listed}: did you mean '{layer_name}'?"
+        return nothing(reason)
     entries = mapping.entries(layer_name, device_type)
     if not entries:
         others = ", ".join(mapping.device_types(layer_name)) or "none"
@@ -123,6 +129,30 @@ def resolve(
         f"registered for device {chosen.device} and mode {chosen.mode}",
         tuple(passed_over),
     )
+
+
+#: How alike (difflib's ratio, after lower-casing) a mapping key must be to a layer name to
+#: be shown as a likely typo. 0.85 admits a case slip or one swapped or missing letter in
+#: names like 'RMSNorm', but not a different layer of the same family ('GeluAndMul' for
+#: 'SiluAndMul' scores 0.8).
+_TYPO_CUTOFF = 0.85
+#: Below this length one letter is a different name ('GeGLU' is not a typo of 'GELU'), so
+#: shorter names are only matched when they differ in case alone.
+_TYPO_MIN_LENGTH = 6
+
+
+def _close_names(layer_name: str, names: tuple[str, ...]) -> list[str]:
+    """The mapping keys that look like misspellings of `layer_name`, closest first."""
+    wanted = layer_name.lower()
+    same_but_case = [name for name in names if name.lower() == wanted]
+    if same_but_case or len(wanted) < _TYPO_MIN_LENGTH:
+        return same_but_case[:3]
+    by_lower: dict[str, list[str]] = {}
+    for name in names:
+        if len(name) >= _TYPO_MIN_LENGTH:
+            by_lower.setdefault(name.lower(), []).append(name)
+    close = difflib.get_close_matches(wanted, by_lower, n=3, cutoff=_TYPO_CUTOFF)
+    return [name for lowered in close for name in by_lower[lowered]][:3]
 
 
 def _candidates(entry: DeviceEntry) -> list[Candidate]:
