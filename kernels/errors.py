@@ -16,6 +16,10 @@ class KernelMappingError(KernelsError, ValueError):
     """A kernel mapping, a mode or a device given to `kernels` is malformed."""
 
 
+class KernelTaggingError(KernelMappingError, TypeError):
+    """A tagging decorator was misused, e.g. applied without its layer name."""
+
+
 class NoKernelError(KernelsError, ValueError):
     """`kernelize(..., use_fallback=False)` found no usable kernel for a layer."""
 

@@ -14,8 +14,10 @@ from kernels import (
     kernelize,
     register_kernel_mapping,
     use_kernel_forward_from_hub,
+    use_kernel_func_from_hub,
     use_kernel_mapping,
 )
+from kernels.errors import KernelTaggingError
 from kernels.layer.kernelize import plan
 from kernels.mapping.registry import KernelMapping
 from kernels.mapping.resolve import resolve
@@ -113,3 +115,30 @@ def test_the_typo_hint_reaches_the_log_line_and_no_kernel_error(caplog):
             kernelize(RMSNorm(), mode=Mode.INFERENCE, use_fallback=False)
     assert "the mapping has 'RMSnorm': did you mean 'RMSNorm'?" in caplog.text
     assert str(info.value).endswith("the mapping has 'RMSnorm': did you mean 'RMSNorm'?")
+
+
+def test_the_layer_decorator_without_parentheses_says_how_to_write_it():
+    with pytest.raises(KernelTaggingError) as info:
+
+        @use_kernel_forward_from_hub
+        class SiluAndMul(nn.Module):
+            pass
+
+    assert '@use_kernel_forward_from_hub("SiluAndMul") above class SiluAndMul' in str(info.value)
+    assert isinstance(info.value, TypeError)
+    assert isinstance(info.value, KernelMappingError)  # what a bad layer name raised before
+
+
+def test_the_function_decorators_without_parentheses_say_how_to_write_them():
+    def rotary(q):
+        return q
+
+    with pytest.raises(KernelTaggingError, match=r'forward_from_hub\("rotary"\) above function'):
+        use_kernel_forward_from_hub(rotary)
+    with pytest.raises(KernelTaggingError, match=r'func_from_hub\("rotary"\) above function'):
+        use_kernel_func_from_hub(rotary)
+
+
+def test_a_layer_name_that_is_not_a_string_is_refused_at_once():
+    with pytest.raises(KernelTaggingError, match=r"takes the layer name as a string, got int 3"):
+        use_kernel_forward_from_hub(3)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from ..errors import KernelTaggingError
 from .func import attach_functions, function_module
 from .tagging import Condition, replace_kernel_forward_from_hub, tag
 
@@ -52,6 +53,8 @@ def use_kernel_forward_from_hub(
         ```
     """
 
+    _check_name("use_kernel_forward_from_hub", layer_name, "layer_name")
+
     def decorator(cls: ModuleClass) -> ModuleClass:
         if not isinstance(cls, type) and callable(cls):
             # Newer transformers decorate functions too; they become function kernels.
@@ -89,10 +92,30 @@ def use_kernel_func_from_hub(func_name: str) -> Callable[[Callable], nn.Module]:
         ```
     """
 
+    _check_name("use_kernel_func_from_hub", func_name, "func_name")
+
     def decorator(func: Callable) -> nn.Module:
         return function_module(func, func_name)
 
     return decorator
+
+
+def _check_name(decorator: str, name: object, parameter: str) -> None:
+    """Refuse a decorator used bare (``@decorator`` over a class or function), which would
+    otherwise silently replace the decorated object with the inner decorator function."""
+    if isinstance(name, str):
+        return  # an empty name is refused where the class or function is tagged
+    if callable(name):
+        what = "class" if isinstance(name, type) else "function"
+        bare = getattr(name, "__name__", "Name")
+        raise KernelTaggingError(
+            f"@{decorator} needs the name kernels are registered under: write "
+            f'@{decorator}("{bare}") above {what} {bare}, not @{decorator} alone.'
+        )
+    raise KernelTaggingError(
+        f"{decorator}({parameter}=...) takes the layer name as a string, got "
+        f"{type(name).__name__} {name!r}."
+    )
 
 
 def use_kernelized_func(*funcs: Callable | list[Callable] | tuple[Callable, ...]):
