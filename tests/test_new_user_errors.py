@@ -1,6 +1,9 @@
 """What a new user trips over first: each surprise gives a message that names the fix."""
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -142,3 +145,37 @@ def test_the_function_decorators_without_parentheses_say_how_to_write_them():
 def test_a_layer_name_that_is_not_a_string_is_refused_at_once():
     with pytest.raises(KernelTaggingError, match=r"takes the layer name as a string, got int 3"):
         use_kernel_forward_from_hub(3)
+
+
+_CPU_LAUNCH = """
+import os, sys
+import torch
+import kernels
+
+norm = kernels.get_local_kernel(os.path.join(sys.argv[1], "norm"), "norm")
+try:
+    norm.rms_norm(torch.randn(4, 8), torch.ones(8), 1e-6)
+except RuntimeError as exc:
+    print(exc)
+else:
+    print("no error")
+"""
+
+
+def test_a_library_kernel_on_the_cpu_without_the_interpreter_says_how_to_run_it():
+    pytest.importorskip("triton")
+    library = os.path.join(os.path.dirname(__file__), "..", "library")
+    # Triton reads TRITON_INTERPRET as `triton.jit` runs, so this needs a fresh process
+    # (the test session's conftest turns the interpreter on).
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", _CPU_LAUNCH, library],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    message = result.stdout
+    assert "_rms_norm_fwd_kernel was called with CPU tensors" in message
+    assert "set TRITON_INTERPRET=1" in message and ".to('cuda')" in message

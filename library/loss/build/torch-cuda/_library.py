@@ -265,11 +265,34 @@ def _hooks_installed() -> bool:
     return _hook_installed(runtime.launch_enter_hook) or _hook_installed(runtime.launch_exit_hook)
 
 
+def _interpreted(kernel) -> bool:
+    # ``triton.jit`` builds an ``InterpretedFunction`` instead of a ``JITFunction`` when
+    # TRITON_INTERPRET was set as it ran, so the kernel object itself says which it is.
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def _cpu_without_interpreter(kernel) -> str:
+    # Without the interpreter Triton only compiles for GPUs, and says "0 active drivers" (or
+    # that a pointer "cannot be accessed", where a GPU is present) with no hint of the fix.
+    name = getattr(kernel, "__name__", "a Triton kernel")
+    return (
+        f"The Triton kernel {name} was called with CPU tensors, but Triton compiles kernels only "
+        "for GPUs. Move the model and its inputs to a GPU (.to('cuda')), or, to run on the CPU "
+        "(slowly, for tests), set TRITON_INTERPRET=1 in the environment before triton is first "
+        "imported."
+    )
+
+
 def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.device) -> None:
     """``kernel[grid](*args, num_warps=num_warps)`` on ``device``, with all arguments (constexprs
     included) positional in the kernel's parameter order."""
     if device.type != "cuda":
-        kernel[grid](*args, num_warps=num_warps)
+        try:
+            kernel[grid](*args, num_warps=num_warps)
+        except (RuntimeError, ValueError) as exc:
+            if device.type == "cpu" and not _interpreted(kernel):
+                raise RuntimeError(_cpu_without_interpreter(kernel)) from exc
+            raise
         return
     current = _current_device()
     index = current if device.index is None else device.index
