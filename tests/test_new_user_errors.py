@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from kernels import (
+    KernelLoadError,
     KernelMappingError,
     LocalLayerRepository,
     Mode,
@@ -179,3 +180,13 @@ def test_a_library_kernel_on_the_cpu_without_the_interpreter_says_how_to_run_it(
     message = result.stdout
     assert "_rms_norm_fwd_kernel was called with CPU tensors" in message
     assert "set TRITON_INTERPRET=1" in message and ".to('cuda')" in message
+
+
+def test_a_wrapped_error_that_ends_a_sentence_gets_no_second_period():
+    # The load error already ends in '.'; the NoKernelError/KernelLoadError wrapper used to
+    # add another one.
+    missing = {"RMSNorm": {"cpu": LocalLayerRepository("/nowhere", layer_name="RMSNorm")}}
+    with use_kernel_mapping(missing), pytest.raises(KernelLoadError) as info:
+        kernelize(RMSNorm(), mode=Mode.INFERENCE, use_fallback=False)
+    message = str(info.value)
+    assert message.endswith("/nowhere does not exist.") and not message.endswith("..")
