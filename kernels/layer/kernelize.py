@@ -88,9 +88,10 @@ def kernelize(
         # use_fallback=False; but a silent no-op is the commonest first surprise.
         logger.warning(
             "kernelize found no tagged layer in %s, so nothing was kernelized. Tag its layers "
-            "with @use_kernel_forward_from_hub('Name') (or register a tagger such as "
-            "kernels.library.tag_gated_mlps), or use the aten overrides or the compile "
-            "backend, which need no tags: see docs/untagged.md.",
+            "with @use_kernel_forward_from_hub('Name') or a tagger "
+            "(kernels.layer.taggers.add_tagger(kernels.library.tag_gated_mlps)), or use the "
+            "aten overrides (kernels.overrides) or the compile backend (kernels.compile), which "
+            "need no tags: see docs/untagged.md.",
             type(model).__name__,
         )
     if verify is not None:
