@@ -8,6 +8,12 @@ Each error subclasses the built-in exception that code written for Hugging Face'
 from __future__ import annotations
 
 
+def as_sentence(text: str) -> str:
+    """`text` closed with a period, unless it already ends a sentence (messages embed causes
+    and paths that may end in one, and a doubled period reads as a typo)."""
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
 class KernelsError(Exception):
     """Base class of every error raised by `kernels`."""
 

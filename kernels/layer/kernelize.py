@@ -5,7 +5,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..errors import KernelLayerError, KernelLoadError, KernelMappingError, NoKernelError
+from ..errors import (
+    KernelLayerError,
+    KernelLoadError,
+    KernelMappingError,
+    NoKernelError,
+    as_sentence,
+)
 from ..mapping.capability import read_capability
 from ..mapping.device import Device, validate_device_type
 from ..mapping.mode import Mode, validate_kernelize_mode
@@ -237,7 +243,7 @@ def _decide(
         level=logging.INFO,
     ) -> Decision:
         if cause not in use_fallback:
-            raise error(f"{path or '<model>'} ({type(module).__name__}): {_sentence(reason)}")
+            raise error(f"{path or '<model>'} ({type(module).__name__}): {as_sentence(reason)}")
         return Decision(path, module, layer_name, resolution, None, reason, level)
 
     chosen: Candidate | None = resolution.chosen
@@ -274,11 +280,6 @@ def _decide(
             KernelizeFallback.UNSUPPORTED_MODE,
         )
     return Decision(path, module, layer_name, resolution, kernel)
-
-
-def _sentence(text: str) -> str:
-    """`text` closed with a period, unless it already ends a sentence (a question, a path)."""
-    return text if text.endswith((".", "?", "!")) else text + "."
 
 
 def _missing_support(kernel: type, mode: Mode) -> str | None:

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..errors import KernelsError, KernelVerificationError
+from ..errors import KernelsError, KernelVerificationError, as_sentence
 from ..mapping.mode import Mode
 from .decisions import ExampleInputs, Plan
 from .swap import kernel_layer_of, use_original_forward
@@ -90,7 +90,7 @@ def _verified(
             f"failed verification: {problem}"
         )
         if not use_fallback:
-            raise KernelVerificationError(f"{label}: {reason}.")
+            raise KernelVerificationError(as_sentence(f"{label}: {reason}"))
         decisions.append(
             dataclasses.replace(
                 decision, kernel=None, fallback_reason=reason, fallback_level=logging.WARNING
@@ -125,8 +125,8 @@ def capture_layer_inputs(
         raise
     except Exception as exc:
         raise KernelVerificationError(
-            f"verify=: the model raised {type(exc).__name__} on the example inputs: {exc}. "
-            "Pass inputs the model itself runs on (model(x), model(*args) or model(**kwargs))."
+            f"verify=: the model raised {type(exc).__name__} on the example inputs: "
+            f"{as_sentence(str(exc))} Pass inputs the model itself runs on (model(x), model(*args) or model(**kwargs))."
         ) from exc
     finally:
         for handle in handles:
