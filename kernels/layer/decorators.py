@@ -42,9 +42,9 @@ def use_kernel_forward_from_hub(
 
         @use_kernel_forward_from_hub("SiluAndMul")
         class SiluAndMul(nn.Module):
-            def forward(self, input: torch.Tensor) -> torch.Tensor:
-                d = input.shape[-1] // 2
-                return F.silu(input[..., :d]) * input[..., d:]
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                d = x.shape[-1] // 2
+                return F.silu(x[..., :d]) * x[..., d:]
 
 
         # Only instances with an even width are kernelized:
