@@ -54,7 +54,7 @@ _MAX_TEXT = 1000
 def record_files(folder: Path, commit: str, variant: str, files: Iterable[str]) -> None:
     """Note the files of `variant` at `commit` (paths relative to ``build/<variant>/``)."""
     if _names_ok(commit, variant):
-        _write_json(folder / FOLDER / commit / f"{variant}.json", list(files))
+        write_json(folder / FOLDER / commit / f"{variant}.json", list(files))
 
 
 def read_files(folder: Path, commit: str, variant: str) -> tuple[str, ...] | None:
@@ -62,7 +62,7 @@ def read_files(folder: Path, commit: str, variant: str) -> tuple[str, ...] | Non
     if not _names_ok(commit, variant):
         return None
     path = folder / FOLDER / commit / f"{variant}.json"
-    data = _read_json(path, _MAX_FILE_LIST_BYTES)
+    data = read_json(path, _MAX_FILE_LIST_BYTES)
     if (
         not isinstance(data, list)
         or len(data) > _MAX_FILES
@@ -76,7 +76,7 @@ def read_files(folder: Path, commit: str, variant: str) -> tuple[str, ...] | Non
 def record_listing(folder: Path, commit: str, offered: Iterable[str], prefer: str) -> None:
     """Note the variants `commit` offers and the repository's preference at that commit."""
     if COMMIT_PATTERN.match(commit):
-        _write_json(
+        write_json(
             folder / FOLDER / commit / _LISTING, {"offered": sorted(offered), "prefer": prefer}
         )
 
@@ -86,7 +86,7 @@ def read_listing(folder: Path, commit: str) -> tuple[list[str], str] | None:
     if not COMMIT_PATTERN.match(commit):
         return None
     path = folder / FOLDER / commit / _LISTING
-    data = _read_json(path, _MAX_LISTING_BYTES)
+    data = read_json(path, _MAX_LISTING_BYTES)
     if not isinstance(data, dict):
         _ignored(path, data)
         return None
@@ -130,13 +130,13 @@ class Resolution:
 def record_resolution(folder: Path, digest: str, resolution: Resolution) -> None:
     """Write (atomically) the resolution record of the request whose key digest is `digest`."""
     data = {"format": _FORMAT, **resolution.__dict__}
-    _write_json(folder / FOLDER / _RESOLUTIONS / f"{digest}.json", data)
+    write_json(folder / FOLDER / _RESOLUTIONS / f"{digest}.json", data)
 
 
 def read_resolution(folder: Path, digest: str, asked: str) -> Resolution | None:
     """The resolution record of the request `asked` (digest `digest`), if one is well formed."""
     path = folder / FOLDER / _RESOLUTIONS / f"{digest}.json"
-    data = _read_json(path, _MAX_RECORD_BYTES)
+    data = read_json(path, _MAX_RECORD_BYTES)
     if data is None:
         return None
     try:
@@ -174,7 +174,7 @@ def _short_text(value: object) -> bool:
     return isinstance(value, str) and len(value) <= _MAX_TEXT and value.isprintable()
 
 
-def _write_json(path: Path, data: object) -> None:
+def write_json(path: Path, data: object) -> None:
     """Write `data` to `path` whole or not at all: readers see the old file or the new one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
@@ -187,7 +187,7 @@ def _write_json(path: Path, data: object) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def _read_json(path: Path, limit: int) -> object | None:
+def read_json(path: Path, limit: int) -> object | None:
     """The JSON value in `path`, or None when it is missing, too large or not JSON."""
     try:
         with path.open("rb") as file:

@@ -25,19 +25,17 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
 from ..errors import KernelHashMismatchError, KernelMetadataError
 from .bounded_json import json_type, quoted
-from .cache_records import FOLDER
+from .cache_records import FOLDER, read_json, write_json
 from .hashing import Listing, list_variant_files
 from .hubclient import COMMIT_PATTERN
 from .info import METADATA_FILE, Metadata
@@ -197,12 +195,7 @@ def _receipt_path(variant_dir: Path) -> Path | None:
 
 def _read_receipt(path: Path, stamp: str) -> Listing | None:
     """The listing a receipt vouches for with `stamp`; None when absent or malformed."""
-    try:
-        with path.open("rb") as file:
-            raw = file.read(_MAX_RECEIPT_BYTES + 1)
-        data = json.loads(raw) if len(raw) <= _MAX_RECEIPT_BYTES else None
-    except (OSError, ValueError, RecursionError):
-        data = None
+    data = read_json(path, _MAX_RECEIPT_BYTES)
     if not (
         isinstance(data, dict)
         and data.get("format") == _RECEIPT_FORMAT
@@ -218,13 +211,5 @@ def _read_receipt(path: Path, stamp: str) -> Listing | None:
 
 def _write_receipt(path: Path, stamp: str, listing: Listing) -> None:
     """Write the receipt whole or not at all; a read-only cache only remembers less."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     data = {"format": _RECEIPT_FORMAT, "stamp": stamp, "listing": [list(e) for e in listing]}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
-    except OSError as exc:
-        logger.debug("could not write %s: %s", path, exc)
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+    write_json(path, data)
