@@ -144,8 +144,8 @@ def test_explain_demo_model_as_json(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["device_type"] == "cpu" and data["mode"] == "INFERENCE"
     layers = {layer["layer_name"]: layer for layer in data["layers"]}
-    # With our kernels, explain tags what register_library_kernels() would have kernelize tag.
-    assert set(layers) == {"RMSNorm", "SiLU", "SwiGLUMLP", "rotary_pos_emb", "CausalLMFusedLoss"}
+    # With our kernels, explain tags what `kernels demo` tags: the loss stays untagged.
+    assert set(layers) == {"RMSNorm", "SiLU", "SwiGLUMLP", "rotary_pos_emb"}
     assert all(layer["outcome"] == "kernel" for layer in layers.values())
     assert layers["RMSNorm"]["candidates"][0]["why"] == "chosen"
     assert "model.norm" in layers["RMSNorm"]["paths"]

@@ -36,8 +36,9 @@ layer and device):
                 at import (4.57) or at every use_kernels (5.x)
                 (transformers.integrations.hub_kernels)
   library       our Triton kernels (kernels.library_mapping), registered for the device,
-                with the gated MLPs (and on 4.57 the rotary embeddings) tagged as
-                kernels.library.register_library_kernels() has kernelize tag them
+                with the gated MLPs (and on 4.57 the rotary embeddings) and the
+                *ForCausalLM loss tagged as kernels.library.register_library_kernels() has
+                kernelize tag them; for demo, only what `kernels demo` tags (no loss)
   none          no kernels at all: lists the tagged layers only
 The default, transformers,library, is what a program sees that calls
 register_library_kernels() and loads with use_kernels=True.
@@ -146,6 +147,10 @@ def parse_capability(value: str) -> int:
 class BuiltModel:
     model: object  # torch.nn.Module on the meta device
     description: str
+    # Whether the run being explained has kernelize tag the *ForCausalLM loss, as
+    # register_library_kernels() does; `kernels demo` tags only the MLPs and rotary, and a plan
+    # that listed the fused loss would describe a kernel the demo never runs.
+    tags_losses: bool = True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -201,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
             # What register_library_kernels has kernelize tag: the gated MLPs (and rotary on
             # 4.57), and the *ForCausalLM forward for the fused loss.
             tag_transformers_layers(built.model)
-            tag_causal_lm_losses(built.model)
+            if built.tags_losses:
+                tag_causal_lm_losses(built.model)
         for part in parts:
             register_kernel_mapping(part)
         explanation = explain(built.model, mode=mode, device=device)
@@ -329,6 +335,7 @@ def _demo_model(device: str) -> BuiltModel:
         model,
         f"the demo's {type(model).__name__} ({shape.layers} layers, hidden {shape.hidden}) "
         "on the meta device",
+        tags_losses=False,
     )
 
 
