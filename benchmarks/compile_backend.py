@@ -1,9 +1,9 @@
 """The torch.compile backend (`kernels.compile`) on models nobody tagged: eager PyTorch,
 torch.compile (inductor), and ours (our kernels put into the graph, then inductor).
 
-    python benchmarks/compile_backend.py                        # on a CUDA GPU: every model
-    python benchmarks/compile_backend.py --models llama         # one model (merged into --out)
-    TRITON_INTERPRET=1 python benchmarks/compile_backend.py --quick --out /tmp/cb   # CPU check
+    python -m benchmarks.compile_backend                        # on a CUDA GPU: every model
+    python -m benchmarks.compile_backend --models llama         # one model (merged into --out)
+    TRITON_INTERPRET=1 python -m benchmarks.compile_backend --quick --out /tmp/cb   # CPU check
 
 Models, each built once and copied for every contender (the same weights):
 
@@ -27,7 +27,7 @@ downstream``.
 
 Measured: a training step (forward, a loss, backward; no optimizer) and inference (forward
 under ``torch.no_grad()``); milliseconds per call, timed in interleaved rounds with L2 cleared
-before each call (`ops.interleaved_samples`: every contender in every round, so that the
+before each call (`timing.interleaved_samples`: every contender in every round, so that the
 machine's phases fall on all alike), median over the rounds' calls, and the ratio's quartiles
 over rounds; the peak memory of a training step; the first call's time (compilation); what the
 backend replaced; the largest difference of each contender's inference output from eager's.
@@ -46,9 +46,7 @@ import copy
 import datetime
 import json
 import os
-import re
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,12 +57,9 @@ import triton
 import triton.language as tl
 from torch import nn
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
-
-import ops  # noqa: E402  (benchmarks/ops.py: the interleaved timing)
+from benchmarks import timing
+from benchmarks.cases import LlamaRMSNorm
+from benchmarks.results_io import RESULTS, device_folder, save_results
 
 MODELS = ("llama", "resnet18")
 
@@ -78,8 +73,8 @@ RESNET_QUICK = dict(batch=2, image=32, classes=10)
 
 
 def _norm(kind: str, hidden: int) -> nn.Module:
-    # "formula": transformers' LlamaRMSNorm as written there (ops.py's copy of it).
-    return nn.RMSNorm(hidden, eps=1e-6) if kind == "module" else ops.LlamaRMSNorm(hidden)
+    # "formula": transformers' LlamaRMSNorm as written there (benchmarks.cases' copy of it).
+    return nn.RMSNorm(hidden, eps=1e-6) if kind == "module" else LlamaRMSNorm(hidden)
 
 
 def rotate_half(x):
@@ -282,7 +277,7 @@ def _step_calls(case: Case, model: nn.Module, fn: Callable) -> tuple[Callable, C
 
 
 def _cpu_samples(calls: dict, rounds: int, block: int) -> dict:
-    """As `ops.interleaved_samples`, timed with the host's clock (no CUDA)."""
+    """As `timing.interleaved_samples`, timed with the host's clock (no CUDA)."""
     names = list(calls)
     samples = {name: [] for name in names}
     for r in range(rounds):
@@ -299,7 +294,7 @@ def _cpu_samples(calls: dict, rounds: int, block: int) -> dict:
 
 def samples(calls: dict, on_gpu: bool, rep_ms: float, quick: bool) -> dict:
     if on_gpu:
-        return ops.interleaved_samples(calls, rep_ms)
+        return timing.interleaved_samples(calls, rep_ms)
     return _cpu_samples(calls, rounds=2 if quick else 8, block=3 if quick else 6)
 
 
@@ -358,7 +353,7 @@ def run_case(case: Case, on_gpu: bool, quick: bool, rep_ms: float) -> list[dict]
                 model=case.name,
                 mode=mode,
                 contender=name,
-                ms=ops.pooled_median(rounds[name]),
+                ms=timing.pooled_median(rounds[name]),
                 rounds_ms=[statistics.median(r) for r in rounds[name]],
                 vs_eager=ratio(rounds["eager"], rounds[name]),
                 vs_compile=ratio(rounds["compile"], rounds[name]) if "compile" in rounds else None,
@@ -375,7 +370,7 @@ def run_case(case: Case, on_gpu: bool, quick: bool, rep_ms: float) -> list[dict]
 
 def ratio(peer_rounds: list, ours_rounds: list) -> list[float]:
     """[q1, median, q3] of peer ms / contender ms over rounds (> 1: the contender is faster)."""
-    return list(ops.ratio_quartiles(peer_rounds, ours_rounds))
+    return list(timing.ratio_quartiles(peer_rounds, ours_rounds))
 
 
 def _counts(reports: list, kept: bool) -> dict:
@@ -390,17 +385,6 @@ def _counts(reports: list, kept: bool) -> dict:
 # ---- results ---------------------------------------------------------------------------------
 
 
-def device_folder() -> str:
-    """``h100``, ``h200``, another GPU's name in lower case, or ``cpu``."""
-    if not torch.cuda.is_available():
-        return "cpu"
-    name = torch.cuda.get_device_name()
-    for known in ("H100", "H200", "A100"):
-        if known in name:
-            return known.lower()
-    return re.sub(r"\W+", "-", name).strip("-").lower()
-
-
 def metadata(args) -> dict:
     on_gpu = torch.cuda.is_available()
     return dict(
@@ -411,7 +395,7 @@ def metadata(args) -> dict:
         quick=args.quick,
         norm=args.norm,
         timing=(
-            "interleaved rounds, CUDA events, L2 cleared before each call (ops.interleaved_samples)"
+            "interleaved rounds, CUDA events, L2 cleared before each call (timing.interleaved_samples)"
             if on_gpu
             else "interleaved rounds, host clock"
         ),
@@ -512,7 +496,8 @@ def main(argv: list[str] | None = None) -> tuple[dict, list[dict]]:
         parser.error(
             "without a GPU, set TRITON_INTERPRET=1 (our kernels run in Triton's interpreter)"
         )
-    out = args.out or os.path.join(HERE, "results", device_folder(), "compile_backend")
+    folder = device_folder(torch.cuda.get_device_name()) if on_gpu else "cpu"
+    out = args.out or str(RESULTS / folder / "compile_backend")
     os.makedirs(out, exist_ok=True)
     dtype = torch.bfloat16 if on_gpu and not args.quick else torch.float32
     meta, results, configs = metadata(args), [], {}
@@ -533,7 +518,7 @@ def main(argv: list[str] | None = None) -> tuple[dict, list[dict]]:
     meta["configs"] = configs
 
     meta, results = merge_results(os.path.join(out, "results.json"), meta, results)
-    ops.save_results(out, meta, results, write_markdown)
+    save_results(out, meta, results, write_markdown)
     print(f"wrote {out}/results.md and results.json")
     return meta, results
 

@@ -1,6 +1,6 @@
 """Decode speed: milliseconds per new token of transformers' generate(), and host time per call.
 
-    python benchmarks/decode.py --out benchmarks/results/<device>/decode
+    python -m benchmarks.decode     # writes benchmarks/results/<device>/decode
 
 Part 1 (``decode``): the 1.1B Llama-style model of ``e2e.py`` (built by its ``build``), bf16,
 greedy, prompt 128, 128 new tokens, at batch 1 and 8, for
@@ -33,20 +33,20 @@ at 4096x4096 (bf16; forward, and forward+backward) beside the aten op (``F.rms_n
 ``F.layer_norm``, ``F.silu(a) * b``, transformers' eager rotary): the time to issue a block of
 back-to-back calls while the GPU is kept busy (so the launch queue never pushes back), the wall
 time per call of back-to-back calls, and the device time per call (the same calls captured back
-to back in a CUDA graph, ``ops.back_to_back_graph``).
+to back in a CUDA graph, ``timing.back_to_back_graph``).
 
 Contenders are built as ``e2e.py`` builds them, each from the modelling-module state its set-up
 left (``e2e.ModuleState``: our tagging patches transformers' Llama module), the eager-mode ones
 first and the compiled ones after (``--group`` runs one of them). Writes ``results.json`` and
-``results.md`` into ``--out``, merged with what an earlier run (another ``--group`` or
-``--only``) left there.
+``results.md`` into ``--out`` (default ``benchmarks/results/<device>/decode``), one entry per
+transformers line: a run of every part replaces its line's entry, a partial one (``--only``,
+``--group``, ``--contenders``, ``--batches``) is merged into it.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -54,9 +54,14 @@ import sys
 import time
 from pathlib import Path
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # e2e.py and ops.py, imported for their model and timing code
-sys.path.insert(0, os.path.dirname(HERE))  # this checkout's kernels
+from benchmarks.results_io import (
+    default_out,
+    entry_for,
+    read_entries,
+    replace_entry,
+    transformers_line,
+    write_entries,
+)
 
 PROMPT = 128
 NEW_TOKENS = 128
@@ -109,8 +114,7 @@ class Contender:
 
 def make_contender(name: str, state_dict) -> Contender:
     """Build contender ``name`` on ``state_dict``'s weights, as e2e.py builds its models."""
-    import e2e
-
+    from benchmarks import e2e
     from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
     from kernels.generation import CudaGraphGenerator
     from kernels.library import tag_gated_mlps, tag_rotary_embeddings
@@ -172,8 +176,9 @@ def same_leading_tokens(got, expected) -> int:
 
 def prompt_ids(batch: int):
     """The prompts of ``batch`` (the same for every contender) and their attention mask."""
-    import e2e
     import torch
+
+    from benchmarks import e2e
 
     generator = torch.Generator().manual_seed(batch)
     ids = torch.randint(1, e2e.CONFIG["vocab_size"], (batch, PROMPT), generator=generator)
@@ -250,9 +255,9 @@ def eager_tokens(state_dict, batches) -> dict:
 
 
 def run_decode(groups: list[str], batches, rounds: int, only=None) -> list:
-    import e2e
     import torch
 
+    from benchmarks import e2e
     from kernels.library import untag
 
     reference_model = e2e.build()
@@ -279,9 +284,10 @@ def run_decode(groups: list[str], batches, rounds: int, only=None) -> list:
 
 
 def aten_function(op: str, params):
-    """The aten op (or eager PyTorch) that our kernel for ``op`` replaces, on ops.py's inputs."""
-    import ops
+    """The aten op (or eager PyTorch) that our kernel for ``op`` replaces, on benchmarks.cases' inputs."""
     import torch.nn.functional as F
+
+    from benchmarks import cases
 
     if op == "RMSNorm":
         return lambda x: F.rms_norm(x, (x.shape[-1],), params[0], 1e-6)
@@ -289,16 +295,16 @@ def aten_function(op: str, params):
         return lambda x: F.layer_norm(x, (x.shape[-1],), params[0], params[1], 1e-5)
     if op == "SiluAndMul":
         return lambda x: F.silu(x[..., : x.shape[-1] // 2]) * x[..., x.shape[-1] // 2 :]
-    cos, sin = ops.rotary_tables(1, 4096)
-    return lambda q, k: ops.apply_rotary_pos_emb(q, k, cos, sin)
+    cos, sin = cases.rotary_tables(1, 4096)
+    return lambda q, k: cases.apply_rotary_pos_emb(q, k, cos, sin)
 
 
 def host_case(op: str, lib):
-    """(inputs, params, {"aten": fn, "ours": fn}) of ``op`` at 4096x4096, from ops.py's cases."""
-    import ops
+    """(inputs, params, {"aten": fn, "ours": fn}) of ``op`` at 4096x4096, from benchmarks.cases."""
+    from benchmarks import cases
 
     shape = (1, 4096) if op == "rotary" else (4096, 4096)  # rotary: 4096 tokens, 32 heads of 128
-    inputs, params, fns, _, _ = ops.make_case(op, lib, None, shape)
+    inputs, params, fns, _, _ = cases.make_case(op, lib, None, shape)
     return inputs, params, {"aten": aten_function(op, params), "ours": fns["ours"]}
 
 
@@ -353,26 +359,27 @@ def wall_us(call, calls: int = 50, blocks: int = 7) -> float:
 
 def device_us(call) -> float:
     """Device microseconds per call of ``call`` captured back to back in one CUDA graph."""
-    import ops
     import torch
+
+    from benchmarks import timing
 
     # CUDA graphs are captured on a side stream (capture on the default stream is refused).
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        graph = ops.back_to_back_graph([call], rep_ms=40.0)
+        graph = timing.back_to_back_graph([call], rep_ms=40.0)
     torch.cuda.current_stream().wait_stream(stream)
-    return ops.interleaved_graphs_ms({"call": graph}, rounds=7)["call"] * 1e3
+    return timing.interleaved_graphs_ms({"call": graph}, rounds=7)["call"] * 1e3
 
 
 def run_host() -> list:
-    import ops
+    from benchmarks import cases, timing
 
-    lib = ops.load_library()
+    lib = cases.load_library()
     rows = []
     for op in HOST_OPS:
         inputs, params, fns = host_case(op, lib)
-        passes = {impl: ops._calls(inputs, params, fn) for impl, fn in fns.items()}
+        passes = {impl: timing.passes(inputs, params, fn) for impl, fn in fns.items()}
         for index, pass_name in enumerate(("forward", "forward+backward")):
             calls = {impl: both[index] for impl, both in passes.items()}
             host = interleaved_issue_us(calls)
@@ -400,9 +407,10 @@ def run_host() -> list:
 def metadata(args) -> dict:
     from importlib.metadata import version
 
-    import e2e
     import torch
     import transformers
+
+    from benchmarks import e2e
 
     return {
         "device": torch.cuda.get_device_name(),
@@ -433,13 +441,24 @@ def merge(previous: dict, meta: dict, decode: list, host: list) -> dict:
     return merged
 
 
-def markdown(results: dict) -> str:
-    """results.md: the decode table (speedups over eager and over transformers' static-cache
-    compiled path) and the host-time table (ours over aten)."""
-    meta = results["runs"][-1]
+def markdown(entries: list[dict]) -> str:
+    """results.md: for each transformers line, its decode table (speedups over eager and over
+    transformers' static-cache compiled path) and its host-time table (ours over aten)."""
     lines = [
         "# Decode speed and host time per call",
         "",
+        "The latest run on each transformers line; earlier runs are in git history.",
+    ]
+    for entry in entries:
+        lines += ["", f"## transformers {entry['setting']['transformers']}", ""]
+        lines += _entry_lines(entry)
+    return "\n".join(lines) + "\n"
+
+
+def _entry_lines(results: dict) -> list[str]:
+    """One transformers line's tables (``merge``'s dict)."""
+    meta = results["runs"][-1]
+    lines = [
         f"{meta['device']}, {meta['date']}; torch {meta['torch']}, transformers "
         f"{meta['transformers']}, triton {meta['triton']}.",
     ]
@@ -449,7 +468,7 @@ def markdown(results: dict) -> str:
         batches = sorted({r["batch"] for r in decode})
         lines += [
             "",
-            f"## Decode: ms per new token (prompt {meta['prompt']}, {meta['new_tokens']} new "
+            f"### Decode: ms per new token (prompt {meta['prompt']}, {meta['new_tokens']} new "
             "tokens, greedy, bf16)",
             "",
             "Decode ms per token: (call with all new tokens - call with one) / (new tokens - 1), "
@@ -489,7 +508,7 @@ def markdown(results: dict) -> str:
         by = {(r["op"], r["pass"], r["impl"]): r for r in host}
         lines += [
             "",
-            "## Host time per call, 4096x4096 bf16 (rotary: 4096 tokens, 32 q and 8 kv heads of 128)",
+            "### Host time per call, 4096x4096 bf16 (rotary: 4096 tokens, 32 q and 8 kv heads of 128)",
             "",
             "Host: microseconds to issue a call, back to back with the GPU kept busy (median of "
             "blocks of aten's and ours issued in turn). Wall: per "
@@ -510,14 +529,16 @@ def markdown(results: dict) -> str:
             ]
             ratio = f"{ours['host_us'] / aten['host_us']:.2f}x" if aten and ours else "—"
             lines.append(f"| {op} | {pass_name} | {cells[0]} | {cells[1]} | {ratio} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--out", type=Path, help="results folder (default benchmarks/results/<device>/decode)"
+    )
     parser.add_argument("--only", choices=("decode", "host"), help="run one part (default: both)")
     parser.add_argument(
         "--group",
@@ -546,12 +567,18 @@ def main() -> int:
         print(f"decode, groups {groups}:", flush=True)
         decode = run_decode(groups, args.batches, args.rounds, args.contenders)
 
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.out = args.out or default_out("decode")
     path = args.out / "results.json"
-    previous = json.loads(path.read_text()) if path.exists() else {}
-    results = merge(previous, metadata(args), decode, host)
-    path.write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "results.md").write_text(markdown(results))
+    meta = metadata(args)
+    entries = read_entries(path)
+    setting = {"transformers": transformers_line(meta["transformers"])}
+    whole = args.only is None and args.group == "all" and not args.contenders
+    whole = whole and list(args.batches) == list(BATCHES)
+    previous = {} if whole else entry_for(entries, setting)
+    entry = {"setting": setting, **merge(previous, meta, decode, host)}
+    entries = replace_entry(entries, entry)
+    write_entries(path, entries)
+    (args.out / "results.md").write_text(markdown(entries))
     print(f"wrote {path} and results.md", flush=True)
     return 0
 

@@ -1,7 +1,7 @@
 """Benchmark the decode-size gated MLP (library/activation ``gated_mlp_decode``) beside cuBLAS.
 
-    python benchmarks/decode_mlp.py --out benchmarks/results/<device>/decode-mlp
-    python benchmarks/decode_mlp.py --out benchmarks/results/<device>/decode-mlp --sweep
+    python -m benchmarks.decode_mlp           # writes benchmarks/results/<device>/decode_mlp
+    python -m benchmarks.decode_mlp --sweep   # sweep.md and sweep.json in the same folder
 
 For each hidden/intermediate size (2048/5632, the 1.1B model of ``e2e.py``; 3072/8192;
 4096/14336, Llama-3-8B) and token count (rows: 1 and 8), bf16, no biases, in one process on one
@@ -17,7 +17,7 @@ Timing, as decoding runs: each contender is captured in one CUDA graph of ``--ca
 back-to-back MLP calls, so host time is excluded. The calls cycle through copies of the
 weights, as many as make 256 MB or more (at least two), so that no call finds its weights in
 L2 (a model's layers each have their own); L2 is cleared before each replay and the replays run
-in interleaved rounds (``ops.interleaved_samples``: every contender in turn, rotating order),
+in interleaved rounds (``timing.interleaved_samples``: every contender in turn, rotating order),
 median over the rounds. Reported: microseconds per MLP call, the ratios of ``decode`` to each
 peer (peer time / ours, > 1: ours faster, quartiles over the rounds in brackets), and the share
 of ``--peak-gbps`` (default 3350, an H100 SXM's HBM3) that the bytes which must move reach:
@@ -47,9 +47,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-# The timing helpers of ops.py (interleaved rounds, L2 clearing); it puts the project on sys.path.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ops  # noqa: E402
+from benchmarks import cases, timing
+from benchmarks.results_io import default_out, save_results
 
 SHAPES = [(2048, 5632), (3072, 8192), (4096, 14336)]  # (hidden, intermediate)
 ROWS = [1, 8]
@@ -68,7 +67,7 @@ def load_decode():
     (``candidate_configs``, ``gemv_config``, ``gemv``, ``gated_gemv``)."""
     import kernels
 
-    return kernels.get_local_kernel(os.path.join(ops.ROOT, "library", "activation"), "activation")
+    return kernels.get_local_kernel(os.path.join(cases.ROOT, "library", "activation"), "activation")
 
 
 def multiprocessors(device: torch.device) -> int:
@@ -167,7 +166,7 @@ def graphs(calls: dict) -> dict:
     with torch.cuda.stream(stream):
         for name, call in calls.items():
             try:
-                replays[name] = ops.captured(call, stream)
+                replays[name] = timing.captured(call, stream)
             except Exception as exc:  # noqa: BLE001  (report and go on without it)
                 print(f"  {name}: CUDA graph capture failed: {exc}"[:300], flush=True)
                 torch.cuda.synchronize()
@@ -198,14 +197,14 @@ def run_shape(package, hidden, inter, rows, dtype, calls, rep_ms, peak_gbps) -> 
     replays = graphs(
         {name: rotating(lambda *w, f=fn: f(x, *w), sets, calls) for name, fn in fns.items()}
     )
-    samples = ops.interleaved_samples(replays, rep_ms)
+    samples = timing.interleaved_samples(replays, rep_ms)
     moved = mlp_bytes(hidden, inter, rows, dtype.itemsize)
     rows_out = []
     for name in fns:
         row = {"hidden": hidden, "inter": inter, "rows": rows, "impl": name}
         row["max_abs_diff_vs_eager"] = diffs[name]
         if name in samples:
-            row["us"] = ops.pooled_median(samples[name]) * 1e3 / calls
+            row["us"] = timing.pooled_median(samples[name]) * 1e3 / calls
             row["rounds_us"] = [round(statistics.median(r) * 1e3 / calls, 4) for r in samples[name]]
             row["pct_hbm"] = 100 * moved / (row["us"] * 1e-6) / 1e9 / peak_gbps
         else:
@@ -290,7 +289,7 @@ def run_sweep(package, shapes, rows_list, dtype, calls, rep_ms, peak_gbps) -> li
                 # Left out of the timing: configurations that failed or compute something else.
                 calls_ = {k: c for k, c in calls_.items() if errors.get(k, 0.0) < 2e-2}
                 replays = graphs(calls_)
-                samples = ops.interleaved_samples(replays, rep_ms, block=3)
+                samples = timing.interleaved_samples(replays, rep_ms, block=3)
                 moved = kernel_bytes(kernel, hidden, inter, rows, dtype.itemsize)
                 for label in [CUBLAS, *labels]:
                     row = {"hidden": hidden, "inter": inter, "rows": rows, "kernel": kernel}
@@ -302,7 +301,7 @@ def run_sweep(package, shapes, rows_list, dtype, calls, rep_ms, peak_gbps) -> li
                     if label not in calls_:
                         row["error"] = f"wrong or failed: relative error {errors[label]:.3g}"
                     elif label in samples:
-                        row["us"] = ops.pooled_median(samples[label]) * 1e3 / calls
+                        row["us"] = timing.pooled_median(samples[label]) * 1e3 / calls
                         row["pct_hbm"] = 100 * moved / (row["us"] * 1e-6) / 1e9 / peak_gbps
                     else:
                         row["error"] = "CUDA graph capture failed"
@@ -389,7 +388,7 @@ def _ratio(peer: dict, ours: dict) -> str:
     """peer us / ours us (> 1: ours faster), with the quartiles over the rounds."""
     if "us" not in peer or "us" not in ours:
         return "-"
-    q1, _, q3 = ops.ratio_quartiles(
+    q1, _, q3 = timing.ratio_quartiles(
         [[t] for t in peer["rounds_us"]], [[t] for t in ours["rounds_us"]]
     )
     return f"{peer['us'] / ours['us']:.2f}x ({q1:.2f}-{q3:.2f})"
@@ -468,7 +467,10 @@ def metadata(args, dtype) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="folder for results.md and results.json")
+    parser.add_argument(
+        "--out",
+        help="folder for results.md and results.json (default benchmarks/results/<device>/decode_mlp)",
+    )
     parser.add_argument(
         "--shapes",
         default=",".join(f"{h}x{i}" for h, i in SHAPES),
@@ -492,11 +494,12 @@ def main() -> None:
         "--sweep-rep-ms",
         type=float,
         default=20.0,
-        help="--rep-ms of the sweep's cases (ops.interleaved_samples: ~8 rounds of ~90 graphs)",
+        help="--rep-ms of the sweep's cases (timing.interleaved_samples: ~8 rounds of ~90 graphs)",
     )
     args = parser.parse_args()
     if DEVICE == "cuda" and not torch.cuda.is_available():
-        sys.exit("benchmarks/decode_mlp.py needs a CUDA GPU")
+        sys.exit("python -m benchmarks.decode_mlp needs a CUDA GPU")
+    args.out = args.out or str(default_out("decode_mlp"))
     os.makedirs(args.out, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     shapes = parse_shapes(args.shapes)
@@ -520,7 +523,7 @@ def main() -> None:
             results += run_shape(
                 package, hidden, inter, rows, dtype, args.calls, args.rep_ms, args.peak_gbps
             )
-            ops.save_results(args.out, meta, results, write_markdown)
+            save_results(args.out, meta, results, write_markdown)
     with open(os.path.join(args.out, "results.md")) as f:
         print(f.read())
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: the library tests on the GPU, then the benchmark.
-#   bash benchmarks/device_run.sh [benchmark args...]
+# One call on the GPU machine: the library tests on the GPU, then python -m benchmarks.ops.
+#   bash benchmarks/device_run.sh [benchmarks.ops args...]
 # Expects Liger-Kernel's wheel in .whl/ (see benchmarks/README.md) and writes under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,5 +17,5 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     timeout "${TEST_TIMEOUT:-240}" python3 -m pytest tests/library -q -x -p no:cacheprovider \
         -n "${TEST_WORKERS:-8}" 2>&1 | tail -40 | tee "$OUT/tests.log"
 fi
-python3 benchmarks/ops.py --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench.log"
+python3 -m benchmarks.ops --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench.log"
 tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -rf "$OUT/results"

@@ -1,9 +1,9 @@
 """A training step of the 1.1B Llama-style model of benchmarks/e2e.py under FSDP2 on N GPUs:
 eager transformers against ours kernelized and Liger-Kernel.
 
-    torchrun --nproc-per-node 2 benchmarks/distributed.py --shape 8x512 \\
+    torchrun --nproc-per-node 2 -m benchmarks.distributed --shape 8x512 \\
         --out benchmarks/results/<device>/distributed
-    python benchmarks/distributed.py --report --out benchmarks/results/<device>/distributed
+    python -m benchmarks.distributed --report --out benchmarks/results/<device>/distributed
 
 ``--shape`` is each rank's batch x sequence: N ranks train on N times its tokens (data
 parallel, every rank its own batch). Each contender is the e2e model (bf16 weights, SDPA
@@ -36,9 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import e2e  # noqa: E402  (the model, its contenders and the module-state bookkeeping)
+from benchmarks import e2e  # the model, its contenders and the module-state bookkeeping
 
 #: The contenders timed by default (e2e.py's names); the compiled ones are not run here.
 CONTENDERS = (

@@ -1,7 +1,8 @@
 """End-to-end: a ~1.1B Llama-style transformers model, eager vs torch.compile vs Liger vs ours.
 
-    python benchmarks/e2e.py --shape 8x512 --out benchmarks/results/<device>/e2e
-    python benchmarks/e2e.py --shape 8x512 --vocab 128256 --out ...   # a Llama-3-sized vocabulary
+    python -m benchmarks.e2e --shape 8x512                  # into benchmarks/results/<device>/e2e
+    python -m benchmarks.e2e --shape 8x512 --vocab 128256   # a Llama-3-sized vocabulary
+    python -m benchmarks.e2e --report                       # results.md and plots again
 
 Runs on transformers 4.57 with Liger-Kernel 0.7.0, and on transformers 5.24 with Liger-Kernel
 0.8.5 (0.8 needs transformers 5; benchmarks/README.md).
@@ -21,21 +22,31 @@ Measured: a training step (forward + backward of the causal-LM loss, no optimize
 prefill (forward without grad, logits of the last position only); median of CUDA-event
 timings after warm-up; peak memory of the training step; the host time to issue a training
 step (its forward and backward calls), which says whether the step was bound by the host.
-Results are appended as JSON lines to <out>/e2e.jsonl; `--report` turns that file into a
-markdown table and a plot.
+Results go to <out>/results.json (default benchmarks/results/<device>/e2e), one entry per
+setting (the transformers line and the vocabulary, ``setting_of``), and <out>/results.md; a run
+of one shape replaces that shape's rows in its setting's entry and leaves the rest. `--report`
+writes results.md and one plot per setting (``e2e-<setting>.png``) again.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.results_io import (
+    default_out,
+    entry_for,
+    read_entries,
+    replace_entry,
+    transformers_line,
+    write_entries,
+)
 
 CONFIG = dict(
     hidden_size=2048,
@@ -313,10 +324,8 @@ def run(shape: str, out: Path, skip: set[str], rounds: int = 12, warmup: int = 3
         "config": CONFIG,
         "timing": f"interleaved rounds: {warmup} warm-up, median of {rounds}",
     }
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "e2e.jsonl", "a") as f:
-        for r in results:
-            f.write(json.dumps({**meta, **r}) + "\n")
+    rows = [{**meta, **r} for r in results]
+    store(out, rows[0], lambda entry: _replace_shape(entry, shape, rows))
 
 
 MAX_BATCH_CONTENDERS = ("eager", "ours (kernelized, fused CE)", "liger (fused linear CE)")
@@ -353,7 +362,7 @@ def largest_batch(model, seq: int, limit: int = 1024) -> int:
 
 def max_batch(seqs: list[int], out: Path, skip: set[str]) -> None:
     """For each contender of MAX_BATCH_CONTENDERS alone on the GPU (built, searched, freed),
-    the largest batch x sequence a training step fits; appends to <out>/max_batch.jsonl."""
+    the largest batch x sequence a training step fits; puts them in the setting's entry of <out>/results.json."""
     import torch
     import transformers
 
@@ -387,18 +396,40 @@ def max_batch(seqs: list[int], out: Path, skip: set[str]) -> None:
         "config": CONFIG,
         "gpu_gib": torch.cuda.get_device_properties(0).total_memory / 2**30,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "max_batch.jsonl", "a") as f:
-        for r in rows:
-            f.write(json.dumps({**meta, **r}) + "\n")
+    rows = [{**meta, **r} for r in rows]
+    store(out, rows[0], lambda entry: {**entry, "max_batch": rows})
 
 
-def _max_batch_table(out: Path) -> list[str]:
-    """Lines of e2e.md: the largest batch x sequence of a training step, from max_batch.jsonl."""
-    path = out / "max_batch.jsonl"
-    if not path.exists():
+def setting_of(meta: dict) -> dict:
+    """What a run's results are kept under: its transformers line and vocabulary (a new run of
+    the same setting replaces the old one's rows)."""
+    return {
+        "transformers": transformers_line(meta["transformers"]),
+        "vocab": meta["config"]["vocab_size"],
+    }
+
+
+def _replace_shape(entry: dict, shape: str, rows: list[dict]) -> dict:
+    """``entry`` with ``rows`` in place of its rows of ``shape`` (one process times one shape)."""
+    kept = [r for r in entry.get("rows", []) if r["shape"] != shape]
+    return {**entry, "rows": kept + rows}
+
+
+def store(out: Path, meta: dict, update) -> None:
+    """Put ``update(entry)`` in place of the entry of ``meta``'s setting in <out>/results.json,
+    and write results.md."""
+    path = out / "results.json"
+    entries = read_entries(path)
+    entry = update(entry_for(entries, setting_of(meta)))
+    entries = replace_entry(entries, entry)
+    write_entries(path, entries)
+    (out / "results.md").write_text(report_text(entries))
+
+
+def _max_batch_table(rows: list[dict]) -> list[str]:
+    """Lines of results.md: the largest batch x sequence of a training step (``--max-batch``)."""
+    if not rows:
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line]
     seqs = sorted({r["seq"] for r in rows})
     by = {(r["contender"], r["seq"]): r for r in rows}
     lines = [
@@ -419,7 +450,7 @@ def _max_batch_table(out: Path) -> list[str]:
 
 
 def _host_table(shapes, contenders, by) -> list[str]:
-    """Lines of e2e.md: per training step, the host time to issue it beside its wall time (runs
+    """Lines of results.md: per training step, the host time to issue it beside its wall time (runs
     before that column was recorded have none)."""
     if not any("train_host_ms" in r for r in by.values()):
         return []
@@ -449,14 +480,38 @@ def _index(rows: list[dict]) -> tuple[list[str], list[str], dict]:
     return shapes, contenders, {(r["shape"], r["contender"]): r for r in rows}
 
 
-def markdown(rows: list[dict]) -> str:
-    """The text of e2e.md for e2e.jsonl's rows: speedups over eager and peak memory per shape,
-    and the host time of the training steps."""
-    shapes, contenders, by = _index(rows)
-    meta = rows[0]
+def setting_title(setting: dict) -> str:
+    """``transformers 4.57, vocab 32000``: a setting's heading in results.md."""
+    return f"transformers {setting['transformers']}, vocab {setting['vocab']}"
+
+
+def setting_slug(setting: dict) -> str:
+    """``tf4.57-v32000``: a setting in file names (its plot)."""
+    return f"tf{setting['transformers']}-v{setting['vocab']}"
+
+
+def report_text(entries: list[dict]) -> str:
+    """results.md: for each setting, its timing table (``markdown``) and its largest batches."""
     lines = [
         "# End-to-end: Llama-style 1.1B model, bf16",
         "",
+        "The latest run of each setting (transformers line, vocabulary); earlier runs are in git",
+        "history.",
+    ]
+    for entry in entries:
+        lines += ["", f"## {setting_title(entry['setting'])}", ""]
+        if entry.get("rows"):
+            lines.append(markdown(entry["rows"]).rstrip("\n"))
+        lines += _max_batch_table(entry.get("max_batch", []))
+    return "\n".join(lines) + "\n"
+
+
+def markdown(rows: list[dict]) -> str:
+    """One setting's tables in results.md: speedups over eager and peak memory per shape, and
+    the host time of the training steps."""
+    shapes, contenders, by = _index(rows)
+    meta = rows[0]
+    lines = [
         f"{meta['device']}, {meta['date']}; torch {meta['torch']}, transformers {meta['transformers']}, "
         f"triton {meta['triton']}, liger-kernel {meta['liger_kernel']}. Config: {meta['config']}, SDPA attention.",
         "Training step: forward + backward of the causal-LM loss, no optimizer. Prefill: forward without grad,",
@@ -491,10 +546,18 @@ def markdown(rows: list[dict]) -> str:
 
 
 def report(out: Path) -> None:
-    """e2e.jsonl -> e2e.md (see `markdown`) and e2e.png (speedups over eager)."""
-    rows = [json.loads(line) for line in (out / "e2e.jsonl").read_text().splitlines() if line]
-    tail = _max_batch_table(out)
-    (out / "e2e.md").write_text(markdown(rows) + ("\n".join(tail) + "\n" if tail else ""))
+    """results.json -> results.md (``report_text``) and, per setting, e2e-<setting>.png."""
+    entries = read_entries(out / "results.json")
+    if not entries:
+        sys.exit(f"{out / 'results.json'} holds no results: run a shape first")
+    (out / "results.md").write_text(report_text(entries))
+    for entry in entries:
+        if entry.get("rows"):
+            plot(entry["rows"], out / f"e2e-{setting_slug(entry['setting'])}.png")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Speedups over eager of one setting's rows, training step and prefill, to ``path``."""
     shapes, contenders, by = _index(rows)
     meta = rows[0]
 
@@ -519,11 +582,16 @@ def report(out: Path) -> None:
             ax.bar([x + i * width for x in range(len(shapes))], speedups, width, label=c)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))], shapes)
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_title(f"{title}: speedup over eager ({meta['device']})")
+        ax.set_title(
+            f"{title}: speedup over eager ({meta['device']}, transformers "
+            f"{meta['transformers']}, vocab {meta['config']['vocab_size']})",
+            fontsize=9,
+        )
         ax.set_xlabel("batch x sequence")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "e2e.png", dpi=120)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main() -> int:
@@ -531,7 +599,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shape", help="batch x sequence, e.g. 8x512")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--out", type=Path, help="results folder (default benchmarks/results/<device>/e2e)"
+    )
     parser.add_argument(
         "--skip", action="append", default=[], help="contender to skip (repeatable)"
     )
@@ -542,7 +612,7 @@ def main() -> int:
         help=f"vocabulary size (default {CONFIG['vocab_size']}; Llama 3's is 128256)",
     )
     parser.add_argument(
-        "--report", action="store_true", help="write e2e.md and e2e.png from e2e.jsonl"
+        "--report", action="store_true", help="write results.md and the plots from results.json"
     )
     parser.add_argument(
         "--max-batch",
@@ -551,6 +621,10 @@ def main() -> int:
         "sequence lengths, for eager, ours with the fused CE and Liger with its fused CE",
     )
     args = parser.parse_args()
+    if args.out is None:
+        if args.report:
+            parser.error("--out is required with --report")
+        args.out = default_out("e2e")
     if args.report:
         report(args.out)
         return 0

@@ -1,7 +1,7 @@
 """Benchmark the fused lm_head + cross-entropy (library/loss) beside Liger-Kernel, torch.compile and
 eager PyTorch: forward + backward time and peak memory.
 
-    python benchmarks/loss.py --out benchmarks/results/loss-<YYYY-MM-DD>-<device>
+    python -m benchmarks.loss     # writes benchmarks/results/<device>/loss
 
 For each hidden size, vocabulary and token count (bf16), the loss of ``tokens`` hidden states
 through an ``lm_head`` weight ``[vocab, hidden]``, and its gradients with respect to both:
@@ -20,7 +20,7 @@ through an ``lm_head`` weight ``[vocab, hidden]``, and its gradients with respec
   holds its first tokens' logits in the weight gradient's buffer and picks one pass or two
   passes over vocabulary tiles for the rest by itself.
 
-Timing: ``ops.interleaved_samples`` (rounds that run every contender in rotating order, a
+Timing: ``timing.interleaved_samples`` (rounds that run every contender in rotating order, a
 block of calls each, L2 cleared before every call, CUDA events), median over the rounds; the
 calls are forward + ``torch.autograd.grad`` for the hidden states and the weight. Peak memory:
 the most allocated during one such call beyond what was allocated before it (the inputs, the
@@ -46,9 +46,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
-# The timing helpers of ops.py (interleaved rounds, L2 clearing); it puts the project on sys.path.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ops  # noqa: E402
+from benchmarks import cases, timing
+from benchmarks.results_io import default_out, save_results
 
 HIDDEN = [2048, 4096]
 VOCAB = [32000, 128256, 151936, 262144]
@@ -71,12 +70,12 @@ GiB = 2**30
 def load_ours():
     import kernels
 
-    return kernels.get_local_kernel(os.path.join(ops.ROOT, "library", "loss"), "loss")
+    return kernels.get_local_kernel(os.path.join(cases.ROOT, "library", "loss"), "loss")
 
 
 def load_liger():
     """(LigerFusedLinearCrossEntropyFunction, version) or None when Liger-Kernel is missing."""
-    peer = ops.load_liger()  # Liger's other ops, and its version
+    peer = cases.load_liger()  # Liger's other ops, and its version
     if peer is None:
         return None
     try:
@@ -226,12 +225,12 @@ def run_shape(ours, liger, tokens, hidden, vocab, rep_ms, block, variants) -> li
         calls[name] = (call, peak)
     checked = spot_check({n: fns[n] for n in calls}, h, w, y)
     try:
-        samples = ops.interleaved_samples({n: c for n, (c, _) in calls.items()}, rep_ms, block)
+        samples = timing.interleaved_samples({n: c for n, (c, _) in calls.items()}, rep_ms, block)
     except torch.cuda.OutOfMemoryError:  # eager's logits beside the others' caches: time without
         torch.cuda.empty_cache()
         failed["eager"] = "out of memory while timed beside the others"
         calls.pop("eager", None)
-        samples = ops.interleaved_samples({n: c for n, (c, _) in calls.items()}, rep_ms, block)
+        samples = timing.interleaved_samples({n: c for n, (c, _) in calls.items()}, rep_ms, block)
     shape = {"tokens": tokens, "hidden": hidden, "vocab": vocab}
     plan = ours.chunk_plan(tokens, hidden, vocab, 2, h.device, fp32_rows=True)
     chunks = {
@@ -244,7 +243,7 @@ def run_shape(ours, liger, tokens, hidden, vocab, rep_ms, block, variants) -> li
         if name in failed:
             row["error"] = failed[name]
         else:
-            row["fwd_bwd_ms"] = ops.pooled_median(samples[name])
+            row["fwd_bwd_ms"] = timing.pooled_median(samples[name])
             row["rounds_ms"] = [round(statistics.median(r), 6) for r in samples[name]]
             row["peak_extra_gib"] = calls[name][1] / GiB
             row["rel_err_vs_first"] = checked.get(name)
@@ -275,7 +274,7 @@ def _ratio(peer, ours) -> str:
         return "—" if peer is None else "peer OOM"
     if "fwd_bwd_ms" not in ours:
         return "ours OOM"
-    q1, q2, q3 = ops.ratio_quartiles(
+    q1, q2, q3 = timing.ratio_quartiles(
         [[ms] for ms in peer["rounds_ms"]], [[ms] for ms in ours["rounds_ms"]]
     )
     return f"{peer['fwd_bwd_ms'] / ours['fwd_bwd_ms']:.2f}x [{q1:.2f}-{q3:.2f}]"
@@ -363,7 +362,11 @@ def _merge(previous: list, new: list) -> list:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="folder for results.md and results.json")
+    parser.add_argument(
+        "--out",
+        help="folder for results.md and results.json (default benchmarks/results/<device>/loss; "
+        "required with --card and --merge)",
+    )
     parser.add_argument("--hidden", default=",".join(map(str, HIDDEN)))
     parser.add_argument("--vocab", default=",".join(map(str, VOCAB)))
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
@@ -387,6 +390,11 @@ def main():
         help="write --out's results.json and results.md from these runs' results.json (no GPU)",
     )
     args = parser.parse_args()
+    if args.out is None and (args.card or args.merge):
+        parser.error("--out is required with --card and --merge")
+    if not (args.card or args.merge) and not torch.cuda.is_available():
+        sys.exit("python -m benchmarks.loss needs a CUDA GPU (--card and --merge do not)")
+    args.out = args.out or str(default_out("loss"))
     path = os.path.join(args.out, "results.json")
     if args.merge:
         meta, results = None, []
@@ -396,14 +404,12 @@ def main():
             meta = meta or data["meta"]
             results = _merge(results, data["results"])
         os.makedirs(args.out, exist_ok=True)
-        ops.save_results(args.out, meta, results, write_markdown)
+        save_results(args.out, meta, results, write_markdown)
         return
     if args.card:
         with open(path) as f:
             print(card_table(json.load(f)["results"]))
         return
-    if not torch.cuda.is_available():
-        sys.exit("benchmarks/loss.py needs a CUDA GPU")
     os.makedirs(args.out, exist_ok=True)
     ours, liger = load_ours(), load_liger()
     torch._dynamo.config.cache_size_limit = 64
@@ -414,7 +420,7 @@ def main():
         "triton": triton.__version__,
         "liger": liger[1] if liger else None,
         "dtype": "bfloat16",
-        "timing": f"ops.interleaved_samples: rounds of every contender in rotating order, "
+        "timing": f"timing.interleaved_samples: rounds of every contender in rotating order, "
         f"{args.block} calls each (the first not counted), L2 cleared before each call, "
         "CUDA events; median over every counted call",
         "memory": "torch.cuda.max_memory_allocated() during one forward + backward (gradients "
@@ -433,7 +439,7 @@ def main():
                     ours, liger, tokens, hidden, vocab, args.rep_ms, args.block, variants
                 )
                 results = _merge(results, rows)
-                ops.save_results(args.out, meta, results, write_markdown)
+                save_results(args.out, meta, results, write_markdown)
     with open(os.path.join(args.out, "results.md")) as f:
         print(f.read())
 

@@ -1,6 +1,6 @@
 """Benchmark our library kernels beside eager PyTorch, torch.compile and Liger-Kernel.
 
-    python benchmarks/ops.py --out benchmarks/results/<device>/ops
+    python -m benchmarks.ops              # writes benchmarks/results/<device>/ops
 
 Runs, in one process on one CUDA GPU: a device-to-device copy (the bandwidth ceiling), then for
 each op and shape, forward and forward+backward of
@@ -49,559 +49,37 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import re
 import statistics
 import sys
-import types
 
 import torch
-import torch.nn.functional as F
 import triton
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-NORM_SHAPES = [(4096, 4096), (16384, 4096), (8192, 8192), (32768, 8192)]
-# Hidden sizes of real models that are not the square shapes above, at 64M+ elements, and the
-# widest row the kernels take (65536): "RMSNorm-widths" and "LayerNorm-widths".
-WIDTH_SHAPES = [(65536, 1024), (32768, 2048), (16384, 5120), (1024, 65536)]
-ROTARY_SHAPES = [(1, 4096), (4, 2048), (8, 4096)]  # (batch, seq); 32 q heads, 8 kv heads of 128
-Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
-DTYPE = torch.bfloat16
-IMPLS = ["eager", "compile", "liger", "ours"]
-# Not a contender: one element-wise kernel moving the same bytes as the pass, the ceiling at
-# that size.
-COPY = "copy"
-# The norms and their variants: each a layer of library/norm (the variants' names say what
-# differs from the layer's plain benchmark: fp32 data, other widths, no bias).
-NORM_OPS = (
-    "RMSNorm",
-    "RMSNorm-fp32",
-    "RMSNorm-widths",
-    "GemmaRMSNorm",
-    "FusedAddRMSNorm",
-    "LayerNorm",
-    "LayerNorm-fp32",
-    "LayerNorm-widths",
-    "LayerNorm-nobias",
+from benchmarks.cases import (
+    NORM_SHAPES,
+    OPS,
+    ROTARY_SHAPES,
+    WIDTH_SHAPES,
+    load_library,
+    load_liger,
+    make_case,
 )
-OPS = (*NORM_OPS, "SiluAndMul", "SwiGLU", "GeluTanh", "rotary")
-
-
-# ---- loading --------------------------------------------------------------------------------
-
-
-def load_library():
-    import kernels
-
-    lib = os.path.join(ROOT, "library")
-    return {
-        name: kernels.get_local_kernel(os.path.join(lib, name), name)
-        for name in ("activation", "norm", "rotary")
-    }
-
-
-def load_liger():
-    try:
-        import liger_kernel
-        from liger_kernel.ops import (
-            LigerFusedAddRMSNormFunction,
-            LigerFusedGateUpSiLUMulFunction,
-            LigerLayerNormFunction,
-            LigerRMSNormFunction,
-            LigerRopeFunction,
-            LigerSiLUMulFunction,
-        )
-    except Exception as exc:  # noqa: BLE001  (report and go on without the peer)
-        print(f"Liger-Kernel unavailable: {type(exc).__name__}: {exc}")
-        return None
-    version = getattr(liger_kernel, "__version__", None)
-    if version is None:
-        from importlib.metadata import version as _v
-
-        version = _v("liger-kernel")
-    return types.SimpleNamespace(
-        version=version,
-        rms_norm=LigerRMSNormFunction,
-        fused_add_rms_norm=LigerFusedAddRMSNormFunction,
-        layer_norm=LigerLayerNormFunction,
-        silu_mul=LigerFusedGateUpSiLUMulFunction,
-        swiglu=LigerSiLUMulFunction,
-        rope=LigerRopeFunction,
-    )
-
-
-# ---- reference modules (the code the kernels replace) ---------------------------------------
-
-
-class LlamaRMSNorm(torch.nn.Module):
-    """transformers' LlamaRMSNorm, verbatim semantics."""
-
-    def __init__(self, hidden_size, eps=1e-6):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states):
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
-
-
-class GemmaRMSNorm(torch.nn.Module):
-    """transformers' GemmaRMSNorm, verbatim semantics (``1 + weight``, all in fp32)."""
-
-    def __init__(self, dim, eps=1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = torch.nn.Parameter(torch.zeros(dim))
-
-    def _norm(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-
-    def forward(self, x):
-        output = self._norm(x.float())
-        output = output * (1.0 + self.weight.float())
-        return output.type_as(x)
-
-
-class FusedAddRMSNorm(LlamaRMSNorm):
-    """Residual add, then LlamaRMSNorm; returns (normalised, sum), as a decoder layer uses them
-    (the reference module of library/norm's README)."""
-
-    def forward(self, hidden_states, residual):
-        hidden_states = hidden_states + residual
-        return super().forward(hidden_states), hidden_states
-
-
-class SiluAndMul(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        d = x.shape[-1] // 2
-        return F.silu(x[..., :d]) * x[..., d:]
-
-
-class GELUTanh(torch.nn.Module):
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return F.gelu(input, approximate="tanh")
-
-
-def rotate_half(x):
-    x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-    cos = cos.unsqueeze(unsqueeze_dim)
-    sin = sin.unsqueeze(unsqueeze_dim)
-    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
-
-
-# ---- cases ----------------------------------------------------------------------------------
-
-
-def bound(layer_cls, module):
-    return types.MethodType(layer_cls.forward, module)
-
-
-def norm_case(kind, lib, liger, rows, cols):
-    """(inputs, params, {impl: fn(*inputs)}, fwd bytes, bwd bytes) for a norm of NORM_OPS."""
-    dtype = torch.float32 if kind.endswith("-fp32") else DTYPE
-    e = dtype.itemsize
-    x = torch.randn(rows, cols, device="cuda", dtype=dtype)
-    inputs = [x]
-    layers = lib["norm"].layers
-    if kind in ("RMSNorm", "RMSNorm-fp32", "RMSNorm-widths"):
-        module, layer = LlamaRMSNorm(cols), layers.RMSNorm
-        peer = liger and (
-            lambda t: liger.rms_norm.apply(t, module.weight, 1e-6, 0.0, "llama", True)
-        )
-    elif kind == "GemmaRMSNorm":
-        module, layer = GemmaRMSNorm(cols), layers.GemmaRMSNorm
-        peer = liger and (
-            lambda t: liger.rms_norm.apply(t, module.weight, 1e-6, 1.0, "gemma", True)
-        )
-    elif kind == "FusedAddRMSNorm":
-        module, layer = FusedAddRMSNorm(cols), layers.FusedAddRMSNorm
-        inputs.append(torch.randn_like(x))
-        peer = liger and (
-            lambda t, r: liger.fused_add_rms_norm.apply(
-                t, r, module.weight, 1e-6, 0.0, "llama", False
-            )
-        )
-    else:  # LayerNorm, -fp32, -widths, -nobias (Liger's takes a bias only)
-        has_bias = kind != "LayerNorm-nobias"
-        module, layer = torch.nn.LayerNorm(cols, bias=has_bias), layers.LayerNorm
-        peer = (
-            liger
-            and has_bias
-            and (lambda t: liger.layer_norm.apply(t, module.weight, module.bias, 1e-5))
-        )
-    module = module.to("cuda", dtype)
-    params = [p for p in (module.weight, getattr(module, "bias", None)) if p is not None]
-    with torch.no_grad():
-        for p in params:
-            p.add_(torch.randn_like(p) * 0.1)
-    fns = {
-        "eager": module,
-        "compile": torch.compile(module, dynamic=False),
-        "ours": bound(layer, module),
-    }
-    if peer:
-        fns["liger"] = peer
-    n = rows * cols * e
-    p_bytes = len(params) * cols * e
-    if kind == "FusedAddRMSNorm":
-        # Forward reads x and the residual, writes y and the sum. Backward reads dy, the sum's
-        # gradient and the saved sum, writes one gradient (the same for x and the residual).
-        return inputs, params, fns, 4 * n + p_bytes, 4 * n + 2 * p_bytes
-    return inputs, params, fns, 2 * n + p_bytes, 3 * n + 2 * p_bytes
-
-
-def silu_mul_case(lib, liger, rows, cols):
-    e = 2
-    x = torch.randn(rows, 2 * cols, device="cuda", dtype=DTYPE)
-    module = SiluAndMul()
-    fns = {
-        "eager": module,
-        "compile": torch.compile(module, dynamic=False),
-        "ours": bound(lib["activation"].layers.SiluAndMul, module),
-    }
-    if liger:
-        fns["liger"] = lambda t: liger.silu_mul.apply(t, False)
-    n = rows * cols * e
-    return [x], [], fns, 3 * n, 5 * n
-
-
-def silu_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``act_fn(gate_proj(x)) * up_proj(x)`` of transformers' LlamaMLP, with SiLU."""
-    return F.silu(gate) * up
-
-
-def swiglu_case(lib, liger, rows, cols):
-    e = 2
-    gate = torch.randn(rows, cols, device="cuda", dtype=DTYPE)
-    up = torch.randn(rows, cols, device="cuda", dtype=DTYPE)
-    fns = {
-        "eager": silu_times,
-        "compile": torch.compile(silu_times, dynamic=False),
-        "ours": lib["activation"].silu_mul,
-    }
-    if liger:
-        # Liger's backward writes d_gate and d_up into the tensors it saved, here gate and up
-        # themselves: their values change while it is timed, the bytes it moves do not.
-        fns["liger"] = lambda g, u: liger.swiglu.apply(g, u)
-    n = rows * cols * e
-    return [gate, up], [], fns, 3 * n, 5 * n
-
-
-def gelu_tanh_case(lib, liger, rows, cols):
-    e = 2
-    x = torch.randn(rows, cols, device="cuda", dtype=DTYPE)
-    module = GELUTanh()
-    fns = {
-        "eager": module,
-        "compile": torch.compile(module, dynamic=False),
-        "ours": bound(lib["activation"].layers.GeluTanh, module),
-    }
-    n = rows * cols * e
-    return [x], [], fns, 2 * n, 3 * n
-
-
-def rotary_tables(batch, seq):
-    """cos and sin (batch, seq, head_dim) as transformers' LlamaRotaryEmbedding makes them."""
-    inv = 1.0 / (10000 ** (torch.arange(0, HEAD_DIM, 2, device="cuda").float() / HEAD_DIM))
-    freqs = torch.arange(seq, device="cuda").float()[None, :, None] * inv
-    emb = torch.cat((freqs, freqs), -1).expand(batch, seq, HEAD_DIM)
-    return emb.cos().to(DTYPE).contiguous(), emb.sin().to(DTYPE).contiguous()
-
-
-def rotary_case(lib, liger, batch, seq):
-    e = 2
-    # transformers' layout: the projections' (b, s, h, d) outputs viewed as (b, h, s, d).
-    q = torch.randn(batch, seq, Q_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE).transpose(1, 2)
-    k = torch.randn(batch, seq, KV_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE).transpose(1, 2)
-    cos, sin = rotary_tables(batch, seq)
-    ours = lib["rotary"].apply_rotary_pos_emb
-    fns = {
-        "eager": lambda q, k: apply_rotary_pos_emb(q, k, cos, sin),
-        "compile": torch.compile(lambda q, k: apply_rotary_pos_emb(q, k, cos, sin), dynamic=False),
-        "ours": lambda q, k: ours(q, k, cos, sin),
-    }
-    if liger:
-        fns["liger"] = lambda q, k: liger.rope.apply(q, k, cos, sin, None, 1)
-    qk = (q.numel() + k.numel()) * e
-    cs = 2 * cos.numel() * e
-    return [q, k], [], fns, 2 * qk + cs, 2 * qk + cs
-
-
-def make_case(op, lib, liger, shape):
-    """(inputs, params, {impl: fn(*inputs)}, fwd bytes, bwd bytes) of ``op`` at ``shape``."""
-    if op in NORM_OPS:
-        return norm_case(op, lib, liger, *shape)
-    if op == "SiluAndMul":
-        return silu_mul_case(lib, liger, *shape)
-    if op == "SwiGLU":
-        return swiglu_case(lib, liger, *shape)
-    if op == "GeluTanh":
-        return gelu_tanh_case(lib, liger, *shape)
-    return rotary_case(lib, liger, *shape)
-
-
-# ---- timing ---------------------------------------------------------------------------------
-
-
-def _outputs(out):
-    return out if isinstance(out, (tuple, list)) else (out,)
-
-
-_l2_buffer = None
-
-
-def clear_l2() -> None:
-    """Evict everything from L2 by reading 256 MB (more than any GPU's L2 holds). Reading leaves
-    only clean lines behind, which the next kernel replaces without writing anything back."""
-    global _l2_buffer
-    if _l2_buffer is None:
-        _l2_buffer = torch.zeros(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-    torch.amax(_l2_buffer)
-
-
-def flushed_ms(fn, rep_ms: float, warmup: int = 5) -> float:
-    """Median milliseconds of ``fn`` between two CUDA events, L2 cleared (``clear_l2``) before
-    each call: ``triton.testing.do_bench``'s method, with a clean clearing. Calls are queued
-    ahead of the GPU (the host is not waited for), so this is device time where the host keeps
-    up, as it does for a graph replay."""
-    for _ in range(warmup):
-        clear_l2()
-        fn()
-    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-    start.record()
-    for _ in range(3):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    n = int(min(1000, max(10, rep_ms / max(start.elapsed_time(end) / 3, 1e-3))))
-    pairs = []
-    for _ in range(n):
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        clear_l2()
-        start.record()
-        fn()
-        end.record()
-        pairs.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
-
-
-def captured(call, stream):
-    """``call`` captured in a CUDA graph (after three warm-up calls); returns the replay.
-
-    Warm-up and capture run on ``stream``, the stream the eager timing used, so that autograd's
-    leaf nodes (created by the eager runs) need no cross-stream synchronisation, which capture
-    forbids. The graph lives as long as the returned replay does.
-    """
-    for _ in range(3):
-        call()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        call()
-    return graph.replay
-
-
-def _calls(inputs, params, fn):
-    """(forward, forward+backward) closures for ``fn``, compiled and warmed up.
-
-    The gradient seeds are drawn here, before any CUDA-graph capture: a capture must not draw
-    random numbers outside the graph.
-    """
-
-    def fwd():
-        with torch.no_grad():
-            fn(*inputs)
-
-    for t in inputs:
-        t.requires_grad_(True)
-    wrt = [*inputs, *params]
-    out = _outputs(fn(*inputs))
-    seeds = [torch.randn_like(o) for o in out]
-    del out
-
-    def fwd_bwd():
-        torch.autograd.grad(_outputs(fn(*inputs)), wrt, seeds)
-
-    for _ in range(3):
-        fwd_bwd()
-        fwd()
-    return fwd, fwd_bwd
-
-
-def interleaved_samples(calls: dict, rep_ms: float, block: int = 6) -> dict:
-    """{name: [[ms of each counted call] for each round]}: every call timed in rounds that run
-    every contender in turn.
-
-    Host-bound calls are at the mercy of the host's state (other tenants of a VM, clock
-    changes), and device-bound ones at that of the GPU's (clocks, power, temperature); timing
-    the contenders one after another lets such phases favour one of them. Each round runs
-    every contender (the order rotating) for a block of ``block`` calls, each call after
-    clearing L2 (``clear_l2``) and between two CUDA events, as ``flushed_ms`` does for one. The
-    GPU is drained before each block and the block's first call is not counted, so each call is
-    timed in its own steady state: GPU work queued by a contender that is slower on the device
-    would otherwise hide the host time of the next one (an H100 VM, 2026-11-23, with one call
-    per contender a round: ``torch.compile``'s rotary forward+backward took 241 us at 4x2048,
-    behind eager PyTorch's 1.1 ms, and ~680 us at 1x4096, a shape of half the bytes).
-    """
-    names = list(calls)
-    estimate = {name: flushed_ms(calls[name], rep_ms=10) for name in names}
-    per_round = block * max(sum(estimate.values()), 1e-3)
-    rounds = int(min(200, max(8, rep_ms / per_round * len(names))))
-    events = {name: [] for name in names}
-    for r in range(rounds):
-        for i in range(len(names)):
-            name = names[(r + i) % len(names)]
-            torch.cuda.synchronize()
-            pairs = []
-            for call in range(block):
-                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                clear_l2()
-                start.record()
-                calls[name]()
-                end.record()
-                if call:
-                    pairs.append((start, end))
-            events[name].append(pairs)
-    torch.cuda.synchronize()
-    return {
-        name: [[s.elapsed_time(e) for s, e in pairs] for pairs in rounds_]
-        for name, rounds_ in events.items()
-    }
-
-
-def pooled_median(rounds: list) -> float:
-    """The median of every call of every round (``interleaved_samples``' lists)."""
-    return statistics.median(ms for one_round in rounds for ms in one_round)
-
-
-def ratio_quartiles(peer_rounds: list, ours_rounds: list) -> tuple:
-    """(25th, 50th, 75th percentile) over rounds of peer ms / ours ms, each round's medians
-    paired: the two ran minutes apart at most, in the same state of the machine. When the
-    quartiles straddle 1.0 the two are level within that run's spread."""
-    ratios = [
-        statistics.median(p) / statistics.median(o)
-        for p, o in zip(peer_rounds, ours_rounds, strict=True)
-    ]
-    if len(ratios) < 2:
-        return (ratios[0],) * 3
-    q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-    return q1, q2, q3
-
-
-TIMED_KEYS = ("fwd", "fwd_bwd", "graph_fwd", "graph_fwd_bwd")
-
-
-def time_cases(inputs, params, fns: dict, rep_ms, same_bytes: tuple) -> dict:
-    """{impl: {key: per-round ms lists (``interleaved_samples``)}} for each of ``TIMED_KEYS``
-    that ran; ``same_bytes`` (forward, forward+backward) calls join the rounds as ``COPY``.
-
-    Eager calls and CUDA-graph replays are each timed in interleaved rounds, so that a drift
-    of the GPU's state during the run falls on every contender alike: timed one contender after
-    another (as before 2026-11-24), the CUDA-graph tables put RMSNorm at 16384x4096 at 0.98x of
-    Liger in three runs, where L2-cleared probes that alternated the two had them level.
-    Everything runs on one side stream: CUDA graphs cannot be captured on the default one, and
-    autograd's leaf nodes (made by the eager runs) must live on the capturing stream.
-    """
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    times = {impl: {} for impl in [*fns, COPY]}
-    with torch.cuda.stream(stream):
-        calls = {impl: _calls(inputs, params, fn) for impl, fn in fns.items()}
-        calls[COPY] = same_bytes
-        for slot, key in enumerate(("fwd", "fwd_bwd")):
-            samples = interleaved_samples({impl: c[slot] for impl, c in calls.items()}, rep_ms)
-            for impl, rounds in samples.items():
-                times[impl][key] = rounds
-        for slot, key in enumerate(("graph_fwd", "graph_fwd_bwd")):
-            replays = {}
-            for impl, c in calls.items():
-                try:
-                    replays[impl] = captured(c[slot], stream)
-                except Exception as exc:  # noqa: BLE001  (a peer that cannot be captured)
-                    print(f"    {impl}: CUDA graph capture of {key} failed: {exc}"[:300])
-                    torch.cuda.synchronize()
-            for impl, rounds in interleaved_samples(replays, rep_ms).items():
-                times[impl][key] = rounds
-            del replays
-    torch.cuda.current_stream().wait_stream(stream)
-    return times
-
-
-def same_bytes_pair(moved_fwd: int, moved_fwd_bwd: int) -> tuple:
-    """(forward, forward+backward) calls of one element-wise kernel (``torch.neg``) that moves
-    as many bytes as the pass (half read, half written): the ceiling at that size. On an H100
-    (2026-11-23) a copy of 64M bf16 elements (256 MB moved) reached only ~95% of the 1 GiB
-    copy's bandwidth, as its ramp and tail weigh more. Not ``copy_``: captured in a graph, a
-    1 GiB ``copy_`` became a memcpy node that ran at 2400 GB/s against 2960 GB/s outside."""
-    return same_bytes_call(moved_fwd), same_bytes_call(moved_fwd_bwd)
-
-
-def same_bytes_call(moved: int):
-    """A call of one element-wise kernel (``torch.neg``) on buffers of its own, reading and
-    writing ``moved`` bytes in all (half read, half written)."""
-    src = torch.zeros(moved // 2 // 2, device="cuda", dtype=torch.bfloat16)
-    return functools.partial(torch.neg, src, out=torch.empty_like(src))
-
-
-def back_to_back_graph(calls: list, rep_ms: float) -> tuple:
-    """``(graph, n)``: ``calls`` captured round after round, back to back, in one CUDA graph
-    about ``rep_ms`` long; a replay runs ``n`` calls in all."""
-    for call in calls:
-        call()
-    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-    start.record()
-    for call in calls:
-        call()
-    end.record()
-    torch.cuda.synchronize()
-    rounds = int(min(500, max(2, rep_ms / max(start.elapsed_time(end), 1e-3))))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
-        for _ in range(rounds):
-            for call in calls:
-                call()
-    graph.replay()
-    return graph, rounds * len(calls)
-
-
-def interleaved_graphs_ms(graphs: dict, rounds: int = 9) -> dict:
-    """Median ms per call of each ``name: (graph, calls)`` (``back_to_back_graph``), replayed in
-    rounds that run every graph in turn (rotating order), so that a drift of clocks or memory
-    over the run is shared by all: an A/B of kernels within a percent or two needs that."""
-    names = list(graphs)
-    samples = {name: [] for name in names}
-    for r in range(rounds):
-        for i in range(len(names)):
-            name = names[(r + i) % len(names)]
-            graph, calls = graphs[name]
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            samples[name].append(start.elapsed_time(end) / calls)
-    return {name: statistics.median(t) for name, t in samples.items()}
-
-
-def copy_bandwidth():
-    n = 512 * 1024 * 1024  # 1 GiB of bf16
-    src = torch.randn(n, device="cuda", dtype=DTYPE)
-    dst = torch.empty_like(src)
-    ms = flushed_ms(lambda: dst.copy_(src), rep_ms=200, warmup=25)
-    return 2 * n * 2 / (ms * 1e-3) / 1e9  # GB/s, read + write
+from benchmarks.results_io import default_out, save_results
+from benchmarks.timing import (
+    COPY,
+    TIMED_KEYS,
+    copy_bandwidth,
+    outputs,
+    pooled_median,
+    ratio_quartiles,
+    same_bytes_pair,
+    time_cases,
+)
+
+IMPLS = ["eager", "compile", "liger", "ours"]
 
 
 # ---- correctness spot check (the test suite does the real checking) --------------------------
@@ -609,8 +87,8 @@ def copy_bandwidth():
 
 def spot_check(name, inputs, fns):
     with torch.no_grad():
-        ref = _outputs(fns["eager"](*inputs))
-        got = _outputs(fns["ours"](*inputs))
+        ref = outputs(fns["eager"](*inputs))
+        got = outputs(fns["ours"](*inputs))
     for r, g in zip(ref, got, strict=False):
         err = ((g.float() - r.float()).norm() / r.float().norm()).item()
         if not err < 2e-2:
@@ -711,14 +189,6 @@ def merge(folders: list) -> tuple:
         parts += _parts(data["meta"])
     meta["parts"] = parts
     return meta, results
-
-
-def save_results(out: str, meta: dict, results: list, write_markdown) -> None:
-    """A benchmark's two result files in ``out``: ``results.json`` (``{"meta", "results"}``)
-    and ``results.md``, the tables ``write_markdown(meta, results, path)`` renders."""
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
-    write_markdown(meta, results, os.path.join(out, "results.md"))
 
 
 def write_markdown(meta, results, path):
@@ -913,7 +383,11 @@ def write_plots(meta, results, out):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="folder for results.md, results.json, PNGs")
+    parser.add_argument(
+        "--out",
+        help="folder for results.md, results.json and the PNGs "
+        "(default benchmarks/results/<device>/ops; required with --card, --summary, --merge)",
+    )
     parser.add_argument(
         "--ops",
         default=",".join(OPS),
@@ -937,6 +411,8 @@ def main():
         help="print benchmarks/README.md's table of --out/results.json (no GPU needed)",
     )
     args = parser.parse_args()
+    if args.out is None and (args.card or args.summary or args.merge):
+        parser.error("--out is required with --card, --summary and --merge")
     if args.card or args.summary:
         with open(os.path.join(args.out, "results.json")) as f:
             results = json.load(f)["results"]
@@ -946,6 +422,9 @@ def main():
         for op in args.ops.split(","):
             print(f"### {op}\n\n{card_tables(results, op)}")
         return
+    if not args.merge and not torch.cuda.is_available():
+        sys.exit("python -m benchmarks.ops needs a CUDA GPU (--card, --summary, --merge do not)")
+    args.out = args.out or str(default_out("ops"))
     os.makedirs(args.out, exist_ok=True)
 
     def save(meta, results):
@@ -953,8 +432,6 @@ def main():
 
     if args.merge:
         meta, results = merge(args.merge)
-    elif not torch.cuda.is_available():
-        sys.exit("benchmarks/ops.py needs a CUDA GPU")
     else:
         meta, results = run(args.ops.split(","), args.rep_ms, save)
     save(meta, results)

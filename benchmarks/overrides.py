@@ -1,18 +1,18 @@
 """Benchmark the aten overrides (``kernels.overrides``): each overridden operator, and an untagged
 Llama block, with PyTorch's kernels and with ours in their place.
 
-    python benchmarks/overrides.py --out benchmarks/results/<device>/overrides
-    TRITON_INTERPRET=1 python benchmarks/overrides.py --quick --out /tmp/overrides  # CPU check
+    python -m benchmarks.overrides     # writes benchmarks/results/<device>/overrides
+    TRITON_INTERPRET=1 python -m benchmarks.overrides --quick --out /tmp/overrides  # CPU check
 
 Contenders, on the same unchanged model code:
 
 - ``aten``: PyTorch's kernels (no override registered);
 - ``override``: inside ``use_aten_overrides(ops=...)``, our kernels for the operators named.
 
-Operators (``OP_CASES``, bf16, at ``ops.NORM_SHAPES``): ``nn.LayerNorm`` (``native_layer_norm``
+Operators (``OP_CASES``, bf16, at ``benchmarks.cases.NORM_SHAPES``): ``nn.LayerNorm`` (``native_layer_norm``
 and its backward), ``nn.RMSNorm`` (``_fused_rms_norm``), ``F.silu``, ``F.gelu`` and
 ``F.gelu(approximate="tanh")``; forward and forward+backward, as eager calls and as CUDA-graph
-replays (device time), timed as ``ops.py`` times (L2 cleared by reading before every call, CUDA
+replays (device time), timed as ``benchmarks.timing`` times (L2 cleared by reading before every call, CUDA
 events, interleaved rounds, median; quartiles of the per-round ratio). The override is
 process-wide, so the rounds switch it on or off before each contender's block of calls, outside
 the timed calls; a graph is captured under its contender's state and replays its kernels
@@ -53,11 +53,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# The timing helpers of ops.py (interleaved rounds, L2 clearing); it puts the project on sys.path.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ops  # noqa: E402
-
-from kernels.overrides import (  # noqa: E402
+from benchmarks import timing
+from benchmarks.cases import NORM_SHAPES
+from benchmarks.results_io import default_out, save_results
+from kernels.overrides import (
     aten_override_calls,
     reset_aten_override_calls,
     use_aten_overrides,
@@ -73,7 +72,7 @@ OP_CASES = {
     "GeluTanh": ("gelu",),
 }
 ATEN, OVERRIDE = "aten", "override"
-TIMED_KEYS = ops.TIMED_KEYS  # fwd, fwd_bwd, graph_fwd, graph_fwd_bwd
+TIMED_KEYS = timing.TIMED_KEYS  # fwd, fwd_bwd, graph_fwd, graph_fwd_bwd
 # TinyLlama-1.1B's layer sizes (hidden 2048, 32 query heads and 4 key/value heads of 64,
 # MLP 5632); four layers keep a step in tens of milliseconds.
 BLOCK_CONFIG = dict(hidden=2048, heads=32, kv_heads=4, intermediate=5632, layers=4)
@@ -197,13 +196,13 @@ def _paths(call, state) -> dict:
 
 def _timed_call_ms(call, on_gpu: bool):
     """A function that runs ``call`` once, timed: CUDA events after clearing L2 on the GPU
-    (``ops.py``'s method; read with ``.elapsed_time`` after a synchronisation), the wall clock
+    (``benchmarks.timing``'s method; read with ``.elapsed_time`` after a synchronisation), the wall clock
     on the CPU."""
     if on_gpu:
 
         def run():
             start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            ops.clear_l2()
+            timing.clear_l2()
             start.record()
             call()
             end.record()
@@ -220,7 +219,7 @@ def _timed_call_ms(call, on_gpu: bool):
 
 
 def interleaved_state_samples(contenders: dict, rounds: int, block: int = 6) -> dict:
-    """{name: [[ms of each counted call] for each round]}: ``ops.interleaved_samples`` for
+    """{name: [[ms of each counted call] for each round]}: ``timing.interleaved_samples`` for
     contenders that need a state around their calls.
 
     ``contenders``: {name: (call, state)}; ``state()`` is a context manager entered before the
@@ -279,7 +278,7 @@ def time_op(inputs, params, fn, families, rep_ms: float, quick: bool) -> dict:
         calls = {}
         for impl, state in states.items():
             with state():  # warm-up (Triton compiles) under the contender's own kernels
-                calls[impl] = ops._calls(inputs, params, fn)
+                calls[impl] = timing.passes(inputs, params, fn)
         paths = _paths(calls[OVERRIDE][1], states[OVERRIDE])
         for slot, key in enumerate(("fwd", "fwd_bwd")):
             contenders = {impl: (calls[impl][slot], states[impl]) for impl in states}
@@ -291,8 +290,8 @@ def time_op(inputs, params, fn, families, rep_ms: float, quick: bool) -> dict:
                 replays = {}
                 for impl, state in states.items():
                     with state():
-                        replays[impl] = ops.captured(calls[impl][slot], stream)
-                for impl, samples in ops.interleaved_samples(replays, rep_ms).items():
+                        replays[impl] = timing.captured(calls[impl][slot], stream)
+                for impl, samples in timing.interleaved_samples(replays, rep_ms).items():
                     times[impl][key] = samples
                 del replays
     if on_gpu:
@@ -318,7 +317,7 @@ def _row(case, shape, impl, samples: dict) -> dict:
     row = {"case": case, "shape": list(shape), "impl": impl}
     for key in TIMED_KEYS:
         if key in samples:
-            row[key + "_ms"] = ops.pooled_median(samples[key])
+            row[key + "_ms"] = timing.pooled_median(samples[key])
             row[key + "_rounds_ms"] = [round(statistics.median(r), 6) for r in samples[key]]
     return row
 
@@ -401,7 +400,7 @@ def run_block(config, shapes, rep_ms, quick, device, save, results) -> list:
                     "case": case,
                     "shape": [batch, seq],
                     "impl": name,
-                    "ms": ops.pooled_median(samples[name]),
+                    "ms": timing.pooled_median(samples[name]),
                     "rounds_ms": [round(statistics.median(r), 6) for r in samples[name]],
                 }
                 if name != ATEN:
@@ -422,7 +421,7 @@ def _speed(aten: dict, over: dict, key: str) -> str:
     cell = f"{aten[key + '_ms'] / over[key + '_ms']:.2f}x"
     rounds = key + "_rounds_ms"
     if len(aten.get(rounds, [])) == len(over.get(rounds, [])) >= 2:
-        q1, _, q3 = ops.ratio_quartiles([[t] for t in aten[rounds]], [[t] for t in over[rounds]])
+        q1, _, q3 = timing.ratio_quartiles([[t] for t in aten[rounds]], [[t] for t in over[rounds]])
         cell += f" ({q1:.2f}-{q3:.2f})"
     return cell
 
@@ -550,7 +549,7 @@ def _meta(quick: bool) -> dict:
         "quick": quick,
         "block_config": QUICK_BLOCK_CONFIG if quick else BLOCK_CONFIG,
         "timing": (
-            "median of CUDA-event timings, L2 cleared before each call (ops.clear_l2); eager "
+            "median of CUDA-event timings, L2 cleared before each call (timing.clear_l2); eager "
             "calls in rounds that run each contender in rotating order for a block of calls "
             "(the first not counted), the override switched on or off outside the timed calls; "
             "CUDA graphs captured under each contender and replayed in the same kind of rounds"
@@ -567,15 +566,16 @@ def run(out: str, cases, quick: bool, rep_ms: float, block: bool = True) -> tupl
     on_gpu = torch.cuda.is_available()
     if not on_gpu and os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit(
-            "benchmarks/overrides.py needs a CUDA GPU, or --quick under TRITON_INTERPRET=1 on the CPU"
+            "python -m benchmarks.overrides needs a CUDA GPU, or --quick under TRITON_INTERPRET=1 "
+            "on the CPU"
         )
     device = "cuda" if on_gpu else "cpu"
     meta = _meta(quick)
 
     def save(results):
-        ops.save_results(out, meta, results, write_markdown)
+        save_results(out, meta, results, write_markdown)
 
-    shapes = QUICK_SHAPES if quick else ops.NORM_SHAPES
+    shapes = QUICK_SHAPES if quick else NORM_SHAPES
     results = run_ops(cases, shapes, rep_ms, quick, device, save)
     if block:
         config = QUICK_BLOCK_CONFIG if quick else BLOCK_CONFIG
@@ -587,7 +587,11 @@ def run(out: str, cases, quick: bool, rep_ms: float, block: bool = True) -> tupl
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="folder for results.md and results.json")
+    parser.add_argument(
+        "--out",
+        help="folder for results.md and results.json "
+        "(default benchmarks/results/<device>/overrides; required without a GPU)",
+    )
     parser.add_argument(
         "--cases",
         default=",".join(OP_CASES),
@@ -603,6 +607,10 @@ def main(argv=None) -> None:
         parser.error(f"unknown cases {unknown}; known: {', '.join(OP_CASES)}")
     if math.isnan(args.rep_ms) or args.rep_ms <= 0:
         parser.error("--rep-ms must be positive")
+    if args.out is None:
+        if not torch.cuda.is_available():
+            parser.error("--out is required without a CUDA GPU")
+        args.out = str(default_out("overrides"))
     run(args.out, cases, args.quick, args.rep_ms, block=not args.no_block)
     with open(os.path.join(args.out, "results.md")) as f:
         print(f.read())

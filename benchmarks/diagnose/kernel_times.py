@@ -1,6 +1,6 @@
 """Device time per kernel, from ``torch.profiler``, of forward+backward iterations.
 
-    python benchmarks/diagnose/kernel_times.py
+    python -m benchmarks.diagnose.kernel_times
 
 For the norms (ours, Liger and ``torch.compile``), GeluTanh (ours) and rotary (all three) at a
 few shapes: each kernel's mean device time per iteration and its calls, so the kernels can be
@@ -10,7 +10,9 @@ compared with the bytes each must move (printed beside each case). Needs a CUDA 
 from __future__ import annotations
 
 import torch
-from launch import load, ops
+
+from benchmarks import cases, timing
+from benchmarks.diagnose.launch import load
 
 
 def profile(label, inputs, params, fn, iters=10):
@@ -19,17 +21,17 @@ def profile(label, inputs, params, fn, iters=10):
     for t in inputs:
         t.requires_grad_(True)
     wrt = [*inputs, *params]
-    out = ops._outputs(fn(*inputs))
+    out = timing.outputs(fn(*inputs))
     seeds = [torch.randn_like(o) for o in out]
     for _ in range(3):
-        torch.autograd.grad(ops._outputs(fn(*inputs)), wrt, seeds)
+        torch.autograd.grad(timing.outputs(fn(*inputs)), wrt, seeds)
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
 
     with prof(activities=[ProfilerActivity.CUDA]) as p:
         for _ in range(iters):
-            torch.autograd.grad(ops._outputs(fn(*inputs)), wrt, seeds)
+            torch.autograd.grad(timing.outputs(fn(*inputs)), wrt, seeds)
         torch.cuda.synchronize()
     print(f"--- {label}: device time per iteration by kernel")
     for e in sorted(p.key_averages(), key=lambda e: -e.device_time_total):
@@ -46,7 +48,7 @@ def device_profiles(lib, liger):
         ("RMSNorm", (8192, 8192)),
         ("LayerNorm", (8192, 8192)),
     ):
-        inputs, params, fns, b_fwd, b_bwd = ops.norm_case(op, lib, liger, *shape)
+        inputs, params, fns, b_fwd, b_bwd = cases.norm_case(op, lib, liger, *shape)
         for impl in ("ours", "liger", "compile"):
             if impl in fns:
                 profile(
@@ -55,10 +57,10 @@ def device_profiles(lib, liger):
                     params,
                     fns[impl],
                 )
-    inputs, params, fns, b_fwd, b_bwd = ops.gelu_tanh_case(lib, liger, 8192, 8192)
+    inputs, params, fns, b_fwd, b_bwd = cases.gelu_tanh_case(lib, liger, 8192, 8192)
     profile(f"GeluTanh 8192x8192 ours (fwd {b_fwd / 1e6:.0f} MB)", inputs, params, fns["ours"])
     for shape in ((1, 4096), (8, 4096)):
-        inputs, params, fns, b_fwd, b_bwd = ops.rotary_case(lib, liger, *shape)
+        inputs, params, fns, b_fwd, b_bwd = cases.rotary_case(lib, liger, *shape)
         for impl in ("ours", "liger", "compile"):
             profile(f"rotary {shape} {impl} (fwd {b_fwd / 1e6:.0f} MB)", inputs, params, fns[impl])
 

@@ -1,6 +1,6 @@
 """What the launch-configuration sweeps of this folder share.
 
-Each sweep loads the library and Liger-Kernel as ``ops.py`` does, swaps one module-level
+Each sweep loads the library and Liger-Kernel as ``benchmarks.ops`` does (``benchmarks.cases``), swaps one module-level
 function of a kernel module (the rule that picks its launch configuration) for a fixed
 configuration while it times it (``swapped``), and puts the rule back afterwards.
 """
@@ -8,14 +8,11 @@ configuration while it times it (``swapped``), and puts the rule back afterwards
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 
 import torch
 
-# benchmarks/, for ops.py: these scripts run as ``python benchmarks/diagnose/<name>.py``.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import ops  # noqa: E402
+from benchmarks import cases
 
 DT = torch.bfloat16
 
@@ -56,8 +53,8 @@ def norm_forward_call(op, m, rows, cols):
 
 
 def load():
-    """(lib, liger): the library's packages and Liger-Kernel (None when absent), as ops.py
+    """(lib, liger): the library's packages and Liger-Kernel (None when absent), as benchmarks.ops
     loads them; exits when there is no CUDA GPU."""
     if not torch.cuda.is_available():
         sys.exit("the launch-configuration sweeps need a CUDA GPU")
-    return ops.load_library(), ops.load_liger()
+    return cases.load_library(), cases.load_liger()

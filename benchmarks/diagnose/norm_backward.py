@@ -1,8 +1,8 @@
 """The norms' backward over its launch configurations: where ``bwd_block`` comes from.
 
-    python benchmarks/diagnose/norm_backward.py            # bf16, the benchmark's shapes
-    python benchmarks/diagnose/norm_backward.py --fp32     # float32 rows from 64M elements
-    python benchmarks/diagnose/norm_backward.py --widths   # hidden 1024 to 65536
+    python -m benchmarks.diagnose.norm_backward            # bf16, the benchmark's shapes
+    python -m benchmarks.diagnose.norm_backward --fp32     # float32 rows from 64M elements
+    python -m benchmarks.diagnose.norm_backward --widths   # hidden 1024 to 65536
 
 Each norm's backward launcher alone (kernel and partial sums) is timed under CUDA graphs
 (device time, ``triton.testing.do_bench_cudagraph``) over elements a step, programs per SM
@@ -19,7 +19,9 @@ import argparse
 import sys
 
 import torch
-from launch import DT, load, norm_modules, ops, swapped
+
+from benchmarks import cases
+from benchmarks.diagnose.launch import DT, load, norm_modules, swapped
 
 SWEEP_SHAPES = ((4096, 2048), (4096, 4096), (16384, 4096), (8192, 8192), (32768, 8192),
                 (65536, 1024), (16384, 5120))  # fmt: skip
@@ -130,12 +132,12 @@ LOOKAHEADS = {torch.float32: (True, False)}
 
 
 def sweep_backward_fp32(lib, liger):
-    """``sweep_backward`` for fp32 data at the square shapes of ops.NORM_SHAPES from 64M
+    """``sweep_backward`` for fp32 data at the square shapes of cases.NORM_SHAPES from 64M
     elements, with up to 32 warps (an fp32 row holds twice the registers of a bf16 one)."""
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
         for op, m in norm_modules(lib):
-            for rows, cols in ops.NORM_SHAPES[1:]:
+            for rows, cols in cases.NORM_SHAPES[1:]:
                 _sweep_shape(op, m, liger, rows, cols, FP32_BWD_GRID, torch.float32)
 
 
@@ -147,11 +149,11 @@ BWD_GRID_NARROW = ((8192, 16384, 32768), (1, 2, 4), (4, 8, 16))
 
 
 def sweep_widths(lib, liger):
-    """The norms' backward at the widths of ``ops.WIDTH_SHAPES`` over ``BWD_GRIDS``."""
+    """The norms' backward at the widths of ``cases.WIDTH_SHAPES`` over ``BWD_GRIDS``."""
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
         for op, m in norm_modules(lib):
-            for rows, cols in ops.WIDTH_SHAPES:
+            for rows, cols in cases.WIDTH_SHAPES:
                 _sweep_shape(op, m, liger, rows, cols, BWD_GRIDS.get(cols, BWD_GRID_NARROW))
 
 
@@ -159,7 +161,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--fp32", action="store_true", help="float32 rows from 64M elements")
-    which.add_argument("--widths", action="store_true", help="the shapes of ops.WIDTH_SHAPES")
+    which.add_argument("--widths", action="store_true", help="the shapes of cases.WIDTH_SHAPES")
     args = parser.parse_args()
     lib, liger = load()
     if args.fp32:

@@ -1,15 +1,15 @@
 """The norms' forward over its launch configurations: where ``_fwd_block`` comes from.
 
-    python benchmarks/diagnose/norm_forward.py                       # the A/B, every case
-    python benchmarks/diagnose/norm_forward.py --norms LayerNorm --shapes 8192x8192
-    python benchmarks/diagnose/norm_forward.py --widths              # hidden 1024 to 65536
+    python -m benchmarks.diagnose.norm_forward                       # the A/B, every case
+    python -m benchmarks.diagnose.norm_forward --norms LayerNorm --shapes 8192x8192
+    python -m benchmarks.diagnose.norm_forward --widths              # hidden 1024 to 65536
 
-The A/B: for each case of ``FWD_AB_CASES`` (a norm of ``ops.NORM_OPS`` and a shape), ours as
+The A/B: for each case of ``FWD_AB_CASES`` (a norm of ``cases.NORM_OPS`` and a shape), ours as
 configured and the candidate configurations of ``_fwd_candidates`` beside ``torch.compile``
 and Liger, each back to back in a CUDA graph, the graphs replayed in interleaved rounds
-(``ops.interleaved_graphs_ms``), so that a drift of the GPU's state hits every contender
+(``timing.interleaved_graphs_ms``), so that a drift of the GPU's state hits every contender
 alike. ``--widths``: each norm's forward launcher over ``FWD_CONFIGS`` at the widths of
-``ops.WIDTH_SHAPES``, CUDA graphs back to back. The rule under test is ``_fwd_block`` of
+``cases.WIDTH_SHAPES``, CUDA graphs back to back. The rule under test is ``_fwd_block`` of
 ``rms_norm.py`` and ``layer_norm.py``; the sweep swaps it and puts it back. Needs a CUDA GPU.
 """
 
@@ -20,7 +20,9 @@ import functools
 import sys
 
 import torch
-from launch import DT, load, norm_forward_call, norm_modules, ops, swapped
+
+from benchmarks import cases, timing
+from benchmarks.diagnose.launch import DT, load, norm_forward_call, norm_modules, swapped
 
 # Forward configurations (one_pass, block_n, rows a block, warps) per width: rows packed to a
 # block and warps for narrow rows; one block or chunks of a non-power-of-two width; chunks and
@@ -78,16 +80,16 @@ def _fwd_candidates(cols: int) -> list:
     return configs + chunks
 
 
-# Cases of the A/B (a norm of ops.NORM_OPS, shapes): the square shapes of ops.NORM_SHAPES from
+# Cases of the A/B (a norm of cases.NORM_OPS, shapes): the square shapes of cases.NORM_SHAPES from
 # 64M elements, and about 64M elements at the widths of real models' hidden sizes, for the two
 # norms; the square shapes for the RMSNorm kernel's other uses (fp32 data, Gemma, fused add) and
 # LayerNorm's (fp32 data, no bias); LayerNorm's widest rows.
-_WIDE_SHAPES = [*ops.NORM_SHAPES[1:], (16384, 5120), (5461, 12288), (4096, 16384)]
+_WIDE_SHAPES = [*cases.NORM_SHAPES[1:], (16384, 5120), (5461, 12288), (4096, 16384)]
 FWD_AB_CASES = [("RMSNorm", s) for s in _WIDE_SHAPES] + [("LayerNorm", s) for s in _WIDE_SHAPES]
-FWD_AB_CASES += [(k, s) for k in ("RMSNorm", "LayerNorm") for s in ops.WIDTH_SHAPES[:2]]
+FWD_AB_CASES += [(k, s) for k in ("RMSNorm", "LayerNorm") for s in cases.WIDTH_SHAPES[:2]]
 FWD_AB_CASES += [(k, s) for k in ("RMSNorm-fp32", "GemmaRMSNorm", "FusedAddRMSNorm",
                                   "LayerNorm-fp32", "LayerNorm-nobias")
-                 for s in ops.NORM_SHAPES[1:]]  # fmt: skip
+                 for s in cases.NORM_SHAPES[1:]]  # fmt: skip
 # LayerNorm's rows of 4096 at fewer rows; hidden sizes between 4096 and 16384 that are not
 # multiples of 4096, about 64M elements each; rows past MAX_ONE_PASS, bf16 and fp32.
 FWD_AB_CASES += [("LayerNorm", s) for s in ((4096, 4096), (8192, 4096), (10923, 6144),
@@ -101,7 +103,7 @@ def forward_ab(lib, liger, kinds=(), shapes=()):
     """The norms' forward in FWD_AB_CASES (only those of ``kinds`` and ``shapes``, if given): ours as
     configured and the candidates of ``_fwd_candidates`` beside torch.compile and Liger, each
     back to back in a CUDA graph, the graphs replayed in interleaved rounds
-    (``ops.interleaved_graphs_ms``)."""
+    (``timing.interleaved_graphs_ms``)."""
     modules = dict(norm_modules(lib))
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
@@ -110,22 +112,22 @@ def forward_ab(lib, liger, kinds=(), shapes=()):
         for op, (rows, cols) in cases:
             m = modules["LayerNorm" if op.startswith("LayerNorm") else "RMSNorm"]
             torch._dynamo.reset()  # each case's torch.compile from scratch, not a recompile
-            inputs, _, fns, moved, _ = ops.norm_case(op, lib, liger, rows, cols)
+            inputs, _, fns, moved, _ = cases.norm_case(op, lib, liger, rows, cols)
             graphs = {}
             with torch.no_grad():
                 for impl in ("compile", "liger", "ours"):
                     if impl in fns:
-                        graphs[impl] = ops.back_to_back_graph(
+                        graphs[impl] = timing.back_to_back_graph(
                             [functools.partial(fns[impl], *inputs)], 15.0
                         )
                 for config in _fwd_candidates(cols):
                     one_pass, block_n, n_rows, warps = config
                     kind = f"block {block_n} x {n_rows}" if one_pass else f"chunks {block_n}"
                     with swapped(m, _fwd_block=lambda n, *_, config=config: config):
-                        graphs[f"{kind}, {warps} warps"] = ops.back_to_back_graph(
+                        graphs[f"{kind}, {warps} warps"] = timing.back_to_back_graph(
                             [functools.partial(fns["ours"], *inputs)], 15.0
                         )
-            times = ops.interleaved_graphs_ms(graphs)
+            times = timing.interleaved_graphs_ms(graphs)
             best = min(times["compile"], times.get("liger", float("inf")))
             for name, ms in sorted(times.items(), key=lambda t: t[1]):
                 print(f"{op} fwd {rows}x{cols} {name:22s} {ms * 1e3:7.1f} us "
@@ -135,18 +137,20 @@ def forward_ab(lib, liger, kinds=(), shapes=()):
 
 
 def sweep_widths(lib):
-    """The norms' forward at the widths of ``ops.WIDTH_SHAPES`` over ``FWD_CONFIGS``."""
+    """The norms' forward at the widths of ``cases.WIDTH_SHAPES`` over ``FWD_CONFIGS``."""
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
         for op, m in norm_modules(lib):
-            for rows, cols in ops.WIDTH_SHAPES:
+            for rows, cols in cases.WIDTH_SHAPES:
                 _sweep_forward(op, m, rows, cols)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--widths", action="store_true", help="the shapes of ops.WIDTH_SHAPES")
-    parser.add_argument("--norms", default="", help="A/B: only these norms (ops.py names, a,b)")
+    parser.add_argument("--widths", action="store_true", help="the shapes of cases.WIDTH_SHAPES")
+    parser.add_argument(
+        "--norms", default="", help="A/B: only these norms (benchmarks.cases.NORM_OPS names, a,b)"
+    )
     parser.add_argument("--shapes", default="", help="A/B: only these shapes (ROWSxCOLS,...)")
     args = parser.parse_args()
     lib, liger = load()

@@ -1,8 +1,8 @@
 """The rotary forward over its launch configuration: where ``_launch_config`` comes from.
 
-    python benchmarks/diagnose/rotary_launch.py
+    python -m benchmarks.diagnose.rotary_launch
 
-At the benchmark's shapes (``ops.ROTARY_SHAPES``), Liger's rotary, ours as configured and ours
+At the benchmark's shapes (``cases.ROTARY_SHAPES``), Liger's rotary, ours as configured and ours
 over heads per block and ``num_warps``, each timed back to back under CUDA graphs (device time;
 L2 is not cleared, so inputs smaller than L2 can stay there between replays). The rule under
 test is ``_launch_config`` of the rotary package's ``rotary.py`` (cached per head counts); the
@@ -14,13 +14,15 @@ from __future__ import annotations
 import sys
 
 import torch
-from launch import load, ops, swapped
+
+from benchmarks import cases
+from benchmarks.diagnose.launch import load, swapped
 
 
 def _sweep_rotary_shape(lib, liger, rotary, batch, seq):
     from triton.testing import do_bench_cudagraph
 
-    (q, k), _, fns, moved, _ = ops.rotary_case(lib, liger, batch, seq)
+    (q, k), _, fns, moved, _ = cases.rotary_case(lib, liger, batch, seq)
 
     def timed(label, fn, rep):
         fn(q, k)  # compile outside the graph capture
@@ -50,7 +52,7 @@ def sweep_rotary(lib, liger):
     rotary = sys.modules[f"{lib['rotary'].__name__}.rotary"]
     stream = torch.cuda.Stream()  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream):
-        for batch, seq in ops.ROTARY_SHAPES:
+        for batch, seq in cases.ROTARY_SHAPES:
             _sweep_rotary_shape(lib, liger, rotary, batch, seq)
 
 
