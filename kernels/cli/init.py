@@ -13,12 +13,19 @@ from . import CommandError
 HELP = "scaffold a new Triton kernel repository with a layer, tests and a benchmark"
 DESCRIPTION = """\
 Create the folder NAME (or DIR/NAME) with a Triton kernel repository in kernel-builder's
-layout: build.toml and the package source in torch-ext/<package>/ (an example element-wise
-kernel with a backward pass and a kernel layer), build.py, which writes build/ from it (the
-torch-cuda, torch-rocm, torch-xpu and torch-universal variants, each with the metadata.json
-Hugging Face's client needs; run it after every change), tests against PyTorch that run on the
-CPU through Triton's interpreter (TRITON_INTERPRET=1), a benchmark for `kernels benchmark` and
-a README. NAME may be a Hub repo id (org/name); its last part names the kernel and the folder
+layout, then build it once:
+  build.toml            name, version, license, backends (kernel-builder's format)
+  torch-ext/<package>/  the package source: an example element-wise SiLU kernel with a
+                        backward pass, and a kernel layer that can replace torch.nn.SiLU
+  build.py              writes build/ from torch-ext/; run it after every change
+  build/                the torch-cuda, torch-rocm, torch-xpu and torch-universal variants,
+                        each with the metadata.json Hugging Face's client needs
+  tests/                tests against PyTorch that run on the CPU through Triton's
+                        interpreter (TRITON_INTERPRET=1), and check that build/ is current
+  benchmarks/           workloads for `kernels benchmark .`
+  README.md             the Hub model card
+  .gitignore            caches and benchmarks/results/
+NAME may be a Hub repo id (org/name); its last part names the kernel and the folder
 (lowercase letters, digits and dashes, kernel-builder's rule) and, with dashes as
 underscores, the package."""
 EPILOG = """\
