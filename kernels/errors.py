@@ -88,5 +88,11 @@ class KernelHashMismatchError(KernelLockError):
     """A downloaded kernel file differs from the hash its lock records; nothing was imported."""
 
 
+class KernelSignatureError(KernelLoadError, PermissionError):
+    """Signatures are required (``KERNELS_REQUIRE_SIGNATURES=1``) and a kernel build is not
+    signed by an accepted publisher, or its files do not match what the signature vouches
+    for; nothing was imported. Also raised when the optional ``sigstore`` package is missing."""
+
+
 class KernelVerificationError(KernelsError, ValueError):
     """`kernelize(..., verify=...)` found a kernel whose result differs from its layer's."""

@@ -58,13 +58,16 @@ _RECEIPTS = "verified"
 _CHUNK = 1 << 20
 
 
-def check_digests(metadata: Metadata, variant_dir: Path) -> None:
+def check_digests(metadata: Metadata, variant_dir: Path, *, trust_receipt: bool = True) -> None:
     """Check the files of `variant_dir` against the digests of its ``metadata.json``, if it
     has any (builds without them load unchecked, as in Hugging Face's client).
 
     Args:
         metadata: the variant's metadata.
         variant_dir: the variant folder, in a Hub snapshot or a local folder.
+        trust_receipt: whether an earlier check's receipt may stand in for hashing;
+            ``kernels verify-signature`` hashes every file regardless (a receipt is only as
+            trustworthy as whoever can write the cache).
 
     Raises:
         KernelMetadataError: ``digest`` is malformed (its algorithm, a path or a digest).
@@ -97,7 +100,7 @@ def check_digests(metadata: Metadata, variant_dir: Path) -> None:
         if entry[0] not in _UNHASHED and not entry[0].endswith(".pyc")
     )
     stamp = _stamp(algorithm, expected)
-    if receipt is not None and _read_receipt(receipt, stamp) == listing:
+    if trust_receipt and receipt is not None and _read_receipt(receipt, stamp) == listing:
         return
     on_disk = {entry[0] for entry in listing}
     for rel in sorted(on_disk | set(expected), key=str.encode):
