@@ -1,0 +1,397 @@
+"""The Triton kernels of flash attention: a forward, and a backward in three kernels.
+
+Every kernel addresses a query, key or value row as ``base[batch] + row * stride_row +
+head * stride_head + dim`` (the last dimension contiguous), so one kernel serves all layouts:
+
+- dense ``(batch, seqlen, heads, dim)`` tensors: row ``i`` of batch ``b``;
+- packed (varlen) ``(total, heads, dim)`` tensors, passed as ``(1, total, heads, dim)``: the rows
+  of sequence ``b`` start at ``cu_seqlens[b]`` (``VARLEN_Q``, ``K_LEN == K_CU``);
+- a KV cache ``(batch, capacity, heads, dim)`` of which sequence ``b`` uses its first
+  ``seqused_k[b]`` rows (``K_LEN == K_USED``), optionally paged (``PAGED``: cache rows live in
+  blocks of ``PAGE_SIZE`` rows listed by a block table).
+
+Masks follow flash-attn 2: with ``shift = len_k - len_q`` (the causal diagonal is aligned to the
+bottom right), query ``i`` sees key ``j`` when ``i + shift - left <= j <= i + shift + right``;
+each side is unbounded unless its WINDOW_* flag is set (causal is ``right = 0``). Logits are
+``q . k * scale``, soft-capped as ``cap * tanh(logit / cap)`` when SOFTCAP; an attention sink
+(``s_aux``, one logit per head) joins every row's softmax denominator and nothing else. Scores
+are kept in base-2 units (``exp2``), the log-sum-exp is written in natural units.
+
+A row that sees no key (and has no sink) gets output 0 and log-sum-exp ``+inf``, as in
+flash-attn 2: its probabilities ``exp(s - lse)`` are then 0 in the backward.
+
+The backward recomputes probabilities from the saved log-sum-exp (flash-attn 2): ``_delta``
+computes ``rowsum(dout * out)``, ``_bwd_dkdv`` walks the queries that see one block of keys (all
+the query heads of the key's group, one after another) and ``_bwd_dq`` walks the keys one block
+of queries sees. No atomics: every gradient element is summed by one program in a fixed order,
+so the backward is bitwise repeatable whatever ``deterministic`` says.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+
+# How a sequence's key length is known (the K_LEN constexpr).
+K_FIXED = 0  # seqlen_k for every batch
+K_CU = 1  # cu_seqlens_k[b + 1] - cu_seqlens_k[b], rows from cu_seqlens_k[b]
+K_USED = 2  # seqused_k[b] (a KV cache's filled length), rows from 0
+
+
+@triton.jit
+def _tanh(x):
+    # No libdevice (the interpreter has none): tanh from exp2. For |x| large exp2 overflows to
+    # inf or underflows to 0, and the result is exactly +-1.
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def _dot(a, b, DOT_PRECISION: tl.constexpr):
+    # "upcast": Triton's interpreter (3.9) multiplies bfloat16 matrices wrongly (results off by
+    # 1e10), so on the CPU bf16 operands are widened first; they hold the same values.
+    if DOT_PRECISION == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _seq_q(CU_Q, b, seqlen_q, VARLEN_Q: tl.constexpr):
+    # (batch index into the tensor, first row, length) of batch b's queries.
+    if VARLEN_Q:
+        start = tl.load(CU_Q + b).to(tl.int64)
+        length = (tl.load(CU_Q + b + 1) - start).to(tl.int32)
+        return b * 0, start, length
+    else:
+        return b, 0, seqlen_q
+
+
+@triton.jit
+def _seq_k(CU_K, SEQUSED_K, b, seqlen_k, K_LEN: tl.constexpr):
+    # (batch index into the tensor, first row, length) of batch b's keys and values.
+    if K_LEN == 1:
+        start = tl.load(CU_K + b).to(tl.int64)
+        length = (tl.load(CU_K + b + 1) - start).to(tl.int32)
+        return b * 0, start, length
+    elif K_LEN == 2:
+        return b, 0, tl.load(SEQUSED_K + b).to(tl.int32)
+    else:
+        return b, 0, seqlen_k
+
+
+@triton.jit
+def _logits(qk, logit_scale, cap_log2, SOFTCAP: tl.constexpr):
+    # Base-2 logits from raw q.k. Without SOFTCAP, logit_scale is scale * log2(e); with it,
+    # logit_scale is scale / cap and cap_log2 is cap * log2(e).
+    if SOFTCAP:
+        return cap_log2 * _tanh(qk * logit_scale)
+    else:
+        return qk * logit_scale
+
+
+@triton.jit
+def _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT: tl.constexpr,
+          WINDOW_RIGHT: tl.constexpr):  # fmt: skip
+    shift = len_k - len_q
+    mask = (offs_m[:, None] < len_q) & (offs_n[None, :] < len_k)
+    if WINDOW_RIGHT:
+        mask = mask & (offs_n[None, :] <= offs_m[:, None] + shift + window_right)
+    if WINDOW_LEFT:
+        mask = mask & (offs_n[None, :] >= offs_m[:, None] + shift - window_left)
+    return mask
+
+
+@triton.jit
+def _key_range(start_m, len_q, len_k, window_left, window_right, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):  # fmt: skip
+    # [lo, hi): the key blocks that the queries start_m .. start_m + BLOCK_M - 1 may see.
+    shift = len_k - len_q
+    lo = 0
+    hi = len_k
+    if WINDOW_RIGHT:
+        hi = tl.minimum(hi, start_m + BLOCK_M + shift + window_right)
+    if WINDOW_LEFT:
+        lo = tl.maximum(start_m + shift - window_left, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+    return lo, hi
+
+
+@triton.jit
+def _fwd_kernel(
+    Q, K, V, OUT, LSE, SINK, CU_Q, CU_K, SEQUSED_K, BLOCK_TABLE,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh, stride_bt,
+    seqlen_q, seqlen_k, n_heads, group,
+    logit_scale, cap_log2, window_left, window_right,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN_Q: tl.constexpr, K_LEN: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    HAS_SINK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
+    hk = h // group
+    bq, q_start, len_q = _seq_q(CU_Q, b, seqlen_q, VARLEN_Q)
+    start_m = pid_m * BLOCK_M
+    if start_m >= len_q:
+        return
+    bk, k_start, len_k = _seq_k(CU_K, SEQUSED_K, b, seqlen_k, K_LEN)
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_dq = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dq_mask = offs_dq < HEAD_DIM_QK
+    dv_mask = offs_dv < HEAD_DIM_V
+    m_mask = offs_m < len_q
+    q_rows = bq.to(tl.int64) * stride_qb + (q_start + offs_m) * stride_qs + h * stride_qh
+    q = tl.load(Q + q_rows[:, None] + offs_dq[None, :], mask=m_mask[:, None] & dq_mask[None, :],
+                other=0.0)  # fmt: skip
+
+    if HAS_SINK:
+        # The sink is a logit of its own: start the running max there with a sum of exp(0) = 1.
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINK + h).to(tl.float32) * LOG2E
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    else:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    lo, hi = _key_range(start_m, len_q, len_k, window_left, window_right, BLOCK_M, BLOCK_N,
+                        WINDOW_LEFT, WINDOW_RIGHT)  # fmt: skip
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < len_k
+        if PAGED:
+            page = tl.load(BLOCK_TABLE + b.to(tl.int64) * stride_bt + offs_n // PAGE_SIZE,
+                           mask=n_mask, other=0).to(tl.int64)  # fmt: skip
+            k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_ks
+            v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vs
+        else:
+            k_rows = bk.to(tl.int64) * stride_kb + (k_start + offs_n) * stride_ks
+            v_rows = bk.to(tl.int64) * stride_vb + (k_start + offs_n) * stride_vs
+        kt = tl.load(K + k_rows[None, :] + hk * stride_kh + offs_dq[:, None],
+                     mask=n_mask[None, :] & dq_mask[:, None], other=0.0)  # fmt: skip
+        s = _logits(_dot(q, kt, DOT_PRECISION), logit_scale, cap_log2, SOFTCAP)
+        mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
+                     WINDOW_RIGHT)  # fmt: skip
+        s = tl.where(mask, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen nothing yet keeps m = -inf; subtract 0 there instead (p is 0).
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + v_rows[:, None] + hk * stride_vh + offs_dv[None, :],
+                    mask=n_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PRECISION)
+        m_i = m_new
+
+    has_mass = l_i > 0.0
+    out = acc / tl.where(has_mass, l_i, 1.0)[:, None]
+    lse = tl.where(has_mass, m_i * LN2 + tl.log(tl.where(has_mass, l_i, 1.0)), float("inf"))
+    o_rows = bq.to(tl.int64) * stride_ob + (q_start + offs_m) * stride_os + h * stride_oh
+    tl.store(OUT + o_rows[:, None] + offs_dv[None, :], out.to(OUT.dtype.element_ty),
+             mask=m_mask[:, None] & dv_mask[None, :])  # fmt: skip
+    tl.store(LSE + bq.to(tl.int64) * stride_lb + h * stride_lh + q_start + offs_m, lse,
+             mask=m_mask)  # fmt: skip
+
+
+@triton.jit
+def _delta_kernel(
+    OUT, DO, DELTA, CU_Q,
+    stride_ob, stride_os, stride_oh,
+    stride_dob, stride_dos, stride_doh,
+    stride_lb, stride_lh,
+    seqlen_q, n_heads,
+    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+    VARLEN_Q: tl.constexpr,
+):  # fmt: skip
+    # delta = rowsum(dout * out) in fp32, laid out as the log-sum-exp.
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
+    bq, q_start, len_q = _seq_q(CU_Q, b, seqlen_q, VARLEN_Q)
+    start_m = pid_m * BLOCK_M
+    if start_m >= len_q:
+        return
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_DV)
+    mask = (offs_m < len_q)[:, None] & (offs_d < HEAD_DIM_V)[None, :]
+    rows = q_start + offs_m
+    o = tl.load(OUT + bq.to(tl.int64) * stride_ob + rows[:, None] * stride_os + h * stride_oh
+                + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)  # fmt: skip
+    do = tl.load(DO + bq.to(tl.int64) * stride_dob + rows[:, None] * stride_dos + h * stride_doh
+                 + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)  # fmt: skip
+    tl.store(DELTA + bq.to(tl.int64) * stride_lb + h * stride_lh + rows, tl.sum(o * do, 1),
+             mask=offs_m < len_q)  # fmt: skip
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, n_kv_heads, group,
+    scale, logit_scale, cap_log2, window_left, window_right,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN_Q: tl.constexpr, K_LEN: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_kv_heads
+    hk = pid_bh % n_kv_heads
+    bk, k_start, len_k = _seq_k(CU_K, CU_K, b, seqlen_k, K_LEN)
+    start_n = pid_n * BLOCK_N
+    if start_n >= len_k:
+        return
+    bq, q_start, len_q = _seq_q(CU_Q, b, seqlen_q, VARLEN_Q)
+    shift = len_k - len_q
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_dq = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dq_mask = offs_dq < HEAD_DIM_QK
+    dv_mask = offs_dv < HEAD_DIM_V
+    n_mask = offs_n < len_k
+    k_rows = bk.to(tl.int64) * stride_kb + (k_start + offs_n) * stride_ks + hk * stride_kh
+    v_rows = bk.to(tl.int64) * stride_vb + (k_start + offs_n) * stride_vs + hk * stride_vh
+    k = tl.load(K + k_rows[:, None] + offs_dq[None, :], mask=n_mask[:, None] & dq_mask[None, :],
+                other=0.0)  # fmt: skip
+    v = tl.load(V + v_rows[:, None] + offs_dv[None, :], mask=n_mask[:, None] & dv_mask[None, :],
+                other=0.0)  # fmt: skip
+    dk = tl.zeros([BLOCK_N, BLOCK_DQK], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+
+    # The queries that may see this block of keys.
+    lo = 0
+    hi = len_q
+    if WINDOW_RIGHT:
+        lo = tl.maximum(start_n - shift - window_right, 0)
+        lo = (lo // BLOCK_M) * BLOCK_M
+    if WINDOW_LEFT:
+        hi = tl.minimum(hi, start_n + BLOCK_N - shift + window_left)
+    for g in range(0, group):
+        h = hk * group + g
+        for start_m in range(lo, hi, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            m_mask = offs_m < len_q
+            rows = q_start + offs_m
+            q = tl.load(Q + bq.to(tl.int64) * stride_qb + rows[:, None] * stride_qs
+                        + h * stride_qh + offs_dq[None, :],
+                        mask=m_mask[:, None] & dq_mask[None, :], other=0.0)  # fmt: skip
+            do = tl.load(DO + bq.to(tl.int64) * stride_dob + rows[:, None] * stride_dos
+                         + h * stride_doh + offs_dv[None, :],
+                         mask=m_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
+            l_offs = bq.to(tl.int64) * stride_lb + h * stride_lh + rows
+            lse = tl.load(LSE + l_offs, mask=m_mask, other=float("inf")) * LOG2E
+            delta = tl.load(DELTA + l_offs, mask=m_mask, other=0.0)
+            qk = _dot(q, tl.trans(k), DOT_PRECISION)
+            s = _logits(qk, logit_scale, cap_log2, SOFTCAP)
+            mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
+                         WINDOW_RIGHT)  # fmt: skip
+            p = tl.where(mask, tl.exp2(s - lse[:, None]), 0.0)
+            dv += _dot(tl.trans(p.to(do.dtype)), do, DOT_PRECISION)
+            dp = _dot(do, tl.trans(v), DOT_PRECISION)
+            ds = p * (dp - delta[:, None])
+            if SOFTCAP:
+                t = _tanh(qk * logit_scale)
+                ds = ds * (1.0 - t * t)
+            dk += _dot(tl.trans(ds.to(q.dtype)), q, DOT_PRECISION)
+
+    dk_rows = bk.to(tl.int64) * stride_dkb + (k_start + offs_n) * stride_dks
+    dv_rows = bk.to(tl.int64) * stride_dvb + (k_start + offs_n) * stride_dvs
+    tl.store(DK + dk_rows[:, None] + hk * stride_dkh + offs_dq[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=n_mask[:, None] & dq_mask[None, :])  # fmt: skip
+    tl.store(DV + dv_rows[:, None] + hk * stride_dvh + offs_dv[None, :],
+             dv.to(DV.dtype.element_ty), mask=n_mask[:, None] & dv_mask[None, :])  # fmt: skip
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dqb, stride_dqs, stride_dqh,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, n_heads, group,
+    scale, logit_scale, cap_log2, window_left, window_right,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN_Q: tl.constexpr, K_LEN: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
+    hk = h // group
+    bq, q_start, len_q = _seq_q(CU_Q, b, seqlen_q, VARLEN_Q)
+    start_m = pid_m * BLOCK_M
+    if start_m >= len_q:
+        return
+    bk, k_start, len_k = _seq_k(CU_K, CU_K, b, seqlen_k, K_LEN)
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_dq = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dq_mask = offs_dq < HEAD_DIM_QK
+    dv_mask = offs_dv < HEAD_DIM_V
+    m_mask = offs_m < len_q
+    rows = q_start + offs_m
+    q = tl.load(Q + bq.to(tl.int64) * stride_qb + rows[:, None] * stride_qs + h * stride_qh
+                + offs_dq[None, :], mask=m_mask[:, None] & dq_mask[None, :], other=0.0)  # fmt: skip
+    do = tl.load(DO + bq.to(tl.int64) * stride_dob + rows[:, None] * stride_dos + h * stride_doh
+                 + offs_dv[None, :], mask=m_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
+    l_offs = bq.to(tl.int64) * stride_lb + h * stride_lh + rows
+    lse = tl.load(LSE + l_offs, mask=m_mask, other=float("inf")) * LOG2E
+    delta = tl.load(DELTA + l_offs, mask=m_mask, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
+
+    lo, hi = _key_range(start_m, len_q, len_k, window_left, window_right, BLOCK_M, BLOCK_N,
+                        WINDOW_LEFT, WINDOW_RIGHT)  # fmt: skip
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < len_k
+        k_rows = bk.to(tl.int64) * stride_kb + (k_start + offs_n) * stride_ks + hk * stride_kh
+        v_rows = bk.to(tl.int64) * stride_vb + (k_start + offs_n) * stride_vs + hk * stride_vh
+        kt = tl.load(K + k_rows[None, :] + offs_dq[:, None],
+                     mask=n_mask[None, :] & dq_mask[:, None], other=0.0)  # fmt: skip
+        vt = tl.load(V + v_rows[None, :] + offs_dv[:, None],
+                     mask=n_mask[None, :] & dv_mask[:, None], other=0.0)  # fmt: skip
+        qk = _dot(q, kt, DOT_PRECISION)
+        s = _logits(qk, logit_scale, cap_log2, SOFTCAP)
+        mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
+                     WINDOW_RIGHT)  # fmt: skip
+        p = tl.where(mask, tl.exp2(s - lse[:, None]), 0.0)
+        dp = _dot(do, vt, DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            t = _tanh(qk * logit_scale)
+            ds = ds * (1.0 - t * t)
+        dq += _dot(ds.to(kt.dtype), tl.trans(kt), DOT_PRECISION)
+
+    tl.store(DQ + bq.to(tl.int64) * stride_dqb + rows[:, None] * stride_dqs + h * stride_dqh
+             + offs_dq[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=m_mask[:, None] & dq_mask[None, :])  # fmt: skip
