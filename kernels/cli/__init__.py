@@ -3,7 +3,7 @@
 Each subcommand is a module of this package with ``HELP`` (one line for ``kernels --help``),
 ``DESCRIPTION`` and ``EPILOG`` (for ``kernels CMD --help``), ``configure(parser)`` to add
 its arguments and ``run(args) -> int``. Adding a command is adding a module and its name to
-`COMMANDS`.
+`COMMANDS` (a ``-`` in a command's name is ``_`` in its module's).
 
 Exit codes: 0 success, 1 an error (printed on stderr as ``error: ...``, without a
 traceback when it is one `kernels` expects, such as a missing repository), 2 a usage error.
@@ -18,7 +18,7 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 
-#: Subcommands, in the order ``kernels --help`` lists them: module names in this package.
+#: Subcommands, in the order ``kernels --help`` lists them (their modules in this package).
 COMMANDS: tuple[str, ...] = (
     "demo",
     "explain",
@@ -26,6 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "lock",
     "download",
     "check",
+    "verify-signature",
     "benchmark",
     "init",
     "upload",
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        module = importlib.import_module(f"{__name__}.{name}")
+        module = importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
         sub = subparsers.add_parser(
             name,
             help=module.HELP,

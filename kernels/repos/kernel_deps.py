@@ -117,7 +117,11 @@ def _bad(where: str, problem: str) -> KernelMetadataError:
 def dependencies_of(package_dir: Path) -> tuple[KernelDependency, ...]:
     """The ``kernel-depends`` of the variant a package folder belongs to (none without a file)."""
     from .loaded import read_metadata, variant_folder
+    from .signatures import check_signature
 
+    # Dependencies load before the kernel itself: its signature (when required) must hold
+    # before its metadata is parsed and anything it names is imported.
+    check_signature(variant_folder(package_dir))
     metadata = read_metadata(package_dir)
     where = str(variant_folder(package_dir) / "metadata.json")
     return parse_kernel_depends(metadata.extra.get(KEY), where=where)

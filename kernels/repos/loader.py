@@ -22,6 +22,7 @@ from . import source_import
 from .digests import check_digests
 from .loaded import read_metadata, record_import, variant_folder
 from .requirements import check_requirements
+from .signatures import check_signature
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +43,15 @@ def import_package(package_dir: Path, package_name: str) -> ModuleType:
     The package and every module under it are imported from source only
     (`kernels.repos.source_import`). Its variant's ``metadata.json`` is read first and what
     it demands is checked (`kernels.repos.requirements`), and so are the file digests it
-    records (`kernels.repos.digests`); the package is recorded as loaded
+    records (`kernels.repos.digests`) and, when ``KERNELS_REQUIRE_SIGNATURES=1``, the
+    signature of a Hub build (`kernels.repos.signatures`); the package is recorded as loaded
     only once all of it succeeded.
 
     Raises:
         KernelLoadError: the folder is no package, its metadata.json is malformed or
             demands what is not here (`KernelMetadataError` for a malformed demand), a file
-            differs from its digest there (`KernelHashMismatchError`), or
+            differs from its digest there (`KernelHashMismatchError`), a required signature
+            does not verify (`KernelSignatureError`), or
             importing it raised (any exception, ``SystemExit`` included; only
             ``KeyboardInterrupt`` passes through as it is). Nothing of a failed import is
             left in ``sys.modules``.
@@ -61,8 +64,10 @@ def import_package(package_dir: Path, package_name: str) -> ModuleType:
         init = package_dir / "__init__.py"
         if not init.is_file():
             raise KernelLoadError(f"{package_dir} is not a Python package: it has no __init__.py.")
-        metadata = read_metadata(package_dir)
         variant_dir = variant_folder(package_dir)
+        # Before the metadata is parsed: a forged file should meet no parser of ours.
+        check_signature(variant_dir)
+        metadata = read_metadata(package_dir)
         check_requirements(metadata, variant_dir)
         check_digests(metadata, variant_dir)
         name = unique_module_name(package_name, package_dir)

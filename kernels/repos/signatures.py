@@ -438,17 +438,13 @@ def signatures_required() -> bool:
     )
 
 
-def check_signature(variant_dir: Path, kernel: str) -> None:
+def check_signature(variant_dir: str | os.PathLike[str]) -> None:
     """At load: when `ENV_REQUIRE` is set, refuse a Hub snapshot's variant that does not verify.
 
-    Called before anything of the variant is read or imported. Local folders (anything not
-    in huggingface_hub's snapshot layout) are exempt. A verified variant leaves a receipt,
-    so its next load verifies no signature (the files are still listed against the digest
-    receipt).
-
-    Args:
-        variant_dir: the variant folder about to be imported from.
-        kernel: how messages name the kernel.
+    Called before anything of the variant is parsed or imported (by the loader, and before
+    a kernel's ``kernel-depends`` are read). Local folders (anything outside huggingface_hub's
+    snapshot layout) are exempt. A verified variant leaves a receipt, so its next load
+    verifies no signature; its files are still listed against the digest receipt.
 
     Raises:
         KernelSignatureError: signatures are required and the variant does not verify, or
@@ -460,6 +456,8 @@ def check_signature(variant_dir: Path, kernel: str) -> None:
     receipt = _receipt_path(variant_dir)
     if receipt is None:
         return
+    repo = receipt.parents[3].name.split("--", 1)[-1].replace("--", "/")
+    kernel = f"{repo} at commit {receipt.parents[1].name[:12]}, variant {variant_dir.name}"
     policies = policies_from_env()
     stamp = _stamp(variant_dir, policies)
     if stamp is not None and _receipt_holds(receipt, stamp):
