@@ -11,6 +11,11 @@ import os
 import pytest
 import torch
 
+# Imported for what importing it does: the Hub test session's settings go into os.environ
+# before any test module imports huggingface_hub (which reads them once), whichever folder
+# pytest collects first; no test reaches the real Hub.
+import tests.support.hub  # noqa: F401
+
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,22 +1,19 @@
 """The `kernels` command without a Hub: help, exit codes, `check` on folders, `init`, `upload` planning.
 
-The commands that talk to the Hub are tested against the test server in tests/hub/test_cli_hub.py.
+The commands that talk to the Hub are tested against the test server in tests/repos/hub/test_cli_hub.py.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from kernels.cli import COMMANDS, main
 from kernels.cli.upload import plan_upload
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO_ROOT, subprocess_env
 
 BAD_LAYER = """
 import torch
@@ -79,10 +76,7 @@ def test_usage_errors_exit_2(argv, capsys):
 
 
 def test_python_dash_m_kernels():
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH")))),
-    }
+    env = subprocess_env()
     result = subprocess.run(
         [sys.executable, "-m", "kernels", "--version"], env=env, capture_output=True, text=True
     )
@@ -206,10 +200,7 @@ def test_init_scaffolds_a_repository_whose_tests_pass(tmp_path, capsys):
         assert (repo / path).is_file(), path
     assert "my-org/fused-silu" in (repo / "README.md").read_text()
 
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH")))),
-    }
+    env = subprocess_env()
     env.pop("TRITON_INTERPRET", None)  # the generated conftest must set it by itself
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],

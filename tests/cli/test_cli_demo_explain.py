@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from kernels.cli import COMMANDS, main
+from tests.support.paths import subprocess_env
 
 transformers = pytest.importorskip("transformers")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -47,10 +45,7 @@ def test_demo_help_wires_the_demo_arguments(capsys):
 
 
 def test_python_dash_m_kernels_demo_still_works():
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH")))),
-    }
+    env = subprocess_env()
     result = subprocess.run(
         [sys.executable, "-m", "kernels.demo", "--help"], env=env, capture_output=True, text=True
     )

@@ -13,7 +13,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from compile_backend_helpers import DEVICE  # noqa: E402  (after TRITON_INTERPRET is set)
+from tests.support.compile import DEVICE  # noqa: E402  (after TRITON_INTERPRET is set)
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from compile_backend_helpers import LlamaBlock, check_against_float64, on_device, randn
 from torch import fx, nn
 
 from kernels.compile import (
@@ -16,6 +15,7 @@ from kernels.compile import (
     KernelsBackend,
     kernels_backend,
 )
+from tests.support.compile import LlamaBlock, check_against_float64, on_device, randn
 
 
 def test_inductor_downstream_trains():

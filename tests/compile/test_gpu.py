@@ -3,10 +3,10 @@ Triton ReLU under inductor, and the layer norm."""
 
 import pytest
 import torch
-from compile_backend_helpers import LlamaBlock, check_against_float64, randn, triton_relu
 from torch import nn
 
 from kernels.compile import KernelRegistry, kernels_backend
+from tests.support.compile import LlamaBlock, check_against_float64, randn, triton_relu
 
 pytestmark = pytest.mark.gpu
 

@@ -3,9 +3,9 @@ computed before, and the report says why."""
 
 import torch
 import torch.nn.functional as F
-from compile_backend_helpers import DEVICE, LlamaBlock, on_device, randn
 
 from kernels.compile import KernelRegistry, kernels_backend
+from tests.support.compile import DEVICE, LlamaBlock, on_device, randn
 
 
 def test_float64_is_not_replaced_and_stays_exact(library):

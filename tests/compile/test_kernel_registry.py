@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from compile_backend_helpers import triton_relu
 
 from kernels import KernelsError
 from kernels.compile import (
@@ -12,6 +11,7 @@ from kernels.compile import (
     Policy,
     UnknownPatternError,
 )
+from tests.support.compile import triton_relu
 
 
 def test_decorator_registers_and_returns_the_function():

@@ -5,9 +5,9 @@ gated MLP replaced, output and gradients against float64."""
 
 import pytest
 import torch
-from compile_backend_helpers import ON_GPU, LlamaBlock, check_against_float64, randn
 
 from kernels.compile import KernelRegistry, kernels_backend
+from tests.support.compile import ON_GPU, LlamaBlock, check_against_float64, randn
 
 
 @pytest.mark.parametrize("norm", ["module", "formula"])

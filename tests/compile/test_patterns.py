@@ -5,16 +5,16 @@ with the output and gradients checked against the same module in float64."""
 import pytest
 import torch
 import torch.nn.functional as F
-from compile_backend_helpers import (
+from torch import nn
+
+from kernels.compile import kernels_backend
+from tests.support.compile import (
     LlamaRMSNorm,
     assert_close,
     check_against_float64,
     on_device,
     randn,
 )
-from torch import nn
-
-from kernels.compile import kernels_backend
 
 
 class Apply(nn.Module):
@@ -300,9 +300,8 @@ def test_layer_norm_replaced(library, form, fn, modules):
 def test_inplace_relu_after_a_fresh_tensor_is_replaced():
     """ResNet's ``nn.ReLU(inplace=True)`` after a batch norm and after ``out += identity``:
     the kernel writes a new tensor, and what read the input afterwards reads it."""
-    from compile_backend_helpers import triton_relu
-
     from kernels.compile import KernelRegistry
+    from tests.support.compile import triton_relu
 
     registry = KernelRegistry()
     registry.register("relu", triton_relu)
@@ -328,9 +327,8 @@ def test_inplace_relu_after_a_fresh_tensor_is_replaced():
 
 
 def test_inplace_relu_of_a_graph_input_is_left_alone():
-    from compile_backend_helpers import triton_relu
-
     from kernels.compile import KernelRegistry
+    from tests.support.compile import triton_relu
 
     registry = KernelRegistry()
     registry.register("relu", triton_relu)
@@ -346,9 +344,8 @@ def test_inplace_relu_of_a_graph_input_is_left_alone():
 
 
 def test_inplace_relu_whose_view_is_read_later_is_left_alone():
-    from compile_backend_helpers import triton_relu
-
     from kernels.compile import KernelRegistry
+    from tests.support.compile import triton_relu
 
     registry = KernelRegistry()
     registry.register("relu", triton_relu)

@@ -7,9 +7,9 @@ check the policy without compiling C++ on the CPU: it runs the rewritten graph a
 import pytest
 import torch
 import torch.nn.functional as F
-from compile_backend_helpers import randn, triton_relu
 
 from kernels.compile import KernelRegistrationError, KernelRegistry, Policy, kernels_backend
+from tests.support.compile import randn, triton_relu
 
 
 def fusing_compiler(gm, example_inputs):

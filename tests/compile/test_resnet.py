@@ -3,9 +3,9 @@
 
 import pytest
 import torch
-from compile_backend_helpers import DEVICE, randn, triton_relu
 
 from kernels.compile import KernelRegistry, kernels_backend
+from tests.support.compile import DEVICE, randn, triton_relu
 
 torchvision = pytest.importorskip("torchvision")
 

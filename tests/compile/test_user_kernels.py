@@ -5,12 +5,12 @@ breaks its pattern's contract raises."""
 import pytest
 import torch
 import torch.nn.functional as F
-from compile_backend_helpers import DEVICE, check_against_float64, randn, relu_kernel
 from torch import nn
 
 from kernels.compile import KernelOutputError, KernelRegistry, kernels_backend
 from kernels.compile.patterns import PATTERNS
 from kernels.compile.user_ops import user_kernel_op
+from tests.support.compile import DEVICE, check_against_float64, randn, relu_kernel
 
 
 def seed_registry(calls):

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.distributed as dist
-from harness import device, run_cases, under_torchrun
-from tiny_llama import (
+
+from tests.support.distributed import device, run_cases, under_torchrun
+from tests.support.distributed_llama import (
     assert_kernelized,
     batch,
     build,

@@ -10,8 +10,9 @@ import tempfile
 
 import pytest
 import torch.distributed as dist
-from harness import device, run_cases
-from tiny_llama import build, kernelize_with_library
+
+from tests.support.distributed import device, run_cases
+from tests.support.distributed_llama import build, kernelize_with_library
 
 BENCHMARK = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "distributed.py")
 

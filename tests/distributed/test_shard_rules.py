@@ -19,8 +19,6 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import run_cases
-from tiny_llama import dtensor_fallbacks
 
 from kernels import (
     Mode,
@@ -33,9 +31,9 @@ from kernels import (
 from kernels.layer import dtensor
 from kernels.layer.swap import kernel_layer_of
 from kernels.library import KERNELS
-
-sys.path.append(os.path.join(os.path.dirname(__file__), "..", "library"))
-from library_helpers import FusedAddRMSNorm, SiluAndMul  # noqa: E402
+from tests.support.distributed import run_cases
+from tests.support.distributed_llama import dtensor_fallbacks
+from tests.support.library import FusedAddRMSNorm, SiluAndMul
 
 # ---- without a process group --------------------------------------------------------------------
 

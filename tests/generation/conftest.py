@@ -4,7 +4,8 @@ the undoing of what tagging for our kernels changes process-wide."""
 from __future__ import annotations
 
 import pytest
-from generation_checks import tiny_llama, undo_kernelize
+
+from tests.support.generation import tiny_llama, undo_kernelize
 
 
 @pytest.fixture

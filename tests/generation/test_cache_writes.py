@@ -7,15 +7,15 @@ import copy
 
 import pytest
 import torch
-from generation_checks import (
+
+from kernels.generation.cache import new_static_cache
+from kernels.generation.cache_writes import kernel_cache_writes
+from tests.support.generation import (
     cache_write_form,
     check_generator_writes_the_cache_in_one_launch,
     counting_cache_kernels,
     tiny_llama,
 )
-
-from kernels.generation.cache import new_static_cache
-from kernels.generation.cache_writes import kernel_cache_writes
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: Triton's interpreter
 # 5.x's static layers count their positions (and ignore cache_position); 4.57's are told them.

@@ -15,8 +15,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fused_checks import early_end_token, padded_prompt
-from generation_checks import (
+
+from kernels.generation import (
+    CACHE_LENGTH_STEP,
+    DEFAULT_FUSED_STEPS,
+    CudaGraphBackend,
+    CudaGraphGenerator,
+)
+from tests.support.fused_greedy import early_end_token, padded_prompt
+from tests.support.generation import (
     NEW_TOKENS,
     check_greedy_matches_eager,
     check_sampling_matches_eager,
@@ -26,13 +33,6 @@ from generation_checks import (
     prompt,
     same_projections,
     tiny_llama,
-)
-
-from kernels.generation import (
-    CACHE_LENGTH_STEP,
-    DEFAULT_FUSED_STEPS,
-    CudaGraphBackend,
-    CudaGraphGenerator,
 )
 
 pytestmark = pytest.mark.gpu

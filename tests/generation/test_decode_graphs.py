@@ -9,34 +9,16 @@ import logging
 
 import pytest
 import torch
-from generation_checks import NEW_TOKENS, eager_greedy, prompt, tiny_sliding_window_mistral
 
-from kernels.generation import CudaGraphGenerator, EagerBackend
+from kernels.generation import CudaGraphGenerator
 from kernels.generation.cache import capture_blocker, fingerprint
-
-
-class CountingBackend(EagerBackend):
-    """EagerBackend that counts captures and replays, and raises on capture when told to."""
-
-    name = "counting"
-
-    def __init__(self, fail_with: Exception | None = None):
-        self.captured = 0
-        self.replayed = 0
-        self.fail_with = fail_with
-
-    def capture(self, fn):
-        if self.fail_with is not None:
-            raise self.fail_with
-        self.captured += 1
-        backend = self
-
-        class Step:
-            def replay(self):
-                backend.replayed += 1
-                return fn()
-
-        return Step()
+from tests.support.generation import (
+    NEW_TOKENS,
+    CountingBackend,
+    eager_greedy,
+    prompt,
+    tiny_sliding_window_mistral,
+)
 
 
 def generate(generator, batch=2, new_tokens=NEW_TOKENS, **kwargs):

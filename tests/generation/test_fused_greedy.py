@@ -9,13 +9,17 @@ from __future__ import annotations
 import logging
 import os
 
-import fused_checks as checks
 import pytest
 import torch
-from generation_checks import eager_greedy, prompt, tiny_sliding_window_mistral
-from test_decode_graphs import CountingBackend
 
 from kernels.generation import CudaGraphGenerator
+from tests.support import fused_greedy as checks
+from tests.support.generation import (
+    CountingBackend,
+    eager_greedy,
+    prompt,
+    tiny_sliding_window_mistral,
+)
 
 K = checks.FUSED_STEPS
 

@@ -10,15 +10,6 @@ import os
 
 import pytest
 import torch
-from generation_checks import (
-    NEW_TOKENS,
-    check_greedy_matches_eager,
-    check_kernelized_matches_its_own_eager,
-    check_sampling_matches_eager,
-    check_second_call_replays,
-    eager_greedy,
-    prompt,
-)
 
 from kernels.generation import (
     CudaGraphGenerator,
@@ -27,6 +18,15 @@ from kernels.generation import (
     fast_generate,
 )
 from kernels.generation import generator as generator_module
+from tests.support.generation import (
+    NEW_TOKENS,
+    check_greedy_matches_eager,
+    check_kernelized_matches_its_own_eager,
+    check_sampling_matches_eager,
+    check_second_call_replays,
+    eager_greedy,
+    prompt,
+)
 
 
 def test_greedy_tokens_are_transformers_tokens(model):

@@ -9,24 +9,11 @@ on the second replay. GPU only: capture needs CUDA.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "library"))
-
-from library_helpers import (  # noqa: E402
-    FusedAddRMSNorm,
-    GeluAndMul,
-    GeluTanhAndMul,
-    SiluAndMul,
-    transformers_activation,
-)
-
-from kernels import (  # noqa: E402
+from kernels import (
     Mode,
     get_local_kernel,
     kernelize,
@@ -34,7 +21,14 @@ from kernels import (  # noqa: E402
     use_kernel_forward_from_hub,
     use_kernel_mapping,
 )
-from kernels.library import KERNELS, library_path  # noqa: E402
+from kernels.library import KERNELS, library_path
+from tests.support.library import (
+    FusedAddRMSNorm,
+    GeluAndMul,
+    GeluTanhAndMul,
+    SiluAndMul,
+    transformers_activation,
+)
 
 pytestmark = pytest.mark.gpu
 

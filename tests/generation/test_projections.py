@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from generation_checks import check_generator_groups_q_k_v, counting_kernels
 from torch import nn
 
 from kernels.generation.projections import grouped_projections
+from tests.support.generation import check_generator_groups_q_k_v, counting_kernels
 
 BF16 = torch.bfloat16
 # The kernels run on a GPU, or on the CPU through the interpreter (set where there is no GPU).

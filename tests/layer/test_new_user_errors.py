@@ -25,6 +25,7 @@ from kernels.errors import KernelTaggingError
 from kernels.layer.kernelize import plan
 from kernels.mapping.registry import KernelMapping
 from kernels.mapping.resolve import resolve
+from tests.support.paths import LIBRARY
 
 
 @pytest.fixture(autouse=True)
@@ -165,12 +166,11 @@ else:
 
 def test_a_library_kernel_on_the_cpu_without_the_interpreter_says_how_to_run_it():
     pytest.importorskip("triton")
-    library = os.path.join(os.path.dirname(__file__), "..", "library")
     # Triton reads TRITON_INTERPRET as `triton.jit` runs, so this needs a fresh process
     # (the test session's conftest turns the interpreter on).
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
-        [sys.executable, "-c", _CPU_LAUNCH, library],
+        [sys.executable, "-c", _CPU_LAUNCH, str(LIBRARY)],
         env=env,
         capture_output=True,
         text=True,

@@ -13,7 +13,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from library_helpers import load  # noqa: E402  (after TRITON_INTERPRET is set)
+from tests.support.library import load  # noqa: E402  (after TRITON_INTERPRET is set)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Compile every Triton kernel of our kernel repositories for a CUDA GPU, without one.
 
-    python tests/library/cuda_compile_check.py [--arch 90]
+    python -m tests.library.cuda_compile_check [--arch 90]    (from the repository root)
 
 The CPU tests run the kernels through Triton's interpreter, which executes their Python: it
 cannot see what only the compiler rejects (a loop that changes a variable's dtype, a branch
@@ -26,8 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime.jit import JITFunction
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from library_helpers import load  # noqa: E402
+from tests.support.library import load
 
 TYPES = {
     torch.float32: "fp32",

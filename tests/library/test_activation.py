@@ -7,7 +7,8 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from library_helpers import (
+
+from tests.support.library import (
     DTYPES,
     ON_GPU,
     GeluAndMul,

@@ -3,14 +3,13 @@ one: the interpreter that runs the other CPU tests cannot see what only the comp
 such as a loop that changes a variable's dtype. ``cuda_compile_check.py`` does the work, in a
 subprocess without ``TRITON_INTERPRET``."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_compile_check.py")
+from tests.support.paths import REPO_ROOT, subprocess_env
 
 
 @pytest.mark.skipif(
@@ -18,9 +17,15 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_compile_
 )
 def test_every_kernel_compiles_for_a_cuda_gpu():
     pytest.importorskip("triton.backends.nvidia", reason="this Triton has no CUDA backend")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = subprocess_env()
+    env.pop("TRITON_INTERPRET", None)  # the script compiles; the interpreter would not
     done = subprocess.run(
-        [sys.executable, SCRIPT], env=env, capture_output=True, text=True, timeout=1200
+        [sys.executable, "-m", "tests.library.cuda_compile_check"],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert "compiled" in done.stdout and "kernels for sm_90" in done.stdout, done.stdout

@@ -11,8 +11,9 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from library_helpers import DEVICE, assert_close, randn
 from torch import nn
+
+from tests.support.library import DEVICE, assert_close, randn
 
 H, I, OUT = 67, 131, 45  # odd sizes: every block is ragged
 # One rounding moves a value by less than an ulp, at most 2^-7 (bf16) or 2^-10 (fp16) of it:

@@ -11,12 +11,12 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from library_helpers import DEVICE, DTYPES, ON_GPU, assert_close, grads, randn
 
 from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
 from kernels.layer.decorators import use_kernel_func_from_hub
 from kernels.layer.swap import kernel_layer_of
 from kernels.library import tag_causal_lm_losses, untag
+from tests.support.library import DEVICE, DTYPES, ON_GPU, assert_close, grads, randn
 
 IGNORE = -100
 

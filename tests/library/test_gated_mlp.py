@@ -9,13 +9,13 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from library_helpers import DEVICE, DTYPES, assert_close, grads, randn
 from torch import nn
 
 from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
 from kernels.layer.swap import kernel_layer_of
 from kernels.layer.tagging import TAG_ATTRIBUTE, replace_kernel_forward_from_hub
 from kernels.library import tag_gated_mlps
+from tests.support.library import DEVICE, DTYPES, assert_close, grads, randn
 
 # family -> (modelling module, config class, MLP class, extra config)
 FAMILIES = {

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 import torch
-from library_helpers import DEVICE, randn
+
+from tests.support.library import DEVICE, randn
 
 # (batch, kv heads, steps, key head dim, value head dim)
 SHAPES = [

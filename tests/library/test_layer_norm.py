@@ -8,7 +8,8 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from library_helpers import DTYPES, assert_close, grads, randn
+
+from tests.support.library import DTYPES, assert_close, grads, randn
 
 CASES = [
     ((3,), 37, None),

@@ -6,13 +6,6 @@ import inspect
 
 import pytest
 import torch
-from library_helpers import (
-    FusedAddRMSNorm,
-    GeluAndMul,
-    GeluTanhAndMul,
-    SiluAndMul,
-    transformers_activation,
-)
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
 from transformers.models.gemma2.modeling_gemma2 import Gemma2ForCausalLM
@@ -21,6 +14,13 @@ from transformers.models.mixtral.modeling_mixtral import MixtralForCausalLM
 
 from kernels.layer.decorators import use_kernel_func_from_hub
 from kernels.layer.validation import validate_kernel_layer
+from tests.support.library import (
+    FusedAddRMSNorm,
+    GeluAndMul,
+    GeluTanhAndMul,
+    SiluAndMul,
+    transformers_activation,
+)
 
 
 def _rotary_5x(q, k, cos, sin, unsqueeze_dim=1):

@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from library_helpers import LIBRARY
 from packaging.version import Version
 
 from kernels.library import KERNELS
 from kernels.repos.info import Metadata
 from kernels.repos.layout import locate_package
 from kernels.repos.variants import MachineBuild, VariantAccepted, decide_variants
+from tests.support.library import LIBRARY
 
 
 def _load_build_script(path=Path(LIBRARY) / "build.py", name="library_build"):

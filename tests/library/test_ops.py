@@ -13,7 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton
-from library_helpers import (
+from transformers import LlamaConfig
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rotary
+
+from tests.support.library import (
     LIBRARY,
     FusedAddRMSNorm,
     SiluAndMul,
@@ -21,10 +26,6 @@ from library_helpers import (
     grads,
     randn,
 )
-from transformers import LlamaConfig
-from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rotary
 
 
 def _p(*shape, dtype=torch.float32, shift=0.0):

@@ -7,9 +7,10 @@ import types
 
 import pytest
 import torch
-from library_helpers import DTYPES, ON_GPU, FusedAddRMSNorm, assert_close, grads, randn
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from tests.support.library import DTYPES, ON_GPU, FusedAddRMSNorm, assert_close, grads, randn
 
 EPS = 1e-6
 

@@ -7,8 +7,9 @@ import inspect
 
 import pytest
 import torch
-from library_helpers import DTYPES, ON_GPU, assert_close, grads, randn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as reference
+
+from tests.support.library import DTYPES, ON_GPU, assert_close, grads, randn
 
 # (batch, seq, q_heads, kv_heads, head_dim)
 SIZES = [

@@ -9,7 +9,6 @@ import textwrap
 
 import pytest
 import torch
-from library_helpers import DEVICE
 from torch import nn
 
 from kernels import Mode, explain, kernelize, library_mapping, use_kernel_mapping
@@ -17,6 +16,7 @@ from kernels.layer.func import ATTACHED_ATTRIBUTE
 from kernels.layer.swap import kernel_layer_of
 from kernels.layer.tagging import TAG_ATTRIBUTE
 from kernels.library import tag_gated_mlps, tag_rotary_embeddings, untag
+from tests.support.library import DEVICE
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 

@@ -14,13 +14,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from overrides_helpers import dispatch_tables  # noqa: E402  (after TRITON_INTERPRET is set)
-
 from kernels.overrides import (  # noqa: E402
     active_aten_overrides,
     disable_aten_overrides,
     reset_aten_override_calls,
 )
+from tests.support.overrides import dispatch_tables  # noqa: E402  (after TRITON_INTERPRET is set)
 
 
 @pytest.fixture(autouse=True)

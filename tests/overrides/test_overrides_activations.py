@@ -7,7 +7,10 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from overrides_helpers import (
+
+from kernels.overrides import aten_override_calls, use_aten_overrides
+from kernels.overrides.loading import activation_kernels
+from tests.support.overrides import (
     DEVICE,
     DTYPES,
     assert_bitwise,
@@ -17,9 +20,6 @@ from overrides_helpers import (
     pytorch_and_override,
     randn,
 )
-
-from kernels.overrides import aten_override_calls, use_aten_overrides
-from kernels.overrides.loading import activation_kernels
 
 ACTIVATIONS = {
     "silu": (F.silu, "silu"),

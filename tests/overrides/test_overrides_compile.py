@@ -6,9 +6,9 @@ docs/overrides.md says so."""
 import pytest
 import torch
 import torch.nn.functional as F
-from overrides_helpers import DEVICE, paths, randn
 
 from kernels.overrides import aten_override_calls, reset_aten_override_calls, use_aten_overrides
+from tests.support.overrides import DEVICE, paths, randn
 
 # Inductor's own imports warn that torch.jit.script_method is deprecated (torch 2.13).
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")

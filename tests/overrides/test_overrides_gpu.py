@@ -6,7 +6,9 @@ CUDA graphs and autocast."""
 import pytest
 import torch
 import torch.nn.functional as F
-from overrides_helpers import (
+
+from kernels.overrides import aten_override_calls, use_aten_overrides
+from tests.support.overrides import (
     DTYPES,
     assert_close,
     dispatch_tables,
@@ -15,8 +17,6 @@ from overrides_helpers import (
     paths,
     randn,
 )
-
-from kernels.overrides import aten_override_calls, use_aten_overrides
 
 pytestmark = pytest.mark.gpu
 

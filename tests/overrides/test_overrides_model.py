@@ -2,17 +2,11 @@
 ``F.silu(gate) * up``; benchmarks/overrides.py's ``LlamaBlock``) runs our kernels unchanged under
 the overrides, and gives PyTorch's output and gradients within the dtype's rounding."""
 
-import os
-import sys
-
 import torch
-from overrides_helpers import DEVICE, ON_GPU, paths, randn
 
+from benchmarks import overrides as benchmark
 from kernels.overrides import aten_override_calls, use_aten_overrides
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import overrides as benchmark  # noqa: E402  (benchmarks/overrides.py)
+from tests.support.overrides import DEVICE, ON_GPU, paths, randn
 
 SMALL = dict(hidden=64, heads=4, kv_heads=2, intermediate=96, layers=2)
 

@@ -10,7 +10,10 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from overrides_helpers import (
+
+from kernels.overrides import aten_override_calls, norms, use_aten_overrides
+from kernels.overrides.loading import norm_kernels
+from tests.support.overrides import (
     DEVICE,
     DISPATCH_KEY,
     DTYPES,
@@ -22,9 +25,6 @@ from overrides_helpers import (
     pytorch_and_override,
     randn,
 )
-
-from kernels.overrides import aten_override_calls, norms, use_aten_overrides
-from kernels.overrides.loading import norm_kernels
 
 # (leading shape, normalized_shape, layout): odd sizes, one row, several normalised dimensions,
 # a row-strided slice and a transpose (no row-contiguous view).

@@ -10,7 +10,6 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-from overrides_helpers import DEVICE, DISPATCH_KEY, dispatch_tables, kernel_source, paths, randn
 
 from kernels import KernelMappingError, KernelsError
 from kernels.overrides import (
@@ -27,6 +26,14 @@ from kernels.overrides import (
 )
 from kernels.overrides.loading import activation_kernels, norm_kernels
 from kernels.overrides.table import resolve_overrides
+from tests.support.overrides import (
+    DEVICE,
+    DISPATCH_KEY,
+    dispatch_tables,
+    kernel_source,
+    paths,
+    randn,
+)
 
 DEVICE_TYPE = "cuda" if DEVICE == "cuda" else "cpu"
 

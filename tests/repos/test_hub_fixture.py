@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO_ROOT, subprocess_env
 
 
 def test_missing_olah_fails_the_hub_tests_and_says_how_to_install_it(tmp_path):
-    env = {
-        **os.environ,
-        "KERNELS_TEST_OLAH": str(tmp_path / "no-olah-here"),
-        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH")))),
-    }
+    env = subprocess_env(KERNELS_TEST_OLAH=str(tmp_path / "no-olah-here"))
     result = subprocess.run(
         [
             sys.executable,
@@ -26,7 +20,7 @@ def test_missing_olah_fails_the_hub_tests_and_says_how_to_install_it(tmp_path):
             "-q",
             str(
                 REPO_ROOT
-                / "tests/hub/test_versions.py::test_highest_tag_satisfying_the_specifier_is_loaded"
+                / "tests/repos/hub/test_versions.py::test_highest_tag_satisfying_the_specifier_is_loaded"
             ),
         ],
         env=env,

@@ -13,6 +13,10 @@ in order on every rank); `run_cases` runs them in one job, so the process group 
 
 After each case the ranks exchange whether it passed; once a case failed on any rank, the
 group may be out of step, so the later cases are reported as not run.
+
+Spawned processes start with this process's ``sys.path`` (``multiprocessing`` passes it to
+the child before it unpickles its target), so they import this checkout's `kernels`, this module
+and the test module by the names pytest gave them.
 """
 
 from __future__ import annotations
@@ -21,15 +25,11 @@ import datetime
 import importlib
 import os
 import queue as queue_module
-import sys
 import tempfile
 import time
 import traceback
-from pathlib import Path
 
 import torch
-
-REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 #: Seconds a collective may wait for the other rank before it raises.
 COLLECTIVE_TIMEOUT = 60
@@ -130,8 +130,6 @@ def _child(rank, world_size, init_file, backend, module, cases, results) -> None
     # Before anything imports triton: the interpreter runs the kernels on CPU tensors.
     if backend == "gloo":
         os.environ["TRITON_INTERPRET"] = "1"
-    if REPO_ROOT not in sys.path:
-        sys.path.insert(0, REPO_ROOT)  # this checkout's `kernels`
     import torch.distributed as dist
 
     if backend == "nccl":

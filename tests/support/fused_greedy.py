@@ -12,7 +12,8 @@ and a single sequence stops in the middle of a block.
 from __future__ import annotations
 
 import torch
-from generation_checks import TINY, eager_greedy, eager_static_greedy
+
+from tests.support.generation import TINY, eager_greedy, eager_static_greedy
 
 FUSED_STEPS = 4
 NEW_TOKENS_CASES = (1, FUSED_STEPS - 1, FUSED_STEPS + 3)
@@ -54,7 +55,7 @@ def padded_prompt(lengths=PADDED_LENGTHS, device="cpu", seed: int = 2):
 
 def case_prompt(name: str, device="cpu"):
     """The prompt of a case of `PROMPT_CASES`: (input ids, attention mask)."""
-    from generation_checks import prompt
+    from tests.support.generation import prompt
 
     # seed 3: the single sequence emits a token it had not emitted before in the second block
     return prompt(1, device=device, seed=3) if name == "batch 1" else padded_prompt(device=device)
@@ -114,7 +115,7 @@ def check_fused_matches_generate(model, ids, mask, new_tokens: int, eos: int | N
 def check_additive_mask() -> None:
     """With eager attention the decode mask is additive (0.0 open, the dtype's minimum closed),
     not boolean: the loop opens its columns all the same."""
-    from generation_checks import tiny_llama
+    from tests.support.generation import tiny_llama
 
     model = tiny_llama(attn_implementation="eager")
     ids, mask = padded_prompt()
@@ -128,7 +129,7 @@ def check_sdpa_mask_is_fed_additive() -> None:
     """With SDPA attention the loop feeds the boolean decode mask as an additive one in the
     model's dtype (0.0 open, the dtype's minimum closed), which SDPA takes as it is rather than
     converting it in every layer; the tokens stay generate()'s, padding included."""
-    from generation_checks import tiny_llama
+    from tests.support.generation import tiny_llama
 
     model = tiny_llama()
     ids, mask = padded_prompt()

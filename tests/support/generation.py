@@ -9,11 +9,11 @@ token differs only if the computation does.
 
 from __future__ import annotations
 
-import os
-import sys
 import types
 
 import torch
+
+from kernels.generation import EagerBackend
 
 TINY = dict(
     hidden_size=64,
@@ -39,8 +39,7 @@ def undo_kernelize() -> None:
     from kernels.library import untag
 
     untag()
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "transformers5"))
-    from tf5_models import restore_function_modules
+    from tests.support.tf5_models import restore_function_modules
 
     restore_function_modules()
 
@@ -290,3 +289,27 @@ def check_generator_writes_the_cache_in_one_launch(monkeypatch) -> None:
     assert torch.equal(got, expected)
     for cache, _ in gen._caches.values():
         assert all("update" not in vars(layer) for layer in cache.layers)
+
+
+class CountingBackend(EagerBackend):
+    """EagerBackend that counts captures and replays, and raises on capture when told to."""
+
+    name = "counting"
+
+    def __init__(self, fail_with: Exception | None = None):
+        self.captured = 0
+        self.replayed = 0
+        self.fail_with = fail_with
+
+    def capture(self, fn):
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.captured += 1
+        backend = self
+
+        class Step:
+            def replay(self):
+                backend.replayed += 1
+                return fn()
+
+        return Step()

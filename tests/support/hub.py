@@ -1,9 +1,10 @@
-"""What the Hub tests share besides fixtures: the session's folder, a child interpreter's
-environment, and the kernel sources they publish on the test server.
+"""The Hub test session's settings and what the Hub tests share besides fixtures: the
+session's folder, the server's ports, and the kernel sources they publish on the test server.
 
-Test modules import these from here, not from conftest.py: pytest imports every conftest.py
-under the one module name ``conftest``, so ``from conftest import ...`` reaches whichever
-folder's conftest was imported first (tests/transformers5's, when both folders run together).
+Importing this module sets the session's Hub settings (HF_ENDPOINT, HF_HUB_CACHE, an empty
+kernels configuration) in ``os.environ``; huggingface_hub reads them once, when it is first
+imported. tests/conftest.py imports it before any test module, so the settings hold for the
+whole run whichever folder is collected first, and no test reaches the real Hub.
 """
 
 from __future__ import annotations
@@ -11,22 +12,57 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
 import tempfile
 import textwrap
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO_ROOT, subprocess_env
+
+__all__ = [
+    "ENDPOINT",
+    "HF_CACHE",
+    "MIRRORS",
+    "OLAH_PORT",
+    "PROXY_PORT",
+    "REPO_ROOT",
+    "SESSION_DIR",
+    "SILU_AND_MUL_LAYERS",
+    "kernel_init",
+    "subprocess_env",
+]
 
 #: This test session's folder: the mirrors olah serves, the Hub cache, the configuration.
 SESSION_DIR = Path(tempfile.mkdtemp(prefix="kernels-hub-tests-"))
 atexit.register(shutil.rmtree, SESSION_DIR, ignore_errors=True)
 
 
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """This session's environment for a child interpreter: our package first on the path,
-    then whatever PYTHONPATH already holds (e.g. another huggingface_hub under test)."""
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, **extra}
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+MIRRORS = SESSION_DIR / "mirrors"
+HF_CACHE = SESSION_DIR / "hf-cache"
+OLAH_PORT = _free_port()
+PROXY_PORT = _free_port()
+ENDPOINT = f"http://127.0.0.1:{PROXY_PORT}"
+
+_SESSION_ENV = {
+    "HF_ENDPOINT": ENDPOINT,
+    "HF_HUB_CACHE": str(HF_CACHE),
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_ETAG_TIMEOUT": "5",
+    "HF_HUB_DOWNLOAD_TIMEOUT": "5",
+    # The user's own kernels configuration must not change what the tests see.
+    "KERNELS_CONFIG": str(SESSION_DIR / "no-config.yaml"),
+}
+(SESSION_DIR / "no-config.yaml").write_text("# the Hub tests' (empty) kernels configuration\n")
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "KERNELS_TRUSTED_ORGS"):
+    os.environ.pop(_name, None)
+os.environ.update(_SESSION_ENV)
 
 
 def kernel_init(version: str, offset: float, variant: str) -> str:

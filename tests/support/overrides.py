@@ -1,18 +1,12 @@
 """Helpers for the aten override tests: devices, references, dispatch-table snapshots.
 
-The tolerances and float64 comparisons are the kernel library's (tests/library/library_helpers).
+The tolerances and float64 comparisons are the kernel library's (tests/support/library.py).
 """
-
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "library"))
-
-from library_helpers import DTYPES, assert_close, grads, randn  # noqa: E402
-
-from kernels.overrides import OVERRIDES, aten_override_calls, use_aten_overrides  # noqa: E402
+from kernels.overrides import OVERRIDES, aten_override_calls, use_aten_overrides
+from tests.support.library import DTYPES, assert_close, grads, randn
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ON_GPU = DEVICE == "cuda"

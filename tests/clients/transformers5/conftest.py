@@ -18,7 +18,7 @@ if Version(transformers.__version__).major < 5:
         allow_module_level=True,
     )
 
-from tf5_models import restore_function_modules  # noqa: E402
+from tests.support.tf5_models import restore_function_modules  # noqa: E402
 
 
 @pytest.fixture

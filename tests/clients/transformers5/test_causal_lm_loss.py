@@ -19,7 +19,6 @@ import warnings
 import pytest
 import torch
 import transformers
-from tf5_models import DEVICE, make_model
 
 from kernels import Mode, get_local_kernel, kernelize, library_mapping, use_kernel_mapping
 from kernels.layer.decorators import use_kernel_forward_from_hub
@@ -32,6 +31,7 @@ from kernels.library import (
     tag_on_kernelize,
 )
 from kernels.library.transformers_tags import _causal_lm_layer
+from tests.support.tf5_models import DEVICE, make_model
 
 VOCAB = 101
 IGNORE = -100

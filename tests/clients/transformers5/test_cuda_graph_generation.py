@@ -5,15 +5,12 @@ before the forward."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "generation"))
-
-from generation_checks import (  # noqa: E402
+from kernels.generation import CudaGraphGenerator
+from kernels.generation.cache import cache_argument
+from tests.support.generation import (
     NEW_TOKENS,
     check_greedy_matches_eager,
     check_kernelized_matches_its_own_eager,
@@ -22,9 +19,6 @@ from generation_checks import (  # noqa: E402
     prompt,
     tiny_llama,
 )
-
-from kernels.generation import CudaGraphGenerator  # noqa: E402
-from kernels.generation.cache import cache_argument  # noqa: E402
 
 
 @pytest.fixture

@@ -1,17 +1,13 @@
 """benchmarks/e2e.py on transformers 5.x: the rotary function module's forward, which kernelize
 sets for every model of the process, is part of each contender's module state."""
 
-import os
-import sys
-
 import pytest
-from tf5_models import DEVICE, make_model
 
 from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
 from kernels.layer.swap import kernel_layer_of
+from tests.support.tf5_models import DEVICE, make_model
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-e2e = pytest.importorskip("e2e")
+e2e = pytest.importorskip("benchmarks.e2e")
 
 
 def test_kernelized_rotary_forward_is_put_back_and_restored(clean_kernels):

@@ -5,15 +5,10 @@ increments) and whose 4D decode mask is made before the forward."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "generation"))
-
-import fused_checks as checks  # noqa: E402
-from generation_checks import tiny_llama  # noqa: E402
+from tests.support import fused_greedy as checks
+from tests.support.generation import tiny_llama
 
 
 @pytest.fixture
@@ -57,12 +52,12 @@ def test_other_settings_decode_step_by_step(model, setting, caplog):
 
 
 def test_with_our_kernels_q_k_v_are_one_launch(clean_kernels, monkeypatch):
-    from generation_checks import check_generator_groups_q_k_v
+    from tests.support.generation import check_generator_groups_q_k_v
 
     check_generator_groups_q_k_v(monkeypatch)
 
 
 def test_with_our_kernels_the_cache_writes_are_one_launch(clean_kernels, monkeypatch):
-    from generation_checks import check_generator_writes_the_cache_in_one_launch
+    from tests.support.generation import check_generator_writes_the_cache_in_one_launch
 
     check_generator_writes_the_cache_in_one_launch(monkeypatch)

@@ -13,11 +13,11 @@ import sys
 
 import pytest
 import torch
-from tf5_models import make_model
 
 from kernels import Mode, explain
 from kernels.library import library_path, register_library_kernels
 from kernels.mapping.capability import use_capability_reader
+from tests.support.tf5_models import make_model
 
 SCRIPT = """
 import logging, sys, torch
@@ -107,8 +107,9 @@ def test_on_a_gpu_one_step_gives_every_layer_our_kernel(clean_kernels, tmp_path)
     """The documented step on a real GPU: transformers re-registers its Hub defaults for cuda
     while loading; our kernels are used anyway, and the Hub is never asked."""
     import transformers
-    from test_models import assert_all_kernelized
-    from tf5_models import tokens
+
+    from tests.clients.transformers5.test_models import assert_all_kernelized
+    from tests.support.tf5_models import tokens
 
     make_model("llama").save_pretrained(tmp_path)
     plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, device_map="cuda")

@@ -9,12 +9,12 @@ compares logits (and, training, every gradient) with an untouched copy of the mo
 import pytest
 import torch
 import transformers
-from tf5_models import DEVICE, FAMILIES, make_model, tokens
 
 from kernels import library_mapping, register_kernel_mapping
 from kernels.layer.func import attached_functions
 from kernels.layer.swap import kernel_layer_of
 from kernels.library import library_path, register_library_kernels
+from tests.support.tf5_models import DEVICE, FAMILIES, make_model, tokens
 
 
 def kernels_of(model) -> dict[str, str | None]:

@@ -14,7 +14,11 @@ import copy
 import pytest
 import torch
 import transformers
-from test_causal_lm_loss import (
+
+from kernels.layer.swap import kernel_layer_of
+from kernels.library import tag_causal_lm_losses
+from kernels.library.transformers_tags import _causal_lm_layer
+from tests.clients.transformers5.test_causal_lm_loss import (
     IGNORE,
     TINY,
     assert_same_step,
@@ -24,11 +28,7 @@ from test_causal_lm_loss import (
     kernelized,
     step,
 )
-from tf5_models import DEVICE
-
-from kernels.layer.swap import kernel_layer_of
-from kernels.library import tag_causal_lm_losses
-from kernels.library.transformers_tags import _causal_lm_layer
+from tests.support.tf5_models import DEVICE
 
 LAYER = "MoeCausalLMFusedLoss"
 

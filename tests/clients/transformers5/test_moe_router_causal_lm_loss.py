@@ -15,7 +15,11 @@ import json
 
 import pytest
 import torch
-from test_causal_lm_loss import (
+
+from kernels.cli import main
+from kernels.layer.swap import kernel_layer_of
+from kernels.library import register_library_kernels, tag_causal_lm_losses
+from tests.clients.transformers5.test_causal_lm_loss import (
     ALL_KERNELS,
     TINY,
     assert_same_step,
@@ -25,11 +29,7 @@ from test_causal_lm_loss import (
     kernelized,
     step,
 )
-from tf5_models import DEVICE
-
-from kernels.cli import main
-from kernels.layer.swap import kernel_layer_of
-from kernels.library import register_library_kernels, tag_causal_lm_losses
+from tests.support.tf5_models import DEVICE
 
 LAYER = "MoeRouterCausalLMFusedLoss"
 #: Tolerances for outputs of a model whose other layers run our kernels too.

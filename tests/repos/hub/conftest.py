@@ -1,9 +1,9 @@
 """A real Hub-compatible server for the Hub tests: olah, serving git repositories we create.
 
 Kernel repositories are made as git repositories (commits, tags, branches) under
-``<session tmp>/mirrors/kernels/<org>/<name>``, which olah (see ../../shared/HUB-TESTING.md)
-serves to huggingface_hub over HTTP on 127.0.0.1 as repositories of the Hub's ``kernel`` type,
-as the Hub does today; ``create_repo(repo_type="model")`` makes one under ``mirrors/models/``
+``<session tmp>/mirrors/kernels/<org>/<name>``, which olah (a Hub-compatible mirror server of
+local git repositories) serves to huggingface_hub over HTTP on 127.0.0.1 as repositories of the
+Hub's ``kernel`` type, as the Hub does today; ``create_repo(repo_type="model")`` makes one under ``mirrors/models/``
 instead, for kernels still published as models.
 
 Tests that need the kernel type are skipped where huggingface_hub predates it (< 1.10, the
@@ -12,8 +12,8 @@ Tests marked ``any_hub_client`` run in both. Between the client and olah sits `P
 plain TCP relay the tests can stop, restart or make drop a connection mid-transfer, to
 test an unreachable Hub and interrupted downloads. Nothing of huggingface_hub is mocked.
 
-The session gets its own HF_HUB_CACHE and kernels configuration. They are set when this
-file is imported, before anything imports huggingface_hub, which reads them once.
+The session gets its own HF_HUB_CACHE and kernels configuration: tests/support/hub.py sets
+them, imported by tests/conftest.py before anything imports huggingface_hub, which reads them once.
 """
 
 from __future__ import annotations
@@ -33,45 +33,31 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hubtools import REPO_ROOT, SESSION_DIR, SILU_AND_MUL_LAYERS, kernel_init, subprocess_env
+
+from tests.support.hub import (
+    ENDPOINT,
+    HF_CACHE,
+    MIRRORS,
+    OLAH_PORT,
+    PROXY_PORT,
+    SESSION_DIR,
+    SILU_AND_MUL_LAYERS,
+    kernel_init,
+)
+from tests.support.paths import REPO_ROOT, subprocess_env
 
 DEFAULT_OLAH = REPO_ROOT / ".venv-tf5" / "bin" / "olah-cli"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-MIRRORS = SESSION_DIR / "mirrors"
-HF_CACHE = SESSION_DIR / "hf-cache"
-OLAH_PORT = _free_port()
-PROXY_PORT = _free_port()
-ENDPOINT = f"http://127.0.0.1:{PROXY_PORT}"
-
-_SESSION_ENV = {
-    "HF_ENDPOINT": ENDPOINT,
-    "HF_HUB_CACHE": str(HF_CACHE),
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-    "HF_HUB_ETAG_TIMEOUT": "5",
-    "HF_HUB_DOWNLOAD_TIMEOUT": "5",
-    # The user's own kernels configuration must not change what the tests see.
-    "KERNELS_CONFIG": str(SESSION_DIR / "no-config.yaml"),
-}
-(SESSION_DIR / "no-config.yaml").write_text("# the Hub tests' (empty) kernels configuration\n")
-for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "KERNELS_TRUSTED_ORGS"):
-    os.environ.pop(_name, None)
-os.environ.update(_SESSION_ENV)
 
 if "huggingface_hub" in sys.modules:  # pragma: no cover - depends on collection order
     from huggingface_hub import constants as _constants
 
     if _constants.ENDPOINT != ENDPOINT:
         raise RuntimeError(
-            "huggingface_hub was imported before tests/hub/conftest.py could point it at the "
-            "test server; run the Hub tests in their own pytest process (pytest tests/hub)."
+            "huggingface_hub was imported before tests/support/hub.py (imported by "
+            "tests/conftest.py) could point it at the test server, so it reads the real Hub; "
+            "something outside tests/ imported it first (a pytest plugin, PYTHONSTARTUP): run "
+            "pytest without it."
         )
 
 

@@ -30,7 +30,6 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hubtools import SESSION_DIR, SILU_AND_MUL_LAYERS, kernel_init, subprocess_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -48,9 +47,10 @@ from kernels import (
 from kernels.cli import main
 from kernels.repos import cache_records, load_locks
 from kernels.repos.hubclient import repo_cache_folder
+from tests.support.hub import SESSION_DIR, SILU_AND_MUL_LAYERS, kernel_init, subprocess_env
 
 if TYPE_CHECKING:  # the fixtures' repository type, for annotations only
-    from conftest import HubRepo
+    from tests.repos.hub.conftest import HubRepo
 
 pytestmark = pytest.mark.hub
 

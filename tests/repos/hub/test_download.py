@@ -138,7 +138,7 @@ def test_install_kernel_downloads_without_importing(released):
 
 def test_variant_folder_as_package(hub):
     """The newer layout: build/<variant>/__init__.py is the package itself."""
-    from hubtools import SILU_AND_MUL_LAYERS, kernel_init
+    from tests.support.hub import SILU_AND_MUL_LAYERS, kernel_init
 
     repo = hub.create_repo()
     repo.write("build/torch-universal/__init__.py", kernel_init("0.3.0", 3.0, "torch-universal"))

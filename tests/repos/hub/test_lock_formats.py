@@ -23,10 +23,11 @@ from kernels import KernelLockError, LockedLayerRepository, UntrustedKernelError
 from kernels.cli import main
 from kernels.repos.hubclient import repo_cache_folder
 from kernels.repos.lock import read_lockfile
+from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.hub
 
-HF_PYTHON = Path(__file__).resolve().parents[2] / ".venv-hf" / "bin" / "python"
+HF_PYTHON = REPO_ROOT / ".venv-hf" / "bin" / "python"
 needs_hf_client = pytest.mark.skipif(
     not HF_PYTHON.exists(), reason="Hugging Face's kernels client (.venv-hf) is not installed"
 )

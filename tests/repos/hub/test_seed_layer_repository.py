@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hubtools import SILU_AND_MUL_LAYERS
 
 from kernels import (
     CUDAProperties,
@@ -30,6 +29,7 @@ from kernels import (
 )
 from kernels.layer.swap import kernel_layer_of
 from kernels.mapping.capability import use_capability_reader
+from tests.support.hub import SILU_AND_MUL_LAYERS
 
 pytestmark = pytest.mark.hub
 

@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
-from hubtools import subprocess_env
 
 import kernels
 from kernels import LayerRepository, UntrustedKernelError
 from kernels.repos.hubclient import repo_cache_folder
 from kernels.repos.trust import DEFAULT_TRUSTED_ORGS, config_path, decide_trust
+from tests.support.hub import subprocess_env
 
 pytestmark = pytest.mark.hub
 
