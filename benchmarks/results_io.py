@@ -23,9 +23,13 @@ def device_folder(device_name: str) -> str:
     """The results folder name of a GPU, from ``torch.cuda.get_device_name()``: its model,
     lower case (``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``)."""
     words = [w for w in device_name.split() if w.lower() not in ("nvidia", "geforce", "tesla")]
-    if not words:
+    # The model is the words up to the first with a digit ("RTX 4090"); memory and the rest
+    # ("80GB HBM3") do not name another folder.
+    model = next((words[: i + 1] for i, w in enumerate(words) if re.search(r"\d", w)), words)
+    folder = re.sub(r"[^a-z0-9-]", "", "-".join(model).lower())
+    if not folder:
         raise ValueError(f"cannot name a results folder after the device {device_name!r}")
-    return re.sub(r"[^a-z0-9-]", "", words[0].lower())
+    return folder
 
 
 def default_out(command: str) -> Path:
@@ -76,7 +80,7 @@ def replace_entry(entries: list[dict], entry: dict) -> list[dict]:
     """``entries`` with ``entry`` in place of the one of its setting (added if new), ordered by
     setting so that results.md reads the same whatever order the runs came in."""
     kept = [e for e in entries if e["setting"] != entry["setting"]]
-    return sorted([*kept, entry], key=lambda e: json.dumps(e["setting"], sort_keys=True))
+    return sorted([*kept, entry], key=lambda e: sorted(e["setting"].items()))
 
 
 def write_entries(path: Path, entries: list[dict]) -> None:

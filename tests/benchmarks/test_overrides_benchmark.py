@@ -3,15 +3,11 @@ where no GPU is), and its report from saved rows."""
 
 import json
 import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import overrides  # noqa: E402  (benchmarks/overrides.py)
-
+from benchmarks import overrides
 from kernels.overrides import active_aten_overrides  # noqa: E402
 
 

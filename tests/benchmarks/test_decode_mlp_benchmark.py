@@ -9,9 +9,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import decode_mlp as bench  # noqa: E402
+from benchmarks import decode_mlp as bench
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
@@ -36,7 +34,7 @@ def on_cpu(monkeypatch):
             replay()
         return {name: [[_made_up_ms(name)] * 2] * 3 for name in replays}
 
-    monkeypatch.setattr(bench.ops, "interleaved_samples", samples)
+    monkeypatch.setattr(bench.timing, "interleaved_samples", samples)
     return calls
 
 

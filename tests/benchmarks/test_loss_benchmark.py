@@ -1,11 +1,8 @@
 """benchmarks/loss.py's tables and result merging, which need no GPU."""
 
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import loss as bench  # noqa: E402
+from benchmarks import loss as bench
 
 
 def _row(impl, ms, gib, rounds=None, **shape):
@@ -52,27 +49,6 @@ def test_results_md_lists_the_plans(tmp_path):
     bench.write_markdown(meta, results, tmp_path / "results.md")
     text = (tmp_path / "results.md").read_text()
     assert "| 4096 x 2048 -> 32000 | 256 x 32000 | 256 x 32000 |" in text
-
-
-def test_e2e_max_batch_table(tmp_path):
-    """benchmarks/e2e.py --max-batch writes max_batch.jsonl; --report tables it."""
-    import json
-
-    import e2e
-
-    meta = {"device": "GPU", "gpu_gib": 79.6, "config": {"vocab_size": 128256}}
-    rows = [
-        {**meta, "contender": "eager", "seq": 2048, "batch": 3, "tokens": 6144},
-        {**meta, "contender": "ours (kernelized, fused CE)", "seq": 2048, "batch": 9},
-        {**meta, "contender": "ours (kernelized, fused CE)", "seq": 4096, "batch": 4},
-    ]
-    rows[1]["tokens"], rows[2]["tokens"] = 9 * 2048, 4 * 4096
-    (tmp_path / "max_batch.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    lines = e2e._max_batch_table(tmp_path)
-    assert "Largest batch of a training step that fits (GPU, 80 GiB; vocab 128256):" in lines
-    assert "| eager | 3 (6144 tokens) | — |" in lines
-    assert "| ours (kernelized, fused CE) | 9 (18432 tokens) | 4 (16384 tokens) |" in lines
-    assert e2e._max_batch_table(tmp_path / "nothing") == []
 
 
 def test_merge_joins_runs_into_one_table(tmp_path, monkeypatch):

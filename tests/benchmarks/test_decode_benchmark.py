@@ -1,13 +1,8 @@
 """benchmarks/decode.py's parts that run without a GPU: merging runs, the report, token checks."""
 
-import os
-import sys
-
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import decode  # noqa: E402
+from benchmarks import decode
 
 META = {
     "device": "GPU",
@@ -62,7 +57,8 @@ def test_report_compares_with_the_static_compiled_path_and_aten():
             host_row("RMSNorm", "forward", "ours", 15.0),
         ],
     )
-    text = decode.markdown(results)
+    text = decode.markdown([{"setting": {"transformers": "4.57"}, **results}])
+    assert "## transformers 4.57" in text
     assert "| ours kernelized + CUDA graphs | 3.00 (0.50x) | 30.0 s / 31.0 s | 97/128 |" in text
     assert "| eager | 17.00 (2.83x) |" in text
     assert "| RMSNorm | forward | 10.0 / 50.0 / 40.0 | 15.0 / 50.0 / 40.0 | 1.50x |" in text
@@ -102,19 +98,16 @@ def test_the_fused_loop_contenders_run_without_compiling_and_take_no_streamer():
     assert set(fused) <= set(decode.GROUPS["eager"])
     row = {**decode_row(fused[1], 1, 2.0), "cold_first_token_s": None}
     row["cold_first_decode_token_s"] = None
-    text = decode.markdown(
-        decode.merge({}, META, [decode_row("static + compile", 1, 6.0), row], [])
-    )
+    results = decode.merge({}, META, [decode_row("static + compile", 1, 6.0), row], [])
+    text = decode.markdown([{"setting": {"transformers": "4.57"}, **results}])
     assert f"| {fused[1]} | 2.00 (0.33x) | — / 31.0 s | 128/128 |" in text
 
 
 def test_a_fused_contender_generates_on_the_cpu():
     """Contender.generate for the fused loop on a tiny model: a streamer is not passed on (it
     would send the call through generate()'s loop), and the tokens are generate()'s."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "generation"))
-    from generation_checks import eager_greedy, prompt, tiny_llama
-
     from kernels.generation import CudaGraphGenerator
+    from tests.support.generation import eager_greedy, prompt, tiny_llama
 
     model = tiny_llama()
     contender = decode.Contender(model, "fused", CudaGraphGenerator(model))
@@ -124,3 +117,22 @@ def test_a_fused_contender_generates_on_the_cpu():
     assert torch.equal(got, eager_greedy(model, ids, mask, 12))
     assert not contender.streams and streamer.times == []
     assert contender.generator.stats.fused_calls == 1
+
+
+def test_each_transformers_line_has_its_own_section():
+    """One results folder for both transformers lines: each line's latest run is an entry of
+    results.json and a section of results.md, in the order of the lines."""
+    entries = [
+        {
+            "setting": {"transformers": line},
+            **decode.merge({}, meta, [decode_row("eager", 1, ms)], []),
+        }
+        for line, meta, ms in (
+            ("4.57", META, 17.0),
+            ("5.24", {**META, "transformers": "5.24.0"}, 15.0),
+        )
+    ]
+    text = decode.markdown(entries)
+    assert text.index("## transformers 4.57") < text.index("## transformers 5.24")
+    assert "transformers 5.24.0" in text.split("## transformers 5.24")[1]
+    assert "| eager | 15.00 |" in text and "| eager | 17.00 |" in text

@@ -2,12 +2,8 @@
 Triton's interpreter, eager downstream), and its tables render from results."""
 
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import compile_backend  # noqa: E402
+from benchmarks import compile_backend
 
 
 def test_quick_mode_runs_and_writes_results(tmp_path):
