@@ -22,7 +22,7 @@ HF_KERNELS_VERSION ?= 0.17.2
 TORCH_CPU_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
 # What runs in the transformers 5.x environment (the rest of the suite does not depend on it).
-TF5_TESTS ?= tests/hub tests/transformers5
+TF5_TESTS ?= tests/repos/hub tests/clients/transformers5
 
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
