@@ -354,9 +354,16 @@ def has_kernel(
 
     Returns False only when the repository offers no variant for this machine; a missing
     repository, revision or version raises as `get_kernel` does. Offline, the answer comes
-    from the cache. `repo_type` is as for `get_kernel`.
+    from the cache. `repo_type` is as for `get_kernel`. A repository that ``LOCAL_KERNELS``
+    maps to a folder is answered from that folder, with no Hub request, as Hugging Face's
+    client does (a folder that does not exist raises, naming the variable).
     """
     _check_repo_id(repo_id, repo_type)
+    try:
+        if find_local_override(repo_id) is not None:
+            return True
+    except BuildVariantNotFoundError:
+        return False
     resolved = resolve_revision(repo_id, revision=revision, version=version, repo_type=repo_type)
     try:
         if hubclient.is_offline() or resolved.from_cache:
