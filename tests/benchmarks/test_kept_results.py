@@ -66,8 +66,8 @@ def test_model_cards_render_from_the_kept_results():
 
 
 def test_readme_shows_each_devices_latest_results():
-    """benchmarks/README.md's tables are ``ops.py --summary`` of each device's kept ops run
-    and the table of its kept e2e run."""
+    """benchmarks/README.md's ops tables are ``python -m benchmarks.ops --summary`` of each
+    device's kept ops run, and each e2e table it shows is one of the kept e2e results'."""
     readme = (BENCHMARKS / "README.md").read_text()
     devices = sorted(p.name for p in (BENCHMARKS / "results").iterdir() if p.is_dir())
     assert devices == ["h100", "h200"]
@@ -75,11 +75,37 @@ def test_readme_shows_each_devices_latest_results():
         folder = BENCHMARKS / "results" / device
         assert (folder / "NOTES.md").is_file()
         table = ops.summary_table(_results(folder / "ops"), f"results/{device}/ops")
-        assert table in readme, f"README's {device} table differs from ops.py --summary"
-        if (folder / "e2e").is_dir():
-            e2e = (folder / "e2e" / "e2e.md").read_text()
-            first = e2e[e2e.index("| contender | train") :].split("\n\n")[0]
-            assert first in readme, f"README's {device} end-to-end table differs from e2e.md"
+        assert table in readme, f"README's {device} table differs from benchmarks.ops --summary"
+    kept = (BENCHMARKS / "results" / "h100" / "e2e" / "results.md").read_text()
+    shown = [block for block in readme.split("\n\n") if block.startswith("| contender | train")]
+    assert shown, "README shows no end-to-end table"
+    for table in shown:
+        assert table in kept, "README's end-to-end table differs from results/h100/e2e/results.md"
+
+
+# The files a command's results folder may hold: its latest run's results and tables, plots,
+# and decode_mlp's sweep. Logs, probe outputs and GPU test logs are not results.
+RESULT_FILES = re.compile(r"(results|sweep)\.(json|md)|[\w.-]+\.png")
+
+
+def test_each_command_folder_holds_its_latest_results_only():
+    """results/<device>/ holds NOTES.md and one folder per command (a command of this package),
+    each with results.json and results.md and nothing but results, and the README links each
+    folder's results.md."""
+    readme = (BENCHMARKS / "README.md").read_text()
+    commands = {p.stem for p in BENCHMARKS.glob("*.py")} - {"__init__", "cases", "timing"}
+    for device in sorted(p for p in (BENCHMARKS / "results").iterdir() if p.is_dir()):
+        for entry in sorted(device.iterdir()):
+            if entry.is_file():
+                assert entry.name == "NOTES.md", f"{entry}: only NOTES.md beside the folders"
+                continue
+            assert entry.name in commands, f"{entry}: not a command's folder ({sorted(commands)})"
+            names = {p.name for p in entry.iterdir()}
+            assert {"results.json", "results.md"} <= names, f"{entry} lacks its results"
+            others = sorted(n for n in names if not RESULT_FILES.fullmatch(n))
+            assert others == [], f"{entry} holds files that are not results: {others}"
+            link = f"(results/{device.name}/{entry.name}/results.md)"
+            assert link in readme, f"benchmarks/README.md does not link {link}"
 
 
 def test_benchmark_pages_link_to_what_exists():
