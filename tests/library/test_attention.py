@@ -1,0 +1,298 @@
+"""Flash attention (library/attention) against a float64 reference: forward, log-sum-exp and the
+gradients of q, k, v and the sinks, for dense and packed (varlen) batches, every option, odd
+shapes and strided inputs; the deterministic backward; errors; transformers' signature checks;
+and the op under torch.compile(fullgraph=True).
+
+On the CPU the kernels run in Triton's interpreter (16x16 blocks there, so lengths of 17 and 33
+cross block boundaries); shapes stay tiny."""
+
+import inspect
+
+import pytest
+import torch
+
+from tests.library.attention_reference import attention as reference
+from tests.library.attention_reference import varlen_attention as varlen_reference
+from tests.support.library import DEVICE, ON_GPU, assert_close, grads, load, randn
+
+
+@pytest.fixture(scope="module")
+def attn():
+    return load("attention")
+
+
+def _inputs(batch, seqlen_q, seqlen_k, heads, kv_heads, dim, dim_v, dtype, layout):
+    """q, k, v (leaf tensors with gradients) laid out as a model would pass them."""
+    if layout == "transposed":
+        # (batch, heads, seqlen, dim) transposed, as transformers' attention modules pass them.
+        q = randn(batch, heads, seqlen_q, dim, dtype=dtype).transpose(1, 2)
+        k = randn(batch, kv_heads, seqlen_k, dim, dtype=dtype).transpose(1, 2)
+        v = randn(batch, kv_heads, seqlen_k, dim_v, dtype=dtype).transpose(1, 2)
+    elif layout == "fused":
+        # Views of one fused projection (seqlen_q == seqlen_k): heads strided within a row.
+        qkv = randn(batch, seqlen_q, heads + 2 * kv_heads, dim, dtype=dtype)
+        q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=2)
+    elif layout == "dim-strided":
+        # Every other element of the head dimension: no unit stride, copied by the launcher.
+        q = randn(batch, seqlen_q, heads, 2 * dim, dtype=dtype)[..., ::2]
+        k = randn(batch, seqlen_k, kv_heads, 2 * dim, dtype=dtype)[..., ::2]
+        v = randn(batch, seqlen_k, kv_heads, 2 * dim_v, dtype=dtype)[..., ::2]
+    else:
+        q = randn(batch, seqlen_q, heads, dim, dtype=dtype)
+        k = randn(batch, seqlen_k, kv_heads, dim, dtype=dtype)
+        v = randn(batch, seqlen_k, kv_heads, dim_v, dtype=dtype)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    if layout in ("transposed", "fused", "dim-strided"):
+        # Keep the strided layout (detach keeps it) and check it is what the kernel gets.
+        assert not leaves[0].is_contiguous()
+    return leaves
+
+
+def _check_against_reference(out, lse, inputs, ref_out, ref_lse, ref_inputs, dtype, sink=None):
+    assert out.dtype == dtype
+    assert_close(out, ref_out, dtype, "out")
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite), "rows that see no key: lse +inf"
+    assert_close(lse.cpu()[finite], ref_lse[finite], torch.float32, "lse", floor=1.0)
+    dout = randn(*out.shape, dtype=dtype)
+    got = grads(out, inputs, dout)
+    want = grads(ref_out, ref_inputs, dout.double().cpu())
+    for g, w, name in zip(got, want, ("dq", "dk", "dv", "ds_aux"), strict=False):
+        assert g.dtype == dtype if name != "ds_aux" else g.dtype == sink.dtype
+        assert_close(g, w, dtype, name)
+
+
+# (batch, seqlen_q, seqlen_k, heads, kv_heads, dim, dim_v, causal, window, softcap, sink, dtype,
+#  layout)
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+CASES = [
+    pytest.param(2, 17, 17, 4, 4, 64, 64, False, (-1, -1), 0.0, False, F32, None, id="plain"),
+    pytest.param(1, 33, 33, 4, 2, 64, 64, True, (-1, -1), 0.0, False, BF16, None, id="causal-gqa2"),
+    pytest.param(1, 17, 33, 4, 1, 80, 80, True, (-1, -1), 0.0, False, F16, None, id="causal-sq<sk-mqa"),
+    pytest.param(1, 33, 17, 4, 1, 96, 96, True, (-1, -1), 0.0, False, F32, None, id="causal-sq>sk"),
+    pytest.param(2, 1, 33, 4, 4, 128, 128, True, (-1, -1), 0.0, False, BF16, None, id="one-query"),
+    pytest.param(1, 3, 3, 8, 2, 256, 256, True, (-1, -1), 0.0, False, F16, None, id="d256-gqa4"),
+    pytest.param(1, 33, 33, 2, 1, 64, 64, True, (4, -1), 0.0, False, F32, None, id="causal-window"),
+    pytest.param(1, 17, 33, 2, 2, 64, 64, False, (3, 5), 0.0, False, BF16, None, id="window-2-sided"),
+    pytest.param(1, 17, 17, 2, 2, 64, 64, True, (-1, -1), 5.0, False, F32, None, id="softcap"),
+    pytest.param(2, 17, 17, 4, 2, 64, 64, True, (7, -1), 0.0, True, F32, None, id="sinks-window"),
+    pytest.param(1, 17, 17, 2, 1, 64, 64, False, (-1, -1), 0.0, True, BF16, None, id="sinks-bf16"),
+    pytest.param(1, 17, 9, 2, 2, 64, 64, True, (-1, -1), 0.0, True, F32, None, id="sinks-empty-rows"),
+    pytest.param(1, 17, 17, 4, 2, 64, 32, True, (-1, -1), 0.0, False, F32, None, id="dim-v-32"),
+    pytest.param(2, 17, 17, 4, 2, 64, 64, True, (-1, -1), 0.0, False, F16, "transposed", id="transposed"),
+    pytest.param(1, 17, 17, 4, 2, 80, 80, False, (-1, -1), 0.0, False, BF16, "fused", id="fused-qkv"),
+    pytest.param(1, 3, 17, 2, 1, 64, 64, True, (-1, -1), 0.0, False, F32, "dim-strided", id="dim-strided"),
+    pytest.param(1, 33, 33, 4, 2, 128, 128, True, (8, -1), 30.0, True, BF16, None, id="all-options",
+                 marks=pytest.mark.slow),  # fmt: skip
+    pytest.param(2, 1000, 1000, 8, 2, 128, 128, True, (-1, -1), 0.0, False, BF16, None, id="gpu-1k",
+                 marks=pytest.mark.gpu),  # fmt: skip
+    pytest.param(1, 777, 1537, 4, 4, 80, 80, True, (255, -1), 50.0, True, F16, None, id="gpu-odd",
+                 marks=pytest.mark.gpu),  # fmt: skip
+    pytest.param(1, 515, 515, 4, 1, 256, 256, False, (-1, -1), 0.0, False, BF16, None, id="gpu-d256",
+                 marks=pytest.mark.gpu),  # fmt: skip
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "batch,seqlen_q,seqlen_k,heads,kv_heads,dim,dim_v,causal,window,softcap,sink,dtype,layout",
+    CASES,
+)
+def test_flash_attn_func(attn, batch, seqlen_q, seqlen_k, heads, kv_heads, dim, dim_v, causal,
+                         window, softcap, sink, dtype, layout):  # fmt: skip
+    q, k, v = _inputs(batch, seqlen_q, seqlen_k, heads, kv_heads, dim, dim_v, dtype, layout)
+    s_aux = randn(heads, scale=2.0).requires_grad_() if sink else None
+    out, lse, mask = attn.flash_attn_func(
+        q, k, v, causal=causal, window_size=window, softcap=softcap, s_aux=s_aux,
+        return_attn_probs=True,
+    )  # fmt: skip
+    assert mask is None and lse.shape == (batch, heads, seqlen_q) and lse.dtype == torch.float32
+    inputs = [q, k, v] + ([s_aux] if sink else [])
+    ref_inputs = [t.detach().double().cpu().requires_grad_() for t in inputs]
+    ref_out, ref_lse = reference(
+        *ref_inputs[:3], causal=causal, window=window, softcap=softcap,
+        sink=ref_inputs[3] if sink else None,
+    )  # fmt: skip
+    _check_against_reference(out, lse, inputs, ref_out, ref_lse, ref_inputs, dtype, s_aux)
+    # Without return_attn_probs: the output alone, the same values.
+    again = attn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                 s_aux=s_aux)  # fmt: skip
+    assert torch.equal(again, out)
+
+
+def test_softmax_scale(attn):
+    q, k, v = _inputs(1, 17, 17, 2, 2, 64, 64, torch.float32, None)
+    out = attn.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True)
+    ref, _ = reference(*(t.detach().double() for t in (q, k, v)), causal=True, scale=0.3)
+    assert_close(out, ref, torch.float32, "out")
+
+
+# Packed sequences: (lengths_q, lengths_k, heads, kv_heads, dim, causal, window, sink, dtype);
+# an empty sequence, a one-token one, odd lengths, unequal q and k lengths.
+VARLEN = [
+    pytest.param([17, 0, 1, 33, 3], None, 4, 2, 64, True, (-1, -1), False, torch.float32, id="causal"),
+    pytest.param([5, 17, 2], [9, 17, 20], 2, 1, 96, True, (-1, -1), True, torch.bfloat16, id="sq<sk-sinks"),
+    pytest.param([3, 0, 19], [3, 4, 19], 4, 4, 64, False, (2, 2), False, torch.float16, id="window"),
+    pytest.param([7, 2], [0, 2], 2, 2, 64, False, (-1, -1), True, torch.float32, id="no-keys-sink"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("lengths_q,lengths_k,heads,kv_heads,dim,causal,window,sink,dtype", VARLEN)
+def test_flash_attn_varlen_func(attn, lengths_q, lengths_k, heads, kv_heads, dim, causal, window,
+                                sink, dtype):  # fmt: skip
+    lengths_k = lengths_q if lengths_k is None else lengths_k
+    cu_q = torch.tensor([0, *lengths_q], device=DEVICE).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0, *lengths_k], device=DEVICE).cumsum(0).to(torch.int32)
+    # Two rows past the last sequence in q: no sequence's, output and gradient 0 there.
+    total_q, total_k = sum(lengths_q) + 2, sum(lengths_k)
+    q = randn(total_q, heads, dim, dtype=dtype).requires_grad_()
+    k = randn(total_k, kv_heads, dim, dtype=dtype).requires_grad_()
+    v = randn(total_k, kv_heads, dim, dtype=dtype).requires_grad_()
+    s_aux = randn(heads).requires_grad_() if sink else None
+    out, lse, _ = attn.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal, window_size=window,
+        s_aux=s_aux, return_attn_probs=True,
+    )  # fmt: skip
+    assert lse.shape == (heads, total_q)
+    inputs = [q, k, v] + ([s_aux] if sink else [])
+    ref_inputs = [t.detach().double().cpu().requires_grad_() for t in inputs]
+    ref_out, ref_lse = varlen_reference(
+        *ref_inputs[:3], cu_q.cpu(), cu_k.cpu(), causal=causal, window=window,
+        sink=ref_inputs[3] if sink else None,
+    )  # fmt: skip
+    _check_against_reference(out, lse, inputs, ref_out, ref_lse, ref_inputs, dtype, s_aux)
+
+
+def test_varlen_equals_dense_per_sequence(attn):
+    # Packing changes nothing: each sequence's rows equal flash_attn_func on it alone.
+    lengths = [17, 5, 33]
+    cu = torch.tensor([0, *lengths], device=DEVICE).cumsum(0).to(torch.int32)
+    q, k, v = (randn(sum(lengths), 2, 64, dtype=torch.float16) for _ in range(3))
+    packed = attn.flash_attn_varlen_func(q, k, v, cu, cu, 33, 33, causal=True)
+    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        alone = attn.flash_attn_func(q[None, start:end], k[None, start:end], v[None, start:end],
+                                     causal=True)  # fmt: skip
+        assert torch.equal(packed[start:end], alone[0])
+
+
+def test_deterministic_backward_is_bitwise_repeatable(attn):
+    q, k, v = _inputs(2, 33, 33, 4, 1, 64, 64, torch.bfloat16, None)
+    s_aux = randn(4).requires_grad_()
+    dout = randn(2, 33, 4, 64, dtype=torch.bfloat16)
+    runs = []
+    for _ in range(2):
+        out = attn.flash_attn_func(q, k, v, causal=True, s_aux=s_aux, deterministic=True)
+        runs.append(grads(out, (q, k, v, s_aux), dout))
+    for first, second, name in zip(*runs, ("dq", "dk", "dv", "ds_aux"), strict=True):
+        assert torch.equal(first, second), name
+
+
+def test_no_grad_and_empty_inputs(attn):
+    q, k, v = _inputs(1, 17, 17, 2, 2, 64, 64, torch.float16, None)
+    with torch.no_grad():
+        out = attn.flash_attn_func(q, k, v, causal=True)
+    assert not out.requires_grad
+    empty = randn(0, 17, 2, 64, dtype=torch.float16)
+    assert attn.flash_attn_func(empty, empty, empty).shape == (0, 17, 2, 64)
+    no_keys = randn(1, 0, 2, 64, dtype=torch.float16)
+    out, lse, _ = attn.flash_attn_func(q, no_keys, no_keys, return_attn_probs=True)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isinf(lse).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"dropout_p": 0.1}, "dropout_p=0.1 is not supported"),
+        ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
+        ({"s_aux": torch.ones(3)}, r"one logit per query head, shape \(4,\)"),
+        ({"window_size": 3}, "window_size must be a pair"),
+        ({"softcap": -1.0}, "softcap must be 0"),
+    ],
+)
+def test_option_errors(attn, kwargs, message):
+    q, k, v = _inputs(1, 3, 3, 4, 2, 64, 64, torch.float32, None)
+    kwargs = {key: t.to(DEVICE) if isinstance(t, torch.Tensor) else t for key, t in kwargs.items()}
+    with pytest.raises(ValueError, match=message):
+        attn.flash_attn_func(q, k, v, **kwargs)
+
+
+def test_shape_and_dtype_errors(attn):
+    q = randn(1, 3, 4, 64)
+    with pytest.raises(
+        ValueError, match="k and v need the same number of heads, which must divide"
+    ):
+        attn.flash_attn_func(q, randn(1, 3, 3, 64), randn(1, 3, 3, 64))
+    with pytest.raises(ValueError, match=r"must be \(batch, seqlen, heads, head_dim\)"):
+        attn.flash_attn_func(q[0], q[0], q[0])
+    with pytest.raises(TypeError, match="share one dtype"):
+        attn.flash_attn_func(q, q.half(), q)
+    with pytest.raises(TypeError, match="share one dtype"):
+        attn.flash_attn_func(q.double(), q.double(), q.double())
+    big = randn(1, 3, 1, 320)
+    with pytest.raises(ValueError, match="between 1 and 256"):
+        attn.flash_attn_func(big, big, big)
+    cu = torch.tensor([0, 3], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="cu_seqlens_k must be a 1-D int32 tensor"):
+        attn.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu.float(), 3, 3)
+
+
+def test_transformers_sees_every_option(attn):
+    # transformers 5.x passes an option only where the function's signature names it
+    # (modeling_flash_attention_utils._lazy_define_process_function).
+    for function in (attn.flash_attn_func, attn.flash_attn_varlen_func):
+        names = set(inspect.signature(function).parameters)
+        assert {"dropout_p", "softmax_scale", "causal", "window_size", "softcap", "s_aux",
+                "deterministic"} <= names  # fmt: skip
+    assert "max_seqlen_q" in inspect.signature(attn.flash_attn_varlen_func).parameters
+    kvcache = set(inspect.signature(attn.flash_attn_with_kvcache).parameters)
+    assert {"block_table", "cache_seqlens", "s_aux", "softcap", "window_size"} <= kvcache
+
+
+def test_torch_compile_fullgraph(attn):
+    # The op is one opaque node of the graph (aot_eager: no inductor on the CPU), forward and
+    # backward match eager.
+    q, k, v = _inputs(1, 17, 17, 4, 2, 64, 64, torch.float32, None)
+    s_aux = randn(4).requires_grad_()
+
+    def f(q, k, v, s_aux):
+        return attn.flash_attn_func(q, k, v, causal=True, window_size=(5, -1), s_aux=s_aux)
+
+    counts = []
+
+    def backend(gm, example_inputs):
+        counts.append(sum("flash_attn_forward" in str(n.target) for n in gm.graph.nodes))
+        return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    dout = randn(1, 17, 4, 64)
+    got = compiled(q, k, v, s_aux)
+    want = f(q, k, v, s_aux)
+    assert counts == [1]
+    assert torch.equal(got, want)
+    for g, w in zip(grads(got, (q, k, v, s_aux), dout), grads(want, (q, k, v, s_aux), dout),
+                    strict=True):  # fmt: skip
+        assert torch.equal(g, w)
+
+
+@pytest.mark.slow
+def test_opcheck(attn):
+    from importlib import import_module
+
+    ops = import_module(attn.__name__ + "._ops")
+    q, k, v = _inputs(1, 17, 17, 2, 1, 64, 64, torch.float32, None)
+    s_aux = randn(2).requires_grad_()
+    args = (q, k, v, None, None, None, None, s_aux, 17, 17, 0.125, -1, 0, 0.0)
+    torch.library.opcheck(ops.forward, args)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
+def test_cuda_graph_capture(attn):
+    q, k, v = (randn(2, 256, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    want = attn.flash_attn_func(q, k, v, causal=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = attn.flash_attn_func(q, k, v, causal=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
