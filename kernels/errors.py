@@ -59,7 +59,16 @@ class KernelVersionSpecError(KernelLoadError, ValueError):
 
 
 class KernelOfflineError(KernelLoadError, ConnectionError):
-    """The Hub is off limits (HF_HUB_OFFLINE=1) or unreachable and the cache cannot answer."""
+    """The Hub is off limits (HF_HUB_OFFLINE=1) or unreachable and the cache cannot answer.
+
+    Attributes:
+        reason: why the Hub did not answer, without the advice on what to do; the whole
+            message when it was not given apart. What a fall-back to the cache logs.
+    """
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = message if reason is None else reason
 
 
 class KernelHubUnsupportedError(KernelLoadError, ImportError):
@@ -77,7 +86,16 @@ class UntrustedKernelError(KernelLoadError, PermissionError):
 class KernelMetadataError(KernelLoadError, ValueError):
     """A kernel build describes itself wrongly: its ``metadata.json``, its repository's
     ``kernel-variants.json`` or a build variant's name is malformed, too large or too deeply
-    nested."""
+    nested.
+
+    Attributes:
+        reason: what is wrong, without naming the file or variant (a list of variants shows
+            it beside each name); the whole message when it was not given apart.
+    """
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = message if reason is None else reason
 
 
 class KernelLockError(KernelLoadError):
