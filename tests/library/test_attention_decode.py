@@ -1,0 +1,171 @@
+"""The decode path of library/attention: ``flash_attn_with_kvcache`` over a contiguous and a paged
+KV cache (new keys written in place first, per-sequence filled lengths), and paged
+``flash_attn_varlen_func``, against the float64 reference."""
+
+import pytest
+import torch
+
+from tests.library.attention_reference import attention as reference
+from tests.support.library import DEVICE, ON_GPU, assert_close, load, randn
+
+
+@pytest.fixture(scope="module")
+def attn():
+    return load("attention")
+
+
+def _expected(q, k_cache, v_cache, used, **options):
+    """Per sequence: the reference over the first ``used[b]`` cache rows."""
+    outs = []
+    for b, n in enumerate(used):
+        out, _ = reference(q[b : b + 1].cpu(), k_cache[b : b + 1, :n].cpu(),
+                           v_cache[b : b + 1, :n].cpu(), **options)  # fmt: skip
+        outs.append(out)
+    return torch.cat(outs)
+
+
+def _paged(k_cache, page_size, generator):
+    """``(pages, block_table)``: ``k_cache`` ``(batch, capacity, ...)`` cut into pages of
+    ``page_size`` rows, stored shuffled among spare pages."""
+    batch, capacity = k_cache.shape[:2]
+    per_seq = capacity // page_size
+    n_pages = batch * per_seq + 3
+    order = torch.randperm(n_pages, generator=generator)[: batch * per_seq]
+    pages = randn(n_pages, page_size, *k_cache.shape[2:], dtype=k_cache.dtype)
+    pages[order.to(DEVICE)] = k_cache.reshape(batch * per_seq, page_size, *k_cache.shape[2:])
+    return pages, order.view(batch, per_seq).to(torch.int32).to(DEVICE)
+
+
+# (seqlen_q, seqlen_new, cache_seqlens, heads, kv_heads, dim, causal, window, softcap, sink, dtype)
+CASES = [
+    pytest.param(1, 1, [5, 16, 0], 4, 2, 64, True, (-1, -1), 0.0, False, torch.float16, id="decode"),
+    pytest.param(3, 3, [9, 20, 1], 4, 1, 128, True, (-1, -1), 0.0, True, torch.bfloat16, id="spec-sinks"),
+    pytest.param(2, 0, [17, 30, 2], 2, 2, 80, True, (4, -1), 10.0, False, torch.float32, id="window-cap"),
+    pytest.param(1, 1, [31, 7, 12], 8, 2, 256, False, (-1, -1), 0.0, False, torch.bfloat16, id="d256"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_new,cache_seqlens,heads,kv_heads,dim,causal,window,softcap,sink,dtype", CASES
+)
+def test_flash_attn_with_kvcache(attn, paged, seqlen_q, seqlen_new, cache_seqlens, heads,
+                                 kv_heads, dim, causal, window, softcap, sink, dtype):  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    batch, capacity, page_size = len(cache_seqlens), 32, 8
+    q = randn(batch, seqlen_q, heads, dim, dtype=dtype)
+    k_cache = randn(batch, capacity, kv_heads, dim, dtype=dtype)
+    v_cache = randn(batch, capacity, kv_heads, dim, dtype=dtype)
+    k_new = randn(batch, seqlen_new, kv_heads, dim, dtype=dtype) if seqlen_new else None
+    v_new = randn(batch, seqlen_new, kv_heads, dim, dtype=dtype) if seqlen_new else None
+    s_aux = randn(heads) if sink else None
+    used = torch.tensor(cache_seqlens, dtype=torch.int32, device=DEVICE)
+    # What the cache holds after the call: the new rows written at each sequence's end.
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    for b, n in enumerate(cache_seqlens):
+        if seqlen_new:
+            want_k[b, n : n + seqlen_new] = k_new[b]
+            want_v[b, n : n + seqlen_new] = v_new[b]
+    total = [n + seqlen_new for n in cache_seqlens]
+    options = {"causal": causal, "window_size": window, "softcap": softcap, "s_aux": s_aux}
+    if paged:
+        k_pages, table = _paged(k_cache, page_size, generator)
+        v_pages, _ = _paged(v_cache, page_size, torch.Generator().manual_seed(0))
+        out, lse = attn.flash_attn_with_kvcache(
+            q, k_pages, v_pages, k_new, v_new, cache_seqlens=used, block_table=table,
+            return_softmax_lse=True, **options,
+        )  # fmt: skip
+        k_after = k_pages[table.long()].reshape(batch, capacity, kv_heads, dim)
+        v_after = v_pages[table.long()].reshape(batch, capacity, kv_heads, dim)
+    else:
+        out, lse = attn.flash_attn_with_kvcache(
+            q, k_cache, v_cache, k_new, v_new, cache_seqlens=used, return_softmax_lse=True,
+            **options,
+        )  # fmt: skip
+        k_after, v_after = k_cache, v_cache
+    assert torch.equal(k_after, want_k) and torch.equal(v_after, want_v)
+    assert lse.shape == (batch, heads, seqlen_q)
+    expected = _expected(q, want_k, want_v, total, causal=causal, window=window, softcap=softcap,
+                         sink=s_aux.cpu() if sink else None)  # fmt: skip
+    assert_close(out, expected, dtype, "out")
+
+
+def test_kvcache_int_seqlens_and_whole_cache(attn):
+    q = randn(2, 1, 2, 64, dtype=torch.float16)
+    k_cache, v_cache = (randn(2, 17, 2, 64, dtype=torch.float16) for _ in range(2))
+    whole = attn.flash_attn_with_kvcache(q, k_cache, v_cache)
+    assert_close(whole, _expected(q, k_cache, v_cache, [17, 17]), torch.float16, "whole cache")
+    part = attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=9, causal=True)
+    assert_close(part, _expected(q, k_cache, v_cache, [9, 9]), torch.float16, "int seqlens")
+
+
+def test_kvcache_errors(attn):
+    q = randn(1, 1, 2, 64)
+    cache = randn(1, 8, 2, 64)
+    with pytest.raises(ValueError, match="rotary_cos is not supported"):
+        attn.flash_attn_with_kvcache(q, cache, cache, rotary_cos=cache)
+    with pytest.raises(ValueError, match="new k and v need cache_seqlens"):
+        attn.flash_attn_with_kvcache(q, cache, cache, randn(1, 1, 2, 64), randn(1, 1, 2, 64))
+    with pytest.raises(ValueError, match="pass both k and v"):
+        attn.flash_attn_with_kvcache(q, cache, cache, randn(1, 1, 2, 64), cache_seqlens=3)
+    with pytest.raises(ValueError, match=r"block_table must be a \(batch=1, max_pages\) int32"):
+        attn.flash_attn_with_kvcache(q, cache, cache, block_table=torch.zeros(2, 1, device=DEVICE))
+
+
+def test_paged_varlen(attn):
+    # flash_attn_varlen_func with a block table: keys of sequence b are its first
+    # cu_seqlens_k[b + 1] - cu_seqlens_k[b] cache rows, through its pages.
+    generator = torch.Generator().manual_seed(1)
+    lengths_q, lengths_k = [3, 1], [20, 9]
+    k_cache, v_cache = (randn(2, 24, 2, 64, dtype=torch.float16) for _ in range(2))
+    k_pages, table = _paged(k_cache, 8, generator)
+    v_pages, _ = _paged(v_cache, 8, torch.Generator().manual_seed(1))
+    q = randn(sum(lengths_q), 4, 64, dtype=torch.float16)
+    cu_q = torch.tensor([0, 3, 4], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, 20, 29], dtype=torch.int32, device=DEVICE)
+    out = attn.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 3, 20, causal=True,
+                                      block_table=table)  # fmt: skip
+    for b in range(2):
+        rows = slice(cu_q[b].item(), cu_q[b + 1].item())
+        want, _ = reference(q[None, rows].cpu(), k_cache[b : b + 1, : lengths_k[b]].cpu(),
+                            v_cache[b : b + 1, : lengths_k[b]].cpu(), causal=True)  # fmt: skip
+        assert_close(out[rows], want[0], torch.float16, f"sequence {b}")
+
+
+def test_kvcache_under_compile(attn):
+    # The decode step as a compiled graph: cache writes and the op, no graph break.
+    q = randn(2, 1, 4, 64)
+    k_cache, v_cache = (randn(2, 16, 2, 64) for _ in range(2))
+    k_new, v_new = (randn(2, 1, 2, 64) for _ in range(2))
+    used = torch.tensor([3, 9], dtype=torch.int32, device=DEVICE)
+
+    def step(q, k_cache, v_cache, k, v, used):
+        return attn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=used,
+                                            causal=True)  # fmt: skip
+
+    eager_k, eager_v = k_cache.clone(), v_cache.clone()
+    want = step(q, eager_k, eager_v, k_new, v_new, used)
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(
+        q, k_cache, v_cache, k_new, v_new, used
+    )
+    assert torch.equal(got, want)
+    assert torch.equal(k_cache, eager_k) and torch.equal(v_cache, eager_v)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
+def test_kvcache_cuda_graph(attn):
+    q = randn(4, 1, 32, 128, dtype=torch.bfloat16)
+    k_cache, v_cache = (randn(4, 4096, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    k_new, v_new = (randn(4, 1, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    used = torch.tensor([100, 4000, 7, 2048], dtype=torch.int32, device=DEVICE)
+    want = attn.flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k_new, v_new,
+                                        cache_seqlens=used, causal=True)  # fmt: skip
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=used,
+                                           causal=True)  # fmt: skip
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
