@@ -10,7 +10,10 @@ DESCRIPTION = """\
 Resolve each kernel in [tool.kernels.dependencies] of PROJECT_DIR/pyproject.toml to a
 commit and write PROJECT_DIR/kernels.lock: the repository, the version asked for, the tag
 or branch and commit it resolved to, the trust decision, and the hashes of every build
-variant's files (taken from the Hub's file listing; nothing is downloaded).
+variant's files (taken from the Hub's file listing; only metadata.json files are downloaded).
+The kernels each one is built on (kernel-depends in any variant's metadata.json) are locked
+too, recursively, with the kernel's trust; a cycle, or one repository resolving to two
+commits, is an error.
 
 Kernels from organisations that are not trusted are refused unless the entry says
 trust-remote-code = true (or the organisation is trusted by configuration).

@@ -14,8 +14,9 @@ trust given for the kernel, ``LOCAL_KERNELS`` honoured), and during the import
 ``kernels.get_kernel_dep("kernels-community/relu")`` returns it. A cycle of dependencies is a
 `KernelLoadError`.
 
-Loads from a lock file (`LockedLayerRepository`, `get_locked_kernel`, `load_kernel`) do not
-load dependencies yet: a lock would have to record their commits too.
+``kernels lock`` locks the whole tree (every variant's dependencies, `kernels.repos.lock.lock_tree`),
+and loads from a lock file (`LockedLayerRepository`, `get_locked_kernel`, `load_kernel`) load
+each dependency at the commit the same lock pins for it.
 """
 
 from __future__ import annotations
@@ -188,8 +189,8 @@ def get_kernel_dep(repo_id: str) -> ModuleType:
     if deps is None:
         raise KernelLoadError(
             "get_kernel_dep works only while a kernel is imported (from the kernel's own code) "
-            "by get_kernel, LayerRepository, get_local_kernel or LOCAL_KERNELS; loads from a "
-            "lock file do not load kernel-depends yet. Outside a kernel, use get_kernel()."
+            "by get_kernel, LayerRepository, get_local_kernel, LOCAL_KERNELS or a locked load. "
+            "Outside a kernel, use get_kernel()."
         )
     module = deps.get(repo_id)
     if module is None:

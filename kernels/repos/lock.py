@@ -44,6 +44,11 @@ has no file hashes and no trust record: a load pins the commit (logged at INFO, 
 files are not verified), and the repository must pass the normal trust rules, or be
 given ``trust-remote-code`` by the pyproject.toml beside the lock (see `_locked_trust`). A
 lock file holds entries of one format: a mix is refused.
+
+The kernels a locked kernel is built on (``kernel-depends`` in any variant's metadata.json,
+`kernels.repos.kernel_deps`) are locked too, as entries of their own (`lock_tree`), in
+either format, as Hugging Face's ``lock_kernel_tree`` does; a locked load gives the kernel
+each dependency at the commit its entry pins.
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ from .download import (
 )
 from .hashing import HASH_TYPE, combined_hash, verify_variant
 from .hubclient import KERNEL_REPO_TYPE, MODEL_REPO_TYPE
+from .info import METADATA_FILE, Metadata
+from .kernel_deps import KEY as KERNEL_DEPENDS
+from .kernel_deps import KernelDependency, dependencies_loaded, parse_kernel_depends
 from .project import Dependency, dependency_trust, read_dependencies
 from .provides import provided_kernel
 from .repo_id import fold, is_repo_id
@@ -616,10 +624,97 @@ def lock_dependency(dependency: Dependency) -> KernelLock:
     )
 
 
+def lock_tree(dependencies: Iterable[Dependency]) -> list[KernelLock]:
+    """Lock each dependency and, recursively, the ``kernel-depends`` of every build variant
+    of what it resolved to (every variant: the lock serves machines of every kind).
+
+    A dependency is locked with the trust given for the kernel that lists it, and its trust
+    is checked before anything of it is listed or downloaded. The lock holds one entry per
+    repository: two requests of one repository (a project's own and a kernel's, or two
+    kernels') must resolve to the same commit.
+
+    Raises:
+        KernelLockError: a cycle of ``kernel-depends``, or one repository resolved to two
+            commits; and the errors of `lock_dependency`.
+        KernelMetadataError: a variant's ``kernel-depends`` is malformed.
+    """
+    locks: dict[str, KernelLock] = {}
+    asked: dict[str, str] = {}
+    for dependency in dependencies:
+        _lock_with_depends(dependency, locks, asked, chain=(), by="pyproject.toml")
+    return list(locks.values())
+
+
+def _lock_with_depends(
+    dependency: Dependency,
+    locks: dict[str, KernelLock],
+    asked: dict[str, str],
+    *,
+    chain: tuple[str, ...],
+    by: str,
+) -> None:
+    key = fold(dependency.repo_id)
+    lock = lock_dependency(dependency)
+    existing = locks.get(key)
+    if existing is not None:
+        if existing.sha != lock.sha:
+            raise KernelLockError(
+                f"{dependency.repo_id} is asked for twice and the two resolve to different "
+                f"commits: {asked[key]} -> {existing.sha[:12]}, and {dependency.requirement} "
+                f"by {by} -> {lock.sha[:12]}. A lock holds one commit per repository: make "
+                "both ask for the same version."
+            )
+        return
+    locks[key] = lock
+    asked[key] = f"{dependency.requirement} by {by}"
+    for dep in _kernel_depends(lock):
+        path = (*chain, lock.repo_id)
+        if fold(dep.repo_id) in {fold(r) for r in path}:
+            cycle = " -> ".join((*path, dep.repo_id))
+            raise KernelLockError(
+                f"Cyclic kernel-depends: {cycle}. A kernel cannot depend on itself, directly "
+                "or through others; it cannot be locked."
+            )
+        _lock_with_depends(
+            Dependency(
+                dep.repo_id,
+                version=dep.version,
+                revision=dep.revision,
+                trust_remote_code=dependency.trust_remote_code,
+            ),
+            locks,
+            asked,
+            chain=path,
+            by=f"the kernel-depends of {lock.repo_id}",
+        )
+
+
+def _kernel_depends(lock: KernelLock) -> list[KernelDependency]:
+    """The ``kernel-depends`` of every variant of a locked commit, each request once."""
+    from huggingface_hub import hf_hub_download
+
+    repo_type = lock.repo_type or KERNEL_REPO_TYPE
+    found: dict[KernelDependency, None] = {}
+    for variant in sorted(lock.files):
+        if METADATA_FILE not in lock.files[variant]:
+            continue
+        filename = f"build/{variant}/{METADATA_FILE}"
+        where = f"{lock.repo_id} at commit {lock.sha[:12]}: {filename}"
+        try:
+            path = hf_hub_download(lock.repo_id, filename, revision=lock.sha, repo_type=repo_type)
+        except Exception as exc:
+            raise hub_error(exc, lock.repo_id, f"download {where}", repo_type) from exc
+        metadata = Metadata.read_from_file(path)
+        for dep in parse_kernel_depends(metadata.extra.get(KERNEL_DEPENDS), where=where):
+            found.setdefault(dep)
+    return list(found)
+
+
 def lock_project(
     project_dir: Path, *, format: str = FORMAT_KERNELS
 ) -> tuple[Path, list[KernelLock]]:
-    """Resolve every kernel in ``[tool.kernels.dependencies]`` and write ``kernels.lock``.
+    """Resolve every kernel in ``[tool.kernels.dependencies]``, and the kernels they are
+    built on (`lock_tree`), and write ``kernels.lock``.
 
     Args:
         format: as for `write_lockfile`. Ours is the default: Hugging Face's format keeps
@@ -630,7 +725,7 @@ def lock_project(
         raise KernelLockError(
             f"Unknown lock format {quoted(format)}; use one of {', '.join(LOCK_FORMATS)}."
         )
-    locks = [lock_dependency(dep) for dep in read_dependencies(project_dir)]
+    locks = lock_tree(read_dependencies(project_dir))
     path = project_dir / LOCK_FILE
     write_lockfile(path, locks, format=format)
     return path, locks
@@ -843,7 +938,26 @@ def _load_locked(
     trust = _locked_trust(lock, source, trust_remote_code)
     fetched = fetch_locked(lock, local_files_only=local_files_only)
     _verify_locked(fetched, lock, source.description)
-    imported = import_fetched(fetched, trust)
+
+    def load_dependency(dependency: KernelDependency) -> ModuleType:
+        # The kernel's kernel-depends load from the same lock, at their locked commits.
+        wanted = fold(dependency.repo_id)
+        locked = next((other for other in source.locks if fold(other.repo_id) == wanted), None)
+        if locked is None:
+            raise KernelLockError(
+                f"{repo_id} depends on {dependency.repo_id} (kernel-depends in its "
+                f"metadata.json), which {source.description} does not lock; it was written "
+                "before locks held kernel-depends. Re-create it with `kernels lock PROJECT_DIR`."
+            )
+        return _load_locked(
+            locked.repo_id,
+            source,
+            local_files_only=local_files_only,
+            trust_remote_code=trust_remote_code,
+        ).module
+
+    with dependencies_loaded(fetched.location.package_dir, repo_id, load_dependency):
+        imported = import_fetched(fetched, trust)
     loaded = LoadedLockedKernel(imported.module, fetched, trust, checked=_checked(lock))
     logger.info("Loaded locked kernel %s (%s); %s", loaded.describe(), loaded.checked, trust.reason)
     return loaded
