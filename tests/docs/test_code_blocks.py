@@ -1,0 +1,224 @@
+"""Every code block of the README and docs/*.md either runs here or says why not.
+
+A fenced ``python`` block runs; so does a ``bash`` or ``console`` block, whose commands are
+`kernels` CLI calls that work offline. Any other such block carries a visible reason on the
+line just above its fence::
+
+    <!-- not run: needs a CUDA GPU -->
+
+so that a new block cannot slip through untested: `test_every_block_runs_or_says_why_not`
+fails on an unmarked block that is not runnable here, and `test_page_blocks_run` runs the rest.
+
+The blocks of one page run in order in one subprocess and one namespace, as a reader runs them
+top to bottom (a later block may use an earlier block's imports). They run on the CPU with
+``TRITON_INTERPRET=1`` (our kernels through Triton's interpreter) and ``HF_HUB_OFFLINE=1``
+(nothing is downloaded), Python blocks in a fresh temporary folder, shell blocks in the
+repository root (they name its folders, such as ``library/norm``). Where a page's code uses a
+model it does not build, the namespace provides a tiny one, built only when the page's code
+names it:
+
+- ``model``: a randomly initialised 2-layer ``LlamaForCausalLM`` (hidden size 64),
+- ``path``: the folder it was saved to with ``save_pretrained``,
+- ``input_ids``, ``example_input_ids``, ``mask``: a batch of 2 x 8 tokens and its mask.
+
+Run it as a script (``python test_code_blocks.py PAYLOAD.json``) and it is that subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+#: The languages whose blocks are code to run (the rest, such as text, json and toml, show data).
+LANGUAGES = {
+    "python": "python",
+    "bash": "shell",
+    "console": "shell",
+    "sh": "shell",
+    "shell": "shell",
+}
+NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(\S.*?)\s*-->\s*$")
+FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
+#: Names the runner provides when a page's code uses them (see the module docstring).
+PROVIDED = ("model", "path", "input_ids", "example_input_ids", "mask")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str  # relative to the repository
+    line: int  # of the opening fence, 1-based
+    kind: str  # "python" or "shell"
+    code: str  # dedented
+    not_run: str | None  # the marked reason, or None
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The code blocks of `page` (python and shell), each with its not-run mark if any."""
+    lines = page.read_text().splitlines()
+    found = []
+    index = 0
+    while index < len(lines):
+        fence = FENCE.match(lines[index])
+        if not fence:
+            index += 1
+            continue
+        end = index + 1
+        while end < len(lines) and not re.match(r"^\s*```\s*$", lines[end]):
+            end += 1
+        kind = LANGUAGES.get(fence.group(2))
+        if kind:
+            mark = NOT_RUN.match(lines[index - 1]) if index else None
+            found.append(
+                Block(
+                    page=page.relative_to(REPO).as_posix(),
+                    line=index + 1,
+                    kind=kind,
+                    code=textwrap.dedent("\n".join(lines[index + 1 : end])) + "\n",
+                    not_run=mark.group(1) if mark else None,
+                )
+            )
+        index = end + 1
+    return found
+
+
+def runnable_shell(block: Block) -> str | None:
+    """Why a shell block cannot run as it stands, or None: only `kernels` commands run."""
+    for line in block.code.splitlines():
+        command = line.split("#", 1)[0].strip().removeprefix("$ ")
+        if command and not command.startswith("kernels "):
+            return f"runs {command.split()[0]!r}, not a `kernels` command"
+    return None
+
+
+def test_every_block_runs_or_says_why_not():
+    unmarked = []
+    for page in PAGES:
+        for block in blocks(page):
+            if block.not_run is None and block.kind == "shell" and runnable_shell(block):
+                unmarked.append(f"{block.where}: {runnable_shell(block)}")
+    assert not unmarked, (
+        "shell blocks that cannot run here need a reason just above the fence, "
+        "e.g. <!-- not run: needs a CUDA GPU -->:\n" + "\n".join(unmarked)
+    )
+
+
+def test_the_marks_sit_on_code_blocks():
+    """A not-run mark is above a python or shell fence, so it excuses the block it names."""
+    stray = []
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        for number, line in enumerate(lines[:-1], start=1):
+            if NOT_RUN.match(line):
+                fence = FENCE.match(lines[number])
+                if not (fence and fence.group(2) in LANGUAGES):
+                    stray.append(f"{page.relative_to(REPO)}:{number}")
+    assert not stray, "not-run marks that are not just above a code block: " + ", ".join(stray)
+
+
+def test_every_docs_page_is_listed_in_the_readme():
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Documentation", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^- \[docs/([\w.-]+\.md)\]\(docs/\1\)", section, re.MULTILINE))
+    pages = {page.name for page in (REPO / "docs").glob("*.md")}
+    assert pages - listed == set(), "docs pages missing from the README's Documentation list"
+
+
+# Each page starts a Python that imports torch (and often transformers): seconds, even for a
+# page whose blocks only define things.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "page",
+    [page for page in PAGES if any(b.not_run is None for b in blocks(page))],
+    ids=lambda page: page.name,
+)
+def test_page_blocks_run(page, tmp_path):
+    to_run = [asdict(b) for b in blocks(page) if b.not_run is None]
+    payload = tmp_path / "blocks.json"
+    payload.write_text(json.dumps(to_run))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "HF_HUB_OFFLINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        # `kernels` on PATH is this interpreter's, as in the environment the reader installed.
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    run = subprocess.run(
+        [sys.executable, __file__, str(payload)],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, f"{page.name}: a code block failed\n{run.stdout}\n{run.stderr}"
+
+
+# The subprocess: run one page's blocks in order.
+
+
+def _provide(namespace: dict, workdir: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+    )
+    model = LlamaForCausalLM(config)
+    path = workdir / "tiny-llama"
+    model.save_pretrained(path)
+    input_ids = torch.randint(0, config.vocab_size, (2, 8))
+    namespace.update(
+        model=model,
+        path=str(path),
+        input_ids=input_ids,
+        example_input_ids=input_ids,
+        mask=torch.ones_like(input_ids),
+    )
+
+
+def _run_page(payload: Path) -> int:
+    to_run = [Block(**entry) for entry in json.loads(payload.read_text())]
+    namespace: dict = {"__name__": "__main__"}
+    python = "\n".join(b.code for b in to_run if b.kind == "python")
+    if any(re.search(rf"\b{name}\b", python) for name in PROVIDED):
+        _provide(namespace, Path.cwd())
+    for block in to_run:
+        print(f"--- {block.where} ({block.kind})", flush=True)
+        try:
+            if block.kind == "python":
+                exec(compile(block.code, block.where, "exec"), namespace)
+            else:
+                subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=REPO, check=True)
+        except BaseException:
+            traceback.print_exc()
+            print(f"FAILED: the block at {block.where}", flush=True)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_run_page(Path(sys.argv[1])))
