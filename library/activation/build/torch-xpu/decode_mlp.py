@@ -236,8 +236,8 @@ def _grouped_gemv_kernel(
     # Three projections of one input (an attention's q, k and v) in one launch: programs
     # [0, blocks of N0) compute O0 = x @ W0.T (+ B0), the next cdiv(N1, BLOCK_N) O1, the rest
     # O2. Each program reads one block of one weight, as the plain kernel does; the launch is
-    # what is saved (k and v of a grouped-query attention are 1 MB: their own launches took
-    # 5.4 us each on an H100, latency rather than bandwidth).
+    # what is saved (k and v of a grouped-query attention are small enough that their own
+    # launches would cost latency rather than bandwidth).
     pid = tl.program_id(0)
     blocks0 = tl.cdiv(N0, BLOCK_N)
     blocks1 = tl.cdiv(N1, BLOCK_N)
@@ -376,11 +376,11 @@ class GemvConfig(NamedTuple):
     dot: bool
 
 
-# The rule's constants (see ``gemv_config``), from the sweep of every candidate on an H100
-# (2026-11-25, benchmarks/results/h100/decode-mlp/sweep.md): at 2048/5632, 3072/8192 and
-# 4096/14336 these picks are within 3% of the fastest candidate of each kernel, rows 1 and 8.
-# Splitting K paid only where a kernel had fewer weight tiles in flight than half the SMs (the
-# tl.dot down projections: 32-64 blocks of 64 features); elsewhere it cost 5-15%.
+# The rule's constants (see ``gemv_config``), from the sweep of every candidate
+# (``candidate_configs``; benchmarks/decode_mlp.py, its results in benchmarks/results/h100/):
+# at the Llama sizes swept the picks are close to the fastest candidate of each kernel. K is
+# split only where a kernel has fewer weight tiles in flight than half the SMs (the tl.dot down
+# projections): elsewhere the split's extra reduction cost more than it gained.
 WEIGHT_BLOCKS_PER_SM = 0.5  # split K until blocks x weights x splits reach this many per SM
 MAX_SPLIT_K = 8
 FMA_ROWS = 1  # rows up to which multiply-adds are used; tl.dot above
@@ -397,7 +397,7 @@ DOT_STAGES = (2, 3, 4)
 SPLITS = (1, 2, 4, 8, 16)
 # Registers for multiply-add accumulators, fp32 a thread (the kernel has 255 in all).
 FMA_REGISTERS = 128
-# Shared memory for the pipelined tl.dot tiles (an H100 SM has 228 KB).
+# Shared memory for the pipelined tl.dot tiles, below the 228 KB of a Hopper SM.
 DOT_SHARED_BYTES = 160 * 1024
 
 

@@ -58,14 +58,10 @@ def _activation_bwd_kernel(DY, X, DX, n_elements, ACT: tl.constexpr, BLOCK: tl.c
 
 
 # Elements per program and per thread of both passes. 2048 elements a program, 16 a thread (two
-# 16-byte vectors of bf16 per load), 4 warps: an interleaved A/B on the H200 (2026-11-24, tanh GELU,
-# CUDA graphs; benchmarks/results/ops-2026-11-24b-h200/probe.txt at 6035486, summed up in
-# benchmarks/results/h200/NOTES.md) put the forward at a copy of the same bytes (16384x4096 65.2 us
-# against 64.6; 32768x8192 252.8 against 251.1), where 4096 elements a program with 16 warps (8 a
-# thread, the H100's best) took 68.8 and 272.4 us: a bare copy is as fast with either (64.7 us at
-# 16384x4096), so it is the arithmetic that 16 elements a thread (two loads in flight while it
-# computes) hides and 8 do not. The backward is 1-2% faster with it too (16384x4096 93.6 against
-# 95.0 us).
+# 16-byte vectors of bf16 per load), 4 warps: with two loads in flight while a thread computes,
+# the arithmetic (tanh GELU's above all) hides behind memory and the forward runs as fast as a
+# copy of the same bytes, which 8 elements a thread did not reach; the backward gains too. The
+# A/B that chose it is summed up in benchmarks/results/h200/NOTES.md.
 BLOCK = 2048
 ELEMENTS_PER_THREAD = 16
 
@@ -90,8 +86,9 @@ def activation_forward(x: torch.Tensor, act: int) -> torch.Tensor:
     operator override), where `silu` and the others would record a second backward."""
     check_dtype("activation", x)
     x = _flat(x)
-    y = torch.empty_like(x)  # contiguous, as x is; the cheapest allocation call (~3.5 us on
-    # the H100 VMs, 2026-11-23, against ~6 us for torch.empty with dtype and device keywords)
+    # empty_like: contiguous, as x is, and the cheapest allocation call (torch.empty with dtype
+    # and device keywords parses more arguments on the host).
+    y = torch.empty_like(x)
     n = x.numel()
     if n == 0:
         return y

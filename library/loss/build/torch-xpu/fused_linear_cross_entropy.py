@@ -92,12 +92,11 @@ _CPU_RUNS_KERNELS = os.environ.get("TRITON_INTERPRET") == "1"
 #
 # The plan with the lower cost, matmul FLOPs + FLOPS_PER_BYTE x bytes of weight traffic, is
 # taken; FLOPS_PER_BYTE is the ratio of bf16 matmul throughput to memory bandwidth of the GPUs
-# we target (about 600-700 TFLOP/s achieved over 3.35-4.8 TB/s on H100/H200: 150-200). The two
-# add up rather than overlap: the weight-gradient update of a short chunk is a matmul bound by
-# memory, run between matmuls bound by compute (H100, 2026-11-24, 16384 x 4096 -> 262144:
-# one pass with chunks of 256 tokens took 258 ms, as long as Liger's same plan, against 162 ms
-# for torch.compile's three whole matmuls; its matmuls alone would take about as long as
-# compile's). The chunks are evened out (17 chunks of 242 tokens rather than 16 of 256 and one of 4).
+# we target (the achieved matmul TFLOP/s over the memory TB/s of Hopper GPUs). The two add up
+# rather than overlap: the weight-gradient update of a short chunk is a matmul bound by memory,
+# run between matmuls bound by compute, which is why one pass in short chunks (Liger's plan)
+# is much slower than torch.compile's three whole matmuls at a large vocabulary, though its
+# matmuls alone would take about as long. The chunks are evened out (17 chunks of 242 tokens rather than 16 of 256 and one of 4).
 # ``chunk_size=`` (tokens) and ``vocab_chunk=`` (columns; the vocabulary size or more is one
 # pass) override the plan: larger chunks are faster where the loss is bound by memory
 # bandwidth, at the price of their logits' memory.

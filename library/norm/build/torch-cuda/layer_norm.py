@@ -42,22 +42,18 @@ from ._tuning import (
 )
 from .rms_norm import PlanCache, rows_of
 
-# Forward launch configuration, from interleaved A/Bs of configurations at ~64M elements (H200,
-# CUDA graphs; benchmarks/diagnose/norm_forward.py; us are per call):
+# Forward launch configuration, from interleaved A/Bs of configurations at ~64M elements (CUDA
+# graphs; benchmarks/diagnose/norm_forward.py, the outcome in benchmarks/results/h200/NOTES.md):
 # - rows up to FWD_NARROW_ELEMENTS as both norms (``_tuning``);
-# - wider rows up to 16384 in chunks, two passes (2026-11-24, benchmarks/results/
-#   ops-2026-11-24c-h200/forward-ab*.txt at 6035486): chunks of the largest power of two up to
+# - wider rows up to 16384 in chunks, two passes: chunks of the largest power of two up to
 #   FWD_MAX_CHUNK that divides the row into two or more (at least FWD_MIN_CHUNK); 8 warps up
-#   to rows of 8192 elements, 16 past that and for fp32 (at most chunk / 128). Against the row
-#   in registers: bf16 16384x5120 82 against 99 us, 10923x6144 66 against 73, 8192x8192 66.5
-#   against 67.4, 6554x10240 67 against 92, 5461x12288 66 against 82, 4681x14336 68 against
-#   76, 32768x8192 254 against 260; fp32 16384x4096 127 against 129, 32768x8192 507 against 519;
-# - bf16 rows of 4096 only from FWD_CHUNK_MIN_ROWS rows (16384x4096: 65.0 against 65.9 us);
-#   fewer rows share blocks of FWD_BLOCK_ELEMENTS, at most FWD_MAX_WARPS warps (4096x4096: 18.5
-#   against 18.9 us in chunks); so do rows whose width no chunk divides;
-# - rows past MAX_ONE_PASS in chunks of ``_tuning``'s CHUNK: bf16 1024x65536 88 us, 6.6x
-#   Liger and 1.39x torch.compile (chunks of 8192 were 2% faster in bf16 and 15% slower in
-#   fp32).
+#   to rows of 8192 elements, 16 past that and for fp32 (at most chunk / 128). Faster than the
+#   row in registers at every such width, most where the row is not a power of two;
+# - bf16 rows of 4096 only from FWD_CHUNK_MIN_ROWS rows; fewer rows share blocks of
+#   FWD_BLOCK_ELEMENTS, at most FWD_MAX_WARPS warps, which is faster there than chunks; so do
+#   rows whose width no chunk divides;
+# - rows past MAX_ONE_PASS in chunks of ``_tuning``'s CHUNK (chunks of 8192 gained little in
+#   bf16 and lost in fp32).
 FWD_MAX_WARPS = 8
 FWD_BLOCK_ELEMENTS = 8192
 FWD_MIN_CHUNK = 1024
@@ -87,11 +83,9 @@ def _fwd_block(n_cols: int, itemsize: int, many_rows: bool = True) -> tuple[bool
 # The backward's look-ahead holds a step's rows twice over, beside the weight and both gradient
 # accumulators; ``_tuning``'s steps are sized for bf16. fp32 rows of 4096 go one to a step
 # (16 KB), and wider fp32 rows, which do not fit a thread's registers twice, load the next row
-# after their step instead, with FP32_NO_LOOKAHEAD_WARPS warps. H200, 2026-11-24, fp32
-# backward against the bf16 configuration (benchmarks/results/ops-2026-11-24c-h200/
-# sweep-fp32*.txt at 6035486): 16384x4096 212.7 against 217.4 us; 8192x8192 218.6 against 288.4;
-# 32768x8192 813.8 against 1088.4 (Liger 220.5 and 816.0). Narrower fp32 rows were not swept
-# and keep the bf16 configuration.
+# after their step instead, with FP32_NO_LOOKAHEAD_WARPS warps: against the bf16 configuration
+# that brings the wide fp32 backward level with Liger's, where it lagged by a third. Narrower
+# fp32 rows were not swept and keep the bf16 configuration.
 FP32_NO_LOOKAHEAD_WARPS = 16
 
 
@@ -219,10 +213,8 @@ def _layer_norm_fwd_kernel(
             tl.store(MEAN + row, mean)
             tl.store(RSTD + row, rstd)
         # The normalising pass unrolled (static trip count, up to FWD_UNROLL_CHUNKS chunks), so
-        # that every chunk's loads are issued before the first chunk's arithmetic waits on them:
-        # 8192x8192 65.6 against 67.5 us, 32768x8192 250.7 against 251.8 (H200, 2026-11-24,
-        # L2-cleared calls; benchmarks/results/ops-2026-11-24c-h200/probe-ln-flushed-unrolled.txt
-        # at 6035486).
+        # that every chunk's loads are issued before the first chunk's arithmetic waits on them
+        # (a small gain, largest where the rows are fewest).
         y_row = Y + row * CHUNKED_COLS
         if (CHUNKED_COLS + BLOCK_N - 1) // BLOCK_N <= FWD_UNROLL_CHUNKS:
             for start in tl.static_range(0, CHUNKED_COLS, BLOCK_N):
@@ -309,8 +301,8 @@ def _layer_norm_bwd_kernel(
     # block of columns: the whole row, or with SPLIT_COLS (rows too wide for registers) block
     # program_id(1) of BLOCK_N columns, the two means then coming from C (the row dot kernel).
     # With LOOKAHEAD each step loads the next step's rows before it reduces its own, so the
-    # program keeps loads in flight while it reduces (H200, 2026-11-24: 14-21% off the backward
-    # at 4096 and 8192); without, after it is done with its own (``_bwd_config``).
+    # program keeps loads in flight while it reduces (a large share of the backward's time at
+    # 4096 and 8192 wide); without, after it is done with its own (``_bwd_config``).
     pid = tl.program_id(0)
     row_start = pid.to(tl.int64) * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)

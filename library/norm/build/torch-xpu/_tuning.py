@@ -14,10 +14,9 @@ from ._library import cdiv, multiprocessors, next_power_of_2
 # are streamed in chunks of CHUNK elements by WIDE_ROW_WARPS warps, two passes (the second
 # mostly hits L2). 16384 fp32 values over 16 warps is 32 registers a thread per live
 # row tensor; past that the backward kernel, which keeps x, dy, w and the dw accumulator live,
-# would spill. Chunks and warps from a sweep at 1024x65536 (H100, 2026-11-23, bf16, CUDA
-# graphs): against chunks of 4096 with 8 warps, the forward 142 -> 130 us (RMSNorm) and
-# 202 -> 123 us (LayerNorm). The backward of such rows is below (WIDE_BWD_*); only its row
-# reduction streams CHUNKs.
+# would spill. Chunks and warps from a sweep at 1024x65536 (bf16, CUDA graphs), where they beat
+# chunks of 4096 with 8 warps in both norms. The backward of such rows is below (WIDE_BWD_*);
+# only its row reduction streams CHUNKs.
 MAX_ONE_PASS = 16384
 CHUNK = 16384
 WIDE_ROW_WARPS = 32
@@ -25,23 +24,19 @@ WIDE_ROW_WARPS = 32
 # The backward kernels walk their rows in steps, loading the next step's rows before reducing
 # their own (so that loads stay in flight while a program reduces); a step's rows are held in
 # registers twice over. Configuration from a sweep of the backward launchers (kernel and
-# partial sums, CUDA graphs; H200, 2026-11-24, bf16; benchmarks/diagnose/norm_backward.py):
+# partial sums, bf16, CUDA graphs; benchmarks/diagnose/norm_backward.py, the outcome in
+# benchmarks/results/h200/NOTES.md):
 # - rows up to MAX_ONE_PASS: BWD_BLOCK_ELEMENTS a step (two rows of 4096, four of 2048, one of
-#   8192), one program per SM, 8 warps up to rows of 2048 and 16 beyond. RMSNorm 16384x4096
-#   110 us, 8192x8192 110 us, 32768x8192 410 us (3.9 TB/s); LayerNorm 119, 120 and 427 us.
-#   Without the look-ahead the best was 16384 elements a step: 115, 128 and 478 us (RMSNorm),
-#   139, 149 and 537 us (LayerNorm);
+#   8192), one program per SM, 8 warps up to rows of 2048 and 16 beyond: close to the memory
+#   bandwidth, and faster than the best step without the look-ahead (16384 elements);
 # - rows up to NARROW_ROW wide: NARROW_BWD_ELEMENTS a step (four rows of 1024), two programs
-#   per SM, 4 warps: at 65536x1024 RMSNorm 114 against 134 us with 8192 elements a step,
-#   LayerNorm 139 against 224 us.
+#   per SM, 4 warps, which beat 8192 elements a step in both norms.
 BWD_BLOCK_ELEMENTS = 8192
 BWD_PROGRAMS_PER_SM = 1
 
 # The forward of rows up to FWD_NARROW_ELEMENTS wide, in both norms: such rows share blocks of
-# that many elements, 4 warps (interleaved A/B, H200, 2026-11-24; diagnose/norm_forward.py):
-# RMSNorm 32768x2048 63.3 against 65.0 us and 65536x1024 64.3 against 65.1 us in blocks of 4096
-# elements (8 warps); LayerNorm 32768x2048 64.2 against 67.4 us, 65536x1024 64.5 against 71.2 us.
-# Each norm's wider rows follow its own sweep (``_fwd_block`` in its module).
+# that many elements, 4 warps, which beat blocks of 4096 elements with 8 warps in both norms
+# (an interleaved A/B with benchmarks/diagnose/norm_forward.py). Each norm's wider rows follow its own sweep (``_fwd_block`` in its module).
 FWD_NARROW_ELEMENTS = 2048
 NARROW_ROW = 1024
 NARROW_BWD_ELEMENTS = 4096
@@ -53,9 +48,8 @@ NARROW_BWD_PROGRAMS_PER_SM = 2
 # a 2-D grid, each program a run of rows times a block of WIDE_BWD_COLUMNS columns, so every
 # program streams x and dy once and keeps its weight-gradient share in registers. Streaming
 # whole rows twice per program, with the partial weight gradient read and written per chunk,
-# took 663 us (RMSNorm) and 829 us (LayerNorm) at 1024x65536; this takes 237 and 242 us (H100,
-# 2026-11-23; column blocks of 2048 to 8192, 8 or 16 warps and one or two programs per SM
-# were within 2% of each other).
+# took well over twice as long. Column blocks of 2048 to 8192, 8 or 16 warps and one or two
+# programs per SM were all about as fast: the values below are one of them.
 WIDE_BWD_COLUMNS = 4096
 WIDE_BWD_ROWS = 4
 WIDE_BWD_WARPS = 8

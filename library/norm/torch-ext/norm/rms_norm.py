@@ -54,19 +54,15 @@ _GEMMA = tl.constexpr(GEMMA)
 
 
 # Forward launch configuration, from an interleaved A/B of configurations at ~64M elements
-# (H200, 2026-11-24, CUDA graphs; run ops-2026-11-24-h200 in benchmarks/results/h200/NOTES.md):
+# (benchmarks/diagnose/norm_forward.py; the outcome in benchmarks/results/h200/NOTES.md):
 # - rows of two or more whole chunks of FWD_CHUNK_BYTES (bf16 8192 and 12288 wide, fp32 4096
 #   and 8192) are read in those chunks by 16 warps, twice (the second read from L2), as inductor
-#   does: bf16 32768x8192 249 us against 259 us with the row in registers, 5461x12288 67.5
-#   against 69.8 us, fp32 16384x4096 127 against 131 us; rows of 16384 are as fast in one block;
-# - other rows past 4096 stay in registers with 32 elements a thread: bf16 16384x5120 80 us
-#   against 84 us with 16;
+#   does: faster than holding the row in registers; rows of 16384 are as fast in one block;
+# - other rows past 4096 stay in registers with 32 elements a thread, which beat 16;
 # - rows up to FWD_NARROW_ELEMENTS as both norms (``_tuning``).
-# The chunked loops take the row width as a constexpr (CHUNKED_COLS), as inductor's do: bf16
-# GemmaRMSNorm 8192x8192 64.9 against 66.0 us, 32768x8192 249.5 against 252.9 us, level with
-# torch.compile; Llama rows and fp32 within 0.3% either way (interleaved A/B, H200, 2026-11-24,
-# benchmarks/results/ops-2026-11-24b-h200/probe.txt at 6035486). One-pass rows keep a runtime
-# width: a constexpr one was slower there (Gemma 16384x4096 67.7 against 66.1 us).
+# The chunked loops take the row width as a constexpr (CHUNKED_COLS), as inductor's do, which
+# brought GemmaRMSNorm level with torch.compile and left Llama rows and fp32 unchanged.
+# One-pass rows keep a runtime width: a constexpr one was slower there.
 FWD_CHUNK_BYTES = 8192
 FWD_CHUNK_WARPS = 16
 
@@ -174,10 +170,8 @@ def _rms_norm_fwd_kernel(
             "",
         )
         # Gemma's single rows in blocks of 4096 (2049-4096 wide) load the weight beside the row, so
-        # that its latency overlaps the row's: 1-1.6% faster at 3072-4096 wide, level at 2560
-        # (L2-cleared probes, H200, 2026-11-24, benchmarks/results/ops-2026-11-24d-h200/
-        # probe-w-early*.txt at 6035486). Llama rows gain nothing, and rows in larger blocks lose
-        # (Gemma 16384x5120: 87.9 against 84.6 us), as the weight then holds registers through the
+        # that its latency overlaps the row's (a small gain at 3072-4096 wide). Llama rows gain
+        # nothing, and rows in larger blocks lose, as the weight then holds registers through the
         # sum.
         W_EARLY: tl.constexpr = (MODE == _GEMMA) and (ROWS == 1) and (BLOCK_N == 4096)
         if W_EARLY:
@@ -310,7 +304,7 @@ def _rms_norm_bwd_kernel(
     # whole row, or with SPLIT_COLS (rows too wide for registers) block program_id(1) of
     # BLOCK_N columns, c then coming from C (the row dot kernel). Each step loads the next
     # step's rows before it reduces its own, so the program keeps loads in flight while it
-    # reduces (H200, 2026-11-24: 15-20% off the backward at 4096 and 8192 wide).
+    # reduces (a large share of the backward's time at 4096 and 8192 wide).
     pid = tl.program_id(0)
     row_start = pid.to(tl.int64) * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
@@ -361,17 +355,16 @@ def _rms_norm_bwd_kernel(
 # --------------------------------------------------------------------------------------------
 #
 # Each launcher works from a plan: what its checks, row views, block-size rules and persistent
-# grid derive from the arguments. That work is Python-level torch calls and arithmetic (several
-# us a torch call on the GPU VMs), and it follows from a few properties of the arguments only:
+# grid derive from the arguments. That work is Python-level torch calls and arithmetic, on the
+# host at every call, and it follows from a few properties of the arguments only:
 # dtypes, shapes, contiguity, the mode, the device. Plans are kept by exactly those (the key).
 # The first call with a key (a miss) runs every check and rule, as before, and keeps the plan;
 # later calls with the key only allocate their outputs and launch. A plan holds no tensor. A
 # call that fails its checks keeps no plan, so the next one with that key fails the same way.
 # Inputs that are not contiguous are planned too, but read through ``as_rows`` on every call (a
-# row view, or a copy, of that tensor). On the CPU (launches stubbed, bf16 64x4096, interleaved
-# A/B, 2026-11-25) plans took the RMSNorm forward under no_grad from 3.7 to 2.6 us (LayerNorm's
-# from 4.3 to 2.9 us) and 3.5 to 5 us off a forward+backward (RMSNorm 31.5 -> 28.0 us, where an
-# empty autograd.Function that allocates its output and gradients takes 21.9 us).
+# row view, or a copy, of that tensor). Plans cut about a third off the host time of a forward
+# under no_grad, and most of what a forward+backward spends beyond the autograd.Function's own
+# cost (an interleaved A/B on the CPU with the launches stubbed).
 PLAN_CACHE_SIZE = 256
 
 
@@ -498,7 +491,7 @@ def rms_norm_forward(x, residual, weight, eps, mode, keep_rstd: bool = True):
     inference call's host time)."""
     plan = _fwd_plan(x, residual, weight, mode, keep_rstd)
     # new_empty: the cheapest allocation call that takes a dtype (torch.empty with dtype and
-    # device keywords costs ~1.5 us more a call on the H100 VMs, 2026-11-23).
+    # device keywords parses more arguments on the host).
     y = x.new_empty(plan.shape, dtype=plan.out_dtype)
     s = None if residual is None else x.new_empty(plan.shape, dtype=plan.sum_dtype)
     rstd = x.new_empty(plan.stats_shape, dtype=torch.float32) if keep_rstd else None

@@ -59,8 +59,8 @@ def _gated_fwd_kernel(
     # sliced views instead costs two view ops a call on the host, more than the launch itself
     # at small sizes. Program p covers rows [i*ROWS, (i+1)*ROWS) and output columns
     # [j*BLOCK_D, ...) with (i, j) = divmod(p, col_blocks): programs launched together read
-    # neighbouring parts of the same rows. A grid with rows on its first axis ran 2-4% slower on the H100 at 4096 and
-    # 8192 wide (forward+backward, CUDA-graph timing, 2026-11-23).
+    # neighbouring parts of the same rows, which was faster than a grid with rows on its first
+    # axis at the widths of common models (benchmarks/results/<device>/NOTES.md).
     pid = tl.program_id(0)
     rows = (pid // col_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = (pid % col_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -127,11 +127,8 @@ def _gated_bwd_kernel(
 
 # Each program handles 2048 output elements (4096 loaded input elements in forward). SiLU runs
 # them with 8 warps, 8 output elements a thread (one 16-byte bf16 vector per tensor), as
-# inductor's kernels do: level with torch.compile's, where 4 warps (16 a thread) were 0.2-1.2%
-# behind at every shape, forward and backward (L2-cleared CUDA-graph probe, H200, 2026-11-24,
-# benchmarks/results/ops-2026-11-24d-h200/probe-gated-configs.txt at 6035486, summed up in
-# benchmarks/results/h200/NOTES.md: SwiGLU forward+backward
-# 4096x4096 65.3 against 66.0 us, 32768x8192 988.5 against 991.5 us; compile 65.3 and 988.8).
+# inductor's kernels do: that is level with torch.compile's, where 4 warps (16 a thread) were
+# behind at every shape swept, forward and backward (benchmarks/results/h200/NOTES.md).
 # The GELUs keep 4 warps: their arithmetic is heavier, and for the element-wise tanh GELU 16
 # elements a thread beat 8 (``elementwise.py``). Narrow rows (d < 2048) are packed several to a
 # program so that programs stay that size.

@@ -75,8 +75,8 @@ def multiprocessors(device: torch.device) -> int:
 # ---- launching ------------------------------------------------------------------------------
 #
 # Triton's launcher (``kernel[grid](...)``) binds arguments and builds a cache key in Python on
-# every call: on the GPU machines we measured (2026-11-23, Triton 3.6, H100 VM) that is ~34 us a
-# launch, more than the kernel takes at 4096 x 4096. ``launch`` keeps the compiled kernel that a
+# every call, which costs more host time than the kernel takes at common sizes (4096 x 4096).
+# ``launch`` keeps the compiled kernel that a
 # first ordinary launch returned, under a key made of exactly what Triton specialises on (tensor
 # dtypes and 16-byte alignment; integers equal to 1, divisible by 16, or past int32; the value of
 # every constexpr; num_warps; the device), and afterwards calls the compiled kernel's launcher
@@ -84,8 +84,8 @@ def multiprocessors(device: torch.device) -> int:
 # ``CompiledKernel.__getitem__``. Tensors reach that launcher as their addresses (ints): given a
 # tensor, it calls ``data_ptr()`` and asks the driver whether the address is a device pointer
 # (``cuPointerGetAttribute``), per tensor and per launch; an int it takes as it is. That check
-# cost 5-15 us a tensor on the H100 VMs (2026-11-24: an RMSNorm backward launch, 8 tensors, took
-# 43 us). The first launch of each key goes through Triton's runner with the tensors themselves,
+# is a driver call per tensor, so it dominates launches of many tensors (an RMSNorm backward
+# passes 8). The first launch of each key goes through Triton's runner with the tensors themselves,
 # so it is checked; the key holds whether each tensor is on a CUDA device, so a CPU tensor where
 # a CUDA one was gets another key, and Triton's error. Launch hooks are honoured: while a
 # profiler has a hook installed, launches go through Triton's own runner. On the CPU (the
