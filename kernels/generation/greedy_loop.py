@@ -49,7 +49,7 @@ from .inputs import NotCapturable, call_key
 logger = logging.getLogger(__name__)
 
 #: Decode steps per graph by default. A block costs one graph launch and, with end tokens, one
-#: host sync: over 8 steps of 1-2 ms of GPU work each that is well under 1% of a block. More
+#: host sync, which over 8 steps of a decode's GPU work is a small share of the block. More
 #: steps per block buy little more, and cost more: a capture of that many forwards, up to K - 1
 #: steps computed past the point where every sequence has finished, and as many more tokens of
 #: cache.

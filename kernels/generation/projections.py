@@ -2,9 +2,9 @@
 
 A decode step of a grouped-query attention projects one token three times: q (hidden x hidden)
 and k and v (hidden x a few heads, 1 MB each for a 1.1B Llama). cuBLAS runs them as three
-launches, and the two small ones are bound by launch latency, not by memory: 5.4 us each on an
-H100, a fifth of a decoded token's GPU time together with q and o (2026-11-25 profile,
-`benchmarks/results/h100/decode-tf5/`). transformers calls the three projections one after the
+launches, and the two small ones are bound by launch latency, not by memory: with q and o they
+take a large share of a decoded token's GPU time (the decode benchmark's profile,
+`benchmarks/results/h100/decode/`). transformers calls the three projections one after the
 other on the same hidden states, so for the length of a ``generate()`` call `grouped_projections`
 puts a ``forward`` in front of each (an instance attribute, as the generator does with the
 model's own): q's call computes all three with our library's ``grouped_linear_decode`` and

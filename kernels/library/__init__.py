@@ -42,7 +42,7 @@ HUB_ORGANISATION = "kernels-triton"
 TESTED_DEVICE_TYPES = ("cuda",)
 
 #: The CUDA GPUs our kernels are registered for: compute capability 8.0 and newer (Ampere on),
-#: where current Triton releases run and bf16 is native; tested on 9.0 (H100). Registering
+#: where current Triton releases run and bf16 is native; tested on 9.0 (Hopper). Registering
 #: for a range rather than all of ``cuda`` also means a narrower key, so our kernels win over
 #: kernels registered for ``"cuda"`` without a range (transformers 5.x re-registers its Hub
 #: defaults that way at every ``use_kernels``; docs/transformers.md).
