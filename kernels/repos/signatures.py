@@ -55,6 +55,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import KernelHashMismatchError, KernelMetadataError, KernelSignatureError
 from . import hubclient
@@ -380,10 +381,12 @@ def _verifier(*, offline: bool):
 
 @dataclass(frozen=True)
 class _Sigstore:
-    Bundle: type
-    Verifier: type
-    VerificationError: type
-    policy: object
+    """The parts of sigstore used here (typed loosely: sigstore is an optional import)."""
+
+    Bundle: Any
+    Verifier: Any
+    VerificationError: Any
+    policy: Any
 
 
 @functools.lru_cache(maxsize=1)
