@@ -8,6 +8,7 @@ line just above its fence::
 
 so that a new block cannot slip through untested: `test_every_block_runs_or_says_why_not`
 fails on an unmarked block that is not runnable here, and `test_page_blocks_run` runs the rest.
+A block marked ``<!-- not run: an excerpt of PATH -->`` is compared with that file instead.
 
 The blocks of one page run in order in one subprocess and one namespace, as a reader runs them
 top to bottom (a later block may use an earlier block's imports). They run on the CPU with
@@ -128,6 +129,26 @@ def test_the_marks_sit_on_code_blocks():
                 if not (fence and fence.group(2) in LANGUAGES):
                     stray.append(f"{page.relative_to(REPO)}:{number}")
     assert not stray, "not-run marks that are not just above a code block: " + ", ".join(stray)
+
+
+def test_excerpts_match_their_source():
+    """A block marked ``an excerpt of PATH`` shows lines that PATH has (indentation aside), so a
+    renamed function or a changed signature in the source fails here until the guide follows."""
+    stale = []
+    for page in PAGES:
+        for block in blocks(page):
+            excerpt = re.fullmatch(r"an excerpt of (\S+)", block.not_run or "")
+            if not excerpt:
+                continue
+            source = REPO / excerpt.group(1)
+            assert source.is_file(), f"{block.where}: {source} does not exist"
+            lines = {line.strip() for line in source.read_text().splitlines()}
+            stale += [
+                f"{block.where}: {line.strip()!r} is not in {excerpt.group(1)}"
+                for line in block.code.splitlines()
+                if line.strip() and line.strip() not in lines
+            ]
+    assert not stale, "excerpts that no longer match their source:\n" + "\n".join(stale)
 
 
 def test_every_docs_page_is_listed_in_the_readme():
