@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from kernels.cli import COMMANDS, main
+from tests.support.models import llama_config
 from tests.support.paths import subprocess_env
 
 transformers = pytest.importorskip("transformers")
@@ -111,16 +112,9 @@ def test_explain_training_compile(capsys):
 
 
 def test_explain_saved_folder_reads_it_and_changes_nothing(tmp_path, capsys):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=64,
-    )
+    config = llama_config(num_attention_heads=2, num_key_value_heads=1)
     folder = tmp_path / "tiny-llama"
     LlamaForCausalLM(config).save_pretrained(folder)
     before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}

@@ -8,6 +8,7 @@ import torch
 
 from kernels.compile import KernelRegistry, kernels_backend
 from tests.support.compile import ON_GPU, LlamaBlock, check_against_float64, randn
+from tests.support.models import llama_config
 
 
 @pytest.mark.parametrize("norm", ["module", "formula"])
@@ -26,13 +27,9 @@ def test_untagged_llama_block(norm, downstream):
 
 
 def test_transformers_llama_decoder_layer():
-    from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-    config = LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-        num_hidden_layers=1, attn_implementation="sdpa",
-    )  # fmt: skip
+    config = llama_config(attn_implementation="sdpa")
     torch.manual_seed(0)
     layer = LlamaDecoderLayer(config, layer_idx=0).to(ON_GPU and "cuda" or "cpu")
     rotary = LlamaRotaryEmbedding(config).to(ON_GPU and "cuda" or "cpu")

@@ -34,6 +34,7 @@ from kernels.library import KERNELS
 from tests.support.distributed import run_cases
 from tests.support.distributed_llama import dtensor_fallbacks
 from tests.support.library import FusedAddRMSNorm, SiluAndMul
+from tests.support.models import llama_config
 
 # ---- without a process group --------------------------------------------------------------------
 
@@ -42,7 +43,7 @@ def _library_kernel(kernel):
     from kernels.layer.loading import load_kernel_layer
 
     if kernel.layer_name == "MoeRouterCausalLMFusedLoss":
-        import transformers  # (here, not at collection: tests/hub configures huggingface_hub)
+        import transformers  # (here: only this kernel's case needs it)
         from packaging.version import Version
 
         if Version(transformers.__version__).major < 5:
@@ -76,12 +77,11 @@ def test_kernelize_binds_the_shard_aware_forward():
 
 def test_the_shard_aware_forward_compiles_in_one_graph():
     import torch.distributed.tensor  # noqa: F401  (so that the wrapper checks for DTensors)
-    from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
     from kernels.library import tag_gated_mlps, untag
 
-    config = LlamaConfig(hidden_size=8, intermediate_size=16, hidden_act="silu")
+    config = llama_config(hidden_size=8, intermediate_size=16, hidden_act="silu")
     model = torch.nn.Sequential(LlamaRMSNorm(8), LlamaMLP(config))
     try:
         tag_gated_mlps(model)
@@ -343,12 +343,11 @@ def swiglu_mlp_with_dtensor_projections():
         RowwiseParallel,
         parallelize_module,
     )
-    from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaMLP
 
     from kernels.library import tag_gated_mlps, untag
 
-    config = LlamaConfig(hidden_size=8, intermediate_size=16, hidden_act="silu")
+    config = llama_config(hidden_size=8, intermediate_size=16, hidden_act="silu")
     torch.manual_seed(0)
     reference = LlamaMLP(config)
     mlp = LlamaMLP(config)

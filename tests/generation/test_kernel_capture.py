@@ -29,6 +29,7 @@ from tests.support.library import (
     SiluAndMul,
     transformers_activation,
 )
+from tests.support.models import llama_config
 
 pytestmark = pytest.mark.gpu
 
@@ -56,7 +57,7 @@ TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rto
 
 def reference(layer_name: str) -> tuple[nn.Module, list[tuple[int, ...]]]:
     """A module the layer named ``layer_name`` replaces, and the shapes of its inputs."""
-    from transformers import GemmaConfig, LlamaConfig
+    from transformers import GemmaConfig
     from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
     from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
@@ -76,7 +77,7 @@ def reference(layer_name: str) -> tuple[nn.Module, list[tuple[int, ...]]]:
     if layer_name in gated:
         return gated[layer_name](), [(*rows, 2 * HIDDEN)]
     if layer_name == "SwiGLUMLP":
-        config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, hidden_act="silu")
+        config = llama_config(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, hidden_act="silu")
         return LlamaMLP(config), [(*rows, HIDDEN)]
     if layer_name == "GeGLUMLP":
         config = GemmaConfig(

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.support.library import DEVICE, assert_close, randn
+from tests.support.models import llama_config
 
 H, I, OUT = 67, 131, 45  # odd sizes: every block is ragged
 # One rounding moves a value by less than an ulp, at most 2^-7 (bf16) or 2^-10 (fp16) of it:
@@ -328,11 +329,10 @@ def test_config_rule(decode, rows, n, k, gated, want):
 
 
 def _llama_mlp(dtype, hidden_act="silu", bias=True):
-    from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaMLP
 
     torch.manual_seed(0)
-    config = LlamaConfig(
+    config = llama_config(
         hidden_size=H,
         intermediate_size=I,
         hidden_act=hidden_act,

@@ -17,6 +17,7 @@ from kernels.layer.decorators import use_kernel_func_from_hub
 from kernels.layer.swap import kernel_layer_of
 from kernels.library import tag_causal_lm_losses, untag
 from tests.support.library import DEVICE, DTYPES, ON_GPU, assert_close, grads, randn
+from tests.support.models import llama_config
 
 IGNORE = -100
 
@@ -456,7 +457,7 @@ def _tiny(family):
             router_aux_loss_coef=0.5, output_router_logits=True, attn_implementation="sdpa",
         )  # fmt: skip
         return transformers.MixtralForCausalLM(config).to(DEVICE)
-    config = transformers.LlamaConfig(**common, attn_implementation="sdpa")
+    config = llama_config(**common, attn_implementation="sdpa")
     return transformers.LlamaForCausalLM(config).to(DEVICE)
 
 

@@ -16,6 +16,7 @@ from kernels.layer.swap import kernel_layer_of
 from kernels.layer.tagging import TAG_ATTRIBUTE, replace_kernel_forward_from_hub
 from kernels.library import tag_gated_mlps
 from tests.support.library import DEVICE, DTYPES, assert_close, grads, randn
+from tests.support.models import llama_config
 
 # family -> (modelling module, config class, MLP class, extra config)
 FAMILIES = {
@@ -99,11 +100,10 @@ def test_swiglu_mlp_matches_the_module(activation, fused_calls, family, dtype, l
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16], ids=str)
 def test_swiglu_mlp_model_sized(activation, fused_calls, dtype):
-    from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaMLP
 
     torch.manual_seed(0)
-    mlp = LlamaMLP(LlamaConfig(hidden_size=4096, intermediate_size=14336)).to(DEVICE, dtype)
+    mlp = LlamaMLP(llama_config(hidden_size=4096, intermediate_size=14336)).to(DEVICE, dtype)
     fast = _bind(mlp, activation)
     x = randn(2, 2048, 4096, dtype=dtype).requires_grad_()
     y = fast(x)
@@ -349,18 +349,10 @@ def restore_tags():
 
 
 def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=45,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=64,
-        attn_implementation="sdpa",
-    )
+    config = llama_config(intermediate_size=45, num_hidden_layers=2, attn_implementation="sdpa")
     return LlamaForCausalLM(config).to(DEVICE)
 
 

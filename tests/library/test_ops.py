@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton
-from transformers import LlamaConfig
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rotary
@@ -26,6 +25,7 @@ from tests.support.library import (
     grads,
     randn,
 )
+from tests.support.models import llama_config
 
 
 def _p(*shape, dtype=torch.float32, shift=0.0):
@@ -255,7 +255,7 @@ class _MLPStack(torch.nn.Module):
 
     def __init__(self, hidden=40):
         super().__init__()
-        config = LlamaConfig(hidden_size=hidden, intermediate_size=67, mlp_bias=True)
+        config = llama_config(hidden_size=hidden, intermediate_size=67, mlp_bias=True)
         self.norms = torch.nn.ModuleList(LlamaRMSNorm(hidden) for _ in range(2))
         self.mlps = torch.nn.ModuleList(LlamaMLP(config) for _ in range(2))
 

@@ -14,6 +14,8 @@ import logging
 import torch
 import torch.distributed as dist
 
+from tests.support.models import llama_config
+
 CONFIG = dict(
     hidden_size=32,
     intermediate_size=64,
@@ -43,9 +45,9 @@ KERNELS = {"RMSNorm", "SiLU", "SwiGLUMLP", "apply_rotary_pos_emb", "CausalLMFuse
 
 
 def build(device: torch.device):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(**CONFIG, use_cache=False, attn_implementation="sdpa")
+    config = llama_config(**CONFIG, use_cache=False, attn_implementation="sdpa")
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(device)
     # Norm weights start at one; perturb them, so that a kernel that dropped them would show.

@@ -1,5 +1,5 @@
 """A tiny Llama and the checks of `kernels.generation` that run on every transformers version:
-tests/generation (transformers 4.57) and tests/transformers5 (5.x) call the same functions.
+tests/generation (transformers 4.57) and tests/clients/transformers5 (5.x) call the same functions.
 
 The model is built from a config (no download). Its weights are drawn with a larger spread
 than transformers' default, so that the best and second-best logits of each step are far apart
@@ -14,6 +14,7 @@ import types
 import torch
 
 from kernels.generation import EagerBackend
+from tests.support.models import llama_config
 
 TINY = dict(
     hidden_size=64,
@@ -45,9 +46,9 @@ def undo_kernelize() -> None:
 
 
 def tiny_llama(device="cpu", dtype=torch.float32, seed=0, **overrides):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(**{"attn_implementation": "sdpa", **TINY, **overrides})
+    config = llama_config(**{"attn_implementation": "sdpa", **TINY, **overrides})
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
 
@@ -227,8 +228,7 @@ def counting_cache_kernels():
 def cache_write_form() -> tuple[str]:
     """The form in which this transformers line's static layers get their positions: 5.x's
     count them in a device tensor, 4.57's are told them (``cache_position``). The version comes
-    from the package's metadata: importing transformers at a test module's collection would
-    import huggingface_hub before tests/hub's conftest points it at the test server."""
+    from the package's metadata, so collecting a test module does not import transformers."""
     from importlib.metadata import version
 
     return ("counter",) if int(version("transformers").split(".")[0]) >= 5 else ("positions",)

@@ -12,6 +12,7 @@ import transformers
 
 from kernels import Mode, kernelize, library_mapping, register_kernel_mapping, use_kernel_mapping
 from kernels.layer.swap import kernel_layer_of
+from tests.support.paths import subprocess_env
 
 pytestmark = pytest.mark.skipif(
     not transformers.__version__.startswith("4.57."),
@@ -211,18 +212,17 @@ def test_transformers_default_mapping_falls_back_when_the_hub_is_unreachable(tmp
     """transformers registers Hub repositories for cuda; with no Hub, each layer keeps its
     forward with a WARNING, and the model still loads and runs. In a subprocess, so the Hub
     endpoint and cache are this test's own."""
-    import os
     import subprocess
     import sys
 
     script = """
 import logging, torch
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 from kernels import Device, Mode, kernelize
 from kernels.layer.swap import kernel_layer_of
-config = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
-                     num_key_value_heads=1, vocab_size=64)
+from tests.support.models import llama_config
+config = llama_config(intermediate_size=48, num_attention_heads=2, num_key_value_heads=1)
 model = LlamaForCausalLM(config)
 kernelize(model, device=Device(type="cuda"), mode=Mode.INFERENCE)   # what model.kernelize() does on a GPU
 assert all(kernel_layer_of(m) is None for m in model.modules())
@@ -230,7 +230,7 @@ model(torch.randint(0, 64, (1, 5)))
 print("MODEL RAN")
 """
     for extra in ({"HF_ENDPOINT": "http://127.0.0.1:9"}, {"HF_HUB_OFFLINE": "1"}):
-        env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "cache"), **extra}
+        env = subprocess_env(HF_HUB_CACHE=str(tmp_path / "cache"), **extra)
         env.pop("TRITON_INTERPRET", None)
         result = subprocess.run(
             [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300

@@ -7,7 +7,6 @@ logger saying why. Where our kernels are registered (capability range on cuda), 
 chosen instead, so the Hub is not asked at all.
 """
 
-import os
 import subprocess
 import sys
 
@@ -17,17 +16,18 @@ import torch
 from kernels import Mode, explain
 from kernels.library import library_path, register_library_kernels
 from kernels.mapping.capability import use_capability_reader
+from tests.support.paths import subprocess_env
 from tests.support.tf5_models import make_model
 
 SCRIPT = """
 import logging, sys, torch
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 from kernels import KernelizeFallback, LayerRepository, Mode, kernelize, register_kernel_mapping
 from kernels.layer.swap import kernel_layer_of
+from tests.support.models import llama_config
 
-config = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
-                     num_key_value_heads=1, vocab_size=64)
+config = llama_config(intermediate_size=48, num_attention_heads=2, num_key_value_heads=1)
 LlamaForCausalLM(config).save_pretrained(sys.argv[1])
 # transformers' defaults name no Hub kernel for these layers on the cpu; name one, as they do for cuda.
 register_kernel_mapping({"RMSNorm": {"cpu": LayerRepository(
@@ -48,7 +48,7 @@ print("MODEL RAN")
     ids=["offline", "unreachable"],
 )
 def test_unusable_hub_keeps_each_layers_forward_with_one_warning(tmp_path, environment):
-    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "cache"), **environment}
+    env = subprocess_env(HF_HUB_CACHE=str(tmp_path / "cache"), **environment)
     env.pop("TRITON_INTERPRET", None)
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path / "model")],
