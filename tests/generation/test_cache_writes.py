@@ -1,6 +1,6 @@
 """`kernels.generation.cache_writes`: a static cache's decode writes through the rotary
 library's one-launch ``write_kv_cache``: transformers 4.57's form (``cache_position``) here,
-5.x's (the layer's counter) where tests/transformers5 runs this module. The cache's contents
+5.x's (the layer's counter) where tests/clients/transformers5 runs this module. The cache's contents
 equal transformers' own update's."""
 
 import copy

@@ -1,6 +1,6 @@
 """CudaGraphGenerator on the CPU with transformers 4.57: the static cache, the keys and buffers
 of `DecodeGraphs` and the forward wrapper run as on CUDA, with a backend that calls the step
-instead of replaying a graph; generated tokens are transformers' own. tests/transformers5 runs
+instead of replaying a graph; generated tokens are transformers' own. tests/clients/transformers5 runs
 the same checks with transformers 5.x."""
 
 from __future__ import annotations

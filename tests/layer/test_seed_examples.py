@@ -1,6 +1,6 @@
-"""The examples of the layer documentation we implement (shared/seeds/002), as written,
-with local kernel repositories in place of Hub ones. Each kernel adds an offset to its
-output, so the assertions can tell which one ran."""
+"""The examples of Hugging Face's layer documentation, which we implement, as written, with
+local kernel repositories in place of Hub ones. Each kernel adds an offset to its output, so
+the assertions can tell which one ran."""
 
 import sys
 

@@ -39,7 +39,7 @@ NOARCH = ("torch-cuda", "torch-rocm", "torch-xpu")
 
 # Hugging Face's client (0.17.2) on metadata.json: the keys it requires and their types, the
 # backend types it knows, the python-depends it allows (per backend besides the general ones),
-# and its kernel-name rule (../shared/HF-FORMATS.md; kernels/_rust.pyi, python_depends.json).
+# and its kernel-name rule (its kernels/_rust.pyi and python_depends.json).
 REQUIRED = {
     "name": str,
     "id": str,

@@ -1,7 +1,7 @@
 """The DeepSeek-V3-style MoE ``*ForCausalLM`` models on transformers 4.57.
 
 On 5.24 their forward returns the router logits (``MoeCausalLMOutputWithPast``) and is tagged
-``"MoeRouterCausalLMFusedLoss"`` (tests/transformers5/test_moe_router_causal_lm_loss.py). On
+``"MoeRouterCausalLMFusedLoss"`` (tests/clients/transformers5/test_moe_router_causal_lm_loss.py). On
 4.57 the same classes have Llama's forward word for word and return ``CausalLMOutputWithPast``:
 they are ``"CausalLMFusedLoss"``, and the loss repository has no ``MoeRouterCausalLMFusedLoss``
 layer for that line. A tiny DeepSeek-V3 checks that the fused loss over its MoE base model
@@ -24,7 +24,7 @@ from kernels.library.transformers_tags import _causal_lm_layer
 transformers = pytest.importorskip("transformers")
 if Version(transformers.__version__).major >= 5:
     pytest.skip(
-        "transformers 4.57's forwards; 5.x's are tests/transformers5/", allow_module_level=True
+        "transformers 4.57's forwards; 5.x's are tests/clients/transformers5/", allow_module_level=True
     )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,7 +1,7 @@
 """Build variant names as today's Hub publishes them, and which one a machine loads.
 
 Machines are described directly (`MachineBuild`), so CUDA, ROCm, macOS and tvm-ffi cases
-run anywhere; `tests/hub/test_variants.py` covers describing the running torch.
+run anywhere; `tests/repos/hub/test_variants.py` covers describing the running torch.
 """
 
 from __future__ import annotations

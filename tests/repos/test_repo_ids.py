@@ -1,6 +1,6 @@
 """Repository ids and trust names: only the Hub's ASCII names pass, and no look-alike is trusted.
 
-Everything here runs without the Hub: ids are refused before any request (tests/hub/test_trust.py
+Everything here runs without the Hub: ids are refused before any request (tests/repos/hub/test_trust.py
 shows that against the test server), and trust is decided from the arguments, the environment
 and the configuration file alone.
 """

@@ -1,7 +1,7 @@
 """Kernel packages are imported from source only, and a failed import leaves nothing behind.
 
 Local folders (get_local_kernel, LocalLayerRepository) go through the same import as Hub
-kernels; tests/hub/test_cache_tampering.py covers the Hub cache and its locks.
+kernels; tests/repos/hub/test_cache_tampering.py covers the Hub cache and its locks.
 """
 
 from __future__ import annotations

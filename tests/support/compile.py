@@ -14,9 +14,8 @@ def LlamaRMSNorm(hidden_size: int, eps: float = 1e-6) -> nn.Module:
     """transformers' RMSNorm as its models write it out (4.57: hidden_states.to(torch.float32),
     pow(2).mean(-1, keepdim=True), * torch.rsqrt(variance + eps), weight * h.to(input_dtype)).
 
-    Imported when called, not when this module is: importing transformers imports
-    huggingface_hub, which tests/hub's conftest must configure first, and this folder is
-    collected before tests/hub."""
+    Imported when called, not when this module is: the tests that use no transformers model
+    do not pay for importing transformers."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm as _LlamaRMSNorm
 
     return _LlamaRMSNorm(hidden_size, eps=eps)

@@ -1,5 +1,5 @@
 """Checks of the fused greedy loop that run on every transformers version: tests/generation
-(4.57) and tests/transformers5 (5.x) call the same functions, on the tiny Llama of
+(4.57) and tests/clients/transformers5 (5.x) call the same functions, on the tiny Llama of
 generation_checks.
 
 A few tokens cover a block's edges when blocks are short: the CPU checks use K = 4 and 1,

@@ -112,7 +112,7 @@ def test_check_downloads_every_variant_of_a_hub_repository(hub, capsys):
 
 def test_upload_reaches_the_server_and_reports_its_refusal(hub, kernel_repo, cli):
     """olah is a read-only mirror: it answers 405 to repository creation. Everything up to
-    the HTTP calls is tested in tests/test_cli.py; here the command sends them and must turn
+    the HTTP calls is tested in tests/cli/test_cli.py; here the command sends them and must turn
     the server's refusal into a clear error."""
     repo = kernel_repo("to-upload")
     result = cli("upload", str(repo), "--repo-id", "my-org/to-upload", "--tag", "v0.1.0")
