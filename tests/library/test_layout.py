@@ -256,10 +256,12 @@ def test_a_repository_builds_its_backends_with_metadata(tmp_path):
     files = build.build_files(repo)
     assert sorted(files) == [
         "torch-cuda/__init__.py",
+        "torch-cuda/_compile_rule.py",
         "torch-cuda/_library.py",
         "torch-cuda/metadata.json",
         "torch-cuda/op.py",
         "torch-universal/demo/__init__.py",
+        "torch-universal/demo/_compile_rule.py",
         "torch-universal/demo/_library.py",
         "torch-universal/demo/op.py",
         "torch-universal/metadata.json",

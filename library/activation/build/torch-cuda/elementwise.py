@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._compile_rule import OP, compile_side, sizes
 from ._functions import (
     FAST_GELU,
     GELU,
@@ -183,13 +184,15 @@ def _torch_activation(x: torch.Tensor, act: int) -> torch.Tensor:
 
 
 def _apply(x: torch.Tensor, act: int) -> torch.Tensor:
-    # Under torch.compile an element-wise activation is left to inductor as PyTorch ops: it fuses
-    # them into the neighbouring ops (the multiply of a gated MLP, a bias add), which no
-    # standalone kernel can match, as each costs a round trip of the tensor through memory.
-    # (``activation_op`` is the same kernel as a custom op, for graphs that want it as a node.)
-    # Eagerly, the op's dispatcher round trip costs more than the kernel at small sizes, so a
-    # plain autograd.Function (or the bare launcher, when no backward is needed) runs it.
+    # Under torch.compile the rule (_compile_rule.py) picks the op or the formula; an
+    # element-wise activation is left to inductor as PyTorch ops by default: it fuses them into
+    # the neighbouring ops (the multiply of a gated MLP, a bias add), which no standalone kernel
+    # can match, as each costs a round trip of the tensor through memory. Eagerly, the op's
+    # dispatcher round trip costs more than the kernel at small sizes, so a plain
+    # autograd.Function (or the bare launcher, when no backward is needed) runs it.
     if torch.compiler.is_compiling():
+        if compile_side("activation", *sizes(x), use_autograd_function(x)) == OP:
+            return activation_op(x, act)
         return _torch_activation(x, act)
     if use_autograd_function(x):
         return _ActivationFunction.apply(x, act)

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._compile_rule import OP, compile_side, sizes
 from ._functions import GELU, GELU_TANH, SILU, activation, activation_and_grad, torch_activation
 from ._library import (
     as_rows,
@@ -382,14 +383,15 @@ def _torch_gated(x: torch.Tensor, act: int) -> torch.Tensor:
 
 
 def _apply(x: torch.Tensor, act: int) -> torch.Tensor:
-    # Under torch.compile inductor gets the formula: it fuses the activation and multiply into
-    # the projections' neighbours, forward and backward, and its partitioner chooses what to
-    # save; an opaque op prevents both. Measured on an H100 (2026-11-23, 1.1B Llama, 8x512
-    # training step, compiled): with this op in the graph the gated MLP cost ~3.4 ms more
-    # than compile's own code. (``gated_op`` stays registered, and opcheck'd, for graphs that
-    # want it as a node.) Eagerly, a plain autograd.Function, or the bare launcher when no
-    # backward is needed, skips the op's dispatcher round trip.
+    # Under torch.compile the rule (_compile_rule.py) picks the op or the formula. The formula
+    # lets inductor fuse the activation and multiply into the projections' neighbours, forward
+    # and backward, and its partitioner choose what to save, which an opaque op prevents.
+    # Eagerly, a plain autograd.Function, or the bare launcher when no backward is needed,
+    # skips the op's dispatcher round trip.
     if torch.compiler.is_compiling():
+        hidden, tokens = sizes(x)
+        if compile_side("gated_activation", hidden // 2, tokens, use_autograd_function(x)) == OP:
+            return gated_op(x, act)
         return _torch_gated(x, act)
     if use_autograd_function(x):
         return _GatedFunction.apply(x, act)
@@ -398,6 +400,9 @@ def _apply(x: torch.Tensor, act: int) -> torch.Tensor:
 
 def _apply_pair(gate: torch.Tensor, up: torch.Tensor, act: int) -> torch.Tensor:
     if torch.compiler.is_compiling():
+        training = use_autograd_function(gate, up)
+        if compile_side("gated_mlp", *sizes(gate), training) == OP:
+            return gated_pair_op(gate, up, act)
         return _torch_gated_pair(gate, up, act)
     if use_autograd_function(gate, up):
         return _GatedPairFunction.apply(gate, up, act)

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ._compile_rule import OP, compile_side, sizes
 from ._functions import GELU_TANH, SILU, activation
 from ._library import (
     as_rows,
@@ -715,7 +716,7 @@ def gated_mlp_decode(
     if use_autograd_function(*tensors):
         return _torch_mlp(*tensors, act)
     if torch.compiler.is_compiling():
-        if takes_decode_kernels(x):
+        if takes_decode_kernels(x) and compile_side("gated_mlp_decode", *sizes(x), False) == OP:
             return decode_mlp_op(*tensors, act)
         return _torch_mlp(*tensors, act)
     return _forward(*tensors, act)

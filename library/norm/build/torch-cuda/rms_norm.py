@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._compile_rule import OP, compile_side, sizes
 from ._library import (
     as_rows,
     cdiv,
@@ -746,15 +747,17 @@ def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: int
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: int) -> torch.Tensor:
-    # Under torch.compile inductor gets the formula: it fuses the norm with the residual add before
-    # it and the casts around it, forward and backward, which an opaque op prevents. Measured on an
-    # H100 (2026-11-23, run e2e-2026-11-23b-h100, benchmarks/results/h100/): a compiled 1.1B Llama's
-    # training step took 60.3 ms with `rms_norm_op` in the graph and 51.0 ms with the formula (51.7
-    # ms compiled without any of our kernels). The op stays registered (and opcheck'd) for graphs
-    # that want it as a node. Eagerly, the op's dispatcher round trip costs more than the kernel at
-    # small sizes, so a plain autograd.Function (or the bare launcher, when no backward is needed)
-    # runs the same launchers.
+    # Under torch.compile the rule (_compile_rule.py) picks the op or the formula. The formula
+    # lets inductor fuse the norm with the residual add before it and the casts around it,
+    # forward and backward, which an opaque op prevents; the op is our kernel. Eagerly, the
+    # op's dispatcher round trip costs more than the kernel at small sizes, so a plain
+    # autograd.Function (or the bare launcher, when no backward is needed) runs the same
+    # launchers.
     if torch.compiler.is_compiling():
+        training = use_autograd_function(x, weight)
+        layer = "rms_norm" if mode == LLAMA else "gemma_rms_norm"
+        if compile_side(layer, *sizes(x), training) == OP:
+            return rms_norm_op(x, weight, eps, mode)[0]
         return _torch_rms_norm(x, weight, eps, mode)
     if use_autograd_function(x, weight):
         return _RMSNormFunction.apply(x, weight, eps, mode)
@@ -777,8 +780,12 @@ def fused_add_rms_norm(
     """``s = hidden_states + residual``; returns ``(rms_norm(s, weight, eps), s)`` (Llama semantics)."""
     eps = float(eps)
     if torch.compiler.is_compiling():
-        y, s, _ = fused_add_rms_norm_op(hidden_states, residual, weight, eps)
-        return y, s
+        training = use_autograd_function(hidden_states, residual, weight)
+        if compile_side("fused_add_rms_norm", *sizes(hidden_states), training) == OP:
+            y, s, _ = fused_add_rms_norm_op(hidden_states, residual, weight, eps)
+            return y, s
+        s = hidden_states + residual
+        return _torch_rms_norm(s, weight, eps, LLAMA), s
     if use_autograd_function(hidden_states, residual, weight):
         return _FusedAddRMSNormFunction.apply(hidden_states, residual, weight, eps)
     y, s, _ = rms_norm_forward(hidden_states, residual, weight, eps, LLAMA, keep_rstd=False)

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._compile_rule import OP, compile_side, sizes
 from ._library import (
     cdiv,
     check_dtype,
@@ -723,6 +724,16 @@ layer_norm_op.register_autograd(_backward_formula, setup_context=_setup_context)
 # --------------------------------------------------------------------------------------------
 
 
+def _torch_layer_norm(x, normalized_shape, weight, bias, eps) -> torch.Tensor:
+    """The kernel's formula in PyTorch ops, for inductor to fuse: fp32 math, rounded once to
+    the input's dtype (as the kernel does, whatever the parameters' dtypes)."""
+    _check(x, normalized_shape, weight, bias)
+    weight = None if weight is None else weight.float()
+    bias = None if bias is None else bias.float()
+    y = torch.nn.functional.layer_norm(x.float(), normalized_shape, weight, bias, eps)
+    return y.to(x.dtype)
+
+
 def layer_norm(
     x: torch.Tensor,
     normalized_shape,
@@ -733,10 +744,14 @@ def layer_norm(
     """``torch.nn.functional.layer_norm(x, normalized_shape, weight, bias, eps)``."""
     normalized_shape = [int(n) for n in normalized_shape]
     eps = float(eps)
-    # Under torch.compile the custom op is traced as one opaque node; eagerly, a plain
-    # autograd.Function (or the bare launcher when no backward is needed) is cheaper to call.
+    # Under torch.compile the rule (_compile_rule.py) picks the custom op (one opaque node) or
+    # PyTorch's layer_norm for inductor to fuse; eagerly, a plain autograd.Function (or the
+    # bare launcher when no backward is needed) is cheaper to call.
     if torch.compiler.is_compiling():
-        return layer_norm_op(x, normalized_shape, weight, bias, eps)[0]
+        training = use_autograd_function(x, weight, bias)
+        if compile_side("layer_norm", *sizes(x, len(normalized_shape)), training) == OP:
+            return layer_norm_op(x, normalized_shape, weight, bias, eps)[0]
+        return _torch_layer_norm(x, normalized_shape, weight, bias, eps)
     if use_autograd_function(x, weight, bias):
         return _LayerNormFunction.apply(x, normalized_shape, weight, bias, eps)
     return layer_norm_forward(x, normalized_shape, weight, bias, eps, keep_stats=False)[0]

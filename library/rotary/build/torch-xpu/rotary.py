@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._compile_rule import OP, compile_side, sizes
 from ._library import launch, next_power_of_2, op_name, use_autograd_function
 
 # --------------------------------------------------------------------------------------------
@@ -400,12 +401,18 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     axis = _head_axis(q, k, cos, sin, unsqueeze_dim)
     if axis is None:
         return reference(q, k, cos, sin, unsqueeze_dim)
-    # Under torch.compile inductor gets the formula: it fuses the rotation with the projections'
-    # views and the attention's layout changes, forward and backward, which an opaque op
-    # prevents. Measured on an H100 (2026-11-23, 1.1B Llama, 8x512 training step, compiled):
-    # with this op in the graph rotary cost ~2.2 ms more than compile's own code. (``rotary_op``
-    # stays registered, and opcheck'd, for graphs that want it as a node.)
+    # Under torch.compile the rule (_compile_rule.py) picks the op or the formula. The formula
+    # lets inductor fuse the rotation with the projections' views and the attention's layout
+    # changes, forward and backward, which an opaque op prevents (measured on an H100,
+    # 2026-11-23, 1.1B Llama, 8x512 training step, compiled: with the op in the graph rotary
+    # cost ~2.2 ms more than compile's own code). The size class is q's: its heads times
+    # head_dim, and the other dimensions' product.
     if torch.compiler.is_compiling():
+        training = use_autograd_function(q, k, cos, sin)
+        hidden, rows = sizes(q)
+        heads = q.shape[axis]
+        if compile_side("rotary", hidden * heads, rows // heads, training) == OP:
+            return rotary_op(q, k, cos, sin, unsqueeze_dim)
         return _torch_rotary(q, k, cos, sin, unsqueeze_dim)
     if use_autograd_function(q, k, cos, sin):
         return _RotaryFunction.apply(q, k, cos, sin, unsqueeze_dim, axis)

@@ -14,9 +14,10 @@ everything but the saved tensors is what the three ``torch.nn.Linear`` calls wou
 import torch
 import torch.nn.functional as F
 
+from ._compile_rule import OP, compile_side, sizes
 from ._functions import SILU
 from ._library import use_autograd_function
-from .gated import _torch_gated_pair, gated_pair_backward, gated_pair_forward
+from .gated import _torch_gated_pair, gated_pair_backward, gated_pair_forward, gated_pair_op
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -79,11 +80,15 @@ def swiglu_mlp(
 
     All tensors share one dtype (float32, float16 or bfloat16) and device. With gradients
     enabled it saves ``gate`` and ``up`` but not their product, which the backward recomputes
-    (see the module docstring). Under ``torch.compile`` it is the same formula in PyTorch ops,
-    for inductor to fuse.
+    (see the module docstring). Under ``torch.compile`` the product is the op or its formula in
+    PyTorch ops, as the compile rule says (``gated_mlp``), and the matmuls are PyTorch's.
     """
     tensors = (x, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias)
     if torch.compiler.is_compiling():
+        hidden = gate_weight.shape[0]
+        tokens = sizes(x)[1]
+        if compile_side("gated_mlp", hidden, tokens, use_autograd_function(*tensors)) == OP:
+            return _mlp(*tensors, gated_pair_op)[2]
         return _mlp(*tensors, _torch_gated_pair)[2]
     if use_autograd_function(*tensors):
         return _SwiGLUMLPFunction.apply(*tensors)

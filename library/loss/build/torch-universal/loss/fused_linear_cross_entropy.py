@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._compile_rule import OP, compile_side, sizes
 from ._library import (
     cdiv,
     check_dtype,
@@ -1496,7 +1497,17 @@ def _fused(hidden, weight, bias, flat, items, options, code, chunking, fp32_weig
     """The loss of 2-D ``hidden`` and 1-D ``flat`` labels, through whichever path fits: the
     PyTorch formula where the kernels do not run, the custom op under torch.compile, the
     autograd function when a backward is recorded, else the bare launcher."""
-    if not _runs_kernels(hidden.device):
+    # Under torch.compile the rule keeps the op (the formula's logits are [tokens, vocab] in
+    # memory, which inductor cannot avoid); forcing the formula is for measurements.
+    if not _runs_kernels(hidden.device) or (
+        torch.compiler.is_compiling()
+        and compile_side(
+            "fused_linear_cross_entropy",
+            *sizes(hidden),
+            use_autograd_function(hidden, weight, bias),
+        )
+        != OP
+    ):
         _check(hidden, weight, bias, flat)
         logits = torch.nn.functional.linear(hidden, weight, bias)
         return _torch_cross_entropy(logits, flat, options, code, items)
@@ -1620,7 +1631,10 @@ def cross_entropy(
     rows = _rows(logits, logits.shape[-1])
     flat = labels.reshape(-1)
     items = _items(num_items_in_batch, logits.device)
-    if not _runs_kernels(logits.device):
+    if not _runs_kernels(logits.device) or (
+        torch.compiler.is_compiling()
+        and compile_side("cross_entropy", *sizes(rows), use_autograd_function(rows)) != OP
+    ):
         _check_labels(what, rows, flat)
         loss = _torch_cross_entropy(rows, flat, options, code, items)
     elif torch.compiler.is_compiling():
