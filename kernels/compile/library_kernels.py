@@ -2,9 +2,9 @@
 
 Each entry has two ways to be called from a graph. Under a compiler (inductor, aot_eager) the
 node calls the package's ``torch.library`` op directly (``rms_norm_op``, ``gated_pair_op``):
-the packages' public functions hand inductor their formula in PyTorch ops when they see
-``torch.compiler.is_compiling()``, which is true while aot_autograd traces the graph, and the
-backend is here to put the kernel in. When the graph runs eagerly the node calls the public
+under ``torch.compiler.is_compiling()`` the packages' public functions hand the graph the op or
+their formula in PyTorch ops, as the packages' compile rule says (docs/compile.md), and a node
+of this backend is the op whatever that rule says. When the graph runs eagerly the node calls the public
 function, which runs the same kernels with the lightest host path (a plain autograd function,
 or the bare launcher without autograd).
 
