@@ -21,6 +21,7 @@ from ..errors import KernelMappingError
 from ..mapping.device import CUDAProperties, Device, validate_device_type
 from ..mapping.registry import register_kernel_mapping
 from ..repos.local import LocalFuncRepository, LocalLayerRepository
+from .attention import ATTENTION_IMPLEMENTATION, ATTENTION_REPO, register_attention
 
 # Tagging what transformers leaves untagged, re-exported where users look first.
 from .transformers_tags import (
@@ -168,6 +169,10 @@ def register_library_kernels(devices: Iterable[str] | None = None) -> None:
     every ``use_kernels`` do not replace them. `untag` stops the tagging; the mapping stays
     registered, as with `register_kernel_mapping`.
 
+    It also registers our flash attention with transformers' attention registries as
+    ``attn_implementation="kernels_attention"`` (`ATTENTION_IMPLEMENTATION`;
+    `kernels.library.attention`), for ``from_pretrained`` and ``model.set_attn_implementation``.
+
     Args:
         devices: as for `library_mapping`.
 
@@ -182,6 +187,7 @@ def register_library_kernels(devices: Iterable[str] | None = None) -> None:
     """
     register_kernel_mapping(library_mapping(devices))
     tag_on_kernelize()
+    register_attention()
 
 
 def _device_key(device_type: str) -> str | Device:
@@ -189,6 +195,8 @@ def _device_key(device_type: str) -> str | Device:
 
 
 __all__ = [
+    "ATTENTION_IMPLEMENTATION",
+    "ATTENTION_REPO",
     "CAUSAL_LM_LAYER_NAMES",
     "CUDA_CAPABILITIES",
     "GATED_MLP_LAYER_NAME",
@@ -199,6 +207,7 @@ __all__ = [
     "LibraryKernel",
     "library_mapping",
     "library_path",
+    "register_attention",
     "register_library_kernels",
     "tag_causal_lm_losses",
     "tag_gated_mlps",

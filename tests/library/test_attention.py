@@ -122,7 +122,7 @@ def test_flash_attn_func(attn, batch, seqlen_q, seqlen_k, heads, kv_heads, dim, 
 def test_softmax_scale(attn):
     q, k, v = _inputs(1, 17, 17, 2, 2, 64, 64, torch.float32, None)
     out = attn.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True)
-    ref, _ = reference(*(t.detach().double() for t in (q, k, v)), causal=True, scale=0.3)
+    ref, _ = reference(*(t.detach().double().cpu() for t in (q, k, v)), causal=True, scale=0.3)
     assert_close(out, ref, torch.float32, "out")
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kernels.library import KERNELS
+from kernels.library import ATTENTION_REPO, KERNELS
 from kernels.repos.info import Metadata
 from kernels.repos.layout import locate_package
 from kernels.repos.variants import MachineBuild, VariantAccepted, decide_variants
@@ -63,7 +63,8 @@ def _variants(repo):
 
 
 def test_the_repositories_are_the_ones_the_library_maps():
-    assert {repo.name for repo in REPOS} == {kernel.repo for kernel in KERNELS}
+    # attention is served through transformers' attention registry, not the layer mapping.
+    assert {repo.name for repo in REPOS} == {kernel.repo for kernel in KERNELS} | {ATTENTION_REPO}
     for repo in REPOS:
         assert repo.variants == ("torch-universal", *NOARCH), repo.name
         assert (repo.folder / "torch-ext" / repo.package / "__init__.py").is_file()

@@ -1,0 +1,127 @@
+"""Our flash attention (``library/attention``) as a transformers attention implementation.
+
+`register_attention` registers it with transformers' ``AttentionInterface`` (and the padding mask
+it needs with ``AttentionMaskInterface``) under `ATTENTION_IMPLEMENTATION`, on transformers 4.57
+and 5.x alike, so that::
+
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="kernels_attention")
+    model.set_attn_implementation("kernels_attention")
+
+run every attention layer through it. `kernels.library.register_library_kernels` calls it.
+
+The attention function does what transformers' own flash-attention forward does with a kernel
+repository: a batch with padding (a 2-D ``attention_mask``) is unpadded and goes through
+``flash_attn_varlen_func``; packed sequences (``cu_seq_lens_q``/``cu_seq_lens_k`` keyword
+arguments, or ``position_ids`` that restart, as ``DataCollatorWithFlattening`` makes them) too,
+padding-free; any other batch through ``flash_attn_func``. Sliding windows, soft-capping and
+attention sinks (``s_aux``, gpt-oss) are passed on. The name has no "flash" in it on purpose:
+transformers 5.x takes any implementation named ``*flash*`` for a Hub flash-attention
+repository and tries to download it.
+
+On a Hub organisation the same repository serves ``attn_implementation="<org>/attention"``
+through transformers' own loader, with no registration.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from ..errors import KernelLayerError
+
+#: The name our attention is registered under in transformers' attention registries.
+ATTENTION_IMPLEMENTATION = "kernels_attention"
+#: The library repository that holds the kernel.
+ATTENTION_REPO = "attention"
+
+
+@functools.cache
+def attention_kernel() -> ModuleType:
+    """The ``attention`` kernel repository of our library, loaded once."""
+    from ..repos.local import get_local_kernel
+    from . import library_path
+
+    return get_local_kernel(library_path() / ATTENTION_REPO, ATTENTION_REPO)
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    is_causal: bool | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: ``query`` ``(batch, heads, seqlen, dim)``,
+    ``key``/``value`` ``(batch, kv_heads, kv_len, dim)``; returns ``(out (batch, seqlen, heads,
+    dim_v), None)`` (no attention weights, as with flash attention)."""
+    from transformers import modeling_flash_attention_utils as fa
+
+    kernel = attention_kernel()
+    batch, _, query_length, _ = query.shape
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    options: dict[str, Any] = {
+        "dropout_p": dropout,
+        "softmax_scale": scaling,
+        "causal": causal,
+        "softcap": softcap or 0.0,
+        "s_aux": s_aux,
+    }
+    if sliding_window is not None and k.shape[1] > sliding_window:
+        # transformers' convention for flash attention (modeling_flash_attention_utils): a window
+        # of N tokens sees N - 1 to each side, the right side then cut by the causal mask.
+        options["window_size"] = (sliding_window - 1, sliding_window - 1)
+    if attention_mask is not None:
+        if attention_mask.dim() != 2:
+            raise KernelLayerError(
+                f"{ATTENTION_IMPLEMENTATION} takes a 2-D padding mask (batch, kv_len) as flash "
+                f"attention does, got one of shape {tuple(attention_mask.shape)}. Use "
+                "attn_implementation='sdpa' for arbitrary 4-D masks."
+            )
+        q, k, v, indices, (cu_q, cu_k), (max_q, max_k) = fa._upad_input(
+            q, k, v, attention_mask, query_length, fa._unpad_input
+        )
+        out = kernel.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **options)
+        return fa._pad_input(out, indices, batch, query_length), None
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    position_ids = kwargs.get("position_ids")
+    if cu_q is not None and cu_k is not None and max_q is not None and max_k is not None:
+        q, k, v = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+    elif position_ids is not None and fa._is_packed_sequence(position_ids, batch):
+        q, k, v, (cu_q, cu_k), (max_q, max_k) = fa._prepare_from_posids(q, k, v, position_ids)
+    else:
+        return kernel.flash_attn_func(q, k, v, **options), None
+    out = kernel.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **options)
+    return out.view(batch, -1, *out.shape[-2:]), None
+
+
+def register_attention(name: str = ATTENTION_IMPLEMENTATION) -> None:
+    """Register our attention with transformers under ``name``, with flash attention's padding
+    masks. Does nothing without transformers (there is nothing to register with then)."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    except ImportError:
+        return
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
+
+
+__all__ = [
+    "ATTENTION_IMPLEMENTATION",
+    "ATTENTION_REPO",
+    "attention_forward",
+    "attention_kernel",
+    "register_attention",
+]

@@ -1,0 +1,119 @@
+"""Our attention registered with transformers (kernels.library.attention): a tiny Llama runs with
+``attn_implementation="kernels_attention"`` and matches SDPA's logits and gradients, for a plain
+batch, a padded batch (the varlen path) and packed sequences (position_ids restarts, padding
+free), through ``from_pretrained`` and ``set_attn_implementation``; on transformers 4.57 (.venv)
+and 5.x (.venv-tf5)."""
+
+import pytest
+import torch
+
+from kernels.library.attention import ATTENTION_IMPLEMENTATION, attention_kernel, register_attention
+from tests.support.library import DEVICE
+
+transformers = pytest.importorskip("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    register_attention()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).to(DEVICE)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many times each entry point of the kernel ran."""
+    counts = {"flash_attn_func": 0, "flash_attn_varlen_func": 0}
+    kernel = attention_kernel()
+    for name in counts:
+        function = getattr(kernel, name)
+
+        def counted(*args, _function=function, _name=name, **kwargs):
+            counts[_name] += 1
+            return _function(*args, **kwargs)
+
+        monkeypatch.setattr(kernel, name, counted)
+    return counts
+
+
+def _load(path, implementation):
+    model = LlamaForCausalLM.from_pretrained(path, attn_implementation=implementation).to(DEVICE)
+    assert model.config._attn_implementation == implementation
+    return model
+
+
+def _logits_and_grads(model, **inputs):
+    model.zero_grad()
+    logits = model(**inputs).logits
+    (
+        logits.float().square() * torch.linspace(0, 1, logits.shape[-1], device=DEVICE)
+    ).sum().backward()
+    return logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def _assert_same(ours, theirs, rows=None):
+    logits, grads = ours
+    ref_logits, ref_grads = theirs
+    if rows is not None:
+        logits, ref_logits = logits[rows], ref_logits[rows]
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_plain_and_padded_batches_match_sdpa(tiny_llama, calls):
+    ours, sdpa = _load(tiny_llama, ATTENTION_IMPLEMENTATION), _load(tiny_llama, "sdpa")
+    ids = torch.randint(0, 101, (2, 17), device=DEVICE)
+    _assert_same(_logits_and_grads(ours, input_ids=ids), _logits_and_grads(sdpa, input_ids=ids))
+    assert calls == {"flash_attn_func": 2, "flash_attn_varlen_func": 0}  # one call a layer
+    # Right padding: the second sequence has 11 tokens; only its real rows are compared.
+    mask = torch.ones(2, 17, dtype=torch.long, device=DEVICE)
+    mask[1, 11:] = 0
+    got = _logits_and_grads(ours, input_ids=ids, attention_mask=mask)
+    ref_logits = sdpa(input_ids=ids, attention_mask=mask).logits.detach()
+    torch.testing.assert_close(got[0][0], ref_logits[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[0][1, :11], ref_logits[1, :11], rtol=1e-4, atol=1e-4)
+    assert calls["flash_attn_varlen_func"] == 2
+
+
+def test_packed_sequences_match_separate_sequences(tiny_llama, calls):
+    # Padding-free: two documents in one row, position_ids restarting, as
+    # DataCollatorWithFlattening builds them; each must equal the document run alone.
+    ours, sdpa = _load(tiny_llama, ATTENTION_IMPLEMENTATION), _load(tiny_llama, "sdpa")
+    first, second = (torch.randint(0, 101, (1, n), device=DEVICE) for n in (9, 13))
+    ids = torch.cat([first, second], dim=1)
+    positions = torch.cat([torch.arange(9), torch.arange(13)])[None].to(DEVICE)
+    packed = ours(input_ids=ids, position_ids=positions).logits
+    with torch.no_grad():
+        alone = torch.cat([sdpa(input_ids=first).logits, sdpa(input_ids=second).logits], dim=1)
+    torch.testing.assert_close(packed.detach(), alone, rtol=1e-4, atol=1e-4)
+    assert calls == {"flash_attn_func": 0, "flash_attn_varlen_func": 2}
+    packed.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in ours.parameters() if p.grad is not None)
+
+
+def test_set_attn_implementation(tiny_llama):
+    model = _load(tiny_llama, "sdpa")
+    ids = torch.randint(0, 101, (1, 5), device=DEVICE)
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
+        assert model.config._attn_implementation == ATTENTION_IMPLEMENTATION
+        torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=1e-4, atol=1e-4)
+
+
+def test_generate_with_a_kv_cache(tiny_llama):
+    # Decoding: one query over the cached keys (causal aligned to the bottom right).
+    ours, sdpa = _load(tiny_llama, ATTENTION_IMPLEMENTATION), _load(tiny_llama, "sdpa")
+    ids = torch.randint(0, 101, (1, 6), device=DEVICE)
+    kwargs = {"max_new_tokens": 4, "do_sample": False}
+    assert torch.equal(ours.generate(ids, **kwargs), sdpa.generate(ids, **kwargs))
