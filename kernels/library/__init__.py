@@ -15,13 +15,13 @@ import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..errors import KernelMappingError
 from ..mapping.device import CUDAProperties, Device, validate_device_type
 from ..mapping.registry import register_kernel_mapping
 from ..repos.local import LocalFuncRepository, LocalLayerRepository
 from .attention import ATTENTION_IMPLEMENTATION, ATTENTION_REPO, register_attention
+from .paths import library_path
 
 # Tagging what transformers leaves untagged, re-exported where users look first.
 from .transformers_tags import (
@@ -81,22 +81,6 @@ KERNELS: tuple[LibraryKernel, ...] = (
     # 5.24's DeepSeek-V3 one, which returns the router logits without an aux loss).
     *(LibraryKernel(name, "loss", name) for name in ("ForCausalLMLoss", *CAUSAL_LM_LAYER_NAMES)),
 )
-
-
-def library_path() -> Path:
-    """The folder holding our kernel repositories.
-
-    An installed package carries them as package data (``kernels/_library``); a checkout
-    (or an editable install) has them in the top-level ``library/`` folder.
-    """
-    package_dir = Path(__file__).resolve().parent.parent
-    for candidate in (package_dir / "_library", package_dir.parent / "library"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError(
-        f"The kernel library is missing: neither {package_dir / '_library'} nor "
-        f"{package_dir.parent / 'library'} exists. Reinstall the kernels package."
-    )
 
 
 def library_mapping(

@@ -42,7 +42,7 @@ ATTENTION_REPO = "attention"
 def attention_kernel() -> ModuleType:
     """The ``attention`` kernel repository of our library, loaded once."""
     from ..repos.local import get_local_kernel
-    from . import library_path
+    from .paths import library_path
 
     return get_local_kernel(library_path() / ATTENTION_REPO, ATTENTION_REPO)
 
