@@ -29,8 +29,10 @@ class Mode(enum.Flag):
     INFERENCE = enum.auto()
     TORCH_COMPILE = enum.auto()
 
-    def __or__(self, other: object) -> Mode:
+    def __or__(self, other: Mode) -> Mode:
         union = super().__or__(other)
+        # NotImplemented for an operand that is not a Mode (typed or not), so that Python
+        # tries the operand's __ror__ and then raises its usual TypeError.
         if not isinstance(union, Mode):
             return union
         if Mode.INFERENCE in union and Mode.TRAINING in union:

@@ -122,7 +122,7 @@ def _parse_repositories(
 ) -> Mapping[Mode, LayerRepositoryProtocol]:
     where = f"layer '{layer_name}' on device {device}"
     if is_repository(value):
-        return MappingProxyType({Mode.FALLBACK: value})  # type: ignore[dict-item]
+        return MappingProxyType({Mode.FALLBACK: value})
     if not isinstance(value, Mapping):
         raise KernelMappingError(
             f"The mapping for {where} must be a repository (e.g. LayerRepository) or a dict of "

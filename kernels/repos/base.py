@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 
 @runtime_checkable
@@ -18,9 +18,17 @@ class LayerRepositoryProtocol(Protocol):
     kernel package, in which it looks `layer_name` up (``layers.<name>``, else a function).
     """
 
-    layer_name: str
+    # Read-only, so that a property satisfies it too.
+    @property
+    def layer_name(self) -> str: ...
 
     def load(self) -> type | Callable | ModuleType: ...
+
+
+class PackageSource(Protocol):
+    """A repository that downloads (if needed) and imports a kernel package."""
+
+    def load_package(self) -> ModuleType: ...
 
 
 class PackageFunction:
@@ -28,7 +36,7 @@ class PackageFunction:
     (a repository with ``load_package()``): `FuncRepository` and `LockedFuncRepository`."""
 
     func_name: str
-    _package: object
+    _package: PackageSource
 
     @property
     def layer_name(self) -> str:
@@ -38,7 +46,7 @@ class PackageFunction:
         """Download (if needed) and import the kernel package; its function as a kernel layer."""
         from .local import function_kernel
 
-        return function_kernel(self._package.load_package(), self.func_name, self)  # type: ignore[attr-defined]
+        return function_kernel(self._package.load_package(), self.func_name, self)
 
     def __deepcopy__(self, memo: dict) -> PackageFunction:
         return self  # an immutable value; the loaded package must not be copied
@@ -48,7 +56,7 @@ class PackageFunction:
         return described[: described.rindex(", layer ")] + f", function {self.func_name}"
 
 
-def is_repository(value: object) -> bool:
+def is_repository(value: object) -> TypeGuard[LayerRepositoryProtocol]:
     """Whether `value` can stand as a repository in a kernel mapping."""
     return isinstance(getattr(value, "layer_name", None), str) and callable(
         getattr(value, "load", None)

@@ -196,11 +196,13 @@ def _object(pairs: list[tuple[str, object]], where: str, error: type[KernelsErro
     result = dict(pairs)
     if len(result) != len(pairs):
         seen: set[str] = set()
-        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise error(
-            f"{where} gives the key {duplicate!r} twice in one object; JSON readers disagree on "
-            "which one counts, so it is refused."
-        )
+        for key, _ in pairs:
+            if key in seen:
+                raise error(
+                    f"{where} gives the key {key!r} twice in one object; JSON readers disagree "
+                    "on which one counts, so it is refused."
+                )
+            seen.add(key)
     return result
 
 

@@ -137,7 +137,8 @@ def read_resolution(folder: Path, digest: str, asked: str) -> Resolution | None:
     """The resolution record of the request `asked` (digest `digest`), if one is well formed."""
     path = folder / FOLDER / _RESOLUTIONS / f"{digest}.json"
     data = read_json(path, _MAX_RECORD_BYTES)
-    if data is None:
+    if not isinstance(data, dict):
+        _ignored(path, data)
         return None
     try:
         resolution = Resolution(**{k: v for k, v in data.items() if k != "format"})

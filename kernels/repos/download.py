@@ -376,7 +376,7 @@ def has_kernel(
                 _choose_remote_variant(resolved)
             except KernelOfflineError as exc:
                 # As get_kernel does: an unreachable Hub is answered from the cache if it can.
-                _fetch_from_cache(resolved, reason=getattr(exc, "reason", str(exc)))
+                _fetch_from_cache(resolved, reason=exc.reason)
     except BuildVariantNotFoundError:
         return False
     return True
@@ -508,7 +508,7 @@ def _fetch_online(
     try:
         listing = _choose_remote_variant(resolved, variant=variant)
     except KernelOfflineError as exc:
-        reason = getattr(exc, "reason", str(exc))
+        reason = exc.reason
         logger.warning("%s: %s Trying the cache.", resolved.repo_id, reason)
         return _fetch_from_cache(resolved, variant=variant, reason=reason)
     return _download(resolved, listing, user_agent=user_agent)

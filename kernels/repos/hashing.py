@@ -227,7 +227,7 @@ def verify_variant(
             f"{', '.join(sorted(variants)) or 'no variants'}). Re-run `kernels lock` with a "
             "kernel version that has this variant."
         )
-    expected_hash = lock["hash"] if isinstance(lock, Mapping) else lock.hash  # type: ignore[attr-defined]
+    expected_hash = lock["hash"] if isinstance(lock, Mapping) else getattr(lock, "hash", None)
     if not isinstance(expected_hash, str):
         raise KernelLockError(
             f"{where}: the hash of {repo_id} variant {variant} is {expected_hash!r}, not a "

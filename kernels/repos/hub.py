@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from ..errors import KernelMappingError
 from .base import PackageFunction
@@ -14,6 +15,9 @@ from .provides import provided_kernel
 from .repo_id import check_repo_id
 from .trust import normalize_trust
 from .versions import check_version_argument
+
+if TYPE_CHECKING:
+    from .download import LoadedHubKernel
 
 # Guards only the publication of a first load, never a load itself.
 _publish_lock = threading.Lock()
@@ -57,7 +61,7 @@ class LayerRepository:
     trust_remote_code: bool | tuple[str, ...] = field(default=False, kw_only=True)
     repo_type: str = field(default=KERNEL_REPO_TYPE, kw_only=True)
     # What the first load() resolved; not part of the repository's identity.
-    _loaded: object = field(default=None, init=False, repr=False, compare=False)
+    _loaded: LoadedHubKernel | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Fail when the mapping is written, not when kernelize first runs; the id first, so no
@@ -106,8 +110,9 @@ class LayerRepository:
             with _publish_lock:
                 if self._loaded is None:
                     object.__setattr__(self, "_loaded", loaded)
-                loaded = self._loaded
-        return loaded.module  # type: ignore[attr-defined]
+                else:  # another thread published first: every caller gets that one
+                    loaded = self._loaded
+        return loaded.module
 
     def __deepcopy__(self, memo: dict) -> LayerRepository:
         return self  # an immutable value; the loaded module must not be copied
@@ -130,7 +135,7 @@ class LayerRepository:
     def commit(self) -> str | None:
         """The commit the first `load()` resolved to, or None before it."""
         loaded = self._loaded
-        return None if loaded is None else loaded.fetched.commit  # type: ignore[attr-defined]
+        return None if loaded is None else loaded.fetched.commit
 
     def __str__(self) -> str:
         # Never touches the network: shows what was asked and, once loaded, what it resolved to.
@@ -141,10 +146,10 @@ class LayerRepository:
         )
         loaded = self._loaded
         if loaded is not None:
-            fetched = loaded.fetched  # type: ignore[attr-defined]
+            fetched = loaded.fetched
             pin += (
                 f" -> commit {fetched.commit[:12]}, variant {fetched.variant}; "
-                f"{loaded.trust.reason}"  # type: ignore[attr-defined]
+                f"{loaded.trust.reason}"
             )
         kind = "" if self.repo_type == KERNEL_REPO_TYPE else f"{self.repo_type} repository "
         return f"{kind}{self.repo_id} ({pin}), layer {self.layer_name}"

@@ -45,7 +45,7 @@ def check_repo_type(repo_type: object, *, where: str) -> str:
             f"{where}: repo_type must be 'kernel' (kernel repositories on today's Hub) or "
             f"'model' (a kernel still published as a model repository), got {repo_type!r}."
         )
-    return repo_type  # type: ignore[return-value]
+    return repo_type
 
 
 def supports_kernel_repo_type() -> bool:

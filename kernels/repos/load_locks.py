@@ -56,8 +56,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import KernelLoadError
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +103,7 @@ class _Entry:
     users: int = 0
     #: How deep the holding thread has entered (re-entrant holds share one file lock).
     depth: int = 0
-    file_lock: object | None = None
+    file_lock: FileLock | None = None
     #: The last result a holder published, with the monotonic time it was published.
     result: tuple[float, object] | None = None
 
@@ -179,7 +183,7 @@ def hold(key: LoadKey, lock_dir: Path | None) -> Iterator[Turn]:
                 if entry.depth == 0 and entry.file_lock is not None:
                     file_lock, entry.file_lock = entry.file_lock, None
                     with contextlib.suppress(OSError):
-                        file_lock.release()  # type: ignore[attr-defined]
+                        file_lock.release()
     finally:
         with _entries_lock:
             entry.users -= 1
@@ -189,7 +193,7 @@ def hold(key: LoadKey, lock_dir: Path | None) -> Iterator[Turn]:
                 del _entries[key]
 
 
-def _lock_file(key: LoadKey, lock_dir: Path | None) -> object | None:
+def _lock_file(key: LoadKey, lock_dir: Path | None) -> FileLock | None:
     """Take the key's file lock (blocking), or None where it cannot be made."""
     if lock_dir is None:
         return None

@@ -72,10 +72,11 @@ def import_package(package_dir: Path, package_name: str) -> ModuleType:
         check_digests(metadata, variant_dir)
         name = unique_module_name(package_name, package_dir)
         spec = source_import.register(name, str(package_dir))
+        assert spec.loader is not None  # register gives its package a source loader
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
+            spec.loader.exec_module(module)
         except BaseException as exc:
             # Kernel code that calls sys.exit() or raises its own BaseException at import is a
             # kernel that failed to load, to fall back from like any other; only the user's

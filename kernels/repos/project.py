@@ -79,18 +79,18 @@ def read_dependencies(project_dir: Path) -> list[Dependency]:
             f"{path} does not exist; `kernels lock` reads the kernels a project depends on from "
             "[tool.kernels.dependencies] in its pyproject.toml."
         )
-    data = _read_toml(path)
-    table: object = data
+    table = _read_toml(path)
     for depth, key in enumerate(_TABLE_PATH):
-        table = table.get(key)  # type: ignore[union-attr]  # a dict: checked below
-        if table is None:
+        value = table.get(key)
+        if value is None:
             raise KernelLockError(
                 f"{path} has no [tool.kernels.dependencies] table. Add one, e.g.\n"
                 '[tool.kernels.dependencies]\n"kernels-community/activation" = ">=0.1,<0.2"'
             )
-        if not isinstance(table, dict):
+        if not isinstance(value, dict):
             name = ".".join(_TABLE_PATH[: depth + 1])
-            raise KernelLockError(f"[{name}] in {path} must be a table, not {_toml_type(table)}.")
+            raise KernelLockError(f"[{name}] in {path} must be a table, not {_toml_type(value)}.")
+        table = value
     return [_dependency(repo_id, value, path) for repo_id, value in table.items()]
 
 

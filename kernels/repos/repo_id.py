@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import reprlib
+from typing import TypeGuard
 
 from ..errors import KernelRepositoryNotFoundError, KernelsError
 
@@ -21,7 +22,7 @@ _REPO_ID = re.compile(rf"(?:{_PART}/)?{_PART}")
 MAX_LENGTH = 96
 
 
-def is_repo_id(value: object) -> bool:
+def is_repo_id(value: object) -> TypeGuard[str]:
     """Whether `value` is a well-formed Hub repository id (``owner/name`` or ``name``)."""
     return (
         isinstance(value, str)
@@ -48,7 +49,7 @@ def check_repo_id(
         error: the package's error class to raise.
     """
     if is_repo_id(value):
-        return value  # type: ignore[return-value]
+        return value
     raise error(
         f"{where} {shown(value)} is not a Hub repository id: write it as 'org/name' with ASCII "
         "letters, digits, '-', '_' and '.' (e.g. 'kernels-community/activation'). For a folder "

@@ -134,7 +134,8 @@ def _machine_backend() -> str:
 
 def _check_backend(metadata: Metadata, variant: BuildVariant | None, kernel: str) -> None:
     declared = (metadata.backend or {}).get("type")
-    if declared is None or variant is None or variant.kind == UNIVERSAL:
+    # A universal build (the only kind without a backend) runs on every backend.
+    if declared is None or variant is None or variant.kind == UNIVERSAL or variant.backend is None:
         return
     expected = _TYPES_OF_VARIANT_BACKEND.get(variant.backend, (variant.backend,))
     if declared not in expected:

@@ -120,6 +120,7 @@ def _source_only(spec: ModuleSpec) -> ModuleSpec:
             path=spec.origin,
         )
     assert isinstance(loader, importlib.machinery.SourceFileLoader), loader  # see _LOADERS
+    assert spec.origin is not None, spec  # a file loader's spec names its file
     spec.loader = SourceOnlyLoader(spec.name, spec.origin)
     return spec
 

@@ -193,11 +193,11 @@ class BuildVariant:
             return cls._compiled(name, TVM_FFI, Version(f"{ffi[1]}.{ffi[2]}"), None, parts[2:])
         torch = re.fullmatch(r"torch([0-9])([0-9]+)", parts[0])
         if torch is not None and len(parts) in (4, 5):
-            abi = parts[1] if len(parts) == 5 else None
-            if abi not in (None, "cxx11", "cxx98"):
-                raise ValueError(f"{abi!r} is not a C++ ABI tag (cxx11, cxx98)")
-            rest = parts[2:] if abi else parts[1:]
-            return cls._compiled(name, TORCH, Version(f"{torch[1]}.{torch[2]}"), abi, rest)
+            cxx_abi = parts[1] if len(parts) == 5 else None
+            if cxx_abi not in (None, "cxx11", "cxx98"):
+                raise ValueError(f"{cxx_abi!r} is not a C++ ABI tag (cxx11, cxx98)")
+            rest = parts[2:] if cxx_abi else parts[1:]
+            return cls._compiled(name, TORCH, Version(f"{torch[1]}.{torch[2]}"), cxx_abi, rest)
         raise ValueError(
             "not a build variant name (torch<XY>[-cxx11]-<backend>-<cpu>-<os>, "
             "torch-stable-abi<XY>-..., tvm-ffi<XY>-..., torch-<backend> or torch-universal)"
@@ -213,9 +213,9 @@ class BuildVariant:
 
 
 def _bad_variant(name: object, reason: str) -> KernelMetadataError:
-    error = KernelMetadataError(f"{quoted(name)} is not a build variant name: {reason}.")
-    error.reason = reason
-    return error
+    return KernelMetadataError(
+        f"{quoted(name)} is not a build variant name: {reason}.", reason=reason
+    )
 
 
 @dataclass(frozen=True)
@@ -257,6 +257,7 @@ class MachineBuild:
         if variant.os != self.os:
             return f"OS {variant.os} does not match this machine's ({self.os})"
         version = variant.framework_version
+        assert version is not None, variant  # parse gives every compiled kind its version
         if variant.kind == STABLE_ABI and self.torch < version:
             return f"needs torch >= {version}; torch here is {self.torch}"
         if variant.kind == TORCH:
@@ -294,6 +295,7 @@ class MachineBuild:
         newest_first = tuple(-n for n in (variant.backend_version or Version("0")).release)
         if variant.kind == STABLE_ABI:
             abi = variant.framework_version
+            assert abi is not None, variant  # parse gives every stable-ABI build its version
             return (order.index(STABLE_ABI), -abi.major, -abi.minor, *newest_first)
         if variant.kind == TORCH:
             # Untagged names first, as Hugging Face's client orders them; but a torch with the

@@ -163,12 +163,11 @@ def list_refs(repo_id: str, repo_type: str = KERNEL_REPO_TYPE) -> RepoRefs:
     """
     if hubclient.is_offline():
         reason = "HF_HUB_OFFLINE is set, so the Hub is not asked."
-        error = KernelOfflineError(
+        raise KernelOfflineError(
             f"Cannot list the versions of {repo_id}: {reason} Unset HF_HUB_OFFLINE (or set it "
-            "to 0) and run again."
+            "to 0) and run again.",
+            reason=reason,
         )
-        error.reason = reason
-        raise error
     hubclient.require_repo_type(repo_type, repo_id)
     try:
         refs = hubclient.hub_api().list_repo_refs(repo_id, repo_type=repo_type)
@@ -233,9 +232,7 @@ def hub_error(
         else:
             reason = f"{where} cannot be reached ({hubclient.describe(exc)})."
             fix = f"Check the connection to {where} (HF_ENDPOINT) and run again."
-        error = KernelOfflineError(f"Could not {doing}: {reason} {fix}")
-        error.reason = reason
-        return error
+        return KernelOfflineError(f"Could not {doing}: {reason} {fix}", reason=reason)
     return KernelDownloadError(f"Could not {doing} on {where}: {hubclient.describe(exc)}")
 
 
@@ -431,7 +428,7 @@ def _resolve_from_cache(
 ) -> ResolvedRevision:
     """Answer from the refs huggingface_hub cached, when the Hub is off limits."""
     cached = hubclient.cached_refs(repo_id, repo_type)
-    reason = getattr(offline, "reason", str(offline))
+    reason = offline.reason
     name = revision if revision is not None else f"v{wanted}" if isinstance(wanted, int) else None
     if name is not None:
         if name in cached:
