@@ -42,7 +42,7 @@ class Decision:
     layer_name: str
     resolution: Resolution
     #: The kernel layer class to run, or None to keep the module's own forward.
-    kernel: type | None
+    kernel: type[nn.Module] | None
     #: Why the module keeps its own forward (None when it gets a kernel).
     fallback_reason: str | None = None
     #: How loudly to log the fallback: a kernel that failed to load is a WARNING.

@@ -80,7 +80,7 @@ def shard_rule_of(kernel: type) -> str | None:
 
 
 @functools.cache
-def shard_aware_forward(kernel: type) -> Callable:
+def shard_aware_forward(kernel: type[nn.Module]) -> Callable:
     """The function `kernelize` binds to a module for `kernel`: ``kernel.forward`` itself for a
     kernel that takes DTensors (rule ``"dtensor"``), else a wrapper (``__wrapped__`` is
     ``kernel.forward``) that follows the kernel's shard rule when DTensors come."""
@@ -126,7 +126,9 @@ class LocalCall:
 Rule = Callable[["nn.Module", dict], "LocalCall | str"]
 
 
-def _run_on_dtensors(dtensor: type, kernel: type, name, rule, module, args, kwargs):
+def _run_on_dtensors(
+    dtensor: type, kernel: type[nn.Module], name, rule, module: nn.Module, args, kwargs
+):
     bound = inspect.signature(kernel.forward).bind(module, *args, **kwargs)
     bound.apply_defaults()
     self_name, *names = bound.arguments
@@ -208,16 +210,21 @@ def _spec(t: DTensor) -> tuple:
 
 
 def _sharded_dims(t: DTensor) -> set[int]:
-    return {p.dim % t.ndim for p in t.placements if p.is_shard()}
+    from torch.distributed.tensor import Shard
+
+    # isinstance rather than is_shard(), which is the same test but does not narrow the type.
+    return {p.dim % t.ndim for p in t.placements if isinstance(p, Shard)}
 
 
 def _unshardable(what: str, t: DTensor, whole: int, kind: str) -> str | None:
     """Why `t`'s placements keep a kernel from running on its local shard, or None: a partial
     sum, a placement other than Shard and Replicate, or a shard of its last `whole` dims."""
+    from torch.distributed.tensor import Shard
+
     for index, placement in enumerate(t.placements):
         if placement.is_partial():
             return f"{what} is a partial sum ({placement}) on mesh dimension {index}"
-        if placement.is_shard():
+        if isinstance(placement, Shard):
             dim = placement.dim % t.ndim
             if dim >= t.ndim - whole:
                 return f"{what} is sharded along dimension {dim}, which the kernel {kind}"
@@ -276,7 +283,7 @@ def _trailing_whole(whole: Callable[[nn.Module], int], kind: str) -> Rule:
     tensor arguments, placed alike, and independently at every other position."""
 
     def rule(module: nn.Module, arguments: dict) -> LocalCall | str:
-        import torch
+        from torch.distributed.tensor import DTensor
 
         reference = _same_placements(arguments)
         if isinstance(reference, str):
@@ -287,7 +294,8 @@ def _trailing_whole(whole: Callable[[nn.Module], int], kind: str) -> Rule:
         parameters = _local_parameters(module, reference)
         if isinstance(parameters, str):
             return parameters
-        local = {n: _local(v) for n, v in arguments.items() if isinstance(v, torch.Tensor)}
+        # Every tensor argument is a DTensor here (_same_placements).
+        local = {n: _local(v) for n, v in arguments.items() if isinstance(v, DTensor)}
         return LocalCall(local, parameters, (reference,))
 
     return rule
@@ -301,10 +309,11 @@ def _normalised_dims(module: nn.Module) -> int:
 
 
 def _rotary(module: nn.Module, arguments: dict) -> LocalCall | str:
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-    tensors = [arguments.get(name) for name in ("q", "k", "cos", "sin")]
-    if not all(isinstance(t, DTensor) for t in tensors):
+    names = ("q", "k", "cos", "sin")
+    tensors = [t for name in names if isinstance(t := arguments.get(name), DTensor)]
+    if len(tensors) != len(names):
         return "q, k, cos and sin are not all DTensors"
     q, k, cos, sin = tensors
     if q.ndim != 4 or _spec(q) != _spec(k):
@@ -314,9 +323,10 @@ def _rotary(module: nn.Module, arguments: dict) -> LocalCall | str:
         return problem
     heads = arguments.get("unsqueeze_dim", 1) % 4
     # cos and sin are (batch, seq, head_dim): q's dimensions without the heads one.
-    expected, grads = [], []
+    expected: list[Placement] = []
+    grads: list[Placement] = []
     for placement in q.placements:
-        if placement.is_shard() and placement.dim % 4 != heads:
+        if isinstance(placement, Shard) and placement.dim % 4 != heads:
             dim = placement.dim % 4
             expected.append(Shard(dim if dim < heads else dim - 1))
             grads.append(expected[-1])
@@ -388,7 +398,8 @@ def _from_local(local: torch.Tensor, reference: DTensor) -> DTensor:
 
 def _strides_in_order_of(local: torch.Tensor, shape: torch.Size) -> tuple[int, ...]:
     """Dense strides for `shape` with the dimensions in `local`'s memory order (outermost first)."""
-    order = sorted(range(local.ndim), key=lambda d: (-local.stride(d), d))
+    now = local.stride()
+    order = sorted(range(local.ndim), key=lambda d: (-now[d], d))
     strides = [0] * local.ndim
     step = 1
     for d in reversed(order):

@@ -95,9 +95,12 @@ def explain(model: nn.Module, *, mode: Mode, device: DeviceSpec | None = None) -
     the_plan = plan(model, mode=mode, device=device, use_fallback=True, raise_invalid=False)
     groups: dict[tuple, list] = {}
     for decision in the_plan.decisions:
+        kernel: str | None
+        reason: str | None
         if decision.kernel is not None:
             outcome = "kernel"
             chosen = decision.resolution.chosen
+            assert chosen is not None  # a decision with a kernel loaded it from the chosen one
             kernel = f"kernel layer {decision.kernel.__name__} from {chosen.repository}"
             reason = decision.resolution.reason
         elif decision.skipped_by_condition:

@@ -39,11 +39,13 @@ def function_layer(func: Callable) -> type[nn.Module]:
 
     signature = inspect.signature(func)
     self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    forward.__signature__ = signature.replace(
+    # Functions take any attribute; the checker knows only those every function has.
+    forward.__signature__ = signature.replace(  # type: ignore[attr-defined]
         parameters=[self_parameter, *signature.parameters.values()]
     )
     forward.__doc__ = func.__doc__
-    forward.__wrapped__ = func  # what it calls, for introspection (its signature is set above)
+    # What it calls, for introspection (its signature is set above).
+    forward.__wrapped__ = func  # type: ignore[attr-defined]
     name = getattr(func, "__name__", "function")
     forward.__qualname__ = f"{name}.forward"
     # A function declares what it supports the way a kernel layer does, as attributes.

@@ -80,7 +80,9 @@ def graph_safety(module_class: type, kernel: type | None) -> GraphSafety:
     """Whether the forward a module runs (``kernel``'s, or its class's own when None) can run
     inside a CUDA graph and a torch.compile graph."""
     owner = kernel if kernel is not None else module_class
-    forward = inspect.unwrap(getattr(owner, "forward", None))
+    forward = getattr(owner, "forward", None)
+    if forward is not None:
+        forward = inspect.unwrap(forward)
     name = f"{owner.__name__}.forward"
     if not inspect.isfunction(forward):
         return GraphSafety("unknown", "unknown", f"{name} is not a Python function")
@@ -93,13 +95,13 @@ def graph_safety(module_class: type, kernel: type | None) -> GraphSafety:
         compile_verdict = "breaks" if no_compile else "ok"
         why = f"read {name}{others}: no host synchronisation"
         if no_compile:
-            why += f"; {kernel.__name__} does not declare can_torch_compile = True"
+            why += f"; {owner.__name__} does not declare can_torch_compile = True"
         return GraphSafety("ok", compile_verdict, why)
     reasons = [f"{f.what} at {f.where}" for f in findings[:3]]
     if len(findings) > 3:
         reasons.append(f"{len(findings) - 3} more")
     if no_compile:
-        reasons.append(f"{kernel.__name__} does not declare can_torch_compile = True")
+        reasons.append(f"{owner.__name__} does not declare can_torch_compile = True")
     compile_verdict = "breaks" if no_compile or any(f.breaks_compile for f in findings) else "ok"
     return GraphSafety("breaks", compile_verdict, "; ".join(reasons))
 
@@ -137,7 +139,7 @@ def _parse(func: Callable) -> ast.AST | None:
         return None
 
 
-def _where(func: Callable, node: ast.AST) -> str:
+def _where(func: Callable, node: ast.expr) -> str:
     code = func.__code__
     filename = code.co_filename.replace("\\", "/").rsplit("/", 1)[-1]
     return f"{func.__qualname__} ({filename}:{code.co_firstlineno + node.lineno - 1})"
@@ -178,7 +180,7 @@ def _callees(func: Callable, tree: ast.AST, owner: type | None) -> list[Callable
     attributes, ``self.<method>`` of ``owner``, and ``Function.apply`` (its ``forward``)."""
     import torch
 
-    callees = []
+    callees: list[Callable] = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue

@@ -7,6 +7,7 @@ layers they replace; the user's model must come out of it bit for bit as it went
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import sys
 from collections import OrderedDict
@@ -108,11 +109,12 @@ class _TensorValues:
         with torch.no_grad():
             for tensor, saved in self.tensors:
                 _write_back(tensor, saved)
-            for param, grad, saved in self.grads:
+            for param, grad, saved_grad in self.grads:
                 if param.grad is not grad:
                     param.grad = grad
-                if grad is not None:
-                    _write_back(grad, saved)
+                # saved_grad is None exactly when grad is (both taken from one param.grad).
+                if grad is not None and saved_grad is not None:
+                    _write_back(grad, saved_grad)
 
 
 def _write_back(tensor: torch.Tensor, saved: torch.Tensor) -> None:
@@ -153,7 +155,7 @@ class _RandomState:
         for device_type in sorted((device_types | {"cuda", "xpu"}) - {"cpu", "meta"}):
             module = getattr(torch, device_type, None)
             is_initialized = getattr(module, "is_initialized", None)
-            if is_initialized is None or not is_initialized():
+            if module is None or is_initialized is None or not is_initialized():
                 continue
             if hasattr(module, "get_rng_state_all"):
                 self.devices.append((module.set_rng_state_all, module.get_rng_state_all()))
@@ -197,17 +199,17 @@ class _GlobalFlags:
         for device_type in ("cpu", "cuda"):
             accessors += [
                 (
-                    lambda d=device_type: torch.is_autocast_enabled(d),
-                    lambda v, d=device_type: torch.set_autocast_enabled(d, v),
+                    functools.partial(torch.is_autocast_enabled, device_type),
+                    functools.partial(torch.set_autocast_enabled, device_type),
                 ),
                 (
-                    lambda d=device_type: torch.get_autocast_dtype(d),
-                    lambda v, d=device_type: torch.set_autocast_dtype(d, v),
+                    functools.partial(torch.get_autocast_dtype, device_type),
+                    functools.partial(torch.set_autocast_dtype, device_type),
                 ),
             ]
         for name in ("enabled", "benchmark", "deterministic"):
             accessors.append(
-                (lambda n=name: getattr(cudnn, n), lambda v, n=name: setattr(cudnn, n, v))
+                (functools.partial(getattr, cudnn, name), functools.partial(setattr, cudnn, name))
             )
         self.saved = [(get, set_, get()) for get, set_ in accessors]
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import inspect
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import KernelLayerError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 ALLOWED_MEMBERS = frozenset({"forward", "has_backward", "can_torch_compile"})
 
@@ -22,7 +25,7 @@ _validated_lock = threading.Lock()
 
 
 def validate_kernel_layer(
-    kernel: Any, original: type, *, kernel_source: str, layer_name: str
+    kernel: Any, original: type[nn.Module], *, kernel_source: str, layer_name: str
 ) -> None:
     """Raise `KernelLayerError` unless `kernel` may replace `original.forward`.
 

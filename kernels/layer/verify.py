@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Marks a captured input's detached copy whose original needed grad (a tensor attribute, so
+#: that it travels inside nested arguments).
+_NEEDS_GRAD = "_kernels_needs_grad"
+
 #: Largest relative error ‖kernel − layer‖ / ‖layer‖ accepted per dtype: a few units of the
 #: dtype's rounding error, far below what a kernel with other semantics produces.
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
@@ -85,8 +89,10 @@ def _verified(
         if problem is None:
             decisions.append(decision)
             continue
+        candidate = decision.resolution.chosen
+        assert candidate is not None  # a decision with a kernel loaded it from the chosen one
         reason = (
-            f"kernel layer {decision.kernel.__name__} from {decision.resolution.chosen.repository} "
+            f"kernel layer {decision.kernel.__name__} from {candidate.repository} "
             f"failed verification: {problem}"
         )
         if not use_fallback:
@@ -137,7 +143,9 @@ def capture_layer_inputs(
     return calls
 
 
-def compare_kernel(module: nn.Module, kernel: type, call: _Call, *, training: bool) -> str | None:
+def compare_kernel(
+    module: nn.Module, kernel: type[nn.Module], call: _Call, *, training: bool
+) -> str | None:
     """Why `kernel.forward` disagrees with the module's own forward on `call`, or None.
 
     A kernel that raises disagrees (the reason names the exception); the layer's own forward
@@ -280,7 +288,7 @@ def _detach(value: Any, keep_grad_flag: bool) -> Any:
     if isinstance(value, torch.Tensor):
         copy = value.detach().clone()
         if keep_grad_flag and value.requires_grad:
-            copy._kernels_needs_grad = True
+            setattr(copy, _NEEDS_GRAD, True)
         return copy
     if isinstance(value, tuple):
         return tuple(_detach(v, keep_grad_flag) for v in value)
@@ -297,7 +305,7 @@ def _with_grad(value: Any) -> Any:
 
     if isinstance(value, torch.Tensor):
         copy = value.detach().clone()
-        if getattr(value, "_kernels_needs_grad", False):
+        if getattr(value, _NEEDS_GRAD, False):
             copy.requires_grad_(True)
         return copy
     if isinstance(value, tuple):
