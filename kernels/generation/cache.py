@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import nn
+    from transformers import PreTrainedModel
 
 
 def cache_argument(model: nn.Module) -> str:
@@ -35,7 +36,7 @@ def cache_argument(model: nn.Module) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def new_static_cache(model: nn.Module, max_cache_len: int) -> Any:
+def new_static_cache(model: PreTrainedModel, max_cache_len: int) -> Any:
     """An empty ``transformers.StaticCache`` for ``model`` holding ``max_cache_len`` tokens.
 
     Its tensors are allocated at the first forward (the prefill), with that call's batch size,

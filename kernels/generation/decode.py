@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,7 @@ import torch
 
 from .cache import capture_blocker, fingerprint
 from .graph import CapturedCall, GraphBackend
-from .inputs import NotCapturable, StaticInputs, call_key
+from .inputs import CallKey, NotCapturable, StaticInputs, call_key
 
 logger = logging.getLogger(__name__)
 
@@ -110,9 +110,9 @@ class DecodeGraphs:
         self.warmup_steps = warmup_steps
         self.stats = DecodeStats()
         self._caches: dict[int, Any] = {}  # id -> cache
-        self._graphs: dict[Hashable, _Graph] = {}
-        self._warm: dict[Hashable, int] = {}  # key -> eager warm-up steps run
-        self._failed: dict[Hashable, str] = {}
+        self._graphs: dict[CallKey, _Graph] = {}
+        self._warm: dict[CallKey, int] = {}  # key -> eager warm-up steps run
+        self._failed: dict[CallKey, str] = {}
         self._logged: set[str] = set()
 
     # ---- caches and graphs ---------------------------------------------------------------------
@@ -136,7 +136,7 @@ class DecodeGraphs:
         """How many graphs are held now."""
         return len(self._graphs)
 
-    def _forget(self, matches: Callable[[Hashable], bool]) -> None:
+    def _forget(self, matches: Callable[[CallKey], bool]) -> None:
         for table in (self._graphs, self._warm, self._failed):
             for key in [k for k in table if matches(k)]:
                 del table[key]
@@ -183,7 +183,7 @@ class DecodeGraphs:
         self.stats.replays += 1
         return graph.step.replay()
 
-    def _key(self, cache: Any, kwargs: dict[str, Any]) -> tuple[Hashable | None, str | None]:
+    def _key(self, cache: Any, kwargs: dict[str, Any]) -> tuple[CallKey | None, str | None]:
         """The call's key, or None and why it cannot be captured."""
         if torch.is_grad_enabled():
             return None, "gradients are enabled (generate() runs under torch.no_grad())"
@@ -195,7 +195,7 @@ class DecodeGraphs:
             return None, f"its capture failed: {self._failed[key]}"
         return key, None
 
-    def _capture(self, key: Hashable, forward: Callable, cache: Any, kwargs: dict) -> _Graph | None:
+    def _capture(self, key: CallKey, forward: Callable, cache: Any, kwargs: dict) -> _Graph | None:
         inputs = StaticInputs(kwargs)
         started = time.perf_counter()
         try:
@@ -254,9 +254,9 @@ def _batch_size(kwargs: dict[str, Any]) -> int | str:
     return "?"
 
 
-def key_cache_id(key: Hashable) -> int | None:
+def key_cache_id(key: CallKey) -> int | None:
     """The id of the cache a `call_key` key was made with, or None."""
     for item in key:
-        if item[1] == "object":
+        if item[1] == "object" and isinstance(item[2], int):
             return item[2]
     return None

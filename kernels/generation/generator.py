@@ -146,7 +146,9 @@ class CudaGraphGenerator:
             raise ValueError(f"max_cache_len must be at least 2 tokens, got {max_cache_len}")
         if fused_steps < 0:
             raise ValueError(f"fused_steps must be >= 0 (0: no fused loop), got {fused_steps}")
-        self.model = model
+        # Any: a transformers causal LM (checked above), whose generate() and config the
+        # nn.Module annotation cannot show.
+        self.model: Any = model
         self.device = _device_of(model)
         if backend is None:
             backend = default_backend(self.device)
@@ -244,6 +246,7 @@ class CudaGraphGenerator:
                     step, plan = handover.kwargs, handover.plan
             # generate() has stopped at its first decode step (the forward raised before running
             # it): the prefill and the first token are its own; the fused loop makes the rest.
+            assert self._fused is not None  # _fused_plan makes a plan only with the loop on
             with torch.no_grad():
                 new = self._fused.decode(
                     self.model.forward,
@@ -310,24 +313,25 @@ class CudaGraphGenerator:
         when generate()'s own loop must; which path runs, and why, is logged once."""
         prompt = inputs if inputs is not None else user_kwargs.get("input_ids")
         plan = None
+        reason: str | None
         if self._fused is None:
             reason = "the fused greedy loop is off (fused_steps=0)"
         elif not isinstance(prompt, torch.Tensor) or prompt.dim() != 2:
             reason = "the prompt is not a [batch, length] tensor of input ids"
         else:
             reason = greedy_blocker(setup, user_kwargs)
-        if reason is None:
-            stop = stop_settings(setup)
-            position = prompt.shape[1]  # the first generated token's place in the cache
-            plan = _FusedPlan(prompt, stop, position, stop.max_length - position - 1)
-            reason = self._fused.blocker(
-                step,
-                cache,
-                position=position,
-                new_tokens=plan.new_tokens,
-                capacity=self._caches[step["input_ids"].shape[0]][1],
-                stop=stop,
-            )
+            if reason is None:
+                stop = stop_settings(setup)
+                position = prompt.shape[1]  # the first generated token's place in the cache
+                plan = _FusedPlan(prompt, stop, position, stop.max_length - position - 1)
+                reason = self._fused.blocker(
+                    step,
+                    cache,
+                    position=position,
+                    new_tokens=plan.new_tokens,
+                    capacity=self._caches[step["input_ids"].shape[0]][1],
+                    stop=stop,
+                )
         if reason is not None:
             self._log_once(f"generate(): decoding step by step through generate(): {reason}")
             return None

@@ -74,7 +74,8 @@ class CudaGraphBackend:
         if device.type != "cuda":
             raise ValueError(f"CudaGraphBackend needs a CUDA device, got {device}")
         self.device = device
-        self._pool = None
+        # The type graph_pool_handle returns (torch's own annotation; private by name only).
+        self._pool: torch.cuda._POOL_HANDLE | None = None
 
     def capture(self, fn: Callable[[], Any]) -> CapturedCall:
         with torch.cuda.device(self.device):

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,7 @@ from .decode import DecodeGraphs, DecodeStats, key_cache_id
 from .graph import CapturedCall, GraphBackend
 from .greedy_rule import StopSettings
 from .greedy_steps import GreedySteps, advance_blocker
-from .inputs import NotCapturable, call_key
+from .inputs import CallKey, NotCapturable, call_key
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,9 @@ logger = logging.getLogger(__name__)
 #: steps computed past the point where every sequence has finished, and as many more tokens of
 #: cache.
 DEFAULT_FUSED_STEPS = 8
+
+#: A block's key: the first step's call key, and how many end tokens it compares against.
+_BlockKey = tuple[CallKey, int | None]
 
 
 @dataclass
@@ -81,8 +84,8 @@ class FusedGreedyLoop:
             raise ValueError(f"a fused block needs at least 1 step, got {steps}")
         self.graphs = graphs
         self.steps = steps
-        self._blocks: dict[Hashable, _Block] = {}
-        self._failed: dict[Hashable, str] = {}
+        self._blocks: dict[_BlockKey, _Block] = {}
+        self._failed: dict[_BlockKey, str] = {}
 
     @property
     def backend(self) -> GraphBackend:
@@ -206,14 +209,14 @@ class FusedGreedyLoop:
         """How many blocks are held as graphs now."""
         return sum(block.graph is not None for block in self._blocks.values())
 
-    def _key(self, kwargs: dict[str, Any], cache: Any, stop: StopSettings) -> Hashable:
+    def _key(self, kwargs: dict[str, Any], cache: Any, stop: StopSettings) -> _BlockKey:
         eos_count = None if stop.eos is None else stop.eos.numel()
         return (
             call_key(kwargs, {self.graphs.cache_argument: cache}, self.graphs.device),
             eos_count,
         )
 
-    def _run(self, key: Hashable, block: _Block) -> None:
+    def _run(self, key: _BlockKey, block: _Block) -> None:
         """Run one block: eagerly while warming up, else from its graph (captured first)."""
         if (
             block.graph is None
@@ -229,7 +232,7 @@ class FusedGreedyLoop:
         block.graph.replay()
         self.stats.fused_replays += 1
 
-    def _capture(self, key: Hashable, block: _Block) -> CapturedCall | None:
+    def _capture(self, key: _BlockKey, block: _Block) -> CapturedCall | None:
         started = time.perf_counter()
         batch = block.steps.tokens.shape[0]
         try:

@@ -169,6 +169,8 @@ class GreedySteps:
             self.open_value.copy_(mask[0, 0, 0, position])
         self.unfinished.fill_(1)
         if self.eos is not None:
+            # Built with end tokens, so the caller has them (the same count) and a pad token.
+            assert eos is not None and pad is not None
             self.eos.copy_(eos.reshape(-1))
             self.pad.copy_(pad)
             # The fed tokens are generate()'s first: a sequence that ended there is finished.

@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -35,9 +35,14 @@ class NotCapturable(Exception):
     """A call a graph cannot replay; the message says which argument and why."""
 
 
+#: A `call_key` key: one tuple per argument, ``(name, kind, ...)``; kind is ``"object"`` (then
+#: the object's id), ``"tensor"`` (then its layout) or ``"value"`` (then its type and value).
+CallKey = tuple[tuple[object, ...], ...]
+
+
 def call_key(
     kwargs: Mapping[str, Any], objects: Mapping[str, object], device: torch.device
-) -> Hashable:
+) -> CallKey:
     """A key equal for two calls exactly when one graph can run both.
 
     Args:
@@ -51,7 +56,7 @@ def call_key(
             or is a tensor subclass, or a value that is neither a tensor, a number, a string,
             None, nor one of ``objects``.
     """
-    items = []
+    items: list[tuple[object, ...]] = []
     for name in sorted(kwargs):
         value = kwargs[name]
         if name in objects and value is objects[name]:

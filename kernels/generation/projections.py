@@ -77,10 +77,11 @@ def _group_of(module: nn.Module, kernels: Any) -> _QKVGroup | None:
     """A group for ``module``'s q, k and v projections when they are plain ``nn.Linear`` of one
     input size, dtype and device (fp16 or bf16), with no hooks and no forward of their own,
     all with biases or none; else None."""
-    linears = tuple(getattr(module, name, None) for name in PROJECTIONS)
-    if not all(type(p) is nn.Linear for p in linears):
+    q, k, v = (getattr(module, name, None) for name in PROJECTIONS)
+    if not (type(q) is nn.Linear and type(k) is nn.Linear and type(v) is nn.Linear):
         return None
-    first = linears[0]
+    linears = (q, k, v)
+    first = q
     for p in linears:
         if (
             "forward" in vars(p)
