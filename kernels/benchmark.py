@@ -352,8 +352,8 @@ def format_report(report: BenchmarkReport) -> str:
     """The results as a plain-text table, with the machine and the kernel above it."""
     lines = [f"kernel  {report.kernel}"]
     lines += [f"{key:<7} {value}" for key, value in report.machine.items()]
-    header = ("Benchmark", "Workload", "N", "Mean(ms)", "Std(ms)", "Min(ms)", "Max(ms)")
-    header += ("IQR(ms)", "Outliers", "Ref(ms)", "Speedup", "Match")
+    header: tuple[str, ...] = ("Benchmark", "Workload", "N", "Mean(ms)", "Std(ms)", "Min(ms)")
+    header += ("Max(ms)", "IQR(ms)", "Outliers", "Ref(ms)", "Speedup", "Match")
     rows = [header]
     for r in report.results:
         t = r.timing

@@ -114,8 +114,10 @@ def _run(args: argparse.Namespace, device: str, torch) -> int:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(args.seed)
     config = demo_config(shape)
-    original = LlamaForCausalLM(config).to(device=device, dtype=dtype)
-    model = LlamaForCausalLM(config).to(device=device, dtype=dtype)
+    # transformers declares `to` through functools.wraps(nn.Module.to), which the type
+    # checker reads as the unbound function: it asks for `self`.
+    original = LlamaForCausalLM(config).to(device=device, dtype=dtype)  # type: ignore[call-arg]
+    model = LlamaForCausalLM(config).to(device=device, dtype=dtype)  # type: ignore[call-arg]
     model.load_state_dict(original.state_dict())
     params = sum(p.numel() for p in model.parameters())
     print(

@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         return offers[commit]
 
     versions = sorted(refs.versions().items(), reverse=True)
-    rows = []
+    # (kind, name, version, commit, variants, chosen variant, problem)
+    rows: list[tuple[str, str, str | None, str, list[str], str | None, str | None]] = []
     for version, tag in versions:
         rows.append(("version", tag, str(version), refs.tags[tag], *offered(refs.tags[tag])))
     for branch in sorted(refs.branches, key=lambda b: (b != "main", b)):

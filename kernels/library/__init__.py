@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..errors import KernelMappingError
 from ..mapping.device import CUDAProperties, Device, validate_device_type
 from ..mapping.registry import register_kernel_mapping
+from ..repos.base import LayerRepositoryProtocol
 from ..repos.local import LocalFuncRepository, LocalLayerRepository
 from .attention import ATTENTION_IMPLEMENTATION, ATTENTION_REPO, register_attention
 from .paths import library_path
@@ -125,6 +126,7 @@ def library_mapping(
     for kernel in KERNELS:
         if wanted is not None and kernel.layer_name not in wanted:
             continue
+        repository: LayerRepositoryProtocol
         if kernel.is_function:
             repository = LocalFuncRepository(
                 root / kernel.repo, package_name=kernel.repo, func_name=kernel.attribute

@@ -22,7 +22,8 @@ import logging
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, TypeGuard
 
 from ..layer.decorators import (
     use_kernel_forward_from_hub,
@@ -202,8 +203,10 @@ def _restore_class_attribute(cls: type, name: str, value: object) -> None:
         setattr(cls, name, value)
 
 
-def _function_ast(func: Callable) -> ast.FunctionDef | None:
+def _function_ast(func: Callable | None) -> ast.FunctionDef | None:
     """The parsed definition of `func`, docstring dropped; None where the source is unknown."""
+    if func is None:
+        return None
     try:
         source = textwrap.dedent(inspect.getsource(func))
         function = ast.parse(source).body[0]
@@ -349,11 +352,13 @@ def _rotary_module(namespace: dict) -> nn.Module | None:
     return module
 
 
-def _calls_fit_new_signature(module: object) -> bool:
+def _calls_fit_new_signature(module: ModuleType | None) -> bool:
     """Whether every use of ``apply_rotary_pos_emb`` in `module`'s source is a call that passes
     at most ``q, k, cos, sin`` positionally and no keyword but ``unsqueeze_dim``: such calls
     mean the same with transformers 4.57's signature and with 5.x's, which dropped the unused
     ``position_ids`` before ``unsqueeze_dim``."""
+    if module is None:
+        return False
     try:
         tree = ast.parse(inspect.getsource(module))
     except (OSError, TypeError, SyntaxError):
@@ -376,7 +381,7 @@ def _calls_fit_new_signature(module: object) -> bool:
     )
 
 
-def _is_rotary_name(node: ast.AST) -> bool:
+def _is_rotary_name(node: ast.AST) -> TypeGuard[ast.Name]:
     return isinstance(node, ast.Name) and node.id == _ROTARY_FUNCTION
 
 
@@ -388,7 +393,8 @@ def _with_new_signature(original: Callable) -> Callable:
         return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
     # No ``__wrapped__``: inspect.signature would follow it back to the 4.57 signature.
-    apply_rotary_pos_emb.original = original
+    # Functions take any attribute; the checker knows only those every function has.
+    apply_rotary_pos_emb.original = original  # type: ignore[attr-defined]
     apply_rotary_pos_emb.__module__ = original.__module__
     apply_rotary_pos_emb.__doc__ = original.__doc__
     return apply_rotary_pos_emb
@@ -440,7 +446,10 @@ def tag_rotary_embeddings(model: nn.Module) -> list[str]:
         seen.add(cls)
         # transformers wraps some forwards (deprecated keyword arguments): read the inner one,
         # and look the global up where that function looks it up.
-        forward = inspect.unwrap(getattr(cls, "forward", None))
+        forward = getattr(cls, "forward", None)
+        if forward is None:
+            continue
+        forward = inspect.unwrap(forward)
         if not inspect.isfunction(forward) or _ROTARY_FUNCTION not in forward.__code__.co_names:
             continue
         rotary = _rotary_module(forward.__globals__)
@@ -726,9 +735,10 @@ def _definition_key(function: ast.FunctionDef) -> str:
 @functools.cache
 def _causal_lm_templates() -> dict[str, tuple[str, frozenset[str]]]:
     """Definition key -> (layer name, the `_TRANSFORMERS_GLOBALS` the forward reads)."""
-    templates = {}
+    templates: dict[str, tuple[str, frozenset[str]]] = {}
     for name, source in _CAUSAL_LM_FORWARDS:
         function = ast.parse(source).body[0]
+        assert isinstance(function, ast.FunctionDef), name  # each template is one `def`
         read = {node.id for node in ast.walk(function) if isinstance(node, ast.Name)}
         key = _definition_key(function)
         if key in templates and templates[key][0] != name:
@@ -759,6 +769,8 @@ def _causal_lm_layer(cls: type) -> str | None:
     the forward (read from its source) must be one of ``_CAUSAL_LM_FORWARDS``, the globals it
     reads bound to transformers' own (``CausalLMOutputWithPast``, ``slice_logits_to_keep``, ...)."""
     forward = getattr(cls, "forward", None)
+    if forward is None:
+        return None
     function = _function_ast(forward)
     if function is None:
         return None

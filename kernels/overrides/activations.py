@@ -65,6 +65,7 @@ def gelu(kernels, original, keyset, self, approximate="none"):
     if reason is not None:
         record("gelu", reason)
         return original.call_boxed(keyset, self, approximate=approximate)
+    assert kind is not None  # else `reason` names the approximation
     record("gelu", OURS)
     return kernels.forward(self, getattr(kernels, kind))
 
@@ -76,5 +77,6 @@ def gelu_backward(kernels, original, keyset, grad_output, self, approximate="non
     if reason is not None:
         record("gelu_backward", reason)
         return original.call_boxed(keyset, grad_output, self, approximate=approximate)
+    assert kind is not None  # else `reason` names the approximation
     record("gelu_backward", OURS)
     return kernels.backward(grad_output, self, getattr(kernels, kind))

@@ -157,7 +157,8 @@ def resolve_overrides(ops: Iterable[str] | str | None) -> tuple[OverrideSpec, ..
         return default_overrides()
     if isinstance(ops, str):
         ops = (ops,)
-    wanted, unknown = set(), []
+    wanted: set[str] = set()
+    unknown: list[str] = []
     ops_by_name = {spec.op: spec for spec in OVERRIDES}
     for name in ops:
         if not isinstance(name, str):
