@@ -7,8 +7,12 @@ import importlib
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from . import CommandError, add_repo_type_argument
+
+if TYPE_CHECKING:
+    from torch import nn
 
 HELP = "validate a kernel repository (a folder or a Hub repo): layout, variants, imports, layers"
 DESCRIPTION = """\
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
-def _parse_layer_of(spec: str) -> tuple[str, type]:
+def _parse_layer_of(spec: str) -> tuple[str, type[nn.Module]]:
     name, _, target = spec.partition("=")
     module_name, _, class_name = target.partition(":")
     if not (name and module_name and class_name):
@@ -101,6 +105,14 @@ def _parse_layer_of(spec: str) -> tuple[str, type]:
         raise CommandError(
             f"--layer-of {spec!r}: cannot import {module_name}:{class_name} ({exc})"
         ) from exc
+    import torch.nn as nn
+
+    # Its forward is what the kernel layer's is compared with.
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise CommandError(
+            f"--layer-of {spec!r}: {module_name}:{class_name} is not a torch.nn.Module "
+            "subclass; name the layer class whose forward the kernel layer replaces."
+        )
     return name, cls
 
 
@@ -148,7 +160,7 @@ def _download_all_variants(args: argparse.Namespace) -> tuple[Path, str]:
 
 
 def check_repository(
-    repo_dir: Path, *, where: str, originals: dict[str, type] | None = None
+    repo_dir: Path, *, where: str, originals: dict[str, type[nn.Module]] | None = None
 ) -> Report:
     """Run every check on the repository folder `repo_dir`; nothing is raised, all is reported."""
     from ..errors import KernelLoadError
@@ -238,7 +250,7 @@ _CHILD = "import sys; from kernels.cli.check import _variant_child; _variant_chi
 
 
 def _check_variant_apart(
-    report: Report, location, variant: str, where: str, originals: dict[str, type]
+    report: Report, location, variant: str, where: str, originals: dict[str, type[nn.Module]]
 ) -> None:
     """Import one variant and check its layers in a process of its own.
 
@@ -321,7 +333,7 @@ def _variant_child(request_json: str) -> None:
     report = Report()
     originals = {}
     for name, (module_name, qualname) in request["originals"].items():
-        value = importlib.import_module(module_name)
+        value: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             value = getattr(value, part)
         originals[name] = value
@@ -339,7 +351,7 @@ class _ChildLocation:
 
 
 def _check_variant(
-    report: Report, location, variant: str, where: str, originals: dict[str, type]
+    report: Report, location, variant: str, where: str, originals: dict[str, type[nn.Module]]
 ) -> None:
     import torch.nn as nn
 
