@@ -1,6 +1,7 @@
-# Two entry points, used by the README's Quickstart and by CI (.ci/run):
+# Entry points, used by the README's Quickstart and by CI (.ci/run):
 #   make demo   installs the package into .venv and runs the main job
 #   make test   installs both test environments and the local Hub test server, then runs the tests
+#   make lint   installs the test environment, then runs ruff and the type checker (mypy)
 #
 # The clients we support conflict, so each gets its own environment (docs/transformers.md):
 #   .venv      transformers 4.57 with huggingface_hub 0.x: the whole suite runs here (Hub tests
@@ -87,9 +88,11 @@ test-hf: install-hf
 library:
 	$(PYTHON) library/build.py
 
+# Ruff over everything; mypy over the package (its settings: [tool.mypy] in pyproject.toml).
 lint: install-test
 	$(BIN)/ruff check kernels tests library benchmarks
 	$(BIN)/ruff format --check kernels tests library benchmarks
+	$(BIN)/python -m mypy
 
 clean:
 	rm -rf $(VENV) $(TF5_VENV) $(HF_VENV) .pytest_cache
