@@ -124,6 +124,24 @@ def test_the_environment_variable(norm, text, expected):
     assert _rule(norm).parse_forced(text) == expected
 
 
+def test_the_environment_variable_is_read_when_the_package_is_imported(tmp_path):
+    import os
+    import subprocess
+
+    from tests.support.library import LIBRARY
+
+    script = (
+        "import sys, kernels\n"
+        f"p = kernels.get_local_kernel({os.path.join(LIBRARY, 'norm')!r}, 'norm')\n"
+        "print(sorted(sys.modules[p.__name__ + '._compile_rule'].forced().items()))\n"
+    )
+    env = {**os.environ, "KERNELS_COMPILE_RULE": "formula,rms_norm=op", "TRITON_INTERPRET": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[('*', 'formula'), ('rms_norm', 'op')]"
+
+
 @pytest.mark.parametrize(
     "text,message",
     [("rms=op", "unknown layer 'rms'"), ("rms_norm=fast", "unknown side 'fast'")],
