@@ -50,6 +50,7 @@ import enum
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -376,7 +377,23 @@ def _offline() -> bool:
 
 @functools.lru_cache(maxsize=2)
 def _verifier(*, offline: bool):
+    if offline:
+        _quiet_offline_notice()
     return _sigstore().Verifier.production(offline=offline)
+
+
+class _DropOfflineNotice(logging.Filter):
+    """Drops sigstore's WARNING that its TUF repository is offline: offline is our default."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("TUF repository is loaded in offline mode")
+
+
+@functools.lru_cache(maxsize=1)
+def _quiet_offline_notice() -> None:
+    # Without this every process that checks a signature prints a WARNING about a choice this
+    # module made on purpose (and documents), which reads as something being wrong.
+    logging.getLogger("sigstore._internal.tuf").addFilter(_DropOfflineNotice())
 
 
 @dataclass(frozen=True)
