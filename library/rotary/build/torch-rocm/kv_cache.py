@@ -3,9 +3,9 @@
 transformers' ``StaticLayer.update`` writes a step's keys and values with two ``index_copy_``
 calls at positions it computes on the device: 5.x adds ``arange(steps)`` to the layer's counter
 ``cumulative_length`` and advances the counter in place, 4.57 takes ``cache_position``. That is
-five small kernels a layer (two on 4.57) for a few kilobytes, about a tenth of a decoded
-token's GPU time for a 1.1B Llama (H100, 2026-11-25: 0.13 of 1.35 ms,
-``benchmarks/results/h100/decode-tf5/``). Here one Triton program copies both: it reads the
+five small kernels a layer (two on 4.57) for a few kilobytes, a noticeable share of a decoded
+token's GPU time for a small model (benchmarks/results/<device>/NOTES.md has the measurement).
+Here one Triton program copies both: it reads the
 positions (or the counter), writes every row of keys and values, and then advances the
 counter. Keys rotate (rotary) just before they are cached, which is why this kernel lives in
 this repository.
