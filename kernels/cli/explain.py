@@ -12,8 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import CommandError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 HELP = "show which kernel kernelize would give each tagged layer of a model, and why"
 DESCRIPTION = """\
@@ -145,7 +149,7 @@ def parse_capability(value: str) -> int:
 
 @dataclass
 class BuiltModel:
-    model: object  # torch.nn.Module on the meta device
+    model: nn.Module  # on the meta device
     description: str
     # Whether the run being explained has kernelize tag the *ForCausalLM loss, as
     # register_library_kernels() does; `kernels demo` tags only the MLPs and rotary, and a plan

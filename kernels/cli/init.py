@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
 def _build(target: Path) -> tuple[str, ...]:
     """Run the repository's own build.py (as `python build.py` would) and return its variants."""
     spec = importlib.util.spec_from_file_location("_kernels_init_build", target / "build.py")
+    if spec is None or spec.loader is None:  # not for a .py file; said in case it ever is
+        raise CommandError(f"{target / 'build.py'} cannot be imported as a Python module")
     build = importlib.util.module_from_spec(spec)
     # dataclasses look their module up in sys.modules while the class is created.
     sys.modules[spec.name] = build
