@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import (
@@ -120,6 +121,7 @@ def kernelize(
         else:
             use_kernel_forward(decision.module, decision.kernel, path=decision.path)
             chosen = decision.resolution.chosen
+            assert chosen is not None  # a decision with a kernel loaded it from the chosen one
             logger.info(
                 "%s uses kernel layer %s from %s (%s)",
                 label,
@@ -151,8 +153,7 @@ def plan(
     decisions: list[Decision] = []
     resolutions: dict[str, Resolution] = {}
     loaded: dict[int, type | KernelLoadError] = {}
-    for path, module in _kernelizable_modules(model):
-        layer_name = tag_of(type(module))
+    for path, module, layer_name in _kernelizable_modules(model):
         resolution = resolutions.get(layer_name)
         if resolution is None:
             resolution = resolve(
@@ -199,22 +200,25 @@ def _short_repr(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _kernelizable_modules(model: nn.Module):
-    """(path, module) for every tagged module of `model`, and for every tagged function module
-    attached to one of its modules with `use_kernelized_func` (path ``"<owner path>:<name>"``).
+def _kernelizable_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
+    """(path, module, layer name) for every tagged module of `model`, and for every tagged
+    function module attached to one of its modules with `use_kernelized_func` (path
+    ``"<owner path>:<name>"``).
 
     Each module object comes once, at its first path: a function attached to every attention
     layer is one module, swapped once for all of them.
     """
     seen: set[int] = set()
     for path, module in model.named_modules():
-        if tag_of(type(module)) is not None and id(module) not in seen:
+        layer_name = tag_of(type(module))
+        if layer_name is not None and id(module) not in seen:
             seen.add(id(module))
-            yield path, module
+            yield path, module, layer_name
         for name, fn in attached_functions(module):
-            if tag_of(type(fn)) is not None and id(fn) not in seen:
+            layer_name = tag_of(type(fn))
+            if layer_name is not None and id(fn) not in seen:
                 seen.add(id(fn))
-                yield f"{path or '<model>'}:{name}", fn
+                yield f"{path or '<model>'}:{name}", fn, layer_name
 
 
 def _condition_skip(module: nn.Module, path: str) -> str | None:
@@ -342,10 +346,10 @@ def find_target(model: nn.Module, device: DeviceSpec | None) -> Target:
 
 
 def _first_tensor_device(model: nn.Module) -> torch.device | None:
-    for tensor in model.parameters():
-        return tensor.device
-    for tensor in model.buffers():
-        return tensor.device
+    for parameter in model.parameters():
+        return parameter.device
+    for buffer in model.buffers():
+        return buffer.device
     return None
 
 
