@@ -54,3 +54,22 @@ def test_no_test_module_extends_sys_path():
         f"sys.path changed in {found}: import helpers as tests.support.<module>, and give a "
         "child process the repository root through tests.support.paths.subprocess_env()"
     )
+
+
+#: Files that may build a LlamaConfig themselves, and why.
+OWN_LLAMA_CONFIG = {
+    "support/models.py": "the one builder",
+    "docs/test_code_blocks.py": "runs as a script in a reader's working folder, without tests/",
+}
+
+
+def test_tiny_llama_configurations_come_from_the_one_builder():
+    found = [
+        f"{path.relative_to(TESTS)}:{node.lineno}"
+        for path in _python_files()
+        if str(path.relative_to(TESTS)) not in OWN_LLAMA_CONFIG
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "LlamaConfig"
+    ]
+    assert not found, f"LlamaConfig(...) in {found}: use tests.support.models.llama_config"

@@ -9,19 +9,19 @@ import torch
 
 from kernels.library.attention import ATTENTION_IMPLEMENTATION, attention_kernel, register_attention
 from tests.support.library import DEVICE
+from tests.support.models import llama_config
 
 transformers = pytest.importorskip("transformers")
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     register_attention()
     torch.manual_seed(0)
-    config = LlamaConfig(
+    config = llama_config(
         vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        attn_implementation="sdpa",
+        max_position_embeddings=128, attn_implementation="sdpa",
     )  # fmt: skip
     model = LlamaForCausalLM(config).to(DEVICE)
     path = tmp_path_factory.mktemp("tiny-llama")

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.support.library import DEVICE, assert_close, randn
+from tests.support.models import llama_config
 
 # ---- the rule as data -------------------------------------------------------------------------
 
@@ -462,10 +463,9 @@ def _tiny_llama():
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=101, attn_implementation="sdpa",
-    )  # fmt: skip
+    config = llama_config(
+        intermediate_size=40, num_hidden_layers=2, vocab_size=101, attn_implementation="sdpa"
+    )
     model = transformers.LlamaForCausalLM(config).to(DEVICE).train()
     with torch.no_grad():
         for name, param in model.named_parameters():
