@@ -61,7 +61,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -250,6 +250,7 @@ class KernelLock:
                 f"{entry} is locked to {quoted(commit)}, not a commit hash (40 hex digits). "
                 f"{_RELOCK}"
             )
+        ref: str | None
         if "version" in dependency:
             version = dependency["version"]
             if not isinstance(version, int) or isinstance(version, bool):
@@ -378,7 +379,8 @@ def _file_digests(
             "variant to {path: 'git-sha1:<40 hex>' or 'sha256:<64 hex>'}, with paths relative "
             f"to build/<variant>/. {_RELOCK}"
         )
-    return {variant: dict(paths) for variant, paths in value.items()}  # type: ignore[union-attr]
+    assert isinstance(value, dict)  # _file_digests_problem found none
+    return {variant: dict(paths) for variant, paths in value.items()}
 
 
 def _file_digests_problem(value: object, variants: dict[str, VariantLock]) -> str | None:
@@ -414,7 +416,8 @@ def _version(value: object, where: str) -> str | int | None:
         check_version_argument(value, repo_id=where)
     except KernelVersionSpecError as exc:
         raise KernelLockError(f"{exc} (the lock's 'version') {_RELOCK}") from None
-    return value  # type: ignore[return-value]
+    assert value is None or isinstance(value, (str, int)), value  # as checked just above
+    return value
 
 
 def _ref(
@@ -1047,7 +1050,7 @@ def download_locked(
     done = []
     for lock in source.locks:
         trust = _locked_trust(lock, source, trust_remote_code)
-        variants: list[str | None] = [None]
+        variants: Sequence[str | None] = [None]
         if all_variants:
             variants = sorted(lock.variants) if lock.hashed else _offered_variants(lock)
         fetched_all = []
@@ -1100,7 +1103,7 @@ class LockedLayerRepository:
     lockfile: Path | None = field(default=None, kw_only=True)
     trust_remote_code: bool | tuple[str, ...] = field(default=False, kw_only=True)
     _caller: str | None = field(default=None, init=False, repr=False, compare=False)
-    _loaded: object = field(default=None, init=False, repr=False, compare=False)
+    _loaded: LoadedHubKernel | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.repo_id, str) or "/" not in self.repo_id:
@@ -1137,8 +1140,9 @@ class LockedLayerRepository:
             with _repo_lock:
                 if self._loaded is None:
                     object.__setattr__(self, "_loaded", loaded)
-                loaded = self._loaded
-        return loaded.module  # type: ignore[attr-defined]
+                else:  # another thread published first: every caller gets that one
+                    loaded = self._loaded
+        return loaded.module
 
     def __deepcopy__(self, memo: dict) -> LockedLayerRepository:
         return self
@@ -1148,11 +1152,11 @@ class LockedLayerRepository:
         text = f"{self.repo_id} (locked by {source})"
         loaded = self._loaded
         if loaded is not None:
-            fetched = loaded.fetched  # type: ignore[attr-defined]
+            fetched = loaded.fetched
             text += (
                 f" -> commit {fetched.commit[:12]}, variant {fetched.variant}, "
                 f"{getattr(loaded, 'checked', 'verified')}; "
-                f"{loaded.trust.reason}"  # type: ignore[attr-defined]
+                f"{loaded.trust.reason}"
             )
         return f"{text}, layer {self.layer_name}"
 
