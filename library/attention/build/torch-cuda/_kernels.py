@@ -118,6 +118,66 @@ def _key_range(start_m, len_q, len_k, window_left, window_right, BLOCK_M: tl.con
 
 
 @triton.jit
+def _unmasked(lo, hi, first, end, BLOCK: tl.constexpr):
+    # [u_lo, u_hi) within [lo, hi), both on lo's grid of BLOCK: the blocks that start at or after
+    # `first` and end by `end`, which no mask touches. lo is a multiple of BLOCK.
+    u_lo = tl.maximum(lo, ((tl.maximum(first, 0) + BLOCK - 1) // BLOCK) * BLOCK)
+    u_lo = tl.minimum(u_lo, hi)
+    u_hi = tl.maximum(u_lo, tl.minimum(hi, (tl.maximum(end, 0) // BLOCK) * BLOCK))
+    return u_lo, u_hi
+
+
+@triton.jit
+def _fwd_steps(
+    q, m_i, l_i, acc, K, V, BLOCK_TABLE, start, end, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
+    dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+    len_q, len_k, logit_scale, cap_log2, window_left, window_right,
+    BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    # The online softmax over key blocks [start, end). Unless MASKED, every key of these blocks
+    # exists and every query sees it: no mask is computed or applied.
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < len_k
+        if PAGED:
+            page = tl.load(BLOCK_TABLE + b.to(tl.int64) * stride_bt + offs_n // PAGE_SIZE,
+                           mask=n_mask, other=0).to(tl.int64)  # fmt: skip
+            k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_ks
+            v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vs
+        else:
+            k_rows = bk.to(tl.int64) * stride_kb + (k_start + offs_n) * stride_ks
+            v_rows = bk.to(tl.int64) * stride_vb + (k_start + offs_n) * stride_vs
+        if MASKED:
+            kt = tl.load(K + k_rows[None, :] + hk * stride_kh + offs_dq[:, None],
+                         mask=n_mask[None, :] & dq_mask[:, None], other=0.0)  # fmt: skip
+        else:
+            kt = tl.load(K + k_rows[None, :] + hk * stride_kh + offs_dq[:, None],
+                         mask=dq_mask[:, None], other=0.0)  # fmt: skip
+        s = _logits(_dot(q, kt, DOT_PRECISION), logit_scale, cap_log2, SOFTCAP)
+        if MASKED:
+            mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
+                         WINDOW_RIGHT)  # fmt: skip
+            s = tl.where(mask, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen nothing yet keeps m = -inf; subtract 0 there instead (p is 0).
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(V + v_rows[:, None] + hk * stride_vh + offs_dv[None, :],
+                        mask=n_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
+        else:
+            v = tl.load(V + v_rows[:, None] + hk * stride_vh + offs_dv[None, :],
+                        mask=dv_mask[None, :], other=0.0)  # fmt: skip
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _fwd_kernel(
     Q, K, V, OUT, LSE, SINK, CU_Q, CU_K, SEQUSED_K, BLOCK_TABLE,
     stride_qb, stride_qs, stride_qh,
@@ -166,33 +226,34 @@ def _fwd_kernel(
 
     lo, hi = _key_range(start_m, len_q, len_k, window_left, window_right, BLOCK_M, BLOCK_N,
                         WINDOW_LEFT, WINDOW_RIGHT)  # fmt: skip
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < len_k
-        if PAGED:
-            page = tl.load(BLOCK_TABLE + b.to(tl.int64) * stride_bt + offs_n // PAGE_SIZE,
-                           mask=n_mask, other=0).to(tl.int64)  # fmt: skip
-            k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_ks
-            v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vs
-        else:
-            k_rows = bk.to(tl.int64) * stride_kb + (k_start + offs_n) * stride_ks
-            v_rows = bk.to(tl.int64) * stride_vb + (k_start + offs_n) * stride_vs
-        kt = tl.load(K + k_rows[None, :] + hk * stride_kh + offs_dq[:, None],
-                     mask=n_mask[None, :] & dq_mask[:, None], other=0.0)  # fmt: skip
-        s = _logits(_dot(q, kt, DOT_PRECISION), logit_scale, cap_log2, SOFTCAP)
-        mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
-                     WINDOW_RIGHT)  # fmt: skip
-        s = tl.where(mask, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row that has seen nothing yet keeps m = -inf; subtract 0 there instead (p is 0).
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + v_rows[:, None] + hk * stride_vh + offs_dv[None, :],
-                    mask=n_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PRECISION)
-        m_i = m_new
+    # Key blocks that no mask touches: every key exists (block end <= len_k) and, for every
+    # query of this block, lies inside its window.
+    shift = len_k - len_q
+    first = 0
+    end = len_k
+    if WINDOW_LEFT:
+        first = start_m + BLOCK_M - 1 + shift - window_left
+    if WINDOW_RIGHT:
+        end = tl.minimum(len_k, start_m + shift + window_right + 1)
+    u_lo, u_hi = _unmasked(lo, hi, first, end, BLOCK_N)
+    m_i, l_i, acc = _fwd_steps(
+        q, m_i, l_i, acc, K, V, BLOCK_TABLE, lo, u_lo, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
+        dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, BLOCK_N, PAGED,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True,
+    )  # fmt: skip
+    m_i, l_i, acc = _fwd_steps(
+        q, m_i, l_i, acc, K, V, BLOCK_TABLE, u_lo, u_hi, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
+        dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, BLOCK_N, PAGED,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False,
+    )  # fmt: skip
+    m_i, l_i, acc = _fwd_steps(
+        q, m_i, l_i, acc, K, V, BLOCK_TABLE, u_hi, hi, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
+        dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, BLOCK_N, PAGED,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True,
+    )  # fmt: skip
 
     has_mass = l_i > 0.0
     out = acc / tl.where(has_mass, l_i, 1.0)[:, None]
@@ -233,6 +294,80 @@ def _delta_kernel(
                  + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)  # fmt: skip
     tl.store(DELTA + bq.to(tl.int64) * stride_lb + h * stride_lh + rows, tl.sum(o * do, 1),
              mask=offs_m < len_q)  # fmt: skip
+
+
+@triton.jit
+def _dkdv_steps(
+    dk, dv, k, v, Q, DO, LSE, DELTA, start, end, h, bq, q_start, offs_n, offs_dq, offs_dv,
+    dq_mask, dv_mask, stride_qb, stride_qs, stride_qh, stride_dob, stride_dos, stride_doh,
+    stride_lb, stride_lh, len_q, len_k, logit_scale, cap_log2, window_left, window_right,
+    BLOCK_M: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    # dk and dv of one key block over query blocks [start, end) of head h; unless MASKED, no
+    # mask is computed (none applies there).
+    for start_m in range(start, end, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < len_q
+        rows = q_start + offs_m
+        q = tl.load(Q + bq.to(tl.int64) * stride_qb + rows[:, None] * stride_qs
+                    + h * stride_qh + offs_dq[None, :],
+                    mask=m_mask[:, None] & dq_mask[None, :], other=0.0)  # fmt: skip
+        do = tl.load(DO + bq.to(tl.int64) * stride_dob + rows[:, None] * stride_dos
+                     + h * stride_doh + offs_dv[None, :],
+                     mask=m_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
+        l_offs = bq.to(tl.int64) * stride_lb + h * stride_lh + rows
+        lse = tl.load(LSE + l_offs, mask=m_mask, other=float("inf")) * LOG2E
+        delta = tl.load(DELTA + l_offs, mask=m_mask, other=0.0)
+        qk = _dot(q, tl.trans(k), DOT_PRECISION)
+        s = _logits(qk, logit_scale, cap_log2, SOFTCAP)
+        p = tl.exp2(s - lse[:, None])
+        if MASKED:
+            mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
+                         WINDOW_RIGHT)  # fmt: skip
+            p = tl.where(mask, p, 0.0)
+        dv += _dot(tl.trans(p.to(do.dtype)), do, DOT_PRECISION)
+        dp = _dot(do, tl.trans(v), DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            t = _tanh(qk * logit_scale)
+            ds = ds * (1.0 - t * t)
+        dk += _dot(tl.trans(ds.to(q.dtype)), q, DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _dq_steps(
+    dq, q, do, lse, delta, K, V, start, end, bk, k_start, hk, offs_m, offs_dq, offs_dv, dq_mask,
+    dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, len_q, len_k,
+    logit_scale, cap_log2, window_left, window_right, BLOCK_N: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    # dq of one query block over key blocks [start, end); unless MASKED, no mask is computed.
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < len_k
+        k_rows = bk.to(tl.int64) * stride_kb + (k_start + offs_n) * stride_ks + hk * stride_kh
+        v_rows = bk.to(tl.int64) * stride_vb + (k_start + offs_n) * stride_vs + hk * stride_vh
+        kt = tl.load(K + k_rows[None, :] + offs_dq[:, None],
+                     mask=n_mask[None, :] & dq_mask[:, None], other=0.0)  # fmt: skip
+        vt = tl.load(V + v_rows[None, :] + offs_dv[:, None],
+                     mask=n_mask[None, :] & dv_mask[:, None], other=0.0)  # fmt: skip
+        qk = _dot(q, kt, DOT_PRECISION)
+        s = _logits(qk, logit_scale, cap_log2, SOFTCAP)
+        p = tl.exp2(s - lse[:, None])
+        if MASKED:
+            mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
+                         WINDOW_RIGHT)  # fmt: skip
+            p = tl.where(mask, p, 0.0)
+        dp = _dot(do, vt, DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            t = _tanh(qk * logit_scale)
+            ds = ds * (1.0 - t * t)
+        dq += _dot(ds.to(kt.dtype), tl.trans(kt), DOT_PRECISION)
+    return dq
 
 
 @triton.jit
@@ -288,33 +423,35 @@ def _bwd_dkdv_kernel(
         lo = (lo // BLOCK_M) * BLOCK_M
     if WINDOW_LEFT:
         hi = tl.minimum(hi, start_n + BLOCK_N - shift + window_left)
+    # Query blocks that no mask touches: for each of their rows, every key of this block lies
+    # inside its window (rows past len_q have lse = +inf, so their probabilities are 0 anyway).
+    first = 0
+    end = len_q
+    if WINDOW_RIGHT:
+        first = start_n + BLOCK_N - 1 - shift - window_right
+    if WINDOW_LEFT:
+        end = tl.minimum(len_q, start_n + 1 - shift + window_left)
+    u_lo, u_hi = _unmasked(lo, hi, first, end, BLOCK_M)
     for g in range(0, group):
         h = hk * group + g
-        for start_m in range(lo, hi, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            m_mask = offs_m < len_q
-            rows = q_start + offs_m
-            q = tl.load(Q + bq.to(tl.int64) * stride_qb + rows[:, None] * stride_qs
-                        + h * stride_qh + offs_dq[None, :],
-                        mask=m_mask[:, None] & dq_mask[None, :], other=0.0)  # fmt: skip
-            do = tl.load(DO + bq.to(tl.int64) * stride_dob + rows[:, None] * stride_dos
-                         + h * stride_doh + offs_dv[None, :],
-                         mask=m_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
-            l_offs = bq.to(tl.int64) * stride_lb + h * stride_lh + rows
-            lse = tl.load(LSE + l_offs, mask=m_mask, other=float("inf")) * LOG2E
-            delta = tl.load(DELTA + l_offs, mask=m_mask, other=0.0)
-            qk = _dot(q, tl.trans(k), DOT_PRECISION)
-            s = _logits(qk, logit_scale, cap_log2, SOFTCAP)
-            mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
-                         WINDOW_RIGHT)  # fmt: skip
-            p = tl.where(mask, tl.exp2(s - lse[:, None]), 0.0)
-            dv += _dot(tl.trans(p.to(do.dtype)), do, DOT_PRECISION)
-            dp = _dot(do, tl.trans(v), DOT_PRECISION)
-            ds = p * (dp - delta[:, None])
-            if SOFTCAP:
-                t = _tanh(qk * logit_scale)
-                ds = ds * (1.0 - t * t)
-            dk += _dot(tl.trans(ds.to(q.dtype)), q, DOT_PRECISION)
+        dk, dv = _dkdv_steps(
+            dk, dv, k, v, Q, DO, LSE, DELTA, lo, u_lo, h, bq, q_start, offs_n, offs_dq, offs_dv,
+            dq_mask, dv_mask, stride_qb, stride_qs, stride_qh, stride_dob, stride_dos,
+            stride_doh, stride_lb, stride_lh, len_q, len_k, logit_scale, cap_log2, window_left,
+            window_right, BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True,
+        )  # fmt: skip
+        dk, dv = _dkdv_steps(
+            dk, dv, k, v, Q, DO, LSE, DELTA, u_lo, u_hi, h, bq, q_start, offs_n, offs_dq,
+            offs_dv, dq_mask, dv_mask, stride_qb, stride_qs, stride_qh, stride_dob, stride_dos,
+            stride_doh, stride_lb, stride_lh, len_q, len_k, logit_scale, cap_log2, window_left,
+            window_right, BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False,
+        )  # fmt: skip
+        dk, dv = _dkdv_steps(
+            dk, dv, k, v, Q, DO, LSE, DELTA, u_hi, hi, h, bq, q_start, offs_n, offs_dq, offs_dv,
+            dq_mask, dv_mask, stride_qb, stride_qs, stride_qh, stride_dob, stride_dos,
+            stride_doh, stride_lb, stride_lh, len_q, len_k, logit_scale, cap_log2, window_left,
+            window_right, BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True,
+        )  # fmt: skip
 
     dk_rows = bk.to(tl.int64) * stride_dkb + (k_start + offs_n) * stride_dks
     dv_rows = bk.to(tl.int64) * stride_dvb + (k_start + offs_n) * stride_dvs
@@ -371,26 +508,33 @@ def _bwd_dq_kernel(
 
     lo, hi = _key_range(start_m, len_q, len_k, window_left, window_right, BLOCK_M, BLOCK_N,
                         WINDOW_LEFT, WINDOW_RIGHT)  # fmt: skip
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < len_k
-        k_rows = bk.to(tl.int64) * stride_kb + (k_start + offs_n) * stride_ks + hk * stride_kh
-        v_rows = bk.to(tl.int64) * stride_vb + (k_start + offs_n) * stride_vs + hk * stride_vh
-        kt = tl.load(K + k_rows[None, :] + offs_dq[:, None],
-                     mask=n_mask[None, :] & dq_mask[:, None], other=0.0)  # fmt: skip
-        vt = tl.load(V + v_rows[None, :] + offs_dv[:, None],
-                     mask=n_mask[None, :] & dv_mask[:, None], other=0.0)  # fmt: skip
-        qk = _dot(q, kt, DOT_PRECISION)
-        s = _logits(qk, logit_scale, cap_log2, SOFTCAP)
-        mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
-                     WINDOW_RIGHT)  # fmt: skip
-        p = tl.where(mask, tl.exp2(s - lse[:, None]), 0.0)
-        dp = _dot(do, vt, DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        if SOFTCAP:
-            t = _tanh(qk * logit_scale)
-            ds = ds * (1.0 - t * t)
-        dq += _dot(ds.to(kt.dtype), tl.trans(kt), DOT_PRECISION)
+    # Key blocks that no mask touches, as in the forward.
+    shift = len_k - len_q
+    first = 0
+    end = len_k
+    if WINDOW_LEFT:
+        first = start_m + BLOCK_M - 1 + shift - window_left
+    if WINDOW_RIGHT:
+        end = tl.minimum(len_k, start_m + shift + window_right + 1)
+    u_lo, u_hi = _unmasked(lo, hi, first, end, BLOCK_N)
+    dq = _dq_steps(
+        dq, q, do, lse, delta, K, V, lo, u_lo, bk, k_start, hk, offs_m, offs_dq, offs_dv, dq_mask,
+        dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, len_q, len_k,
+        logit_scale, cap_log2, window_left, window_right, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT,
+        SOFTCAP, DOT_PRECISION, True,
+    )  # fmt: skip
+    dq = _dq_steps(
+        dq, q, do, lse, delta, K, V, u_lo, u_hi, bk, k_start, hk, offs_m, offs_dq, offs_dv,
+        dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        len_q, len_k, logit_scale, cap_log2, window_left, window_right, BLOCK_N, WINDOW_LEFT,
+        WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False,
+    )  # fmt: skip
+    dq = _dq_steps(
+        dq, q, do, lse, delta, K, V, u_hi, hi, bk, k_start, hk, offs_m, offs_dq, offs_dv, dq_mask,
+        dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, len_q, len_k,
+        logit_scale, cap_log2, window_left, window_right, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT,
+        SOFTCAP, DOT_PRECISION, True,
+    )  # fmt: skip
 
     tl.store(DQ + bq.to(tl.int64) * stride_dqb + rows[:, None] * stride_dqs + h * stride_dqh
              + offs_dq[None, :], (dq * scale).to(DQ.dtype.element_ty),
