@@ -144,6 +144,7 @@ class KernelsBackend:
         return sum(r.kept_count(pattern) for r in self.reports)
 
     def _draw(self, gm: fx.GraphModule, index: int, stage: str) -> None:
+        assert self.draw_dir is not None  # drawn only when asked for a folder
         name = f"graph{index}-{stage}"
         write_graph(gm, self.draw_dir / name, name, self.draw_format)
 
@@ -188,7 +189,8 @@ def _downstream(
         def inductor(gm: fx.GraphModule, example_inputs: list) -> Callable:
             from torch._inductor.compile_fx import compile_fx
 
-            return compile_fx(gm, example_inputs, config_patches=options or None)
+            # A callable for a graph like this one; the annotation also covers AOT exports.
+            return compile_fx(gm, example_inputs, config_patches=options or None)  # type: ignore[return-value]
 
         return "inductor", inductor
     if downstream == "eager":

@@ -94,8 +94,8 @@ def calls(node: Any, targets: Iterable[Any] = (), methods: Iterable[str] = ()) -
         return False
     if node.op == "call_function":
         return node.target in targets
-    if node.op == "call_method":
-        return node.target in methods
+    if node.op == "call_method":  # its target is the method's name
+        return isinstance(node.target, str) and node.target in methods
     return False
 
 
@@ -111,7 +111,7 @@ def bind(node: fx.Node, params: Sequence[str], defaults: dict[str, Any] | None =
 
 def module_of(node: fx.Node, gm: fx.GraphModule) -> torch.nn.Module | None:
     """The submodule a ``call_module`` node calls (None for other nodes or a missing path)."""
-    if node.op != "call_module":
+    if node.op != "call_module" or not isinstance(node.target, str):  # a path, for these
         return None
     try:
         return gm.get_submodule(node.target)
@@ -124,7 +124,7 @@ def module_path(node: fx.Node) -> str:
     empty when unknown."""
     stack = node.meta.get("nn_module_stack")
     if not stack:
-        return node.target if node.op == "call_module" else ""
+        return node.target if node.op == "call_module" and isinstance(node.target, str) else ""
     path = list(stack.values())[-1]
     path = path[0] if isinstance(path, tuple) else path
     # Dynamo writes L['self'].layers[0].mlp; show it as the module path users know.

@@ -92,10 +92,10 @@ def _activation_entries() -> list[KernelEntry]:
         ("gelu_tanh_mul", functions.GELU_TANH, package.gelu_tanh_mul),
     ):
 
-        def graph_call(gate, up, _op=gated.gated_pair_op, _act=act):
+        def gated_graph_call(gate, up, _op=gated.gated_pair_op, _act=act):
             return _op(gate, up, _act)
 
-        entries.append(_entry(pattern, public, "activation", graph_call))
+        entries.append(_entry(pattern, public, "activation", gated_graph_call))
     return entries
 
 

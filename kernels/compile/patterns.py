@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -185,11 +185,19 @@ class _ActivationCall:
     form: str
 
 
-def _module_called_alone(node: fx.Node, gm: fx.GraphModule, cls: type) -> nn.Module | None:
+_M = TypeVar("_M", bound=nn.Module)
+
+
+def _module_called_alone(node: fx.Node, gm: fx.GraphModule, cls: type[_M]) -> _M | None:
     """The module a ``call_module`` node calls, when it is exactly a ``cls`` (a subclass may
     compute something else) called on one positional input and nothing more; else None."""
     module = fxn.module_of(node, gm)
-    if type(module) is not cls or len(node.args) != 1 or node.kwargs:
+    if (
+        not isinstance(module, cls)  # as the next test, but what the checker can follow
+        or type(module) is not cls
+        or len(node.args) != 1
+        or node.kwargs
+    ):
         return None
     return module
 
@@ -226,10 +234,10 @@ def _activation_call(node: Any, gm: fx.GraphModule, name: str) -> _ActivationCal
     bound = fxn.bind(node, call.params, call.defaults)
     if spec.approximate is not None and bound.get("approximate") != spec.approximate:
         return None
-    inplace = call.inplace if isinstance(call.inplace, bool) else bound.get(call.inplace)
-    if not isinstance(inplace, bool):  # a flag that is not a constant: leave it alone
+    flag = call.inplace if isinstance(call.inplace, bool) else bound.get(call.inplace)
+    if not isinstance(flag, bool):  # a flag that is not a constant: leave it alone
         return None
-    return _ActivationCall(bound.get("input"), inplace, form)
+    return _ActivationCall(bound.get("input"), flag, form)
 
 
 def _target_name(target: Any) -> str:
@@ -372,6 +380,9 @@ def _last_dim_problem(x: fx.Node, normalized_shape: Any, what: str) -> str | Non
 
 
 def _rms_norm_call_matcher(node: fx.Node, gm: fx.GraphModule) -> Match | None:
+    # A module's values, or a call's arguments (constants or graph nodes).
+    normalized_shape: Any
+    eps: Any
     if node.op == "call_module":
         module = _module_called_alone(node, gm, nn.RMSNorm)
         if module is None:
@@ -386,11 +397,14 @@ def _rms_norm_call_matcher(node: fx.Node, gm: fx.GraphModule) -> Match | None:
         form = _target_name(node.target)
     else:
         return None
-    if not isinstance(x, fx.Node) or fxn.tensor_value(x) is None:
+    if not isinstance(x, fx.Node):
+        return None
+    xv = fxn.tensor_value(x)
+    if xv is None:
         return None
     problem = _last_dim_problem(x, normalized_shape, form)
     if eps is None:
-        eps = _default_rms_eps(fxn.tensor_value(x))
+        eps = _default_rms_eps(xv)
     else:
         eps, eps_problem = _eps_arg(eps)
         problem = problem or eps_problem
@@ -487,18 +501,24 @@ def _rms_formula_matcher(node: fx.Node, gm: fx.GraphModule) -> Match | None:
         return None
     nodes = ((h,) if upcast else ()) + nodes
     out, weight = node, None
-    downcast = fxn.cast_input(_sole_user(out))
-    if downcast is out:
-        out = _sole_user(out)
+    cast = _sole_cast(out)
+    if cast is not None:
+        out = cast
         nodes += (out,)
     user = _sole_user(out)
     w = fxn.other_operand(fxn.operands(user, fxn.MUL, "mul"), out)
     wv = fxn.tensor_value(w) if isinstance(w, fx.Node) else None
-    if wv is not None and wv.dim() == 1 and fxn.known_equal(wv.shape[0], xv.shape[-1]):
+    if (
+        user is not None
+        and wv is not None
+        and wv.dim() == 1
+        and fxn.known_equal(wv.shape[0], xv.shape[-1])
+    ):
         weight, out = w, user
         nodes += (out,)
-        if fxn.cast_input(_sole_user(out)) is out:
-            out = _sole_user(out)
+        cast = _sole_cast(out)
+        if cast is not None:
+            out = cast
             nodes += (out,)
     form = "transformers formula" if upcast else "RMSNorm formula"
     eps, eps_problem = _eps_arg(eps)
@@ -512,6 +532,12 @@ def _rms_formula_matcher(node: fx.Node, gm: fx.GraphModule) -> Match | None:
 
 def _sole_user(node: fx.Node) -> fx.Node | None:
     return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _sole_cast(node: fx.Node) -> fx.Node | None:
+    """The sole user of ``node`` when it only converts ``node``'s dtype, else None."""
+    user = _sole_user(node)
+    return user if user is not None and fxn.cast_input(user) is node else None
 
 
 def _interior_problem(match: Match) -> str | None:
@@ -536,6 +562,9 @@ _LAYER_NORM_PARAMS = ("input", "normalized_shape", "weight", "bias", "eps", "cud
 
 
 def _layer_norm_matcher(node: fx.Node, gm: fx.GraphModule) -> Match | None:
+    # A module's values, or a call's arguments (constants or graph nodes).
+    normalized_shape: Any
+    eps: Any
     if node.op == "call_module":
         module = _module_called_alone(node, gm, nn.LayerNorm)
         if module is None:

@@ -100,7 +100,7 @@ def _reference_grads(
             full[position] = tensor
         return pattern.reference(*full)
 
-    _, vjp = torch.func.vjp(reference, *(args[p] for p in positions))
+    vjp = torch.func.vjp(reference, *(args[p] for p in positions))[1]
     return vjp(grad)
 
 
