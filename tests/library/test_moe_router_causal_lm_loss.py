@@ -24,7 +24,8 @@ from kernels.library.transformers_tags import _causal_lm_layer
 transformers = pytest.importorskip("transformers")
 if Version(transformers.__version__).major >= 5:
     pytest.skip(
-        "transformers 4.57's forwards; 5.x's are tests/clients/transformers5/", allow_module_level=True
+        "transformers 4.57's forwards; 5.x's are tests/clients/transformers5/",
+        allow_module_level=True,
     )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
