@@ -95,4 +95,4 @@ lint: install-test
 	$(BIN)/python -m mypy
 
 clean:
-	rm -rf $(VENV) $(TF5_VENV) $(HF_VENV) .pytest_cache
+	rm -rf $(VENV) $(TF5_VENV) $(HF_VENV) .pytest_cache .mypy_cache
