@@ -12,8 +12,8 @@ import zlib
 import pytest
 import torch
 
-from tests.library.attention_reference import attention as reference
-from tests.library.attention_reference import varlen_attention as varlen_reference
+from tests.support.attention_reference import attention as reference
+from tests.support.attention_reference import varlen_attention as varlen_reference
 from tests.support.library import DEVICE, ON_GPU, assert_close, grads, load, randn
 
 

@@ -7,7 +7,7 @@ import zlib
 import pytest
 import torch
 
-from tests.library.attention_reference import attention as reference
+from tests.support.attention_reference import attention as reference
 from tests.support.library import DEVICE, ON_GPU, assert_close, load, randn
 
 
