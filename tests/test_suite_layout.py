@@ -73,3 +73,19 @@ def test_tiny_llama_configurations_come_from_the_one_builder():
         and getattr(node.func, "id", getattr(node.func, "attr", None)) == "LlamaConfig"
     ]
     assert not found, f"LlamaConfig(...) in {found}: use tests.support.models.llama_config"
+
+
+#: Modules outside tests/support/ that are neither tests nor pytest's, and why.
+NOT_SUPPORT = {"library/cuda_compile_check.py": "a script test_cuda_compile.py runs"}
+
+
+def test_shared_helpers_live_in_the_support_package():
+    stray = [
+        str(path.relative_to(TESTS))
+        for path in _python_files()
+        if "support" not in path.relative_to(TESTS).parts
+        and not path.name.startswith("test_")
+        and path.name not in {"conftest.py", "__init__.py"}
+        and str(path.relative_to(TESTS)) not in NOT_SUPPORT
+    ]
+    assert not stray, f"move {stray} to tests/support/ and import it as tests.support.<module>"
