@@ -1,42 +1,61 @@
-"""End-to-end: a ~1.1B Llama-style transformers model, eager vs torch.compile vs Liger vs ours.
+"""End-to-end: a ~1.1B Llama-style transformers model, ours against eager, torch.compile and Liger.
 
-    python -m benchmarks.e2e --shape 8x512                  # into benchmarks/results/<device>/e2e
-    python -m benchmarks.e2e --shape 8x512 --vocab 128256   # a Llama-3-sized vocabulary
+    python -m benchmarks.e2e                                # every contender, 8x512, 4x2048, 1x4096
+    python -m benchmarks.e2e --vocab 128256                 # a Llama-3-sized vocabulary
+    python -m benchmarks.e2e --shape 8x512 --contenders eager,ours-fce,liger-flce
+    python -m benchmarks.e2e --time-limit 540               # stop, and say how to go on, before 9 min
     python -m benchmarks.e2e --report                       # results.md and plots again
 
 Runs on transformers 4.57 with Liger-Kernel 0.7.0, and on transformers 5.24 with Liger-Kernel
-0.8.5 (0.8 needs transformers 5; benchmarks/README.md).
+0.8.5 (0.8 needs transformers 5; benchmarks/README.md). Without Liger-Kernel its contenders are
+skipped, with a note.
 
-One process per shape; inside it every contender runs on the same weights and inputs:
-eager transformers, torch.compile(model), ours kernelized (our Triton kernels through
-`kernelize`), ours kernelized with Mode.TORCH_COMPILE and then compiled, and Liger-Kernel's
-own transformers patching (rope, rms_norm, swiglu) without and with its fused linear
-cross-entropy; ours also with our fused linear cross-entropy (``tag_causal_lm_losses``).
-``--vocab 128256`` sets the vocabulary (default 32000); ``--max-batch 512,2048,4096`` searches,
-instead of timing, the largest batch a training step fits for eager, ours with the fused loss
-and Liger with its fused loss, one contender on the GPU at a time. They are timed in interleaved rounds, the eager-mode ones before anything is
-compiled (see `run`); ours and Liger patch transformers' modelling module for the whole
-process, so each contender's module state is put back before its steps (`ModuleState`).
+The contenders (``CONTENDERS``; ``--contenders`` takes their keys): eager transformers
+(``eager``), ``torch.compile(model)`` (``compile``), ours kernelized (``ours``: our Triton kernels
+through ``kernelize``), ours with our fused linear cross-entropy as well (``ours-fce``,
+``tag_causal_lm_losses``), ours kernelized with Mode.TORCH_COMPILE, fused loss included, then
+compiled (``ours-compile``), and Liger-Kernel's own transformers patching (rope, rms_norm,
+swiglu) without (``liger``) and with its fused linear cross-entropy (``liger-flce``), the latter
+compiled too (``liger-flce-compile``). Every contender runs on the same weights and inputs.
+
+They are timed in interleaved rounds, the eager-mode ones at every shape before anything is
+compiled (see `run`); ours and Liger patch transformers' modelling module for the whole process,
+so each contender's module state is put back before its steps (`ModuleState`). Each group is
+freed (``free``) before the next is built.
 
 Measured: a training step (forward + backward of the causal-LM loss, no optimizer) and
 prefill (forward without grad, logits of the last position only); median of CUDA-event
-timings after warm-up; peak memory of the training step; the host time to issue a training
-step (its forward and backward calls), which says whether the step was bound by the host.
+timings after warm-up; peak memory of each; the host time to issue a training step (its
+forward and backward calls), which says whether the step was bound by the host; the first
+call's wall time (compilation, for the compiled contenders).
+
+The report (printed, and in results.md) gives, per shape, training step and prefill, the best
+configuration of ours against the best peer configuration (``best_against_peers``) and a line
+per target of issue 38 (``target_checks``): ours + compile no slower than ours eager and compile
+alone, and no larger than ours eager; the best of ours at least as fast as the best peer, with
+no more memory than the lowest peer.
+
 Results go to <out>/results.json (default benchmarks/results/<device>/e2e), one entry per
 setting (the transformers line and the vocabulary, ``setting_of``), and <out>/results.md; a run
-of one shape replaces that shape's rows in its setting's entry and leaves the rest. `--report`
-writes results.md and one plot per setting (``e2e-<setting>.png``) again.
+replaces the rows of the contenders and shapes it measured (``replace_rows``). ``--max-batch
+512,2048,4096`` searches, instead of timing, the largest batch a training step fits for eager,
+ours with the fused loss and Liger with its fused loss, one contender on the GPU at a time.
+`--report` writes results.md and one plot per setting (``e2e-<setting>.png``) again.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
+import importlib.util
+import math
 import os
 import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.results_io import (
@@ -58,6 +77,111 @@ CONFIG = dict(
     max_position_embeddings=4096,
 )
 
+#: Where the models are built: a CUDA GPU when timing (the tests build on the CPU).
+DEVICE = "cuda"
+
+#: The shapes (batch x sequence) a run times by default: many short sequences, a few long ones,
+#: one sequence of the model's whole context.
+SHAPES = ("8x512", "4x2048", "1x4096")
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One configuration the benchmark times."""
+
+    key: str  # its name on the command line (--contenders)
+    name: str  # its name in results.json and the tables
+    ours: bool  # one of our configurations (else a peer: what a user has without us)
+    compiled: bool  # torch.compile'd: built and timed after every eager-mode contender
+    liger: bool  # needs Liger-Kernel
+
+
+CONTENDERS = (
+    Contender("eager", "eager", ours=False, compiled=False, liger=False),
+    Contender("compile", "torch.compile", ours=False, compiled=True, liger=False),
+    Contender("ours", "ours (kernelized)", ours=True, compiled=False, liger=False),
+    Contender("ours-fce", "ours (kernelized, fused CE)", ours=True, compiled=False, liger=False),
+    Contender(
+        "ours-compile",
+        "ours (kernelized + compile, fused CE)",
+        ours=True,
+        compiled=True,
+        liger=False,
+    ),
+    Contender("liger", "liger (no fused CE)", ours=False, compiled=False, liger=True),
+    Contender("liger-flce", "liger (fused linear CE)", ours=False, compiled=False, liger=True),
+    Contender(
+        "liger-flce-compile",
+        "liger (fused linear CE) + compile",
+        ours=False,
+        compiled=True,
+        liger=True,
+    ),
+)
+BY_KEY = {c.key: c for c in CONTENDERS}
+BY_NAME = {c.name: c for c in CONTENDERS}
+COMPILED = tuple(c.name for c in CONTENDERS if c.compiled)
+#: Ours + compile (with the fused loss) and compile alone: what issue 38's first target compares.
+OURS_COMPILED, COMPILE_ALONE = BY_KEY["ours-compile"].name, BY_KEY["compile"].name
+
+
+def select_contenders(keys: str | None = None, skip=()) -> list[Contender]:
+    """The contenders ``keys`` names (comma-separated keys; all of them when None) but those in
+    ``skip`` (keys or names), in ``CONTENDERS``'s order. Raises ValueError naming the valid
+    keys when one is not."""
+    chosen = list(CONTENDERS) if keys is None else []
+    for key in [] if keys is None else [k.strip() for k in keys.split(",") if k.strip()]:
+        if key not in BY_KEY:
+            raise ValueError(f"unknown contender {key!r}: choose from {', '.join(BY_KEY)}")
+        chosen.append(BY_KEY[key])
+    for item in skip:
+        if item not in BY_KEY and item not in BY_NAME:
+            raise ValueError(
+                f"cannot skip {item!r}: not a contender; its keys are {', '.join(BY_KEY)}"
+            )
+    skipped = {BY_KEY[s].name if s in BY_KEY else s for s in skip}
+    return [c for c in CONTENDERS if c in chosen and c.name not in skipped]
+
+
+def runnable(
+    contenders: list[Contender], liger_installed: bool
+) -> tuple[list[Contender], list[str]]:
+    """(the contenders this process can run, a note for each one it cannot)."""
+    if liger_installed:
+        return list(contenders), []
+    notes = [
+        f"{c.name}: skipped, Liger-Kernel is not installed (pip install liger-kernel: 0.8.5 on "
+        "transformers 5, 0.7.0 on 4.57; benchmarks/README.md)"
+        for c in contenders
+        if c.liger
+    ]
+    return [c for c in contenders if not c.liger], notes
+
+
+def is_ours(name: str) -> bool:
+    """Whether the contender of results row name ``name`` is ours (runs kept from before a
+    contender was renamed are read by this prefix)."""
+    return name.startswith("ours")
+
+
+def is_compiled(name: str) -> bool:
+    """Whether the contender named ``name`` in results ran under torch.compile."""
+    return BY_NAME[name].compiled if name in BY_NAME else "compile" in name
+
+
+def parse_shapes(text: str) -> list[str]:
+    """``"8x512,4x2048"`` -> ``["8x512", "4x2048"]``; ValueError saying the form otherwise."""
+    shapes = [s.strip() for s in text.split(",") if s.strip()]
+    for shape in shapes:
+        parts = shape.split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(
+                f"shape {shape!r} is not batch x sequence in positive integers, e.g. 8x512"
+            )
+    if not shapes:
+        raise ValueError("no shape given: pass e.g. --shape 8x512,4x2048")
+    return list(dict.fromkeys(shapes))
+
 
 def build(state_dict=None):
     import torch
@@ -65,7 +189,7 @@ def build(state_dict=None):
 
     config = LlamaConfig(**CONFIG, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(DEVICE):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     if state_dict is not None:
         model.load_state_dict(state_dict)
@@ -92,7 +216,7 @@ def build_ours(state_dict, compile_mode: bool, fused_ce: bool = False):
     if fused_ce:  # LlamaForCausalLM's loss without logits in training (CausalLMFusedLoss)
         tag_causal_lm_losses(model)
     mode = Mode.TRAINING | Mode.TORCH_COMPILE if compile_mode else Mode.TRAINING
-    with use_kernel_mapping(library_mapping(devices=["cuda"])):
+    with use_kernel_mapping(library_mapping(devices=[DEVICE])):
         kernelize(model, mode=mode)
     return torch.compile(model) if compile_mode else model
 
@@ -115,17 +239,21 @@ def build_liger(state_dict, flce: bool):
 
 
 def contender_makers(state_dict) -> dict:
-    """{contender name: function building it on ``state_dict``'s weights}."""
+    """{contender name: function building it on ``state_dict``'s weights}, for every contender of
+    ``CONTENDERS``."""
     import torch
 
+    # The compiled contender of ours keeps the fused loss: without it, compile's graph holds the
+    # logits (tokens x vocabulary), which issue 38 saw as ours + compile's extra memory.
     return {
         "eager": lambda: build(state_dict),
         "torch.compile": lambda: torch.compile(build(state_dict)),
         "ours (kernelized)": lambda: build_ours(state_dict, False),
         "ours (kernelized, fused CE)": lambda: build_ours(state_dict, False, fused_ce=True),
-        "ours (kernelized + compile)": lambda: build_ours(state_dict, True),
+        OURS_COMPILED: lambda: build_ours(state_dict, True, fused_ce=True),
         "liger (no fused CE)": lambda: build_liger(state_dict, False),
         "liger (fused linear CE)": lambda: build_liger(state_dict, True),
+        "liger (fused linear CE) + compile": lambda: torch.compile(build_liger(state_dict, True)),
     }
 
 
@@ -201,12 +329,49 @@ def own_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-COMPILED = ("torch.compile", "ours (kernelized + compile)")
+def free(contenders: dict) -> None:
+    """Drop the models of ``contenders`` (the dict is emptied) and what else holds their memory:
+    reference cycles, dynamo's compiled code and guards, the allocator's cached blocks; prints
+    what stays resident (the benchmark's own copy of the weights, 2.2 GB)."""
+    import torch
+
+    contenders.clear()
+    gc.collect()
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    print(f"  freed; resident now {torch.cuda.memory_allocated() / 2**30:.1f} GiB", flush=True)
+
+
+def no_silent_fallback() -> None:
+    """Make dynamo raise instead of running a frame eagerly when it hits its recompile limit: a
+    compiled contender that fell back would be timed as an eager one under its compiled name.
+    The limit is raised for the contenders sharing a frame (``nn.Module.__call__``), each with
+    a training and an inference graph per shape."""
+    import torch._dynamo.config as config
+
+    config.recompile_limit = max(config.recompile_limit, 16)
+    if hasattr(config, "fail_on_recompile_limit_hit"):  # torch >= 2.6
+        config.fail_on_recompile_limit_hit = True
+
+
+def tokens_for(shape: str):
+    """The input ids of ``shape`` (batch x sequence), the same in every run."""
+    import torch
+
+    batch, seq = (int(v) for v in shape.split("x"))
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    return torch.randint(0, CONFIG["vocab_size"], (batch, seq), device=DEVICE, generator=generator)
+
+
+#: The step keys time_interleaved times, and the peak memory key of each.
+STEPS = {"train": ("train_ms", "train_peak_gib"), "prefill": ("prefill_ms", "prefill_peak_gib")}
 
 
 def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup: int) -> list:
     """Time every contender's training step, then its prefill, in rounds that run each of them
-    once in rotating order; [{contender, train_ms, prefill_ms, train_peak_gib, train_host_ms}]."""
+    once in rotating order; [{contender, train_ms, prefill_ms, train_peak_gib,
+    prefill_peak_gib, train_host_ms, first_train_s, first_prefill_s}] (``first_*``: the wall
+    time of the first call, compilation included)."""
     import torch
 
     def train_step(model):
@@ -217,7 +382,8 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
             model(input_ids=tokens, logits_to_keep=1)
 
     times = {name: {"train_ms": [], "prefill_ms": [], "train_host_ms": []} for name in contenders}
-    peaks = {name: 0.0 for name in contenders}
+    peaks = {name: {"train_ms": 0.0, "prefill_ms": 0.0} for name in contenders}
+    first = {name: {} for name in contenders}
     names = list(contenders)
     for key, step in (("train_ms", train_step), ("prefill_ms", prefill)):
         for r in range(warmup + rounds):
@@ -231,12 +397,13 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
                 resident = torch.cuda.memory_allocated()
                 start = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
-                issued = time.perf_counter()
+                issued = wall = time.perf_counter()
                 start.record()
                 step(model)
                 issued = time.perf_counter() - issued  # host time to issue the step's work
                 end.record()
                 torch.cuda.synchronize()
+                first[name].setdefault(key, time.perf_counter() - wall)
                 if key == "train_ms":
                     model.zero_grad(set_to_none=True)
                 if r < warmup:  # compilation and first-call allocations
@@ -244,8 +411,8 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
                 times[name][key].append(start.elapsed_time(end))
                 if key == "train_ms":
                     times[name]["train_host_ms"].append(issued * 1e3)
-                    peak = torch.cuda.max_memory_allocated() - resident + own_bytes(model)
-                    peaks[name] = max(peaks[name], peak / 2**30)
+                peak = torch.cuda.max_memory_allocated() - resident + own_bytes(model)
+                peaks[name][key] = max(peaks[name][key], peak / 2**30)
     module_state.restore()
 
     results = []
@@ -254,7 +421,9 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
         pre = statistics.median(times[name]["prefill_ms"])
         host = statistics.median(times[name]["train_host_ms"])
         print(
-            f"  {name:34s} train {train:8.2f} ms  prefill {pre:8.2f} ms  peak {peaks[name]:5.1f} GiB",
+            f"  {name:38s} train {train:8.2f} ms  prefill {pre:8.2f} ms  peak "
+            f"{peaks[name]['train_ms']:5.1f} / {peaks[name]['prefill_ms']:5.1f} GiB  first calls "
+            f"{first[name]['train_ms']:5.1f} / {first[name]['prefill_ms']:5.1f} s",
             flush=True,
         )
         results.append(
@@ -262,70 +431,128 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
                 "contender": name,
                 "train_ms": train,
                 "prefill_ms": pre,
-                "train_peak_gib": peaks[name],
+                "train_peak_gib": peaks[name]["train_ms"],
+                "prefill_peak_gib": peaks[name]["prefill_ms"],
                 "train_host_ms": host,
+                "first_train_s": first[name]["train_ms"],
+                "first_prefill_s": first[name]["prefill_ms"],
             }
         )
     return results
 
 
-def run(shape: str, out: Path, skip: set[str], rounds: int = 12, warmup: int = 3) -> None:
-    """Build the eager-mode contenders and time them in interleaved rounds; then the same for
-    the compiled ones.
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def run_meta(run_id: str, rounds: int, warmup: int) -> dict:
+    """What every row of a run records beside its numbers."""
+    import torch
+    import transformers
+
+    return {
+        "run": run_id,
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "triton": _version("triton"),
+        "liger_kernel": _version("liger-kernel"),
+        "python": platform.python_version(),
+        "config": dict(CONFIG),
+        "timing": f"interleaved rounds: {warmup} warm-up, median of {rounds}",
+    }
+
+
+def resume_command(vocab: int, shapes: list[str], contenders: list[Contender]) -> str:
+    """The command that times ``contenders`` at ``shapes``, what a run stopped by its time limit
+    left undone."""
+    return (
+        f"python -m benchmarks.e2e --vocab {vocab} --shape {','.join(shapes)} "
+        f"--contenders {','.join(c.key for c in contenders)}"
+    )
+
+
+def run(
+    shapes: list[str],
+    out: Path,
+    contenders: list[Contender],
+    rounds: int = 12,
+    warmup: int = 3,
+    time_limit: float | None = None,
+) -> list[str]:
+    """Build the eager-mode contenders and time them at every shape, in interleaved rounds;
+    free them; then the same for the compiled ones, compiling afresh at each shape. Each
+    shape's rows go into results.json as soon as they are timed. With ``time_limit`` (seconds)
+    a group stops before a shape that the longest of its shapes so far says would end past
+    it; returns the commands that would time what was left (none when all was timed).
 
     On the VM we measure on, host-bound steps vary by up to a third from minute to minute;
     contenders timed one after another drew different phases (the same code measured 15.8 and
     21.1 ms in two calls). Each round runs every contender of a group once, in rotating order,
     so phases hit all alike; the median over the rounds after warm-up is reported. Peak memory
-    of a training step is the contender's own weights plus the most the step allocated beyond
-    what was resident when it started (the other contenders' weights are resident too).
+    of a step is the contender's own weights plus the most the step allocated beyond what was
+    resident when it started (the other contenders' weights are resident too).
     """
     import torch
-    import transformers
 
     from kernels.library import untag
 
-    batch, seq = (int(v) for v in shape.split("x"))
-    torch.manual_seed(0)
-    tokens = torch.randint(0, CONFIG["vocab_size"], (batch, seq), device="cuda")
+    started = time.monotonic()
+    meta = run_meta(datetime.datetime.now().isoformat(timespec="seconds"), rounds, warmup)
     reference = build()
     state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
     del reference
     module_state = ModuleState()
-
     makers = contender_makers(state)
+
     # Eager-mode contenders are timed before anything is compiled: with compiled models in the
     # process, host-bound steps of the others ran slower (1x4096 prefill, ours: 27.3 ms beside
     # compiled models, 18.8 ms without; run e2e-2026-11-23c-h100, benchmarks/results/h100/NOTES.md).
-    groups = [
-        [name for name in makers if name not in COMPILED and name not in skip],
-        [name for name in makers if name in COMPILED and name not in skip],
-    ]
-    print(f"shape {shape}:", flush=True)
-    results = []
-    for group in groups:
-        contenders = build_contenders(makers, group, module_state)
-        results += time_interleaved(contenders, module_state, tokens, rounds, warmup)
-        del contenders
-        torch.cuda.empty_cache()
+    groups = [[c for c in contenders if not c.compiled], [c for c in contenders if c.compiled]]
+    left: list[tuple[list[Contender], list[str]]] = []
+    for group in (g for g in groups if g):
+        if left:  # stopped: the compiled group waits for the next call too
+            left.append((group, list(shapes)))
+            continue
+        if group[0].compiled:
+            no_silent_fallback()
+        built = time.monotonic()
+        live = build_contenders(makers, [c.name for c in group], module_state)
+        print(f"built {', '.join(live)} in {time.monotonic() - built:.0f} s", flush=True)
+        longest = 0.0
+        for i, shape in enumerate(shapes):
+            if time_limit is not None and time.monotonic() - started + longest > time_limit:
+                left.append((group, list(shapes[i:])))
+                break
+            if group[0].compiled:
+                # Each shape compiles from scratch, as in a process of its own: a second shape
+                # would otherwise make dynamo compile dynamic-shape graphs, which a user who
+                # compiles at one shape does not run.
+                torch._dynamo.reset()
+            shape_start = time.monotonic()
+            kind = "compiled" if group[0].compiled else "eager-mode"
+            print(f"shape {shape}, {kind} contenders:", flush=True)
+            results = time_interleaved(live, module_state, tokens_for(shape), rounds, warmup)
+            longest = max(longest, time.monotonic() - shape_start)
+            print(f"  ({time.monotonic() - shape_start:.0f} s)", flush=True)
+            rows = [{"shape": shape, **meta, **r} for r in results]
+            store(out, meta, lambda entry, rows=rows: replace_rows(entry, rows))
+        free(live)
     untag()
 
-    from importlib.metadata import version
-
-    meta = {
-        "shape": shape,
-        "device": torch.cuda.get_device_name(),
-        "date": datetime.date.today().isoformat(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "triton": version("triton"),
-        "liger_kernel": version("liger-kernel"),
-        "python": platform.python_version(),
-        "config": CONFIG,
-        "timing": f"interleaved rounds: {warmup} warm-up, median of {rounds}",
-    }
-    rows = [{**meta, **r} for r in results]
-    store(out, rows[0], lambda entry: _replace_shape(entry, shape, rows))
+    entry = entry_for(read_entries(out / "results.json"), setting_of(meta))
+    print("\n".join(["", *verdict_lines(entry.get("rows", []))]), flush=True)
+    commands = [resume_command(CONFIG["vocab_size"], s, g) for g, s in left]
+    print(f"\ntimed in {time.monotonic() - started:.0f} s", flush=True)
+    for command in commands:
+        print(f"STOPPED by --time-limit {time_limit:.0f}; to time what is left: {command}")
+    return commands
 
 
 MAX_BATCH_CONTENDERS = ("eager", "ours (kernelized, fused CE)", "liger (fused linear CE)")
@@ -335,7 +562,7 @@ def fits(model, batch: int, seq: int) -> bool:
     """Whether a training step (forward + backward of the loss) at ``batch x seq`` fits."""
     import torch
 
-    tokens = torch.randint(0, CONFIG["vocab_size"], (batch, seq), device="cuda")
+    tokens = torch.randint(0, CONFIG["vocab_size"], (batch, seq), device=DEVICE)
     try:
         model(input_ids=tokens, labels=tokens).loss.backward()
         torch.cuda.synchronize()
@@ -360,9 +587,10 @@ def largest_batch(model, seq: int, limit: int = 1024) -> int:
     return low
 
 
-def max_batch(seqs: list[int], out: Path, skip: set[str]) -> None:
-    """For each contender of MAX_BATCH_CONTENDERS alone on the GPU (built, searched, freed),
-    the largest batch x sequence a training step fits; puts them in the setting's entry of <out>/results.json."""
+def max_batch(seqs: list[int], out: Path, names) -> None:
+    """For each contender of MAX_BATCH_CONTENDERS among ``names``, alone on the GPU (built,
+    searched, freed), the largest batch x sequence a training step fits; puts them in the
+    setting's entry of <out>/results.json."""
     import torch
     import transformers
 
@@ -376,19 +604,20 @@ def max_batch(seqs: list[int], out: Path, skip: set[str]) -> None:
     makers = contender_makers(state)
     rows = []
     for name in MAX_BATCH_CONTENDERS:
-        if name in skip:
+        if name not in names:
             continue
-        model, own_state = build_contenders(makers, [name], module_state)[name]
+        live = build_contenders(makers, [name], module_state)
+        model, own_state = live[name]
         module_state.restore(own_state)
         model.train()
         for seq in seqs:
             batch = largest_batch(model, seq)
-            print(f"  {name:34s} seq {seq:6d}: batch {batch}", flush=True)
+            print(f"  {name:38s} seq {seq:6d}: batch {batch}", flush=True)
             rows.append({"contender": name, "seq": seq, "batch": batch, "tokens": batch * seq})
         module_state.restore()
         del model
         untag()
-        torch.cuda.empty_cache()
+        free(live)
     meta = {
         "device": torch.cuda.get_device_name(),
         "date": datetime.date.today().isoformat(),
@@ -409,21 +638,221 @@ def setting_of(meta: dict) -> dict:
     }
 
 
-def _replace_shape(entry: dict, shape: str, rows: list[dict]) -> dict:
-    """``entry`` with ``rows`` in place of its rows of ``shape`` (one process times one shape)."""
-    kept = [r for r in entry.get("rows", []) if r["shape"] != shape]
-    return {**entry, "rows": kept + rows}
+def replace_rows(entry: dict, rows: list[dict]) -> dict:
+    """``entry`` with ``rows`` in place of its rows of the same shape and contender, so that a
+    run of a few contenders or shapes keeps the others'. Rows of a contender no longer built
+    (renamed or retired from ``CONTENDERS``) are dropped: no table shows a configuration the
+    benchmark no longer measures beside the ones it does. Rows are ordered by shape (``SHAPES``
+    first) and contender (``CONTENDERS``' order)."""
+    ran = {(r["shape"], r["contender"]) for r in rows}
+    kept = [
+        r
+        for r in entry.get("rows", [])
+        if (r["shape"], r["contender"]) not in ran and r["contender"] in BY_NAME
+    ]
+    merged = kept + list(rows)
+    shapes = list(dict.fromkeys([*SHAPES, *(r["shape"] for r in merged)]))
+    names = list(dict.fromkeys([*BY_NAME, *(r["contender"] for r in merged)]))
+    merged.sort(key=lambda r: (shapes.index(r["shape"]), names.index(r["contender"])))
+    return {**entry, "rows": merged}
 
 
-def store(out: Path, meta: dict, update) -> None:
+def store(out: Path, meta: dict, update) -> dict:
     """Put ``update(entry)`` in place of the entry of ``meta``'s setting in <out>/results.json,
-    and write results.md."""
+    and write results.md; returns the new entry."""
     path = out / "results.json"
     entries = read_entries(path)
     entry = update(entry_for(entries, setting_of(meta)))
     entries = replace_entry(entries, entry)
     write_entries(path, entries)
     (out / "results.md").write_text(report_text(entries))
+    return entry
+
+
+def fastest(rows: list[dict], step: str) -> dict | None:
+    """The row of ``rows`` fastest at ``step`` (``train`` or ``prefill``); of equal times the
+    one of lower peak memory, then the first. None when ``rows`` is empty."""
+    ms, peak = STEPS[step]
+    ranked = sorted(enumerate(rows), key=lambda ir: (ir[1][ms], ir[1].get(peak, math.inf), ir[0]))
+    return ranked[0][1] if ranked else None
+
+
+def lowest_peak(rows: list[dict], step: str) -> dict | None:
+    """The row of ``rows`` of the lowest peak memory at ``step`` (of equal peaks the faster,
+    then the first); None when no row recorded one (runs before prefill peaks were kept)."""
+    ms, peak = STEPS[step]
+    recorded = [(i, r) for i, r in enumerate(rows) if r.get(peak) is not None]
+    ranked = sorted(recorded, key=lambda ir: (ir[1][peak], ir[1][ms], ir[0]))
+    return ranked[0][1] if ranked else None
+
+
+@dataclass(frozen=True)
+class Match:
+    """At one shape and step: the best configuration of ours and the best peer configuration
+    (eager, torch.compile, Liger, Liger + compile), each the fastest of its side, and the peer
+    of the lowest peak memory."""
+
+    shape: str
+    step: str
+    ours: dict | None
+    peer: dict | None
+    lowest_peer: dict | None
+
+    @property
+    def ratio(self) -> float | None:
+        """The best peer's time over the best of ours' (> 1: ours is faster)."""
+        if self.ours is None or self.peer is None:
+            return None
+        ms = STEPS[self.step][0]
+        return self.peer[ms] / self.ours[ms]
+
+
+def best_against_peers(rows: list[dict], step: str) -> Match:
+    """``rows`` of one shape: the best of ours against the best peer at ``step``."""
+    ours = [r for r in rows if is_ours(r["contender"])]
+    peers = [r for r in rows if not is_ours(r["contender"])]
+    shape = rows[0]["shape"] if rows else ""
+    return Match(shape, step, fastest(ours, step), fastest(peers, step), lowest_peak(peers, step))
+
+
+TARGET_COMPILE = (
+    "ours + compile <= min(ours eager, compile alone) in time and <= ours eager in peak"
+)
+TARGET_PEERS = "best ours >= 1.0x best peer, peak <= lowest peer's"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One of issue 38's targets at one shape: (status, what was compared) for each part (a
+    step's time, a step's peak), PASS only when every part passed."""
+
+    shape: str
+    target: str
+    parts: tuple[tuple[str, str], ...]
+
+    @property
+    def status(self) -> str:
+        """FAIL if a part failed; else N/A if a part lacked a measurement; else PASS."""
+        statuses = {status for status, _ in self.parts}
+        return "FAIL" if "FAIL" in statuses else "N/A" if "N/A" in statuses else "PASS"
+
+    def line(self) -> str:
+        return f"{self.shape}: {self.target}: {self.status} ({'; '.join(t for _, t in self.parts)})"
+
+
+def _label(row: dict) -> str:
+    """A contender in a check line: its key (short), or its name for rows of retired names."""
+    name = row["contender"]
+    return BY_NAME[name].key if name in BY_NAME else name
+
+
+def _at_most(what: str, row: dict, bound: dict | None, key: str, unit: str) -> tuple[str, str]:
+    """Whether ``row[key] <= bound[key]``, as (status, the comparison in words)."""
+    value = row.get(key)
+    limit = None if bound is None else bound.get(key)
+    if value is None or limit is None:
+        return "N/A", f"{what}: not recorded"
+    status = "PASS" if value <= limit else "FAIL"
+    return status, (
+        f"{what} {value:.1f} {unit} ({_label(row)}) vs {limit:.1f} {unit} ({_label(bound)}): {status}"
+    )
+
+
+def _compile_parts(rows: list[dict], step: str) -> list[tuple[str, str]]:
+    """Issue 38's first target at one shape and step: ours + compile (with the fused loss)
+    against the fastest of ours' eager-mode configurations and compile alone in time, and
+    against the lowest peak of ours' eager-mode configurations."""
+    ms, peak = STEPS[step]
+    by = {r["contender"]: r for r in rows}
+    ours_compiled, alone = by.get(OURS_COMPILED), by.get(COMPILE_ALONE)
+    eager_ours = [r for r in rows if is_ours(r["contender"]) and not is_compiled(r["contender"])]
+    missing = [
+        name
+        for name, present in (
+            (OURS_COMPILED, ours_compiled),
+            (COMPILE_ALONE, alone),
+            ("ours eager", eager_ours),
+        )
+        if not present
+    ]
+    if missing:
+        return [("N/A", f"{step}: {', '.join(missing)} not measured")]
+    bound = fastest([fastest(eager_ours, step), alone], step)
+    return [
+        _at_most(step, ours_compiled, bound, ms, "ms"),
+        _at_most(f"{step} peak", ours_compiled, lowest_peak(eager_ours, step), peak, "GiB"),
+    ]
+
+
+def _peer_parts(rows: list[dict], step: str) -> list[tuple[str, str]]:
+    """Issue 38's second target at one shape and step: the best of ours at least as fast as the
+    best peer, its peak at most the lowest peer's."""
+    ms, peak = STEPS[step]
+    match = best_against_peers(rows, step)
+    if match.ours is None or match.peer is None:
+        side = "no configuration of ours" if match.ours is None else "no peer"
+        return [("N/A", f"{step}: {side} measured")]
+    status, text = _at_most(step, match.ours, match.peer, ms, "ms")
+    return [
+        (status, f"{text}, {match.ratio:.2f}x"),
+        _at_most(f"{step} peak", match.ours, match.lowest_peer, peak, "GiB"),
+    ]
+
+
+def target_checks(rows: list[dict]) -> list[Check]:
+    """Issue 38's two targets at each shape of one setting's ``rows``, training step and prefill
+    together."""
+    shapes, _, _ = _index(rows)
+    checks = []
+    for shape in shapes:
+        at = [r for r in rows if r["shape"] == shape]
+        for target, parts in ((TARGET_COMPILE, _compile_parts), (TARGET_PEERS, _peer_parts)):
+            found = tuple(p for step in STEPS for p in parts(at, step))
+            checks.append(Check(shape, target, found))
+    return checks
+
+
+def _cell(row: dict | None, key: str, spec: str = ".1f") -> str:
+    value = None if row is None else row.get(key)
+    return "—" if value is None else format(value, spec)
+
+
+def verdict_lines(rows: list[dict]) -> list[str]:
+    """Lines of the report: per shape and step, the best of ours against the best peer, then
+    a line per target of issue 38 and shape."""
+    if not rows:
+        return []
+    shapes, _, _ = _index(rows)
+    lines = [
+        "Best of ours against the best peer (eager, torch.compile, Liger, Liger + compile): each",
+        "the fastest of its side; ratio: the peer's time over ours' (> 1: ours faster).",
+        "",
+        "| shape | step | best of ours | ms | peak GiB | best peer | ms | peak GiB | ratio "
+        "| lowest peer peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for shape in shapes:
+        at = [r for r in rows if r["shape"] == shape]
+        for step, (ms, peak) in STEPS.items():
+            m = best_against_peers(at, step)
+            low = m.lowest_peer
+            low_name = "" if low is None else f" ({low['contender']})"
+            lines.append(
+                f"| {shape} | {step} | {m.ours['contender'] if m.ours else '—'} | "
+                f"{_cell(m.ours, ms)} | {_cell(m.ours, peak)} | "
+                f"{m.peer['contender'] if m.peer else '—'} | {_cell(m.peer, ms)} | "
+                f"{_cell(m.peer, peak)} | {'—' if m.ratio is None else f'{m.ratio:.2f}x'} | "
+                f"{_cell(low, peak)}{low_name} |"
+            )
+    lines += [
+        "",
+        "Issue 38's targets per shape (PASS when met at the training step and prefill; N/A when a",
+        "contender or measurement it needs is missing). Ours eager: the fastest of ours without",
+        "compile for time, the lowest of their peaks for memory; ours + compile keeps the fused loss.",
+        "",
+    ]
+    lines += [f"- {check.line()}" for check in target_checks(rows)]
+    return lines
 
 
 def _max_batch_table(rows: list[dict]) -> list[str]:
@@ -491,7 +920,8 @@ def setting_slug(setting: dict) -> str:
 
 
 def report_text(entries: list[dict]) -> str:
-    """results.md: for each setting, its timing table (``markdown``) and its largest batches."""
+    """results.md: for each setting, its timing table (``markdown``), the best of ours against
+    the best peer with issue 38's targets (``verdict_lines``) and its largest batches."""
     lines = [
         "# End-to-end: Llama-style 1.1B model, bf16",
         "",
@@ -502,6 +932,7 @@ def report_text(entries: list[dict]) -> str:
         lines += ["", f"## {setting_title(entry['setting'])}", ""]
         if entry.get("rows"):
             lines.append(markdown(entry["rows"]).rstrip("\n"))
+            lines += ["", *verdict_lines(entry["rows"])]
         lines += _max_batch_table(entry.get("max_batch", []))
     return "\n".join(lines) + "\n"
 
@@ -511,9 +942,11 @@ def markdown(rows: list[dict]) -> str:
     the host time of the training steps."""
     shapes, contenders, by = _index(rows)
     meta = rows[0]
+    liger = meta.get("liger_kernel") or "not installed"
+    runs = list(dict.fromkeys(r.get("run", r["date"]) for r in rows))
     lines = [
         f"{meta['device']}, {meta['date']}; torch {meta['torch']}, transformers {meta['transformers']}, "
-        f"triton {meta['triton']}, liger-kernel {meta['liger_kernel']}. Config: {meta['config']}, SDPA attention.",
+        f"triton {meta['triton']}, liger-kernel {liger}. Config: {meta['config']}, SDPA attention.",
         "Training step: forward + backward of the causal-LM loss, no optimizer. Prefill: forward without grad,",
         "logits of the last position only. Each contender's step between CUDA events, in rounds that run every",
         f"contender once in rotating order ({meta.get('timing', 'median of 10 after warm-up')}); speedup over eager.",
@@ -527,6 +960,12 @@ def markdown(rows: list[dict]) -> str:
         + " |",
         "|---|" + "---|" * (3 * len(shapes)),
     ]
+    if len(runs) > 1:  # a run of a few contenders or shapes keeps the others' rows
+        lines[4:4] = [
+            f"Rows from {len(runs)} runs ({', '.join(runs)}); the line above names the first. "
+            "Contenders of different runs were timed on different machines or at different times.",
+            "",
+        ]
     for c in contenders:
         cells = []
         for key in ("train_ms", "prefill_ms"):
@@ -598,18 +1037,35 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--shape", help="batch x sequence, e.g. 8x512")
     parser.add_argument(
-        "--out", type=Path, help="results folder (default benchmarks/results/<device>/e2e)"
+        "--shape",
+        default=",".join(SHAPES),
+        help=f"comma-separated batch x sequence shapes (default {','.join(SHAPES)})",
     )
     parser.add_argument(
-        "--skip", action="append", default=[], help="contender to skip (repeatable)"
+        "--contenders",
+        metavar="KEYS",
+        help=f"comma-separated contenders to time (default all: {','.join(BY_KEY)})",
+    )
+    parser.add_argument(
+        "--skip", action="append", default=[], help="contender to skip, key or name (repeatable)"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="results folder (default benchmarks/results/<device>/e2e)"
     )
     parser.add_argument(
         "--vocab",
         type=int,
         default=CONFIG["vocab_size"],
         help=f"vocabulary size (default {CONFIG['vocab_size']}; Llama 3's is 128256)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="SECONDS",
+        help="stop before a shape that would end past this many seconds from the start (as the "
+        "longest shape of its group so far says), print the command that times what is left, "
+        "and exit with status 3",
     )
     parser.add_argument(
         "--report", action="store_true", help="write results.md and the plots from results.json"
@@ -628,15 +1084,23 @@ def main() -> int:
     if args.report:
         report(args.out)
         return 0
+    try:
+        shapes = parse_shapes(args.shape)
+        chosen = select_contenders(args.contenders, args.skip)
+    except ValueError as error:
+        parser.error(str(error))
+    chosen, notes = runnable(chosen, importlib.util.find_spec("liger_kernel") is not None)
+    for note in notes:
+        print(note, flush=True)
+    if not chosen:
+        parser.error("no contender left to run (see the notes above)")
     CONFIG["vocab_size"] = args.vocab  # recorded with every result (meta["config"])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.max_batch:
-        max_batch([int(s) for s in args.max_batch.split(",")], args.out, set(args.skip))
+        max_batch([int(s) for s in args.max_batch.split(",")], args.out, {c.name for c in chosen})
         return 0
-    if not args.shape:
-        parser.error("--shape is required unless --report or --max-batch")
-    run(args.shape, args.out, set(args.skip))
-    return 0
+    left = run(shapes, args.out, chosen, time_limit=args.time_limit)
+    return 3 if left else 0
 
 
 if __name__ == "__main__":
