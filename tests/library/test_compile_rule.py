@@ -6,7 +6,7 @@ The graphs are read where AOTAutograd hands them on (forward and backward), with
 ``fullgraph=True`` and ``dynamic=True``: a layer on the op side is one opaque node in the
 forward and its backward op in the backward; on the formula side no op of ours is left. On the
 CPU the kernels run through Triton's interpreter (ops registered with ``custom_op`` compile
-there; ../shared/KERNEL-TESTING.md).
+there too).
 """
 
 import copy
