@@ -218,7 +218,28 @@ def build_ours(state_dict, compile_mode: bool, fused_ce: bool = False):
     mode = Mode.TRAINING | Mode.TORCH_COMPILE if compile_mode else Mode.TRAINING
     with use_kernel_mapping(library_mapping(devices=[DEVICE])):
         kernelize(model, mode=mode)
+    check_kernelized(model, fused_ce)
     return torch.compile(model) if compile_mode else model
+
+
+def check_kernelized(model, fused_ce: bool) -> None:
+    """Raise unless ``kernelize`` gave ``model`` our layers (and with ``fused_ce`` our loss):
+    otherwise ours would be timed as eager transformers under ours' name. transformers 5.x
+    tags its layers for ``kernelize`` only when it sees this package installed (its
+    ``is_kernels_available`` reads the installed metadata, not ``sys.path``)."""
+    from kernels.layer.swap import kernel_layer_of
+
+    layers = {"model.norm": model.model.norm, "model.layers.0.mlp": model.model.layers[0].mlp}
+    if fused_ce:
+        layers["the causal-LM loss (LlamaForCausalLM.forward)"] = model
+    missing = [path for path, module in layers.items() if kernel_layer_of(module) is None]
+    if missing:
+        raise RuntimeError(
+            f"kernelize left {', '.join(missing)} running transformers' own forward, so "
+            "'ours' would be timed as eager: install this package where transformers finds it "
+            "(pip install -e . here; on the GPU machine its wheel beside the others, "
+            "benchmarks/README.md)"
+        )
 
 
 def build_liger(state_dict, flce: bool):
@@ -349,7 +370,8 @@ def no_silent_fallback() -> None:
     a training and an inference graph per shape."""
     import torch._dynamo.config as config
 
-    config.recompile_limit = max(config.recompile_limit, 16)
+    if hasattr(config, "recompile_limit"):  # cache_size_limit before torch 2.6
+        config.recompile_limit = max(config.recompile_limit, 16)
     if hasattr(config, "fail_on_recompile_limit_hit"):  # torch >= 2.6
         config.fail_on_recompile_limit_hit = True
 

@@ -446,3 +446,13 @@ def test_report_shows_best_of_ours_and_a_line_per_target_and_shape():
         ["- 1x4096", "N/A (train"],
         ["- 1x4096", "N/A (train"],
     ]
+
+
+def test_ours_untouched_by_kernelize_is_refused_not_timed_as_eager(tiny):
+    """A model kernelize gave nothing (transformers 5.x without this package installed leaves
+    its layers untagged) must not be timed under ours' name."""
+    model = e2e.build()
+    with pytest.raises(RuntimeError, match="kernelize left model.norm, model.layers.0.mlp"):
+        e2e.check_kernelized(model, fused_ce=False)
+    with pytest.raises(RuntimeError, match=r"the causal-LM loss .*pip install -e \."):
+        e2e.check_kernelized(model, fused_ce=True)
