@@ -42,7 +42,7 @@ def test_error_names_the_kernel_and_the_layer():
     assert (
         "Kernel layer test_error_names_the_kernel_and_the_layer.<locals>.Bad from repo X" in message
     )
-    assert "registered for layer 'Norm' (test_validation.Original)" in message
+    assert f"registered for layer 'Norm' ({__name__}.Original)" in message
     assert "defines __init__" in message
     assert isinstance(info.value, TypeError)
 
