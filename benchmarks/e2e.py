@@ -403,9 +403,11 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
         with torch.no_grad():
             model(input_ids=tokens, logits_to_keep=1)
 
-    times = {name: {"train_ms": [], "prefill_ms": [], "train_host_ms": []} for name in contenders}
+    times: dict[str, dict[str, list[float]]] = {
+        name: {"train_ms": [], "prefill_ms": [], "train_host_ms": []} for name in contenders
+    }
     peaks = {name: {"train_ms": 0.0, "prefill_ms": 0.0} for name in contenders}
-    first = {name: {} for name in contenders}
+    first: dict[str, dict[str, float]] = {name: {} for name in contenders}
     names = list(contenders)
     for key, step in (("train_ms", train_step), ("prefill_ms", prefill)):
         for r in range(warmup + rounds):
@@ -771,9 +773,9 @@ def _label(row: dict) -> str:
 def _at_most(what: str, row: dict, bound: dict | None, key: str, unit: str) -> tuple[str, str]:
     """Whether ``row[key] <= bound[key]``, as (status, the comparison in words)."""
     value = row.get(key)
-    limit = None if bound is None else bound.get(key)
-    if value is None or limit is None:
+    if value is None or bound is None or bound.get(key) is None:
         return "N/A", f"{what}: not recorded"
+    limit = bound[key]
     status = "PASS" if value <= limit else "FAIL"
     return status, (
         f"{what} {value:.1f} {unit} ({_label(row)}) vs {limit:.1f} {unit} ({_label(bound)}): {status}"
@@ -797,9 +799,9 @@ def _compile_parts(rows: list[dict], step: str) -> list[tuple[str, str]]:
         )
         if not present
     ]
-    if missing:
+    if missing or ours_compiled is None or alone is None:
         return [("N/A", f"{step}: {', '.join(missing)} not measured")]
-    bound = fastest([fastest(eager_ours, step), alone], step)
+    bound = fastest([r for r in (fastest(eager_ours, step), alone) if r is not None], step)
     return [
         _at_most(step, ours_compiled, bound, ms, "ms"),
         _at_most(f"{step} peak", ours_compiled, lowest_peak(eager_ours, step), peak, "GiB"),
