@@ -1,6 +1,7 @@
 # Entry points, used by the README's Quickstart and by CI (.ci/run):
 #   make demo   installs the package into .venv and runs the main job
-#   make test   installs both test environments and the local Hub test server, then runs the tests
+#   make test   installs the three test environments (at once) and the local Hub test server, then
+#               runs the tests, each run spread over the cores by pytest-xdist (PYTEST_WORKERS)
 #   make lint   installs the test environment, then runs ruff and the type checker (mypy)
 #
 # The clients we support conflict, so each gets its own environment (docs/transformers.md):
@@ -22,6 +23,11 @@ HF_VENV ?= .venv-hf
 HF_KERNELS_VERSION ?= 0.17.2
 TORCH_CPU_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
+# pytest-xdist's worker processes per test run ("auto": one a CPU core; 0 runs in this process).
+# Workers take tests one by one and steal queued ones when idle, so a slow test at the end of a
+# worker's share does not leave the other cores waiting.
+PYTEST_WORKERS ?= auto
+XDIST := -n $(PYTEST_WORKERS) --dist worksteal
 # What runs in the transformers 5.x environment (the rest of the suite does not depend on it).
 TF5_TESTS ?= tests/repos/hub tests/clients/transformers5
 
@@ -31,7 +37,7 @@ TF5_BIN := $(TF5_VENV)/bin
 OLAH := $(abspath $(TF5_BIN))/olah-cli
 HF_BIN := $(HF_VENV)/bin
 
-.PHONY: install install-test install-tf5 install-hf hub-server demo test test-4 test-5 test-hf library lint clean
+.PHONY: install install-test install-tf5 install-hf install-all hub-server demo test test-4 test-5 test-hf library lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,24 +51,42 @@ $(HF_BIN)/python:
 	$(PYTHON) -m venv $(HF_VENV)
 	$(HF_BIN)/python -m pip install -q --upgrade pip
 
-install: $(BIN)/python
+# Each environment's installed extras are marked by a stamp file inside it, newer than
+# pyproject.toml (and this Makefile, which pins versions): a second `make test` or `make lint`
+# skips pip (the package itself is installed editable, so source changes need no install), and
+# an edit of the requirements installs again.
+install: $(VENV)/.installed-demo
+install-test: $(VENV)/.installed-test
+install-tf5: $(TF5_VENV)/.installed-test-tf5
+install-hf: $(HF_VENV)/.installed-hf
+
+# The three test environments at once: pip's downloads, unpacking and compiling of one overlap
+# the others' (the environments share nothing but pip's cache, which pip locks).
+install-all:
+	$(MAKE) -j3 --output-sync=target install-test install-tf5 install-hf
+
+$(VENV)/.installed-demo: $(BIN)/python pyproject.toml Makefile
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
 	$(PIP) install -q -e ".[demo]"
+	@touch $@
 
-install-test: $(BIN)/python
+$(VENV)/.installed-test: $(BIN)/python pyproject.toml Makefile
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
 	$(PIP) install -q -e ".[test]"
+	@touch $@
 
-install-tf5: $(TF5_BIN)/python
+$(TF5_VENV)/.installed-test-tf5: $(TF5_BIN)/python pyproject.toml Makefile
 	@$(TF5_BIN)/python -c "import torch" 2>/dev/null || $(TF5_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
 	$(TF5_BIN)/python -m pip install -q -e ".[test-tf5]"
+	@touch $@
 
 # Hugging Face's client without this package (both are the `kernels` distribution), so the
 # interoperability tests import theirs; triton, which the CPU build of torch does not pull in,
 # runs our kernels through its interpreter (which needs numpy).
-install-hf: $(HF_BIN)/python
+$(HF_VENV)/.installed-hf: $(HF_BIN)/python Makefile
 	@$(HF_BIN)/python -c "import torch" 2>/dev/null || $(HF_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
 	$(HF_BIN)/python -m pip install -q "kernels==$(HF_KERNELS_VERSION)" "triton>=3.1" numpy "pytest>=8"
+	@touch $@
 
 # The Hub-compatible test server (olah) lives in the transformers 5.x environment, whose
 # huggingface_hub it accepts; the 4.57 environment's tests start it from there.
@@ -71,13 +95,17 @@ hub-server: install-tf5
 demo: install
 	$(BIN)/kernels demo
 
-test: test-4 test-5 test-hf
+# The runs one after the other, each spread over every core by its workers: running them side
+# by side instead would only interleave their output. The interoperability tests (a few seconds)
+# run in one process.
+test: install-all
+	$(MAKE) test-4 test-5 test-hf
 
 test-4: install-test hub-server
-	KERNELS_TEST_OLAH=$(OLAH) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	KERNELS_TEST_OLAH=$(OLAH) $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-5: install-tf5
-	KERNELS_TEST_OLAH=$(OLAH) $(TF5_BIN)/python -m pytest $(TF5_TESTS) $(PYTEST_ARGS)
+	KERNELS_TEST_OLAH=$(OLAH) $(TF5_BIN)/python -m pytest $(XDIST) $(TF5_TESTS) $(PYTEST_ARGS)
 
 test-hf: install-hf
 	$(HF_BIN)/python -m pytest tests/interop $(PYTEST_ARGS)

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# One thread per test process. The suite's tensors are tiny, so a second thread buys nothing,
+# and when the cores are shared (pytest-xdist's workers, other processes) torch's and OpenBLAS's
+# (Triton's interpreter) worker threads spin at every op's barrier waiting for a descheduled
+# peer: a tiny Llama's generate() then ran 2-4x slower. Set before torch is imported, which
+# reads it once; subprocesses the tests start inherit it. A value the caller set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Imported for what importing it does: the Hub test session's settings go into os.environ
 # before any test module imports huggingface_hub (which reads them once), whichever folder
