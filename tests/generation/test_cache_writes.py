@@ -83,5 +83,8 @@ def test_other_calls_are_transformers_update(model, case):
         assert torch.equal(outcome["ours"][0], outcome["reference"][0])
 
 
-def test_the_generator_writes_the_cache_in_one_launch_with_our_kernels(monkeypatch):
+def test_the_generator_writes_the_cache_in_one_launch_with_our_kernels(untagged, monkeypatch):
+    # `untagged`: without it, transformers' Llama classes stayed tagged for our kernels, so every
+    # tiny Llama built later in the process ran them through Triton's interpreter (the fused greedy
+    # checks after this test took 50x as long).
     check_generator_writes_the_cache_in_one_launch(monkeypatch)
