@@ -5,7 +5,6 @@ The commands that talk to the Hub are tested against the test server in tests/re
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 
@@ -199,21 +198,8 @@ def test_init_scaffolds_a_repository_whose_tests_pass(tmp_path, capsys):
     ):
         assert (repo / path).is_file(), path
     assert "my-org/fused-silu" in (repo / "README.md").read_text()
-
-    env = subprocess_env()
-    env.pop("TRITON_INTERPRET", None)  # the generated conftest must set it by itself
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    # 5 tests on the CPU; the GPU parametrizes more of them.
-    assert re.search(r"\b([5-9]|\d\d+) passed", result.stdout), result.stdout
-    assert "failed" not in result.stdout
+    # The scaffold's own tests pass, without TRITON_INTERPRET set by us, and as many as the guide
+    # says: tests/docs/test_init_scaffold.py runs them (a pytest process of its own, once).
 
     capsys.readouterr()
     assert run("check", str(repo), "--layer-of", "SiLU=torch.nn:SiLU") == 0
