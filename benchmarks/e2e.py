@@ -367,11 +367,13 @@ def no_silent_fallback() -> None:
     """Make dynamo raise instead of running a frame eagerly when it hits its recompile limit: a
     compiled contender that fell back would be timed as an eager one under its compiled name.
     The limit is raised for the contenders sharing a frame (``nn.Module.__call__``), each with
-    a training and an inference graph per shape."""
+    a training and an inference graph per shape, and for Liger's graph breaks (its SwiGLU calls
+    an ``lru_cache``'d helper, which splits every decoder layer's frame): at 16, Liger + compile
+    hit the limit at its first shape (H100, transformers 5.24, Liger-Kernel 0.8.5)."""
     import torch._dynamo.config as config
 
     if hasattr(config, "recompile_limit"):  # cache_size_limit before torch 2.6
-        config.recompile_limit = max(config.recompile_limit, 16)
+        config.recompile_limit = max(config.recompile_limit, 64)
     if hasattr(config, "fail_on_recompile_limit_hit"):  # torch >= 2.6
         config.fail_on_recompile_limit_hit = True
 
