@@ -64,9 +64,8 @@ ALWAYS_OP = ("fused_linear_cross_entropy", "cross_entropy")
 #: The environment variable that forces a side (read when the package is imported).
 ENVIRONMENT = "KERNELS_COMPILE_RULE"
 
-# Initial values: what the functions chose under torch.compile before this rule (H100
-# measurements of 2026-11-23 behind the formula rows: a compiled 1.1B Llama's training step,
-# benchmarks/results/h100/): norms, gated activations and rotary as formulas, the fused-add
+# Initial values: what the functions chose under torch.compile before this rule (a compiled
+# 1.1B Llama's training step was faster with the formula rows; benchmarks/results/h100/NOTES.md): norms, gated activations and rotary as formulas, the fused-add
 # norm and LayerNorm as ops, the losses as ops. ``benchmarks/compile_rule.py`` replaces them
 # with measured rows.
 RULE = (

@@ -2,12 +2,9 @@
 
 Retune here: each entry is ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``, keyed by the head
 dimension padded to a power of two (the larger of the query/key and value dimensions). The rows
-for 64 and 128 come from a first sweep (H100, 2026-11-26, triton 3.6, bf16, 4x4096, 32/8 heads,
-forward alone and backward alone, ten configurations each, TFLOP/s): forward d64 (64, 64, 4, 3)
-377 full / 285 causal against (128, 64, 8, 3) 343 / 310; forward d128 (64, 64, 4, 3) 463 full
-against 424 for (128, 64, 8, 3); backward d64 (64, 64, 4, 3) 293 / 241 against 258 / 222 with
-two stages; backward d128 (64, 64, 4, 2) 355 against 275 with 8 warps. The other rows are the
-usual Triton flash-attention starting points, not yet swept. The CPU row keeps blocks small so
+for 64 and 128 are the fastest of a first sweep of ten configurations each, forward and backward
+apart (its numbers: benchmarks/results/h100/NOTES.md). The other rows are the usual Triton
+flash-attention starting points, not yet swept. The CPU row keeps blocks small so
 that the interpreter's tests cross block boundaries with tiny shapes.
 """
 

@@ -94,8 +94,7 @@ def multiprocessors(device: torch.device) -> int:
 
 def cdiv(a: int, b: int) -> int:
     """``triton.cdiv`` for Python ints. Newer Triton (3.9 here) makes its own a ``ConstexprFunction``,
-    whose call costs ~5 us on a desktop CPU (2026-11-23): more than the arithmetic, on
-    every launch."""
+    whose call costs more than the arithmetic, on every launch."""
     return -(-a // b)
 
 
@@ -169,8 +168,8 @@ def _key_function(kernel, args: tuple):
     argument's ``_spec``; the launch arguments are ``args`` with each tensor replaced by its
     address. Written out argument by argument.
 
-    A loop over the arguments cost ~0.4 us an argument on the H100 VMs (2026-11-23), on every
-    launch, and rotary passes 31; the written-out function costs about a third of that. It is
+    A loop over the arguments cost a fraction of a microsecond an argument on every launch,
+    and rotary passes 31; the written-out function costs about a third of that. It is
     generated from the first call's arguments only to put the likely kind first: a tensor
     where a tensor was, an integer where an integer was. Any other argument goes through
     ``_spec`` (and a tensor anywhere becomes its address), so the key equals ``_spec``'s for

@@ -403,9 +403,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         return reference(q, k, cos, sin, unsqueeze_dim)
     # Under torch.compile the rule (_compile_rule.py) picks the op or the formula. The formula
     # lets inductor fuse the rotation with the projections' views and the attention's layout
-    # changes, forward and backward, which an opaque op prevents (measured on an H100,
-    # 2026-11-23, 1.1B Llama, 8x512 training step, compiled: with the op in the graph rotary
-    # cost ~2.2 ms more than compile's own code). The size class is q's: its heads times
+    # changes, forward and backward, which an opaque op prevents (in a compiled 1.1B Llama's
+    # training step the op cost more than compile's own code). The size class is q's: its heads times
     # head_dim, and the other dimensions' product.
     if torch.compiler.is_compiling():
         training = use_autograd_function(q, k, cos, sin)
