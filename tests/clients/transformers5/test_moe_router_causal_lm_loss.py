@@ -29,6 +29,8 @@ from tests.clients.transformers5.test_causal_lm_loss import (
     kernelized,
     step,
 )
+from tests.clients.transformers5.test_moe_causal_lm_loss import LAYER as MOE_LAYER
+from tests.clients.transformers5.test_moe_causal_lm_loss import MIXTRAL_FORWARD_CLASSES
 from tests.support.tf5_models import DEVICE
 
 LAYER = "MoeRouterCausalLMFusedLoss"
@@ -103,9 +105,14 @@ ROUTER_FORWARD_CLASSES = {
 
 def test_the_classes_tagged():
     """Every class of transformers' modelling modules: exactly the 22 with DeepSeek-V3's
-    forward are recognised as ``"MoeRouterCausalLMFusedLoss"``."""
+    forward are recognised as ``"MoeRouterCausalLMFusedLoss"``, and exactly the 20 with
+    Mixtral's as ``"MoeCausalLMFusedLoss"`` (test_moe_causal_lm_loss.py's list). One test for
+    both: reading every class imports every modelling module (about a minute on the CPU), once
+    a process, and pytest-xdist would otherwise give the two checks to two processes."""
     assert classes_tagged(LAYER) == ROUTER_FORWARD_CLASSES
     assert len(ROUTER_FORWARD_CLASSES) == 22
+    assert classes_tagged(MOE_LAYER) == MIXTRAL_FORWARD_CLASSES
+    assert len(MIXTRAL_FORWARD_CLASSES) == 20
 
 
 def test_a_forward_is_tagged_with_one_name(monkeypatch):
