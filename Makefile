@@ -23,11 +23,15 @@ HF_VENV ?= .venv-hf
 HF_KERNELS_VERSION ?= 0.17.2
 TORCH_CPU_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
-# pytest-xdist's worker processes per test run ("auto": one a CPU core; 0 runs in this process).
+# pytest-xdist's worker processes of the main run ("auto": one a CPU core; 0 runs in this process).
 # Workers take tests one by one and steal queued ones when idle, so a slow test at the end of a
 # worker's share does not leave the other cores waiting.
 PYTEST_WORKERS ?= auto
-XDIST := -n $(PYTEST_WORKERS) --dist worksteal
+# The transformers 5.x run is mostly Hub tests, which wait on the test server and on
+# huggingface_hub's retries (about 23 s a request while the server is down): twice as many
+# workers as cores keep the cores busy meanwhile.
+TF5_WORKERS ?= $(shell echo $$((2 * $$(nproc 2>/dev/null || echo 1))))
+XDIST := --dist worksteal
 # What runs in the transformers 5.x environment (the rest of the suite does not depend on it).
 TF5_TESTS ?= tests/repos/hub tests/clients/transformers5
 
@@ -102,10 +106,10 @@ test: install-all
 	$(MAKE) test-4 test-5 test-hf
 
 test-4: install-test hub-server
-	KERNELS_TEST_OLAH=$(OLAH) $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+	KERNELS_TEST_OLAH=$(OLAH) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(XDIST) $(PYTEST_ARGS)
 
 test-5: install-tf5
-	KERNELS_TEST_OLAH=$(OLAH) $(TF5_BIN)/python -m pytest $(XDIST) $(TF5_TESTS) $(PYTEST_ARGS)
+	KERNELS_TEST_OLAH=$(OLAH) $(TF5_BIN)/python -m pytest -n $(TF5_WORKERS) $(XDIST) $(TF5_TESTS) $(PYTEST_ARGS)
 
 test-hf: install-hf
 	$(HF_BIN)/python -m pytest tests/interop $(PYTEST_ARGS)
