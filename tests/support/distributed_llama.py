@@ -151,7 +151,7 @@ def assert_kernelized(model) -> None:
     from kernels.layer.kernelize import _kernelizable_modules
     from kernels.layer.swap import kernel_layer_of
 
-    bound = {path: kernel_layer_of(m) for path, m in _kernelizable_modules(model)}
+    bound = {path: kernel_layer_of(m) for path, m, _ in _kernelizable_modules(model)}
     missing = [path for path, kernel in bound.items() if kernel is None]
     assert not missing, f"no kernel for {missing}"
     assert {kernel.__name__ for kernel in bound.values()} == KERNELS, bound
