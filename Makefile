@@ -29,8 +29,8 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= auto
 # The transformers 5.x run is mostly Hub tests, which wait on the test server and on
 # huggingface_hub's retries (about 23 s a request while the server is down): twice as many
-# workers as cores keep the cores busy meanwhile.
-TF5_WORKERS ?= $(shell echo $$((2 * $$(nproc 2>/dev/null || echo 1))))
+# workers as cores keep the cores busy meanwhile. A PYTEST_WORKERS other than auto holds here too.
+TF5_WORKERS ?= $(if $(filter auto,$(PYTEST_WORKERS)),$(shell echo $$((2 * $$(nproc 2>/dev/null || echo 1)))),$(PYTEST_WORKERS))
 XDIST := --dist worksteal
 # What runs in the transformers 5.x environment (the rest of the suite does not depend on it).
 TF5_TESTS ?= tests/repos/hub tests/clients/transformers5
