@@ -81,7 +81,7 @@ def check_digests(metadata: Metadata, variant_dir: Path, *, trust_receipt: bool 
     variant_dir = Path(os.path.abspath(variant_dir))
     kernel = describe_kernel(metadata, variant_dir)
     algorithm, expected = _parse_digest(raw, kernel)
-    receipt = _receipt_path(variant_dir)
+    receipt = receipt_path(variant_dir)
     fix = (
         f"If you did not change it, the cache was tampered with: delete {variant_dir.parents[1]} "
         "and download the kernel again."
@@ -184,16 +184,18 @@ def _stamp(algorithm: str, files: Mapping[str, str]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _receipt_path(variant_dir: Path) -> Path | None:
-    """Where a Hub snapshot's variant keeps its receipt; None outside huggingface_hub's
-    layout (``<repo>/snapshots/<commit>/build/<variant>``), i.e. for local folders."""
+def receipt_path(variant_dir: Path, kind: str = _RECEIPTS) -> Path | None:
+    """Where a Hub snapshot's variant keeps its receipt of ``kind`` (a folder name: these
+    digests', or the signatures' in `kernels.repos.signatures`); None outside
+    huggingface_hub's layout (``<repo>/snapshots/<commit>/build/<variant>``), i.e. for local
+    folders."""
     parts = variant_dir.parts
     if len(parts) < 5 or parts[-2] != "build" or parts[-4] != "snapshots":
         return None
     commit, variant = parts[-3], parts[-1]
     if not COMMIT_PATTERN.match(commit) or not VARIANT_PATTERN.match(variant):
         return None
-    return variant_dir.parents[3] / FOLDER / commit / _RECEIPTS / f"{variant}.json"
+    return variant_dir.parents[3] / FOLDER / commit / kind / f"{variant}.json"
 
 
 def _read_receipt(path: Path, stamp: str) -> Listing | None:

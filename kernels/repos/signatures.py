@@ -61,11 +61,9 @@ from typing import Any
 from ..errors import KernelHashMismatchError, KernelMetadataError, KernelSignatureError
 from . import hubclient
 from .bounded_json import parse_json, read_bounded
-from .cache_records import FOLDER, read_json, write_json
-from .digests import check_digests
-from .hubclient import COMMIT_PATTERN
+from .cache_records import read_json, write_json
+from .digests import check_digests, receipt_path
 from .info import MAX_METADATA_SIZE, METADATA_FILE, Metadata
-from .variants import VARIANT_PATTERN
 
 #: The signature bundle beside each variant's metadata.json.
 BUNDLE_FILE = f"{METADATA_FILE}.sigstore"
@@ -473,7 +471,7 @@ def check_signature(variant_dir: str | os.PathLike[str]) -> None:
     if not signatures_required():
         return
     variant_dir = Path(os.path.abspath(variant_dir))
-    receipt = _receipt_path(variant_dir)
+    receipt = receipt_path(variant_dir, _RECEIPTS)
     if receipt is None:
         return
     repo = receipt.parents[3].name.split("--", 1)[-1].replace("--", "/")
@@ -496,18 +494,6 @@ def check_signature(variant_dir: str | os.PathLike[str]) -> None:
         raise result.error(kernel)
     if stamp is not None:
         write_json(receipt, {"format": _RECEIPT_FORMAT, "stamp": stamp})
-
-
-def _receipt_path(variant_dir: Path) -> Path | None:
-    """Where a Hub snapshot's variant keeps its signature receipt; None for local folders
-    (outside huggingface_hub's ``<repo>/snapshots/<commit>/build/<variant>`` layout)."""
-    parts = variant_dir.parts
-    if len(parts) < 5 or parts[-2] != "build" or parts[-4] != "snapshots":
-        return None
-    commit, variant = parts[-3], parts[-1]
-    if not COMMIT_PATTERN.match(commit) or not VARIANT_PATTERN.match(variant):
-        return None
-    return variant_dir.parents[3] / FOLDER / commit / _RECEIPTS / f"{variant}.json"
 
 
 def _stamp(variant_dir: Path, policies: Sequence[GitHubWorkflowPolicy]) -> str | None:
