@@ -74,16 +74,6 @@ VOCAB = (32000, 128256)
 MAX_SEQ = 2048
 HEAD_DIM = 64
 EPS = 1e-6
-#: The e2e model (benchmarks/e2e.py's CONFIG), for --profile-prefill.
-E2E_CONFIG = dict(
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    vocab_size=32000,
-    max_position_embeddings=4096,
-)
 
 
 class ProbeError(ValueError):
@@ -485,6 +475,8 @@ def profile_prefill(args, device, out: Path, log=print, config: dict | None = No
     import torch
     from torch.profiler import ProfilerActivity, profile
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from benchmarks.e2e import CONFIG as E2E_CONFIG  # the model e2e times
 
     batch, seq = (int(v) for v in args.shape.split("x"))
     dtype = getattr(torch, args.dtype)
