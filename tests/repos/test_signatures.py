@@ -10,8 +10,6 @@ stage is covered by the bundle tests above it).
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import logging
 import subprocess
@@ -30,6 +28,7 @@ from kernels.repos.signatures import (
     policies_from_env,
     verify_variant,
 )
+from tests.support.digests import sha256_digests
 
 pytest.importorskip(
     "sigstore", reason="needs the signatures extra: pip install 'kernels[signatures]'"
@@ -146,12 +145,7 @@ def _digested_variant(tmp_path: Path, *, with_digest: bool = True) -> Path:
     package.mkdir()
     (package / "__init__.py").write_text("def relu(x):\n    return x\n")
     (package / "_ops.py").write_text("OPS = 1\n")
-    files = {
-        path.relative_to(variant).as_posix(): base64.b64encode(
-            hashlib.sha256(path.read_bytes()).digest()
-        ).decode()
-        for path in sorted(variant.rglob("*.py"))
-    }
+    files = sha256_digests(variant)
     meta = {
         "name": "relu",
         "id": "_relu_cpu_abc",

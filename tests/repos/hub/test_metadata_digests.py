@@ -3,8 +3,6 @@ receipt in the cache that a warm load trusts only while the files are as they we
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 
 import pytest
@@ -14,6 +12,7 @@ from kernels import KernelHashMismatchError
 from kernels.repos import digests
 from kernels.repos.hubclient import repo_cache_folder
 from kernels.repos.info import Metadata
+from tests.support.digests import sha256_digests
 
 pytestmark = pytest.mark.hub
 
@@ -24,13 +23,7 @@ def _publish(hub):
     repo = hub.create_repo()
     repo.write_kernel(version="0.1.0", offset=1.0)
     variant = repo.path / "build" / VARIANT
-    files = {
-        path.relative_to(variant).as_posix(): base64.b64encode(
-            hashlib.sha256(path.read_bytes()).digest()
-        ).decode()
-        for path in sorted(variant.rglob("*"))
-        if path.is_file()
-    }
+    files = sha256_digests(variant)
     meta = {
         "name": "activation",
         "id": "_activation_universal_abc",

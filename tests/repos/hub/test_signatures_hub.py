@@ -8,8 +8,6 @@ replaces the signature stage with a counter to see that it is not run again.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -21,6 +19,7 @@ from kernels.cli import main
 from kernels.errors import KernelSignatureError
 from kernels.repos import signatures
 from kernels.repos.hubclient import repo_cache_folder
+from tests.support.digests import sha256_digests
 
 pytestmark = pytest.mark.hub
 pytest.importorskip(
@@ -95,16 +94,6 @@ def test_a_real_bundle_of_another_publisher_is_refused(hub, require, monkeypatch
         kernels.get_kernel(repo.repo_id, version=1)
 
 
-def _digests(variant: Path) -> dict[str, str]:
-    return {
-        path.relative_to(variant).as_posix(): base64.b64encode(
-            hashlib.sha256(path.read_bytes()).digest()
-        ).decode()
-        for path in sorted(variant.rglob("*"))
-        if path.is_file() and not path.name.startswith("metadata.json")
-    }
-
-
 def test_a_verified_kernel_is_not_verified_again(hub, require, monkeypatch):
     repo = hub.create_repo()
     repo.write_kernel(version="1.0.0")
@@ -115,7 +104,7 @@ def test_a_verified_kernel_is_not_verified_again(hub, require, monkeypatch):
         "license": "Apache-2.0",
         "python-depends": [],
         "backend": {"type": "cuda"},
-        "digest": {"algorithm": "sha256", "files": _digests(repo.path / "build" / VARIANT)},
+        "digest": {"algorithm": "sha256", "files": sha256_digests(repo.path / "build" / VARIANT)},
     }
     repo.write(f"build/{VARIANT}/metadata.json", json.dumps(meta))
     repo.write(f"build/{VARIANT}/metadata.json.sigstore", BUNDLE)
