@@ -371,6 +371,9 @@ def has_kernel(
                 "HF_HUB_OFFLINE is set" if hubclient.is_offline() else "the Hub cannot be reached"
             )
             _fetch_from_cache(resolved, reason=reason)
+        elif (recorded := _recorded_listing(resolved)) is not None:
+            offered, prefer = recorded
+            choose_variant(offered, where=f"{repo_id} ({resolved.how})", prefer=prefer)
         else:
             try:
                 _choose_remote_variant(resolved)
@@ -410,6 +413,9 @@ def get_kernel_variants(
     _check_repo_id(repo_id, repo_type)
     resolved = resolve_revision(repo_id, revision=revision, version=version, repo_type=repo_type)
     if not (hubclient.is_offline() or resolved.from_cache):
+        if (recorded := _recorded_listing(resolved)) is not None:
+            offered, prefer = recorded
+            return decide_variants(offered, prefer=prefer)
         try:
             offered, prefer, _ = _remote_listing(resolved)
             return decide_variants(offered, prefer=prefer)
@@ -514,6 +520,25 @@ def _fetch_online(
     return _download(resolved, listing, user_agent=user_agent)
 
 
+def _recorded_listing(resolved: ResolvedRevision) -> tuple[list[str], str] | None:
+    """The variants a resolved commit offers and the repository's preference, as an earlier
+    listing of that commit noted them in the cache; None when none did.
+
+    A commit never changes, so its listing holds for good: a commit given by hash (or a ref
+    that huggingface_hub's cache names it by) is answered without a Hub request, as
+    `fetch_kernel` does, and with the Hub down without waiting out huggingface_hub's retries.
+    """
+    commit = resolved.commit
+    if commit is None or not COMMIT_PATTERN.match(commit):
+        return None
+    if resolved.revision != commit:
+        refs = hubclient.cached_refs(resolved.repo_id, resolved.repo_type)
+        if refs.get(resolved.revision) != commit:
+            return None
+    folder = hubclient.repo_cache_folder(resolved.repo_id, resolved.repo_type)
+    return cache_records.read_listing(folder, commit)
+
+
 def _fetch_cached_commit(
     resolved: ResolvedRevision, *, variant: str | None = None
 ) -> FetchedKernel | None:
@@ -524,18 +549,13 @@ def _fetch_cached_commit(
     variant's file list, and, for a branch or tag, huggingface_hub's ref naming this commit
     (so offline loads by that name keep finding it). No Hub request is made.
     """
-    commit = resolved.commit
-    if commit is None or not COMMIT_PATTERN.match(commit):
-        return None
-    if resolved.revision != commit:
-        refs = hubclient.cached_refs(resolved.repo_id, resolved.repo_type)
-        if refs.get(resolved.revision) != commit:
-            return None
-    folder = hubclient.repo_cache_folder(resolved.repo_id, resolved.repo_type)
-    listing = cache_records.read_listing(folder, commit)
+    listing = _recorded_listing(resolved)
     if listing is None:
         return None
     offered, prefer = listing
+    commit = resolved.commit
+    assert commit is not None  # a recorded listing is a commit's
+    folder = hubclient.repo_cache_folder(resolved.repo_id, resolved.repo_type)
     if variant is None:
         try:
             variant = choose_variant(offered, where=resolved.repo_id, prefer=prefer)

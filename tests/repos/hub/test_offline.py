@@ -125,6 +125,20 @@ def test_unreachable_hub_loads_a_cached_commit_and_a_locked_kernel(released, hub
     assert "is not in the cache" in message and "cannot be reached" in message
 
 
+def test_a_cached_commit_is_answered_without_a_request(released, hub):
+    """A commit never changes: once get_kernel listed it, has_kernel and get_kernel_variants
+    answer from what the cache noted, with no request (and so, with the Hub down, without
+    waiting out huggingface_hub's retries)."""
+    repo = released("0.1.0")
+    sha = repo.git("rev-parse", "v0.1.0")
+    kernels.get_kernel(repo.repo_id, revision=sha)
+    hub.proxy.clear()
+    assert kernels.has_kernel(repo.repo_id, revision=sha)
+    decisions = kernels.get_kernel_variants(repo.repo_id, revision=sha)
+    assert decisions and isinstance(decisions[0], kernels.VariantAccepted)
+    assert hub.proxy.requests == []
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
