@@ -223,7 +223,7 @@ def test_no_grad_and_empty_inputs(attn):
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"dropout_p": 0.1}, "dropout_p=0.1 is not supported"),
+        ({"dropout_p": 1.0}, r"dropout_p must be a probability in \[0, 1\), got 1.0"),
         ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
         ({"s_aux": torch.ones(3)}, r"one logit per query head, shape \(4,\)"),
         ({"window_size": 3}, "window_size must be a pair"),
@@ -271,12 +271,13 @@ def test_transformers_sees_every_option(attn):
 
 def test_torch_compile_fullgraph(attn):
     # The op is one opaque node of the graph (aot_eager: no inductor on the CPU), forward and
-    # backward match eager.
+    # backward match eager; with dropout, whose seed the graph draws from torch's generator.
     q, k, v = _inputs(1, 17, 17, 4, 2, 64, 64, torch.float32, None)
     s_aux = randn(4).requires_grad_()
 
     def f(q, k, v, s_aux):
-        return attn.flash_attn_func(q, k, v, causal=True, window_size=(5, -1), s_aux=s_aux)
+        return attn.flash_attn_func(q, k, v, causal=True, window_size=(5, -1), s_aux=s_aux,
+                                    dropout_p=0.1)  # fmt: skip
 
     counts = []
 
@@ -287,7 +288,9 @@ def test_torch_compile_fullgraph(attn):
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True, backend=backend)
     dout = randn(1, 17, 4, 64)
+    torch.manual_seed(5)
     got = compiled(q, k, v, s_aux)
+    torch.manual_seed(5)
     want = f(q, k, v, s_aux)
     assert counts == [1]
     assert torch.equal(got, want)
@@ -303,7 +306,8 @@ def test_opcheck(attn):
     ops = import_module(attn.__name__ + "._ops")
     q, k, v = _inputs(1, 17, 17, 2, 1, 64, 64, torch.float32, None)
     s_aux = randn(2).requires_grad_()
-    args = (q, k, v, None, None, None, None, s_aux, 17, 17, 0.125, -1, 0, 0.0)
+    seed = ops.draw_dropout_seed(q.device)
+    args = (q, k, v, None, None, None, None, s_aux, 17, 17, 0.125, -1, 0, 0.0, 0.1, seed)
     torch.library.opcheck(ops.forward, args)
 
 

@@ -1,6 +1,7 @@
 """The decode path of library/attention: ``flash_attn_with_kvcache`` over a contiguous and a paged
-KV cache (new keys written in place first, per-sequence filled lengths), and paged
-``flash_attn_varlen_func``, against the float64 reference."""
+KV cache (new keys written in place first, per-sequence filled lengths), split into several
+chunks of keys (split-KV, flash-decoding) or not, and paged ``flash_attn_varlen_func``, against
+the float64 reference; the split-count rule."""
 
 import zlib
 
@@ -22,13 +23,14 @@ def seed(request):
 
 
 def _expected(q, k_cache, v_cache, used, **options):
-    """Per sequence: the reference over the first ``used[b]`` cache rows."""
-    outs = []
+    """Per sequence: the reference ``(out, lse)`` over the first ``used[b]`` cache rows."""
+    outs, lses = [], []
     for b, n in enumerate(used):
-        out, _ = reference(q[b : b + 1].cpu(), k_cache[b : b + 1, :n].cpu(),
-                           v_cache[b : b + 1, :n].cpu(), **options)  # fmt: skip
+        out, lse = reference(q[b : b + 1].cpu(), k_cache[b : b + 1, :n].cpu(),
+                             v_cache[b : b + 1, :n].cpu(), **options)  # fmt: skip
         outs.append(out)
-    return torch.cat(outs)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
 
 
 def _paged(k_cache, page_size, generator):
@@ -46,17 +48,20 @@ def _paged(k_cache, page_size, generator):
 # (seqlen_q, seqlen_new, cache_seqlens, heads, kv_heads, dim, causal, window, softcap, sink, dtype)
 CASES = [
     pytest.param(1, 1, [5, 16, 0], 4, 2, 64, True, (-1, -1), 0.0, False, torch.float16, id="decode"),
-    pytest.param(3, 3, [9, 20, 1], 4, 1, 128, True, (-1, -1), 0.0, True, torch.bfloat16, id="spec-sinks"),
+    # 3 queries x 8 heads of one kv head: 24 rows, two tiles of the interpreter's 16.
+    pytest.param(3, 3, [9, 20, 1], 8, 1, 128, True, (-1, -1), 0.0, True, torch.bfloat16, id="spec-sinks"),
     pytest.param(2, 0, [17, 30, 2], 2, 2, 80, True, (4, -1), 10.0, False, torch.float32, id="window-cap"),
     pytest.param(1, 1, [31, 7, 12], 8, 2, 256, False, (-1, -1), 0.0, False, torch.bfloat16, id="d256"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+# Split-KV: the interpreter's blocks are 16 keys, so 3 chunks of up to 33 keys are a block each
+# (some empty for the shorter sequences), 2 chunks two blocks each.
+@pytest.mark.parametrize("paged,num_splits", [(False, 3), (True, 2)], ids=["contiguous", "paged"])
 @pytest.mark.parametrize(
     "seqlen_q,seqlen_new,cache_seqlens,heads,kv_heads,dim,causal,window,softcap,sink,dtype", CASES
 )
-def test_flash_attn_with_kvcache(attn, paged, seqlen_q, seqlen_new, cache_seqlens, heads,
+def test_flash_attn_with_kvcache(attn, paged, num_splits, seqlen_q, seqlen_new, cache_seqlens, heads,
                                  kv_heads, dim, causal, window, softcap, sink, dtype):  # fmt: skip
     generator = torch.Generator().manual_seed(0)
     batch, capacity, page_size = len(cache_seqlens), 32, 8
@@ -74,7 +79,8 @@ def test_flash_attn_with_kvcache(attn, paged, seqlen_q, seqlen_new, cache_seqlen
             want_k[b, n : n + seqlen_new] = k_new[b]
             want_v[b, n : n + seqlen_new] = v_new[b]
     total = [n + seqlen_new for n in cache_seqlens]
-    options = {"causal": causal, "window_size": window, "softcap": softcap, "s_aux": s_aux}
+    options = {"causal": causal, "window_size": window, "softcap": softcap, "s_aux": s_aux,
+               "num_splits": num_splits}  # fmt: skip
     if paged:
         k_pages, table = _paged(k_cache, page_size, generator)
         v_pages, _ = _paged(v_cache, page_size, torch.Generator().manual_seed(0))
@@ -92,18 +98,35 @@ def test_flash_attn_with_kvcache(attn, paged, seqlen_q, seqlen_new, cache_seqlen
         k_after, v_after = k_cache, v_cache
     assert torch.equal(k_after, want_k) and torch.equal(v_after, want_v)
     assert lse.shape == (batch, heads, seqlen_q)
-    expected = _expected(q, want_k, want_v, total, causal=causal, window=window, softcap=softcap,
-                         sink=s_aux.cpu() if sink else None)  # fmt: skip
+    expected, expected_lse = _expected(q, want_k, want_v, total, causal=causal, window=window,
+                                       softcap=softcap, sink=s_aux.cpu() if sink else None)  # fmt: skip
     assert_close(out, expected, dtype, "out")
+    finite = torch.isfinite(expected_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite), "rows that see no key: lse +inf"
+    assert_close(lse.cpu()[finite], expected_lse[finite], torch.float32, "lse", floor=1.0)
 
 
 def test_kvcache_int_seqlens_and_whole_cache(attn):
     q = randn(2, 1, 2, 64, dtype=torch.float16)
     k_cache, v_cache = (randn(2, 17, 2, 64, dtype=torch.float16) for _ in range(2))
     whole = attn.flash_attn_with_kvcache(q, k_cache, v_cache)
-    assert_close(whole, _expected(q, k_cache, v_cache, [17, 17]), torch.float16, "whole cache")
+    assert_close(whole, _expected(q, k_cache, v_cache, [17, 17])[0], torch.float16, "whole")
     part = attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=9, causal=True)
-    assert_close(part, _expected(q, k_cache, v_cache, [9, 9]), torch.float16, "int seqlens")
+    assert_close(part, _expected(q, k_cache, v_cache, [9, 9])[0], torch.float16, "int seqlens")
+
+
+def test_decode_split_rule(attn):
+    from importlib import import_module
+
+    splits = import_module(attn.__name__ + "._tuning").decode_splits
+    # An H100 (132 SMs), 8 kv heads, a 4k cache: batch 1 fills the GPU with 16 chunks of 256
+    # keys, batch 8 with 2; batch 32 fills it unsplit.
+    assert splits(1 * 8, 4096, 132) == 16
+    assert splits(8 * 8, 4096, 132) == 2
+    assert splits(32 * 8, 4096, 132) == 1
+    # No chunk under 256 keys, and no more than 64 chunks.
+    assert splits(8, 300, 132) == 2
+    assert splits(1, 1 << 20, 132) == 64
 
 
 def test_kvcache_errors(attn):
@@ -158,6 +181,19 @@ def test_kvcache_under_compile(attn):
     )
     assert torch.equal(got, want)
     assert torch.equal(k_cache, eager_k) and torch.equal(v_cache, eager_v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,used", [(1, [4001]), (8, [4096, 1, 3000, 17, 2048, 4095, 0, 999])])
+def test_split_decode_at_size(attn, batch, used):
+    # The issue's decode shapes (32 q / 8 kv heads, a 4k cache, bf16) with the split count the
+    # rule picks on this GPU, against the float64 reference.
+    q = randn(batch, 1, 32, 128, dtype=torch.bfloat16)
+    k_cache, v_cache = (randn(batch, 4096, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    lengths = torch.tensor(used, dtype=torch.int32, device=DEVICE)
+    out = attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True)
+    want, _ = _expected(q, k_cache, v_cache, used, causal=True)
+    assert_close(out, want, torch.bfloat16, "out")
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")

@@ -8,15 +8,36 @@ from the device (no ``.item()``, no host sync), so they can be captured in CUDA 
 ``forward`` returns ``(out, lse)``; its registered autograd runs ``backward``, which returns
 ``(dq, dk, dv, delta)``; the sink gradient is ``-sum(exp(s_aux - lse) * delta)`` over a head's
 rows (the sink's probability times ``dout . out``), summed here in PyTorch.
+
+Dropout takes its randomness as an input: ``dropout_seed``, a 1-element int64 tensor that
+``draw_dropout_seed`` draws from torch's generator outside the op (so ``torch.manual_seed``
+fixes it, ``torch.compile`` sees an ordinary random op and a CUDA graph's replays draw anew).
+The kernels key Philox numbers by (seed, query row, head, key), and the backward regenerates the
+forward's mask from the seed it saved; ``dropout_keep_mask`` runs the same code for tests.
+
+A KV-cache call with at most ``DECODE_MAX_QUERIES`` queries a sequence takes the split-KV
+(flash-decoding) path, ``_decode``: the keys are cut into ``decode_splits`` chunks, one program
+each (per batch row, kv head and tile of the group's query rows), and a second kernel combines
+the chunks by their log-sum-exps.
 """
 
+import functools
 import math
 
 import torch
 
 from . import _kernels as K
 from ._library import launch, next_power_of_2, op_name
-from ._tuning import BACKWARD, DECODE, DECODE_MAX_QUERIES, DELTA_ROWS, FORWARD, config
+from ._tuning import (
+    BACKWARD,
+    DECODE,
+    DECODE_MAX_QUERIES,
+    DECODE_MAX_ROWS,
+    DELTA_ROWS,
+    FORWARD,
+    config,
+    decode_splits,
+)
 
 _LOG2E = 1.4426950408889634
 
@@ -69,6 +90,89 @@ def _lse_shape(q: torch.Tensor) -> tuple[int, int, int]:
     return (q.shape[0], q.shape[2], q.shape[1])
 
 
+def draw_dropout_seed(device: torch.device) -> torch.Tensor:
+    """A dropout seed for the kernels: one int64 drawn from torch's generator of ``device``
+    (on the device: no host sync, and a CUDA graph's replays each draw a new one)."""
+    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
+
+
+def _dropout_args(dropout_p: float, dropout_seed: torch.Tensor | None, max_seqlen_k: int,
+                  device: torch.device) -> tuple:  # fmt: skip
+    # (SEED, rng_cols, dropout_p, dropout_scale, DROPOUT) as the kernels take them; dropout_p 0
+    # compiles the kernels without any of it.
+    if dropout_p <= 0.0:
+        return _null(device), 1, 0.0, 1.0, False
+    if dropout_seed is None:
+        raise ValueError("dropout_p > 0 needs a dropout_seed (draw_dropout_seed).")
+    return dropout_seed, max(max_seqlen_k, 1), float(dropout_p), 1.0 / (1.0 - dropout_p), True
+
+
+def dropout_keep_mask(
+    dropout_seed: torch.Tensor, rows: int, heads: int, max_seqlen_k: int, dropout_p: float
+) -> torch.Tensor:
+    """The keep-mask ``(rows, heads, max_seqlen_k)`` (bool) that the kernels draw for
+    ``dropout_seed``: for dense inputs ``rows`` is ``batch * seqlen_q`` (row ``b * seqlen_q + i``),
+    for packed ones the packed query rows; ``max_seqlen_k`` as passed to the attention call. For
+    tests: it runs the kernels' own random-number code."""
+    device = dropout_seed.device
+    keep = torch.zeros((rows, heads, max_seqlen_k), dtype=torch.int8, device=device)
+    # Any blocks draw the same numbers; wide ones keep the interpreter's launches few.
+    cfg = config(FORWARD, 16, device.type != "cuda")._replace(block_m=16, block_n=256)
+    args = (keep, dropout_seed, rows, heads, max_seqlen_k, float(dropout_p), cfg.block_m,
+            cfg.block_n)  # fmt: skip
+    _run(K._dropout_mask_kernel, (-(-rows // cfg.block_m), heads), args, cfg, device)
+    return keep.bool()
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logit_scale,
+            cap_log2, window_left, window_right, softcap, num_splits) -> None:  # fmt: skip
+    device = q.device
+    batch, seqlen_q, n_heads, d_qk = q.shape
+    n_kv_heads, d_v = k.shape[2], v.shape[3]
+    group = n_heads // n_kv_heads
+    on_cpu = device.type != "cuda"
+    cfg = config(DECODE, next_power_of_2(max(d_qk, d_v)), on_cpu)
+    rows = seqlen_q * group
+    # tl.dot wants at least 16 rows; a larger group is cut into tiles of DECODE_MAX_ROWS.
+    block_m = cfg.block_m if on_cpu else min(max(16, next_power_of_2(rows)), DECODE_MAX_ROWS)
+    tiles = -(-rows // block_m)
+    if num_splits <= 0:
+        sms = 1 if on_cpu else _sm_count(device.index if device.index is not None else 0)
+        num_splits = decode_splits(batch * n_kv_heads * tiles, max_seqlen_k, sms)
+    part_out = torch.empty((batch * n_kv_heads, num_splits, rows, d_v), dtype=torch.float32,
+                           device=device)  # fmt: skip
+    part_lse = torch.empty((batch * n_kv_heads, num_splits, rows), dtype=torch.float32,
+                           device=device)  # fmt: skip
+    page_size = k.shape[1] if block_table is not None else 1
+    null = _null(device)
+    args = (
+        q, k, v, part_out, part_lse, seqused_k,
+        block_table if block_table is not None else null,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        block_table.stride(0) if block_table is not None else 0,
+        seqlen_q, n_kv_heads, group, num_splits,
+        logit_scale, cap_log2, max(window_left, 0), max(window_right, 0),
+        d_qk, d_v, next_power_of_2(d_qk), next_power_of_2(d_v), block_m, cfg.block_n,
+        block_table is not None, page_size, window_left >= 0, window_right >= 0, softcap > 0.0,
+        _dot_precision(q.dtype, device),
+    )  # fmt: skip
+    _run(K._decode_split_kernel, (num_splits, tiles, batch * n_kv_heads), args, cfg, device)
+    args = (
+        part_out, part_lse, s_aux if s_aux is not None else null, out, lse,
+        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        seqlen_q, n_kv_heads, group, num_splits,
+        d_v, next_power_of_2(d_v), block_m, s_aux is not None,
+    )  # fmt: skip
+    _run(K._decode_reduce_kernel, (tiles, batch * n_kv_heads), args, cfg, device)
+
+
 @torch.library.custom_op(op_name("flash_attn_forward"), mutates_args=())
 def forward(
     q: torch.Tensor,
@@ -85,9 +189,14 @@ def forward(
     window_left: int,
     window_right: int,
     softcap: float,
+    dropout_p: float = 0.0,
+    dropout_seed: torch.Tensor | None = None,
+    num_splits: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of 4-D ``q`` over ``k``/``v``: ``(out, lse)``, ``lse`` as ``(q.shape[0], heads,
-    q.shape[1])`` fp32. ``window_*`` below 0 are unbounded; ``softcap`` 0 is none."""
+    q.shape[1])`` fp32. ``window_*`` below 0 are unbounded; ``softcap`` 0 is none; dropout as
+    the module's docstring says. ``num_splits``: the KV-cache decode path's split count, 0 for
+    ``decode_splits``' choice."""
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     device = q.device
     n_heads, d_qk, d_v = q.shape[2], q.shape[3], v.shape[3]
@@ -103,19 +212,24 @@ def forward(
     batches = _batches(q, cu_seqlens_q)
     if q.numel() == 0 or batches == 0:
         return out.zero_(), lse.fill_(float("inf"))
-    block_d = next_power_of_2(max(d_qk, d_v))
-    table = DECODE if max_seqlen_q <= DECODE_MAX_QUERIES and seqused_k is not None else FORWARD
-    cfg = config(table, block_d, device.type != "cuda")
     logit_scale, cap_log2 = _scales(softmax_scale, softcap)
+    if seqused_k is not None and cu_seqlens_q is None and max_seqlen_q <= DECODE_MAX_QUERIES:
+        _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logit_scale,
+                cap_log2, window_left, window_right, softcap, num_splits)  # fmt: skip
+        return out, lse
+    cfg = config(FORWARD, next_power_of_2(max(d_qk, d_v)), device.type != "cuda")
     page_size = k.shape[1] if block_table is not None else 1
     null = _null(device)
+    seed, rng_cols, dropout_p, dropout_scale, dropout = _dropout_args(
+        dropout_p, dropout_seed, max_seqlen_k, device
+    )
     args = (
         q, k, v, out, lse,
         s_aux if s_aux is not None else null,
         cu_seqlens_q if cu_seqlens_q is not None else null,
         cu_seqlens_k if cu_seqlens_k is not None else null,
         seqused_k if seqused_k is not None else null,
-        block_table if block_table is not None else null,
+        block_table if block_table is not None else null, seed,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -124,11 +238,12 @@ def forward(
         block_table.stride(0) if block_table is not None else 0,
         q.shape[1], k.shape[1], n_heads, n_heads // k.shape[2],
         logit_scale, cap_log2, max(window_left, 0), max(window_right, 0),
+        rng_cols, dropout_p, dropout_scale,
         d_qk, d_v, next_power_of_2(d_qk), next_power_of_2(d_v), cfg.block_m, cfg.block_n,
         cu_seqlens_q is not None, _k_len_mode(cu_seqlens_k, seqused_k),
         block_table is not None, page_size,
         window_left >= 0, window_right >= 0, softcap > 0.0, s_aux is not None,
-        _dot_precision(q.dtype, device),
+        _dot_precision(q.dtype, device), dropout,
     )  # fmt: skip
     grid = (-(-max_seqlen_q // cfg.block_m), batches * n_heads)
     _run(K._fwd_kernel, grid, args, cfg, device)
@@ -137,7 +252,8 @@ def forward(
 
 @forward.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, s_aux, max_seqlen_q,
-      max_seqlen_k, softmax_scale, window_left, window_right, softcap):  # fmt: skip
+      max_seqlen_k, softmax_scale, window_left, window_right, softcap, dropout_p=0.0,
+      dropout_seed=None, num_splits=0):  # fmt: skip
     out = q.new_empty((*q.shape[:3], v.shape[3]))
     return out, q.new_empty(_lse_shape(q), dtype=torch.float32)
 
@@ -158,6 +274,8 @@ def backward(
     window_left: int,
     window_right: int,
     softcap: float,
+    dropout_p: float = 0.0,
+    dropout_seed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of ``forward`` (without paging or a KV cache): ``(dq, dk, dv, delta)``, where
     ``delta = rowsum(dout * out)`` is laid out as ``lse``."""
@@ -178,9 +296,11 @@ def backward(
     cu_q = cu_seqlens_q if varlen else null
     cu_k = cu_seqlens_k if cu_seqlens_k is not None else null
     k_len = _k_len_mode(cu_seqlens_k, None)
-    flags = (window_left >= 0, window_right >= 0, softcap > 0.0, _dot_precision(q.dtype, device))
+    seed, *dropout = _dropout_args(dropout_p, dropout_seed, max_seqlen_k, device)
+    flags = (window_left >= 0, window_right >= 0, softcap > 0.0, _dot_precision(q.dtype, device),
+             dropout[-1])  # fmt: skip
     logit_scale, cap_log2 = _scales(softmax_scale, softcap)
-    windows = (max(window_left, 0), max(window_right, 0))
+    windows = (max(window_left, 0), max(window_right, 0), *dropout[:-1])
     dims = (d_qk, d_v, next_power_of_2(d_qk), next_power_of_2(d_v))
 
     delta_cfg = config(BACKWARD, block_d, on_cpu)
@@ -203,7 +323,7 @@ def backward(
         dout.stride(0), dout.stride(1), dout.stride(2),
     )  # fmt: skip
     args = (
-        q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, *common,
+        q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, seed, *common,
         dk.stride(0), dk.stride(1), dk.stride(2),
         dv.stride(0), dv.stride(1), dv.stride(2),
         lse.stride(0), lse.stride(1),
@@ -215,7 +335,7 @@ def backward(
     _run(K._bwd_dkdv_kernel, grid, args, cfg, device)
 
     args = (
-        q, k, v, dout, lse, delta, dq, cu_q, cu_k, *common,
+        q, k, v, dout, lse, delta, dq, cu_q, cu_k, seed, *common,
         dq.stride(0), dq.stride(1), dq.stride(2),
         lse.stride(0), lse.stride(1),
         q.shape[1], k.shape[1], n_heads, n_heads // n_kv_heads,
@@ -229,16 +349,18 @@ def backward(
 
 @backward.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      softmax_scale, window_left, window_right, softcap):  # fmt: skip
+      softmax_scale, window_left, window_right, softcap, dropout_p=0.0,
+      dropout_seed=None):  # fmt: skip
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(lse)
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, seqused_k, block_table, s_aux, max_q, max_k, scale, left, right,
-     softcap) = inputs  # fmt: skip
+     softcap, *rest) = inputs  # fmt: skip
+    dropout_p, dropout_seed = (rest + [0.0, None])[:2]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, s_aux)
-    ctx.params = (max_q, max_k, scale, left, right, softcap)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, s_aux, dropout_seed)
+    ctx.params = (max_q, max_k, scale, left, right, softcap, dropout_p)
     ctx.paged_or_cache = seqused_k is not None or block_table is not None
 
 
@@ -248,14 +370,15 @@ def _backward(ctx, dout, _dlse):
             "flash_attn_with_kvcache has no backward (as in flash-attn): call it under "
             "torch.no_grad(), or use flash_attn_func / flash_attn_varlen_func to train."
         )
-    q, k, v, out, lse, cu_q, cu_k, s_aux = ctx.saved_tensors
-    dq, dk, dv, delta = backward(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.params)
+    q, k, v, out, lse, cu_q, cu_k, s_aux, dropout_seed = ctx.saved_tensors
+    dq, dk, dv, delta = backward(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.params, dropout_seed)
     ds_aux = None
     if s_aux is not None and ctx.needs_input_grad[7]:
         # d lse / d sink is the sink's probability; d out / d sink is -p_sink * out.
         p_sink = torch.exp(s_aux.float()[None, :, None] - lse)
         ds_aux = (-(p_sink * delta).sum(dim=(0, 2))).to(s_aux.dtype)
-    return dq, dk, dv, None, None, None, None, ds_aux, None, None, None, None, None, None
+    # One gradient per input of forward (7 tensors/options before s_aux, 9 after it).
+    return dq, dk, dv, None, None, None, None, ds_aux, *([None] * 9)
 
 
 forward.register_autograd(_backward, setup_context=_setup_context)

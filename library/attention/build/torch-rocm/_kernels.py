@@ -128,13 +128,40 @@ def _unmasked(lo, hi, first, end, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _dropout_keep(seed, rows, h, offs_n, n_heads, rng_cols, dropout_p):
+    # Which probabilities of rows x keys survive dropout: Philox numbers keyed by (seed, query
+    # row, head, key), so that the backward (and _dropout_mask_kernel) regenerate the same mask
+    # from the seed alone. rows index q's (batch x seqlen) or packed rows, keys a sequence's own
+    # keys; rng_cols (>= every sequence's key count) keeps the offsets distinct.
+    offsets = (rows.to(tl.int64)[:, None] * n_heads + h) * rng_cols + offs_n[None, :]
+    return tl.rand(seed, offsets) >= dropout_p
+
+
+@triton.jit
+def _dropout_mask_kernel(KEEP, SEED, n_rows, n_heads, rng_cols, dropout_p,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    # The keep-mask (n_rows, n_heads, rng_cols) of _dropout_keep, for tests: the same code the
+    # attention kernels run.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    h = tl.program_id(1)
+    seed = tl.load(SEED)
+    for start_n in range(0, rng_cols, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        keep = _dropout_keep(seed, rows, h, offs_n, n_heads, rng_cols, dropout_p)
+        offsets = (rows.to(tl.int64)[:, None] * n_heads + h) * rng_cols + offs_n[None, :]
+        tl.store(KEEP + offsets, keep.to(tl.int8),
+                 mask=(rows < n_rows)[:, None] & (offs_n < rng_cols)[None, :])  # fmt: skip
+
+
+@triton.jit
 def _fwd_steps(
     q, m_i, l_i, acc, K, V, BLOCK_TABLE, start, end, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
     dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     len_q, len_k, logit_scale, cap_log2, window_left, window_right,
+    seed, rows_g, h, n_heads, rng_cols, dropout_p, dropout_scale,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr, DROPOUT: tl.constexpr,
 ):  # fmt: skip
     # The online softmax over key blocks [start, end). Unless MASKED, every key of these blocks
     # exists and every query sees it: no mask is computed or applied.
@@ -166,6 +193,10 @@ def _fwd_steps(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            # The denominator sums every probability; only the output sees the dropped ones.
+            keep = _dropout_keep(seed, rows_g, h, offs_n, n_heads, rng_cols, dropout_p)
+            p = tl.where(keep, p * dropout_scale, 0.0)
         if MASKED:
             v = tl.load(V + v_rows[:, None] + hk * stride_vh + offs_dv[None, :],
                         mask=n_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
@@ -179,20 +210,20 @@ def _fwd_steps(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, OUT, LSE, SINK, CU_Q, CU_K, SEQUSED_K, BLOCK_TABLE,
+    Q, K, V, OUT, LSE, SINK, CU_Q, CU_K, SEQUSED_K, BLOCK_TABLE, SEED,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh, stride_bt,
     seqlen_q, seqlen_k, n_heads, group,
-    logit_scale, cap_log2, window_left, window_right,
+    logit_scale, cap_log2, window_left, window_right, rng_cols, dropout_p, dropout_scale,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN_Q: tl.constexpr, K_LEN: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    HAS_SINK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_SINK: tl.constexpr, DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -236,23 +267,30 @@ def _fwd_kernel(
     if WINDOW_RIGHT:
         end = tl.minimum(len_k, start_m + shift + window_right + 1)
     u_lo, u_hi = _unmasked(lo, hi, first, end, BLOCK_N)
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
+    rows_g = bq * seqlen_q + q_start + offs_m
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, lo, u_lo, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, BLOCK_N, PAGED,
-        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True,
+        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, seed, rows_g, h,
+        n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT,
     )  # fmt: skip
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, u_lo, u_hi, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, BLOCK_N, PAGED,
-        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False,
+        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, seed, rows_g, h,
+        n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False, DROPOUT,
     )  # fmt: skip
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, u_hi, hi, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, BLOCK_N, PAGED,
-        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True,
+        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, seed, rows_g, h,
+        n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT,
     )  # fmt: skip
 
     has_mass = l_i > 0.0
@@ -301,8 +339,10 @@ def _dkdv_steps(
     dk, dv, k, v, Q, DO, LSE, DELTA, start, end, h, bq, q_start, offs_n, offs_dq, offs_dv,
     dq_mask, dv_mask, stride_qb, stride_qs, stride_qh, stride_dob, stride_dos, stride_doh,
     stride_lb, stride_lh, len_q, len_k, logit_scale, cap_log2, window_left, window_right,
+    seed, row0, n_heads, rng_cols, dropout_p, dropout_scale,
     BLOCK_M: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
+    DROPOUT: tl.constexpr,
 ):  # fmt: skip
     # dk and dv of one key block over query blocks [start, end) of head h; unless MASKED, no
     # mask is computed (none applies there).
@@ -326,8 +366,16 @@ def _dkdv_steps(
             mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
                          WINDOW_RIGHT)  # fmt: skip
             p = tl.where(mask, p, 0.0)
-        dv += _dot(tl.trans(p.to(do.dtype)), do, DOT_PRECISION)
         dp = _dot(do, tl.trans(v), DOT_PRECISION)
+        if DROPOUT:
+            # out = (p * keep * scale) v: dv sees the dropped probabilities, and the gradient
+            # of p the kept ones' dp; delta = rowsum(dout * out) is unchanged (flash-attn 2).
+            keep = _dropout_keep(seed, row0 + offs_m, h, offs_n, n_heads, rng_cols, dropout_p)
+            dv += _dot(tl.trans(tl.where(keep, p * dropout_scale, 0.0).to(do.dtype)), do,
+                       DOT_PRECISION)  # fmt: skip
+            dp = tl.where(keep, dp * dropout_scale, 0.0)
+        else:
+            dv += _dot(tl.trans(p.to(do.dtype)), do, DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             t = _tanh(qk * logit_scale)
@@ -340,9 +388,10 @@ def _dkdv_steps(
 def _dq_steps(
     dq, q, do, lse, delta, K, V, start, end, bk, k_start, hk, offs_m, offs_dq, offs_dv, dq_mask,
     dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, len_q, len_k,
-    logit_scale, cap_log2, window_left, window_right, BLOCK_N: tl.constexpr,
+    logit_scale, cap_log2, window_left, window_right, seed, rows_g, h, n_heads, rng_cols,
+    dropout_p, dropout_scale, BLOCK_N: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr, DROPOUT: tl.constexpr,
 ):  # fmt: skip
     # dq of one query block over key blocks [start, end); unless MASKED, no mask is computed.
     for start_n in range(start, end, BLOCK_N):
@@ -362,6 +411,9 @@ def _dq_steps(
                          WINDOW_RIGHT)  # fmt: skip
             p = tl.where(mask, p, 0.0)
         dp = _dot(do, vt, DOT_PRECISION)
+        if DROPOUT:
+            keep = _dropout_keep(seed, rows_g, h, offs_n, n_heads, rng_cols, dropout_p)
+            dp = tl.where(keep, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             t = _tanh(qk * logit_scale)
@@ -372,7 +424,7 @@ def _dq_steps(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, SEED,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -381,13 +433,13 @@ def _bwd_dkdv_kernel(
     stride_dvb, stride_dvs, stride_dvh,
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, n_kv_heads, group,
-    scale, logit_scale, cap_log2, window_left, window_right,
+    scale, logit_scale, cap_log2, window_left, window_right, rng_cols, dropout_p, dropout_scale,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN_Q: tl.constexpr, K_LEN: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -432,25 +484,32 @@ def _bwd_dkdv_kernel(
     if WINDOW_LEFT:
         end = tl.minimum(len_q, start_n + 1 - shift + window_left)
     u_lo, u_hi = _unmasked(lo, hi, first, end, BLOCK_M)
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
+    row0 = bq * seqlen_q + q_start
     for g in range(0, group):
         h = hk * group + g
         dk, dv = _dkdv_steps(
             dk, dv, k, v, Q, DO, LSE, DELTA, lo, u_lo, h, bq, q_start, offs_n, offs_dq, offs_dv,
             dq_mask, dv_mask, stride_qb, stride_qs, stride_qh, stride_dob, stride_dos,
             stride_doh, stride_lb, stride_lh, len_q, len_k, logit_scale, cap_log2, window_left,
-            window_right, BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True,
+            window_right, seed, row0, n_kv_heads * group, rng_cols, dropout_p, dropout_scale,
+            BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT,
         )  # fmt: skip
         dk, dv = _dkdv_steps(
             dk, dv, k, v, Q, DO, LSE, DELTA, u_lo, u_hi, h, bq, q_start, offs_n, offs_dq,
             offs_dv, dq_mask, dv_mask, stride_qb, stride_qs, stride_qh, stride_dob, stride_dos,
             stride_doh, stride_lb, stride_lh, len_q, len_k, logit_scale, cap_log2, window_left,
-            window_right, BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False,
+            window_right, seed, row0, n_kv_heads * group, rng_cols, dropout_p, dropout_scale,
+            BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False, DROPOUT,
         )  # fmt: skip
         dk, dv = _dkdv_steps(
             dk, dv, k, v, Q, DO, LSE, DELTA, u_hi, hi, h, bq, q_start, offs_n, offs_dq, offs_dv,
             dq_mask, dv_mask, stride_qb, stride_qs, stride_qh, stride_dob, stride_dos,
             stride_doh, stride_lb, stride_lh, len_q, len_k, logit_scale, cap_log2, window_left,
-            window_right, BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True,
+            window_right, seed, row0, n_kv_heads * group, rng_cols, dropout_p, dropout_scale,
+            BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT,
         )  # fmt: skip
 
     dk_rows = bk.to(tl.int64) * stride_dkb + (k_start + offs_n) * stride_dks
@@ -463,7 +522,7 @@ def _bwd_dkdv_kernel(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
+    Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, SEED,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -471,13 +530,13 @@ def _bwd_dq_kernel(
     stride_dqb, stride_dqs, stride_dqh,
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, n_heads, group,
-    scale, logit_scale, cap_log2, window_left, window_right,
+    scale, logit_scale, cap_log2, window_left, window_right, rng_cols, dropout_p, dropout_scale,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN_Q: tl.constexpr, K_LEN: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -517,25 +576,149 @@ def _bwd_dq_kernel(
     if WINDOW_RIGHT:
         end = tl.minimum(len_k, start_m + shift + window_right + 1)
     u_lo, u_hi = _unmasked(lo, hi, first, end, BLOCK_N)
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
+    rows_g = bq * seqlen_q + rows
     dq = _dq_steps(
         dq, q, do, lse, delta, K, V, lo, u_lo, bk, k_start, hk, offs_m, offs_dq, offs_dv, dq_mask,
         dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, len_q, len_k,
-        logit_scale, cap_log2, window_left, window_right, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT,
-        SOFTCAP, DOT_PRECISION, True,
+        logit_scale, cap_log2, window_left, window_right, seed, rows_g, h, n_heads, rng_cols,
+        dropout_p, dropout_scale, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION,
+        True, DROPOUT,
     )  # fmt: skip
     dq = _dq_steps(
         dq, q, do, lse, delta, K, V, u_lo, u_hi, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        len_q, len_k, logit_scale, cap_log2, window_left, window_right, BLOCK_N, WINDOW_LEFT,
-        WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False,
+        len_q, len_k, logit_scale, cap_log2, window_left, window_right, seed, rows_g, h, n_heads,
+        rng_cols, dropout_p, dropout_scale, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
+        DOT_PRECISION, False, DROPOUT,
     )  # fmt: skip
     dq = _dq_steps(
         dq, q, do, lse, delta, K, V, u_hi, hi, bk, k_start, hk, offs_m, offs_dq, offs_dv, dq_mask,
         dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, len_q, len_k,
-        logit_scale, cap_log2, window_left, window_right, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT,
-        SOFTCAP, DOT_PRECISION, True,
+        logit_scale, cap_log2, window_left, window_right, seed, rows_g, h, n_heads, rng_cols,
+        dropout_p, dropout_scale, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION,
+        True, DROPOUT,
     )  # fmt: skip
 
     tl.store(DQ + bq.to(tl.int64) * stride_dqb + rows[:, None] * stride_dqs + h * stride_dqh
              + offs_dq[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=m_mask[:, None] & dq_mask[None, :])  # fmt: skip
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, OUT_P, LSE_P, SEQUSED_K, BLOCK_TABLE,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_bt,
+    seqlen_q, n_kv_heads, group, num_splits,
+    logit_scale, cap_log2, window_left, window_right,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    # Flash-decoding, step 1: one program per (split of the keys, tile of rows, batch x kv head).
+    # Its rows are every query of every query head of one kv head (row r: query r // group,
+    # head hk * group + r % group), so that a block of keys and values is read once for the
+    # whole group. It writes its split's normalised output and log-sum-exp (-inf where it saw
+    # no key); _decode_reduce_kernel combines the splits.
+    split = tl.program_id(0)
+    tile = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    b = pid_bh // n_kv_heads
+    hk = pid_bh % n_kv_heads
+    len_k = tl.load(SEQUSED_K + b).to(tl.int32)
+    n_rows = seqlen_q * group
+    offs_r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    r_mask = offs_r < n_rows
+    # Rows past n_rows get a query index >= seqlen_q, which _mask hides.
+    offs_i = offs_r // group
+    heads = hk * group + offs_r % group
+    offs_dq = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dq_mask = offs_dq < HEAD_DIM_QK
+    dv_mask = offs_dv < HEAD_DIM_V
+    q_rows = b.to(tl.int64) * stride_qb + offs_i * stride_qs + heads * stride_qh
+    q = tl.load(Q + q_rows[:, None] + offs_dq[None, :], mask=r_mask[:, None] & dq_mask[None, :],
+                other=0.0)  # fmt: skip
+
+    # The keys any row may see are [lo, len_k) (the queries are the cache's newest rows, so a
+    # right window ends at len_k); the splits share them in chunks of whole key blocks.
+    lo = 0
+    if WINDOW_LEFT:
+        lo = (tl.maximum(len_k - seqlen_q - window_left, 0) // BLOCK_N) * BLOCK_N
+    blocks = tl.cdiv(len_k - lo, BLOCK_N)
+    chunk = tl.cdiv(blocks, num_splits) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, len_k)
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    m_i, l_i, acc = _fwd_steps(
+        q, m_i, l_i, acc, K, V, BLOCK_TABLE, start, end, b, b, 0, hk, offs_i, offs_dq, offs_dv,
+        dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_bt, seqlen_q, len_k, logit_scale, cap_log2, window_left, window_right, 0, offs_i,
+        0, 1, 1, 0.0, 1.0, BLOCK_N, PAGED, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
+        DOT_PRECISION, True, False,
+    )  # fmt: skip
+    has_mass = l_i > 0.0
+    out = acc / tl.where(has_mass, l_i, 1.0)[:, None]
+    lse = tl.where(has_mass, m_i * LN2 + tl.log(tl.where(has_mass, l_i, 1.0)), float("-inf"))
+    part = (pid_bh * num_splits + split).to(tl.int64) * n_rows + offs_r
+    tl.store(OUT_P + part[:, None] * HEAD_DIM_V + offs_dv[None, :], out,
+             mask=r_mask[:, None] & dv_mask[None, :])  # fmt: skip
+    tl.store(LSE_P + part, lse, mask=r_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    OUT_P, LSE_P, SINK, OUT, LSE,
+    stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+    seqlen_q, n_kv_heads, group, num_splits,
+    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+):  # fmt: skip
+    # Flash-decoding, step 2: each row's splits (and its sink, a logit of its own) combined by
+    # their log-sum-exps, in split order (deterministic).
+    tile = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_kv_heads
+    hk = pid_bh % n_kv_heads
+    n_rows = seqlen_q * group
+    offs_r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    r_mask = offs_r < n_rows
+    offs_i = offs_r // group
+    heads = hk * group + offs_r % group
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_mask = offs_dv < HEAD_DIM_V
+    if HAS_SINK:
+        m_i = tl.load(SINK + heads, mask=r_mask, other=0.0).to(tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    else:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for split in range(0, num_splits):
+        part = (pid_bh * num_splits + split).to(tl.int64) * n_rows + offs_r
+        lse_s = tl.load(LSE_P + part, mask=r_mask, other=float("-inf"))
+        out_s = tl.load(OUT_P + part[:, None] * HEAD_DIM_V + offs_dv[None, :],
+                        mask=r_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
+        m_new = tl.maximum(m_i, lse_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        weight = tl.exp(lse_s - m_safe)
+        acc = acc * alpha[:, None] + weight[:, None] * out_s
+        l_i = l_i * alpha + weight
+        m_i = m_new
+    has_mass = l_i > 0.0
+    out = acc / tl.where(has_mass, l_i, 1.0)[:, None]
+    lse = tl.where(has_mass, m_i + tl.log(tl.where(has_mass, l_i, 1.0)), float("inf"))
+    o_rows = b.to(tl.int64) * stride_ob + offs_i * stride_os + heads * stride_oh
+    tl.store(OUT + o_rows[:, None] + offs_dv[None, :], out.to(OUT.dtype.element_ty),
+             mask=r_mask[:, None] & dv_mask[None, :])  # fmt: skip
+    tl.store(LSE + b.to(tl.int64) * stride_lb + heads * stride_lh + offs_i, lse, mask=r_mask)

@@ -6,11 +6,17 @@ transformers 5.x calls these when a model is loaded with ``attn_implementation=<
 reads their signatures to decide which options to pass (``dropout_p``, ``window_size``,
 ``softcap``, ``s_aux``, ``block_table``, ``cache_seqlens``, ``deterministic``).
 
+Dropout (``dropout_p``) is flash-attn 2's: the probabilities are dropped after the softmax and
+the kept ones scaled by ``1 / (1 - dropout_p)``; the mask comes from a seed drawn from torch's
+generator on each call, so ``torch.manual_seed`` makes it repeatable, and the backward
+regenerates it rather than storing it.
+
 Differences from flash-attn 2, each raised as an error rather than silently ignored:
-dropout (``dropout_p > 0``), ALiBi (``alibi_slopes``), rotary embedding inside
-``flash_attn_with_kvcache`` (``rotary_cos``/``rotary_sin``), ``cache_batch_idx`` and
-``cache_leftpad``. ``return_attn_probs=True`` returns ``(out, softmax_lse, None)``: without
-dropout there is no dropout mask to return. The backward is always deterministic (no atomics).
+ALiBi (``alibi_slopes``), rotary embedding inside ``flash_attn_with_kvcache``
+(``rotary_cos``/``rotary_sin``), ``cache_batch_idx`` and ``cache_leftpad``.
+``return_attn_probs=True`` returns ``(out, softmax_lse, None)``: no probabilities or dropout
+mask (flash-attn 2 returns them only for its tests). The backward is always deterministic (no
+atomics).
 Values inside ``cu_seqlens`` and ``cache_seqlens`` are not checked: that would read them back
 from the GPU, a host synchronisation on every call.
 """
@@ -68,17 +74,23 @@ def _check_tensors(where: str, q, k, v, q_dims: int, kv_dims: int) -> None:
         )
 
 
-def _check_options(where: str, dropout_p, alibi_slopes) -> None:
-    if dropout_p:
-        _fail(
-            f"{where}: dropout_p={dropout_p} is not supported by this kernel (attention dropout is "
-            "not implemented). Set the model's attention_dropout to 0, or use another attention "
-            "implementation (e.g. 'sdpa') to train with attention dropout."
-        )
+def _check_options(where: str, dropout_p, alibi_slopes) -> float:
+    try:
+        p = float(dropout_p or 0.0)
+    except (TypeError, ValueError):
+        p = float("nan")
+    if not 0.0 <= p < 1.0:
+        _fail(f"{where}: dropout_p must be a probability in [0, 1), got {dropout_p!r}.")
     if alibi_slopes is not None:
         _fail(
             f"{where}: alibi_slopes (ALiBi) is not supported by this kernel; use another attention implementation."
         )
+    return p
+
+
+def _dropout(p: float, device) -> tuple[float, torch.Tensor | None]:
+    # (dropout_p, seed) for _ops.forward: a seed only when something is dropped.
+    return (p, _ops.draw_dropout_seed(device)) if p > 0.0 else (0.0, None)
 
 
 def _check_sink(where: str, s_aux, n_heads: int, device) -> None:
@@ -159,7 +171,8 @@ def flash_attn_func(
         q: ``(batch, seqlen_q, heads, head_dim)``, float16, bfloat16 or float32.
         k: ``(batch, seqlen_k, kv_heads, head_dim)``; ``kv_heads`` divides ``heads`` (GQA/MQA).
         v: ``(batch, seqlen_k, kv_heads, head_dim_v)``.
-        dropout_p: must be 0 (dropout is not implemented).
+        dropout_p: the probability of dropping each attention probability (training); the
+            kept ones are scaled by ``1 / (1 - dropout_p)``. 0 (evaluation) costs nothing.
         softmax_scale: the logits' scale, ``1 / sqrt(head_dim)`` by default.
         causal: mask aligned to the bottom right when ``seqlen_q != seqlen_k``, as flash-attn 2.
         window_size: ``(left, right)`` keys each query sees around its diagonal, -1 unbounded.
@@ -176,7 +189,7 @@ def flash_attn_func(
     """
     where = "flash_attn_func"
     _check_tensors(where, q, k, v, 4, 4)
-    _check_options(where, dropout_p, alibi_slopes)
+    dropout = _dropout(_check_options(where, dropout_p, alibi_slopes), q.device)
     if k.shape[0] != q.shape[0] or v.shape[:2] != k.shape[:2]:
         _fail(
             f"{where}: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} need the same "
@@ -186,7 +199,7 @@ def flash_attn_func(
     left, right = _window(where, window_size, causal)
     out, lse = _ops.forward(
         q, k, v, None, None, None, None, s_aux, q.shape[1], k.shape[1],
-        _scale(softmax_scale, q.shape[-1]), left, right, _softcap(where, softcap),
+        _scale(softmax_scale, q.shape[-1]), left, right, _softcap(where, softcap), *dropout,
     )  # fmt: skip
     return (out, lse, None) if return_attn_probs else out
 
@@ -229,7 +242,7 @@ def flash_attn_varlen_func(
     """
     where = "flash_attn_varlen_func"
     _check_tensors(where, q, k, v, 3, 4 if block_table is not None else 3)
-    _check_options(where, dropout_p, alibi_slopes)
+    dropout = _dropout(_check_options(where, dropout_p, alibi_slopes), q.device)
     _check_cu(where, "cu_seqlens_q", cu_seqlens_q, q.device)
     _check_cu(where, "cu_seqlens_k", cu_seqlens_k, q.device)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
@@ -250,7 +263,7 @@ def flash_attn_varlen_func(
     out, lse = _ops.forward(
         q.unsqueeze(0), k4, v4, cu_seqlens_q, cu_seqlens_k, None, block_table, s_aux,
         _as_int(max_seqlen_q), _as_int(max_seqlen_k), _scale(softmax_scale, q.shape[-1]),
-        left, right, _softcap(where, softcap),
+        left, right, _softcap(where, softcap), *dropout,
     )  # fmt: skip
     out = out.squeeze(0)
     return (out, lse.squeeze(0), None) if return_attn_probs else out
@@ -308,7 +321,10 @@ def flash_attn_with_kvcache(
         causal, window_size, softcap, softmax_scale, s_aux: as in ``flash_attn_func`` (the mask
             aligned to the bottom right, i.e. the newest queries are the cache's last keys).
         rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes: must be None.
-        rotary_interleaved, num_splits: accepted and ignored.
+        num_splits: how many chunks of the keys separate programs attend to (split-KV,
+            flash-decoding) when at most 16 queries a sequence; 0 picks by a rule from the batch,
+            kv heads, cache capacity and the GPU's SM count (no autotuning: CUDA graphs).
+        rotary_interleaved: accepted and ignored.
         return_softmax_lse: also return the log-sum-exp ``(batch, heads, seqlen_q)``.
 
     Returns:
@@ -364,7 +380,7 @@ def flash_attn_with_kvcache(
         out, lse = _ops.forward(
             q, k_cache, v_cache, None, None, used.to(torch.int32), block_table, s_aux,
             q.shape[1], capacity, _scale(softmax_scale, q.shape[-1]), left, right,
-            _softcap(where, softcap),
+            _softcap(where, softcap), 0.0, None, max(int(num_splits), 0),
         )  # fmt: skip
     return (out, lse) if return_softmax_lse else out
 

@@ -26,7 +26,8 @@ FORWARD = {
     128: Config(64, 64, 4, 3),
     256: Config(64, 32, 8, 2),
 }
-#: The decode path (at most DECODE_MAX_QUERIES queries a sequence): fewer, smaller query rows.
+#: The split-KV decode path (at most DECODE_MAX_QUERIES queries a sequence): BLOCK_N keys a
+#: step (its rows, the group's queries, are sized by the launcher up to DECODE_MAX_ROWS).
 DECODE = {
     16: Config(16, 64, 4, 3),
     32: Config(16, 64, 4, 3),
@@ -35,6 +36,13 @@ DECODE = {
     256: Config(16, 32, 4, 2),
 }
 DECODE_MAX_QUERIES = 16
+#: Rows (queries x query heads of one kv head) of one decode program; more make several tiles.
+DECODE_MAX_ROWS = 64
+#: Keys a decode split should at least cover: below that, the split's fixed cost (its loads of
+#: q, its partial output written and read back) outweighs the parallelism it adds.
+DECODE_MIN_KEYS_PER_SPLIT = 256
+#: The most splits of a decode call (its partial outputs grow with the count).
+DECODE_MAX_SPLITS = 64
 #: Both backward kernels: dk/dv programs own BLOCK_N keys and walk BLOCK_M queries at a time;
 #: dq programs own BLOCK_M queries and walk BLOCK_N keys.
 BACKWARD = {
@@ -57,3 +65,14 @@ MAX_HEAD_DIM = 256
 def config(table: dict, block_d: int, on_cpu: bool) -> Config:
     """The configuration of ``table`` for a head dimension padded to ``block_d``."""
     return CPU if on_cpu else table[max(16, block_d)]
+
+
+def decode_splits(programs: int, max_seqlen_k: int, sm_count: int) -> int:
+    """How many chunks the decode path cuts the keys into, from its programs without splitting
+    (batch x kv heads x row tiles), the cache's capacity and the GPU's SM count: enough to give
+    every SM a program (one wave, no tail), but no chunk under DECODE_MIN_KEYS_PER_SPLIT keys.
+    A rule, not an autotune: a decode step is captured in CUDA graphs, where nothing may be
+    timed, and the choice reads no lengths from the device."""
+    by_fill = max(1, sm_count // max(programs, 1))
+    by_work = max(1, -(-max_seqlen_k // DECODE_MIN_KEYS_PER_SPLIT))
+    return min(by_fill, by_work, DECODE_MAX_SPLITS)
