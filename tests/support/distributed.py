@@ -3,7 +3,7 @@
 A test module keeps its cases in a dict ``CASES`` (name -> function without arguments, run
 in order on every rank); `run_cases` runs them in one job, so the process group and the imports are paid for once:
 
-- ``backend="gloo"``: two spawned CPU processes (``torch.multiprocessing``'s spawn context),
+- ``backend="gloo"``: `world_size` (two by default) spawned CPU processes (``torch.multiprocessing``'s spawn context),
   with Triton's interpreter, so the kernels run on CPU tensors. The group is set up through a
   file in a temporary folder (no port to find), collectives time out after
   `COLLECTIVE_TIMEOUT` seconds, and the whole job is killed after ``timeout`` seconds.
@@ -40,6 +40,26 @@ NOT_RUN = "not run: an earlier case failed"
 def under_torchrun() -> bool:
     """Whether this process is one rank of a job torchrun (or another launcher) started."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def nccl_skip_reason(world_size: int) -> str | None:
+    """Why a job of `world_size` ranks cannot run on NCCL here, or None: under torchrun it runs
+    in torchrun's processes, so their number must be `world_size`; else it spawns one process
+    a GPU."""
+    if under_torchrun():
+        started = int(os.environ["WORLD_SIZE"])
+        if started != world_size:
+            return (
+                f"this job needs {world_size} ranks, torchrun started {started} "
+                f"(torchrun --nproc-per-node {world_size} -m pytest ... -m gpu)"
+            )
+        return None
+    if torch.cuda.device_count() < world_size:
+        return (
+            f"needs {world_size} CUDA GPUs (torchrun --nproc-per-node {world_size} -m pytest "
+            "... -m gpu, or plain pytest on a machine with that many)"
+        )
+    return None
 
 
 def device() -> torch.device:
@@ -130,6 +150,9 @@ def _child(rank, world_size, init_file, backend, module, cases, results) -> None
     # Before anything imports triton: the interpreter runs the kernels on CPU tensors.
     if backend == "gloo":
         os.environ["TRITON_INTERPRET"] = "1"
+    # What torchrun sets: transformers 5.x's distributed loading (``from_pretrained(...,
+    # tp_plan=...)``) reads the world size and local rank from the environment.
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
     import torch.distributed as dist
 
     if backend == "nccl":

@@ -1,8 +1,15 @@
-"""A tiny transformers 4.57 Llama for the distributed tests: the model, its batch, our kernels,
-the parallel plans, one training step and the checks against one process.
+"""A tiny Llama for the distributed tests, built for the transformers line installed (4.57 or
+5.x): the model, its batch, our kernels, the parallel plans, one training step and the checks
+against one process.
 
 Every rank builds the same model from the same seed; the reference is a single-process step of
 the untouched model on the whole batch, in fp32, computed on each rank before anything is tagged.
+
+What differs between the lines is what transformers tags itself: 4.57 tags the RMSNorm only, so
+the user tags the gated MLP, the rotary function and the ``*ForCausalLM`` forward; 5.x tags the
+RMSNorm and makes ``apply_rotary_pos_emb`` a kernelizable function module itself (one object per
+modelling module, for the whole process), so the user tags the gated MLP and the forward. Either
+way the same kernels run (`KERNELS`).
 """
 
 from __future__ import annotations
@@ -13,13 +20,20 @@ import logging
 
 import torch
 import torch.distributed as dist
+import transformers
+from packaging.version import Version
 
 from tests.support.models import llama_config
 
+#: Whether the installed transformers is of the 5.x line (which tags the rotary function itself).
+TRANSFORMERS_5 = Version(transformers.__version__).major >= 5
+
+# One decoder layer: every engine wraps, shards or parallelises it as it would each of many, and
+# on the CPU the kernels run through Triton's interpreter, whose cost grows with every layer.
 CONFIG = dict(
     hidden_size=32,
     intermediate_size=64,
-    num_hidden_layers=2,
+    num_hidden_layers=1,
     num_attention_heads=4,
     num_key_value_heads=2,
     vocab_size=64,
@@ -40,7 +54,8 @@ TOLERANCE = {
 }
 
 #: The layers of the model that get our kernels, by kernel layer (the rotary kernel is a
-#: function kernel named after the function; CausalLMFusedLoss is the whole model's forward).
+#: function kernel named after the function; CausalLMFusedLoss is the whole model's forward),
+#: on both lines.
 KERNELS = {"RMSNorm", "SiLU", "SwiGLUMLP", "apply_rotary_pos_emb", "CausalLMFusedLoss"}
 
 
@@ -64,15 +79,47 @@ def batch(device: torch.device) -> torch.Tensor:
 
 
 def kernelize_with_library(model) -> None:
-    """What a user does: tag what transformers 4.57 leaves untagged, kernelize for training."""
+    """What a user does: tag what the installed transformers leaves untagged, kernelize for
+    training."""
     from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
     from kernels.library import tag_causal_lm_losses, tag_gated_mlps, tag_rotary_embeddings
 
     tag_gated_mlps(model)
-    tag_rotary_embeddings(model)
+    if not TRANSFORMERS_5:  # 5.x's rotary function is kernelizable as it comes
+        tag_rotary_embeddings(model)
     tag_causal_lm_losses(model)
     with use_kernel_mapping(library_mapping()):
         kernelize(model, mode=Mode.TRAINING)
+
+
+def untouched() -> bool:
+    """Whether transformers' Llama runs its own code: nothing tagged by us, and the rotary
+    function transformers' own (4.57: the plain function; 5.x: its function module, unswapped)."""
+    import inspect
+
+    from transformers.models.llama import modeling_llama
+
+    from kernels.layer.swap import kernel_layer_of
+    from kernels.layer.tagging import tag_of
+
+    if tag_of(modeling_llama.LlamaMLP) or tag_of(modeling_llama.LlamaForCausalLM):
+        return False
+    rotary = modeling_llama.apply_rotary_pos_emb
+    if TRANSFORMERS_5:
+        return isinstance(rotary, torch.nn.Module) and kernel_layer_of(rotary) is None
+    return inspect.isfunction(rotary)
+
+
+def clean_up() -> None:
+    """Give the process back as transformers made it: our tags gone, and on 5.x the rotary
+    function module (one for the process) running its own forward again."""
+    from kernels.library import untag
+
+    untag()
+    if TRANSFORMERS_5:
+        from tests.support.tf5_models import restore_function_modules
+
+        restore_function_modules()
 
 
 def step(model, ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -85,14 +132,7 @@ def step(model, ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
 @functools.cache
 def reference(device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The untouched model's loss and gradients on the whole batch, in this process alone."""
-    import inspect
-
-    from transformers.models.llama import modeling_llama
-
-    from kernels.layer.tagging import tag_of
-
-    untouched = tag_of(modeling_llama.LlamaMLP) is tag_of(modeling_llama.LlamaForCausalLM) is None
-    assert untouched and inspect.isfunction(modeling_llama.apply_rotary_pos_emb), "tagged already"
+    assert untouched(), "tagged or kernelized already: compute the reference first"
     model = build(device)
     loss, _ = step(model, batch(device))
     return loss, {name: p.grad.float() for name, p in model.named_parameters()}
