@@ -15,8 +15,8 @@ fixes it, ``torch.compile`` sees an ordinary random op and a CUDA graph's replay
 The kernels key Philox numbers by (seed, query row, head, key), and the backward regenerates the
 forward's mask from the seed it saved; ``dropout_keep_mask`` runs the same code for tests.
 
-A KV-cache call with at most ``DECODE_MAX_QUERIES`` queries a sequence takes the split-KV
-(flash-decoding) path, ``_decode``: the keys are cut into ``decode_splits`` chunks, one program
+A call with at most ``DECODE_MAX_QUERIES`` queries a sequence (dense or over a KV cache, no
+dropout) takes the split-KV (flash-decoding) path, ``_decode``: the keys are cut into ``decode_splits`` chunks, one program
 each (per batch row, kv head and tile of the group's query rows), and a second kernel combines
 the chunks by their log-sum-exps.
 """
@@ -213,7 +213,17 @@ def forward(
     if q.numel() == 0 or batches == 0:
         return out.zero_(), lse.fill_(float("inf"))
     logit_scale, cap_log2 = _scales(softmax_scale, softcap)
-    if seqused_k is not None and cu_seqlens_q is None and max_seqlen_q <= DECODE_MAX_QUERIES:
+    if (
+        cu_seqlens_q is None
+        and cu_seqlens_k is None
+        and max_seqlen_q <= DECODE_MAX_QUERIES
+        and dropout_p <= 0.0
+    ):
+        # A few queries a sequence (a decode step, through flash_attn_with_kvcache or, as
+        # transformers' generate() calls it, flash_attn_func): the split-KV path. Its (out, lse)
+        # are the forward kernel's, so the backward is the same.
+        if seqused_k is None:
+            seqused_k = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=device)
         _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logit_scale,
                 cap_log2, window_left, window_right, softcap, num_splits)  # fmt: skip
         return out, lse
