@@ -1,51 +1,85 @@
-"""A training step of the 1.1B Llama-style model of benchmarks/e2e.py under FSDP2 on N GPUs:
-eager transformers against ours kernelized and Liger-Kernel.
+"""A training step of the 1.1B Llama-style model of benchmarks/e2e.py on N GPUs, under FSDP2 and
+under tensor parallelism: eager transformers against ours kernelized, Liger-Kernel and
+torch.compile, with the scaling efficiency from 1 to N GPUs.
 
-    torchrun --nproc-per-node 2 -m benchmarks.distributed --shape 8x512 \\
-        --out benchmarks/results/<device>/distributed
-    python -m benchmarks.distributed --report --out benchmarks/results/<device>/distributed
+    torchrun --nproc-per-node 1 -m benchmarks.distributed --engine fsdp2,tp --shape 8x512
+    torchrun --nproc-per-node 2 -m benchmarks.distributed --engine fsdp2,tp --shape 8x512
+    torchrun --nproc-per-node 4 -m benchmarks.distributed --engine fsdp2,tp --shape 8x512
+    python -m benchmarks.distributed --report
 
-``--shape`` is each rank's batch x sequence: N ranks train on N times its tokens (data
-parallel, every rank its own batch). Each contender is the e2e model (bf16 weights, SDPA
-attention) built on every rank from the same weights and set up as e2e.py sets it up (ours:
-tagged and kernelized for training before sharding, without and with the fused lm_head and
-cross-entropy; Liger: ``apply_liger_kernel_to_llama``, without and with its fused CE),
-then sharded with FSDP2: ``fully_shard`` on every decoder layer and on the root, bf16 all the
-way (``--no-reshard``: the gathered weights stay from forward to backward). torch.compile'd
-contenders are left out: compiling FSDP2 models is its own study.
+Results go to ``--out`` (default benchmarks/results/<device>/distributed): results.json keeps one
+entry per setting (transformers line, engine, shape, ranks, resharding; a run replaces its own
+settings' entries), results.md and distributed.png are written from all of them.
 
-Measured, in interleaved rounds as in e2e.py (each round runs every contender once, in
-rotating order, the same on every rank): the wall time of a training step (forward and
-backward of the causal-LM loss with FSDP2's all-gathers and reduce-scatters; no optimizer)
-between CUDA events, the slowest rank's in each round, its median after warm-up; tokens per
-second over all ranks; the peak memory of a step on the rank that needed most (its shard of
-the weights and gradients, plus what the step allocated); and the loss of the first step, so
-that the contenders are seen to train the same model. Rank 0 appends JSON lines to
-<out>/distributed.jsonl; ``--report`` writes distributed.md and distributed.png from them.
+Engines (``--engine``):
+
+``fsdp2``
+    data parallel: ``--shape`` is each rank's batch x sequence, N ranks train on N times its
+    tokens. ``fully_shard`` on every decoder layer and on the root (``--no-reshard``: the gathered
+    weights stay from forward to backward).
+``tp``
+    tensor parallel: the ranks share one batch of ``--shape``. Megatron-style, with sequence
+    parallel norms (`tensor_parallel_plan`: q, k, v, gate, up column-wise, o, down row-wise,
+    lm_head column-wise; the residual stream sharded along the sequence), so our norm kernels get
+    sequence-sharded DTensors and run on their local shards (docs/distributed.md). The fused
+    losses (ours and Liger's) need a plain lm_head, which this one is not: ours falls back to the
+    model's own loss (the "fused CE" contender then times as "ours"); Liger's, which reads
+    ``lm_head.weight`` itself, meets a DTensor (its error, if any, is recorded).
+
+Contenders (e2e.py's set-ups, on the same weights on every rank, bf16 weights and SDPA
+attention): ``eager``, ``ours (kernelized)`` and ``ours (kernelized, fused CE)`` (tagged and
+kernelized for training before sharding), ``liger (no fused CE)`` and ``liger (fused linear
+CE)`` (``apply_liger_kernel_to_llama``), and ``torch.compile``: the eager model sharded, then
+``torch.compile``'d. A contender whose set-up or first step raises (compiling a sharded model,
+Liger on DTensors) is recorded with its error and left out of the timing, on every rank.
+
+Measured, in interleaved rounds as in e2e.py (each round runs every contender once, in rotating
+order, the same on every rank): the wall time of a training step (forward and backward of the
+causal-LM loss with the engine's collectives; no optimizer) between CUDA events, the slowest
+rank's in each round, its median after warm-up; tokens per second (over all ranks' distinct
+tokens: N times the shape for fsdp2, the shape for tp); the peak memory of a step on the rank that
+needed most (its shard of the weights and gradients, plus what the step allocated); the loss of
+the first step, so that the contenders are seen to train the same model; the first step's wall
+time (compilation included). Scaling efficiency at N = tokens/s at N / (N x tokens/s at 1), the
+same engine, shape and contender at 1 rank (``--nproc-per-node 1``).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from benchmarks import e2e  # the model, its contenders and the module-state bookkeeping
+from benchmarks.results_io import (
+    RESULTS,
+    device_folder,
+    entry_for,
+    read_entries,
+    replace_entry,
+    transformers_line,
+    write_entries,
+)
 
-#: The contenders timed by default (e2e.py's names); the compiled ones are not run here.
+COMPILED = "torch.compile"
+#: The contenders timed by default (e2e.py's names); COMPILED is the eager model, sharded, then
+#: torch.compile'd.
 CONTENDERS = (
     "eager",
     "ours (kernelized)",
     "ours (kernelized, fused CE)",
     "liger (no fused CE)",
     "liger (fused linear CE)",
+    COMPILED,
 )
+OURS = ("ours (kernelized)", "ours (kernelized, fused CE)")
+ENGINES = ("fsdp2", "tp")
 
 
 def shard(model, mesh, reshard_after_forward: bool = True):
@@ -56,6 +90,64 @@ def shard(model, mesh, reshard_after_forward: bool = True):
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     return model
+
+
+def tensor_parallel_plan(model) -> dict:
+    """Megatron-style tensor parallelism with sequence parallel norms for a Llama-style
+    ``*ForCausalLM``: q, k, v, gate and up column-wise, o and down row-wise, lm_head column-wise
+    gathering its output; the residual stream between them sharded along the sequence
+    (``SequenceParallel`` norms), gathered before attention and the MLP. The embedding's and the
+    row-wise outputs stay DTensors (``use_local_output=False``), so that transformers sees the
+    whole sequence length when it makes positions and masks."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan = {
+        "model.embed_tokens": RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+        ),
+        "model.norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+    for index in range(len(model.model.layers)):
+        layer = f"model.layers.{index}"
+        plan |= {
+            f"{layer}.input_layernorm": SequenceParallel(),
+            f"{layer}.self_attn": PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            ),
+            **{f"{layer}.self_attn.{p}_proj": ColwiseParallel() for p in "qkv"},
+            f"{layer}.self_attn.o_proj": RowwiseParallel(
+                output_layouts=Shard(1), use_local_output=False
+            ),
+            f"{layer}.post_attention_layernorm": SequenceParallel(),
+            f"{layer}.mlp": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            ),
+            f"{layer}.mlp.gate_proj": ColwiseParallel(),
+            f"{layer}.mlp.up_proj": ColwiseParallel(),
+            f"{layer}.mlp.down_proj": RowwiseParallel(
+                output_layouts=Shard(1), use_local_output=False
+            ),
+        }
+    return plan
+
+
+def parallelize(model, engine: str, mesh, reshard_after_forward: bool = True):
+    """`model` under `engine` ("fsdp2" or "tp") on the 1-D `mesh`."""
+    if engine == "fsdp2":
+        return shard(model, mesh, reshard_after_forward)
+    if engine == "tp":
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        return parallelize_module(model, mesh, tensor_parallel_plan(model))
+    raise ValueError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
 
 
 def local_bytes(model) -> int:
@@ -76,20 +168,78 @@ def _reduce(value: float, op, device) -> float:
     return tensor.item()
 
 
-def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup: int) -> list:
+def _error(exc: BaseException) -> str:
+    """An error for the results: its type, message and where it was raised (one line)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    message = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {message}{where}"
+
+
+def _agree_on_failures(errors: dict[str, str], names: list[str], device) -> dict[str, str]:
+    """The contenders that failed on any rank, with the first failing rank's error, the same on
+    every rank (a contender some ranks kept would leave the others waiting in its collectives)."""
+    import torch.distributed as dist
+
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, errors)
+    agreed: dict[str, str] = {}
+    for rank, rank_errors in enumerate(gathered):
+        for name in names:
+            if name in rank_errors and name not in agreed:
+                agreed[name] = f"rank {rank}: {rank_errors[name]}"
+    return agreed
+
+
+def _step(model, tokens):
+    loss = model(input_ids=tokens, labels=tokens).loss
+    loss.backward()
+    return loss
+
+
+def time_interleaved(
+    contenders: dict, module_state, tokens, rounds: int, warmup: int, tokens_per_step: int
+) -> list:
     """Time every contender's training step in rounds that run each once in rotating order;
-    [{contender, step_ms, step_ms_rank_spread, peak_gib, first_loss}], the same on every rank."""
+    [{contender, step_ms, step_ms_rank_spread, tokens_per_s, peak_gib, first_loss,
+    first_step_s}] or, for a contender whose first step raised, [{contender, error}]; the same
+    on every rank."""
     import torch
     import torch.distributed as dist
 
     device = tokens.device
     on_gpu = device.type == "cuda"
     world = dist.get_world_size()
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    spreads: dict[str, list[float]] = {name: [] for name in contenders}
-    peaks = dict.fromkeys(contenders, 0.0)
-    losses: dict[str, float] = {}
     names = list(contenders)
+    losses: dict[str, float] = {}
+    first_s: dict[str, float] = {}
+    # The first step of each, on its own: compilation, autotuning, NCCL communicators, and
+    # the errors of a contender that does not run sharded.
+    errors: dict[str, str] = {}
+    for name in names:
+        model, own_state = contenders[name]
+        module_state.restore(own_state)
+        dist.barrier()
+        began = time.perf_counter()
+        try:
+            loss = _step(model, tokens)
+            losses[name] = loss.item()
+        except Exception as exc:  # recorded in the results instead of ending the run
+            errors[name] = _error(exc)
+            print(f"  {name}: first step failed on rank {dist.get_rank()}: {errors[name]}")
+        if on_gpu:
+            torch.cuda.synchronize()
+        first_s[name] = time.perf_counter() - began
+        model.zero_grad(set_to_none=True)
+    errors = _agree_on_failures(errors, names, device)
+    names = [name for name in names if name not in errors]
+    for name in names:
+        losses[name] = _reduce(losses[name], dist.ReduceOp.SUM, device) / world
+        first_s[name] = _reduce(first_s[name], dist.ReduceOp.MAX, device)
+
+    times: dict[str, list[float]] = {name: [] for name in names}
+    spreads: dict[str, list[float]] = {name: [] for name in names}
+    peaks = dict.fromkeys(names, 0.0)
     for r in range(warmup + rounds):
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
@@ -103,8 +253,7 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
                 start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
                 start.record()
             began = time.perf_counter()
-            loss = model(input_ids=tokens, labels=tokens).loss
-            loss.backward()
+            _step(model, tokens)
             if on_gpu:
                 end.record()
                 torch.cuda.synchronize()
@@ -112,11 +261,9 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
             else:
                 ms = (time.perf_counter() - began) * 1e3
             model.zero_grad(set_to_none=True)
-            if name not in losses:
-                losses[name] = _reduce(loss.item(), dist.ReduceOp.SUM, device) / world
             slowest = _reduce(ms, dist.ReduceOp.MAX, device)
             fastest = _reduce(ms, dist.ReduceOp.MIN, device)
-            if r < warmup:  # first-call allocations, autotuning, NCCL communicators
+            if r < warmup:
                 continue
             times[name].append(slowest)
             spreads[name].append(slowest - fastest)
@@ -126,16 +273,22 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
                 peaks[name] = max(peaks[name], peak)
     module_state.restore()
     results = []
-    for name in names:
+    for name in contenders:
+        if name in errors:
+            results.append({"contender": name, "error": errors[name]})
+            if dist.get_rank() == 0:
+                print(f"  {name:26s} failed: {errors[name]}", flush=True)
+            continue
         step = statistics.median(times[name])
         results.append(
             {
                 "contender": name,
                 "step_ms": step,
                 "step_ms_rank_spread": statistics.median(spreads[name]),
-                "tokens_per_s": tokens.numel() * world / (step / 1e3),
+                "tokens_per_s": tokens_per_step / (step / 1e3),
                 "peak_gib": peaks[name],
                 "first_loss": losses[name],
+                "first_step_s": first_s[name],
             }
         )
         if dist.get_rank() == 0:
@@ -152,14 +305,16 @@ def run(
     out: Path,
     names,
     *,
+    engine: str = "fsdp2",
     rounds: int = 10,
     warmup: int = 3,
     reshard_after_forward: bool = True,
     makers=None,
 ) -> list[dict]:
-    """Build, shard and time the contenders `names` on this rank (a process group is set up);
-    rank 0 appends the results to <out>/distributed.jsonl. `makers`: {name: build function}
-    (default e2e.py's, on the e2e model and this rank's GPU)."""
+    """Build, parallelise under `engine` and time the contenders `names` on this rank (a
+    process group is set up); rank 0 stores the results in <out>/results.json and writes
+    <out>/results.md. `makers`: {name: build function} (default e2e.py's, on the e2e model and
+    this rank's GPU)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -170,114 +325,240 @@ def run(
     if makers is None:
         state = {k: v.detach().clone() for k, v in e2e.build().state_dict().items()}
         makers = e2e.contender_makers(state)
-    available = {}
+    skipped: dict[str, str] = {}
+    available = []
     for name in names:
         if name.startswith("liger"):
             try:
                 import liger_kernel  # noqa: F401
             except ImportError:
-                print(f"  {name}: skipped (liger_kernel is not installed)", flush=True)
+                skipped[name] = "skipped: liger_kernel is not installed"
                 continue
-        available[name] = makers[name]
+        available.append(name)
     module_state = e2e.ModuleState()
-    contenders = e2e.build_contenders(available, list(available), module_state)
-    config = next(iter(contenders.values()))[0].config
-    device = next(next(iter(contenders.values()))[0].parameters()).device
+    on_gpu = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    for model, _ in contenders.values():
-        shard(model, mesh, reshard_after_forward)
-    generator = torch.Generator().manual_seed(dist.get_rank())  # every rank its own batch
-    tokens = torch.randint(0, config.vocab_size, (batch, seq), generator=generator).to(device)
+    contenders: dict = {}
+    errors: dict[str, str] = {}
+    for name in available:
+        maker = makers["eager"] if name == COMPILED else makers[name]
+        try:
+            module_state.restore()
+            untag()
+            model = maker()
+            state = module_state.capture()
+            model = parallelize(model, engine, mesh, reshard_after_forward)
+            if name == COMPILED:  # the sharded model, compiled (at its first step)
+                model = torch.compile(model)
+            contenders[name] = (model, state)
+        except Exception as exc:  # recorded in the results instead of ending the run
+            errors[name] = _error(exc)
+    module_state.restore()
+    errors = _agree_on_failures(errors, available, device)
+    contenders = {name: c for name, c in contenders.items() if name not in errors}
+    models = [model for model, _ in contenders.values()]
+    vocab = models[0].config.vocab_size if models else e2e.CONFIG["vocab_size"]
+    world = dist.get_world_size()
+    rank_seed = dist.get_rank() if engine == "fsdp2" else 0  # tensor parallel ranks share a batch
+    generator = torch.Generator().manual_seed(rank_seed)
+    tokens = torch.randint(0, vocab, (batch, seq), generator=generator).to(device)
+    tokens_per_step = tokens.numel() * (world if engine == "fsdp2" else 1)
     if dist.get_rank() == 0:
-        print(f"per-rank shape {shape} on {dist.get_world_size()} ranks:", flush=True)
-    results = time_interleaved(contenders, module_state, tokens, rounds, warmup)
+        print(f"{engine}, shape {shape} on {world} ranks:", flush=True)
+    timed = time_interleaved(contenders, module_state, tokens, rounds, warmup, tokens_per_step)
     untag()
+    by_name = {row["contender"]: row for row in timed}
+    results = []
+    for name in names:
+        if name in by_name:
+            results.append(by_name[name])
+        elif name in errors:
+            results.append({"contender": name, "error": errors[name]})
+        elif name in skipped:
+            results.append({"contender": name, "error": skipped[name]})
     if dist.get_rank() != 0:
         return results
 
-    from importlib.metadata import PackageNotFoundError, version
+    meta = run_meta(device, rounds, warmup)
+    setting = {
+        "transformers": transformers_line(meta["transformers"]),
+        "engine": engine,
+        "shape": shape,
+        "world_size": world,
+        "reshard_after_forward": reshard_after_forward if engine == "fsdp2" else None,
+    }
+    store(out, setting, meta, results)
+    return results
 
+
+def run_meta(device, rounds: int, warmup: int) -> dict:
+    import torch
+    import torch.distributed as dist
     import transformers
 
-    def installed(package):
-        try:
-            return version(package)
-        except PackageNotFoundError:
-            return None
-
-    meta = {
-        "shape": shape,
-        "world_size": dist.get_world_size(),
+    return {
         "backend": dist.get_backend(),
         "device": torch.cuda.get_device_name() if device.type == "cuda" else device.type,
         "date": datetime.date.today().isoformat(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "triton": installed("triton"),
-        "liger_kernel": installed("liger-kernel"),
+        "triton": e2e._version("triton"),
+        "liger_kernel": e2e._version("liger-kernel"),
         "python": platform.python_version(),
-        "config": {k: getattr(config, k) for k in e2e.CONFIG},
-        "fsdp2": {"reshard_after_forward": reshard_after_forward, "dtype": "bf16 throughout"},
+        "config": dict(e2e.CONFIG),
+        "dtype": "bf16 weights, gradients and reductions",
         "timing": f"interleaved rounds: {warmup} warm-up, median of {rounds}, slowest rank",
     }
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "distributed.jsonl", "a") as f:
-        for row in results:
-            f.write(json.dumps({**meta, **row}) + "\n")
-    return results
 
 
-def markdown(rows: list[dict]) -> str:
-    """distributed.md: per run (shape, ranks, resharding), each contender's step time and its
-    speedup over eager, tokens per second, peak memory and first-step loss."""
-    meta = rows[0]
-    lines = [
-        "# FSDP2: Llama-style 1.1B model, bf16, a training step",
-        "",
-        f"{meta['device']}, {meta['date']}; torch {meta['torch']}, transformers "
-        f"{meta['transformers']}, triton {meta['triton']}, liger-kernel {meta['liger_kernel']}. "
-        f"Config: {meta['config']}, SDPA attention.",
-        "Forward + backward of the causal-LM loss (no optimizer) under FSDP2 (`fully_shard` per "
-        "decoder layer and root), each rank its own batch of the given shape; the slowest "
-        f"rank's step between CUDA events ({meta['timing']}).",
-        "",
-        "| shape per rank | ranks | reshard | contender | step | tokens/s | peak GiB | "
-        "first loss |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    runs: dict[tuple, dict] = {}
-    for row in rows:
-        key = (row["shape"], row["world_size"], row["fsdp2"]["reshard_after_forward"])
-        runs.setdefault(key, {})[row["contender"]] = row
-    for (shape, world, reshard), contenders in runs.items():
-        base = contenders.get("eager")
-        for name, row in contenders.items():
-            speedup = "" if base is None else f" ({base['step_ms'] / row['step_ms']:.2f}x)"
+def store(out: Path, setting: dict, meta: dict, results: list[dict]) -> None:
+    """This setting's entry in <out>/results.json (replacing its earlier one), and results.md
+    from every entry."""
+    path = out / "results.json"
+    entries = read_entries(path)
+    entry = entry_for(entries, setting) | {"meta": meta, "results": results}
+    entries = replace_entry(entries, entry)
+    write_entries(path, entries)
+    (out / "results.md").write_text(markdown(entries))
+
+
+# ---- the report -------------------------------------------------------------------------------
+
+
+def _group(entries: list[dict]) -> dict[tuple, dict[int, dict]]:
+    """{(transformers line, engine, shape, reshard): {world size: entry}}."""
+    groups: dict[tuple, dict[int, dict]] = {}
+    for entry in entries:
+        s = entry["setting"]
+        key = (s["transformers"], s["engine"], s["shape"], s["reshard_after_forward"])
+        groups.setdefault(key, {})[s["world_size"]] = entry
+    return groups
+
+
+def scaling_efficiency(by_world: dict[int, dict], contender: str, world: int) -> float | None:
+    """tokens/s at `world` ranks / (`world` x tokens/s at 1 rank), or None without both."""
+
+    def tps(n):
+        rows = {r["contender"]: r for r in by_world[n]["results"]} if n in by_world else {}
+        return rows.get(contender, {}).get("tokens_per_s")
+
+    one, many = tps(1), tps(world)
+    return None if one is None or many is None else many / (world * one)
+
+
+def target_lines(by_world: dict[int, dict]) -> list[str]:
+    """Issue 40's targets for one engine and shape: at every world size above one, the best of
+    ours at least as fast as every peer with the lowest peak memory; ours' scaling efficiency
+    at least eager's."""
+    lines = []
+    for world, entry in sorted(by_world.items()):
+        if world == 1:
+            continue
+        rows = [r for r in entry["results"] if "error" not in r]
+        ours = [r for r in rows if r["contender"] in OURS]
+        peers = [r for r in rows if r["contender"] not in OURS]
+        if not ours or not peers:
+            continue
+        best = max(ours, key=lambda r: r["tokens_per_s"])
+        fastest_peer = max(peers, key=lambda r: r["tokens_per_s"])
+        lowest_peer = min(peers, key=lambda r: r["peak_gib"])
+        fast = best["tokens_per_s"] >= fastest_peer["tokens_per_s"]
+        small = best["peak_gib"] <= lowest_peer["peak_gib"]
+        lines.append(
+            f"- {world} ranks: {'met' if fast and small else 'NOT met'}: {best['contender']} "
+            f"{best['tokens_per_s']:.0f} tok/s at {best['peak_gib']:.1f} GiB; fastest peer "
+            f"{fastest_peer['contender']} {fastest_peer['tokens_per_s']:.0f} tok/s; lowest "
+            f"peer peak {lowest_peer['contender']} {lowest_peer['peak_gib']:.1f} GiB"
+        )
+        ours_eff = [scaling_efficiency(by_world, r["contender"], world) for r in ours]
+        eager_eff = scaling_efficiency(by_world, "eager", world)
+        ours_eff = [e for e in ours_eff if e is not None]
+        if ours_eff and eager_eff is not None:
+            met = max(ours_eff) >= eager_eff
             lines.append(
-                f"| {shape} | {world} | {'yes' if reshard else 'no'} | {name} | "
-                f"{row['step_ms']:.1f} ms{speedup} | {row['tokens_per_s']:.0f} | "
-                f"{row['peak_gib']:.1f} | {row['first_loss']:.4f} |"
+                f"- scaling efficiency 1 -> {world}: {'met' if met else 'NOT met'}: ours "
+                f"{max(ours_eff):.2f}, eager {eager_eff:.2f}"
             )
+    return lines
+
+
+def markdown(entries: list[dict]) -> str:
+    """results.md: per transformers line, engine, shape and resharding, each contender's step
+    time and speedup over eager, tokens per second, scaling efficiency, peak memory and
+    first-step loss at each world size, then the targets."""
+    lines = [
+        "# Distributed training step: Llama-style 1.1B model, bf16",
+        "",
+        "Forward + backward of the causal-LM loss (no optimizer); the slowest rank's step between "
+        "CUDA events. fsdp2: `fully_shard` per decoder layer and root, each rank its own batch "
+        "of the shape; tp: Megatron-style tensor parallelism with sequence parallel norms, the "
+        "ranks sharing one batch. Scaling efficiency at N = tokens/s at N / (N x tokens/s at 1). "
+        "Written by `python -m benchmarks.distributed --report`.",
+    ]
+    for (line, engine, shape, reshard), by_world in sorted(_group(entries).items(), key=str):
+        meta = next(iter(by_world.values()))["meta"]
+        title = f"{engine}, shape {shape}, transformers {line}"
+        if engine == "fsdp2":
+            title += ", reshard after forward" if reshard else ", no reshard"
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            f"{meta['device']}, {meta['date']}; torch {meta['torch']}, transformers "
+            f"{meta['transformers']}, triton {meta['triton']}, liger-kernel "
+            f"{meta['liger_kernel']}; {meta['timing']}.",
+            "",
+            "| ranks | contender | step | tokens/s | scaling eff. | peak GiB | first loss | "
+            "first step |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for world, entry in sorted(by_world.items()):
+            rows = entry["results"]
+            base = next((r for r in rows if r["contender"] == "eager" and "error" not in r), None)
+            for row in rows:
+                if "error" in row:
+                    lines.append(f"| {world} | {row['contender']} | {row['error']} | | | | | |")
+                    continue
+                speedup = "" if base is None else f" ({base['step_ms'] / row['step_ms']:.2f}x)"
+                eff = scaling_efficiency(by_world, row["contender"], world)
+                lines.append(
+                    f"| {world} | {row['contender']} | {row['step_ms']:.1f} ms{speedup} | "
+                    f"{row['tokens_per_s']:.0f} | {'' if eff is None else f'{eff:.2f}'} | "
+                    f"{row['peak_gib']:.1f} | {row['first_loss']:.4f} | "
+                    f"{row['first_step_s']:.1f} s |"
+                )
+        targets = target_lines(by_world)
+        if targets:
+            lines += ["", "Targets (issue 40):", "", *targets]
     return "\n".join(lines) + "\n"
 
 
 def report(out: Path) -> None:
-    """distributed.jsonl -> distributed.md and distributed.png (speedup over eager per run)."""
-    rows = [
-        json.loads(line) for line in (out / "distributed.jsonl").read_text().splitlines() if line
-    ]
-    (out / "distributed.md").write_text(markdown(rows))
+    """results.md and distributed.png (speedup over eager per engine, shape and ranks) from
+    <out>/results.json."""
+    entries = read_entries(out / "results.json")
+    if not entries:
+        raise SystemExit(f"no results in {out / 'results.json'}: run the benchmark first")
+    (out / "results.md").write_text(markdown(entries))
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = list(dict.fromkeys((r["shape"], r["world_size"]) for r in rows))
-    contenders = list(dict.fromkeys(r["contender"] for r in rows))
-    by = {(r["shape"], r["world_size"], r["contender"]): r for r in rows}
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    width = 0.8 / len(contenders)
+    runs = []
+    by: dict[tuple, dict] = {}
+    for entry in entries:
+        s = entry["setting"]
+        run_key = (s["transformers"], s["engine"], s["shape"], s["world_size"])
+        runs.append(run_key)
+        for row in entry["results"]:
+            if "error" not in row:
+                by[(*run_key, row["contender"])] = row
+    contenders = list(dict.fromkeys(c for *_, c in by))
+    fig, ax = plt.subplots(figsize=(max(8, len(runs) * 1.2), 4.5))
+    width = 0.8 / max(1, len(contenders))
     for i, name in enumerate(contenders):
         speedups = [
             by[(*run, "eager")]["step_ms"] / by[(*run, name)]["step_ms"]
@@ -287,21 +568,34 @@ def report(out: Path) -> None:
         ]
         ax.bar([x + i * width for x in range(len(runs))], speedups, width, label=name)
     ax.set_xticks(
-        [x + 0.4 - width / 2 for x in range(len(runs))], [f"{s} x {n} ranks" for s, n in runs]
+        [x + 0.4 - width / 2 for x in range(len(runs))],
+        [f"{e} {s}\n{n} ranks, tf {t}" for t, e, s, n in runs],
+        fontsize=7,
     )
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_title(f"FSDP2 training step: speedup over eager ({rows[0]['device']})")
-    ax.legend(fontsize=8)
+    ax.set_title(f"Distributed training step: speedup over eager ({entries[0]['meta']['device']})")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "distributed.png", dpi=120)
+
+
+def _default_out() -> Path:
+    import torch
+
+    if torch.cuda.is_available():
+        return RESULTS / device_folder(torch.cuda.get_device_name()) / "distributed"
+    raise SystemExit("no CUDA GPU: pass --out")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--shape", help="each rank's batch x sequence, e.g. 8x512")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shape", default="8x512", help="batch x sequence (fsdp2: each rank's)")
+    parser.add_argument(
+        "--engine", default="fsdp2,tp", help=f"comma-separated, of {', '.join(ENGINES)}"
+    )
+    parser.add_argument("--out", type=Path, help="default benchmarks/results/<device>/distributed")
     parser.add_argument("--skip", action="append", default=[], help="contender to skip")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
@@ -309,30 +603,36 @@ def main() -> int:
         "--no-reshard", action="store_true", help="reshard_after_forward=False in fully_shard"
     )
     parser.add_argument(
-        "--report", action="store_true", help="write distributed.md and .png from the JSON lines"
+        "--report", action="store_true", help="write results.md and the plot from results.json"
     )
     args = parser.parse_args()
+    out = args.out or _default_out()
     if args.report:
-        report(args.out)
+        report(out)
         return 0
-    if not args.shape:
-        parser.error("--shape is required unless --report")
+    engines = args.engine.split(",")
+    if unknown := set(engines) - set(ENGINES):
+        parser.error(f"unknown engine {sorted(unknown)}: of {', '.join(ENGINES)}")
 
     import torch
     import torch.distributed as dist
 
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl")
+    e2e.no_silent_fallback()
     try:
         names = [name for name in CONTENDERS if name not in args.skip]
-        run(
-            args.shape,
-            args.out,
-            names,
-            rounds=args.rounds,
-            warmup=args.warmup,
-            reshard_after_forward=not args.no_reshard,
-        )
+        for engine in engines:
+            run(
+                args.shape,
+                out,
+                names,
+                engine=engine,
+                rounds=args.rounds,
+                warmup=args.warmup,
+                reshard_after_forward=not args.no_reshard,
+            )
+            e2e.free({})
     finally:
         dist.destroy_process_group()
     return 0

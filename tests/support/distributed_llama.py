@@ -23,6 +23,8 @@ import torch.distributed as dist
 import transformers
 from packaging.version import Version
 
+# The tensor parallel plan (Megatron-style, sequence parallel norms) is the one the benchmark times.
+from benchmarks.distributed import tensor_parallel_plan  # noqa: F401
 from tests.support.models import llama_config
 
 #: Whether the installed transformers is of the 5.x line (which tags the rotary function itself).
@@ -215,50 +217,3 @@ def dtensor_fallbacks():
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-
-
-# ---- parallel plans -----------------------------------------------------------------------------
-
-
-def tensor_parallel_plan(model) -> dict:
-    """Megatron-style tensor parallelism with sequence parallel norms for `model`: q, k, v, gate
-    and up column-wise, o and down row-wise; the residual stream between them sharded along the
-    sequence (``SequenceParallel`` norms), gathered before attention and the MLP."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
-
-    plan = {
-        "model.embed_tokens": RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
-        ),
-        "model.norm": SequenceParallel(),
-        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-    }
-    for index in range(len(model.model.layers)):
-        layer = f"model.layers.{index}"
-        plan |= {
-            f"{layer}.input_layernorm": SequenceParallel(),
-            f"{layer}.self_attn": PrepareModuleInput(
-                input_kwarg_layouts={"hidden_states": Shard(1)},
-                desired_input_kwarg_layouts={"hidden_states": Replicate()},
-            ),
-            **{f"{layer}.self_attn.{p}_proj": ColwiseParallel() for p in "qkv"},
-            f"{layer}.self_attn.o_proj": RowwiseParallel(
-                output_layouts=Shard(1), use_local_output=False
-            ),
-            f"{layer}.post_attention_layernorm": SequenceParallel(),
-            f"{layer}.mlp": PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-            ),
-            f"{layer}.mlp.gate_proj": ColwiseParallel(),
-            f"{layer}.mlp.up_proj": ColwiseParallel(),
-            f"{layer}.mlp.down_proj": RowwiseParallel(
-                output_layouts=Shard(1), use_local_output=False
-            ),
-        }
-    return plan

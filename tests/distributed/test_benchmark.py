@@ -1,0 +1,147 @@
+"""benchmarks/distributed.py on the CPU: its FSDP2 and tensor parallel set-ups, interleaved
+timing, error recording and results, with the tiny Llama for the 1.1B model and two gloo ranks;
+its report (scaling efficiency, targets) from results written here. The GPU runs are in
+docs/distributed.md."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from benchmarks import distributed as benchmark
+from tests.support.distributed import device, run_cases
+from tests.support.distributed_llama import build, clean_up, kernelize_with_library
+
+BROKEN = "broken (raises in its first step)"
+
+
+def _ours():
+    model = build(device())
+    kernelize_with_library(model)
+    return model
+
+
+def _broken():
+    model = build(device())
+
+    def forward(*args, **kwargs):
+        raise RuntimeError("this contender does not run sharded")
+
+    model.forward = forward
+    return model
+
+
+def time_tiny_contenders():
+    makers = {"eager": lambda: build(device()), "ours (kernelized)": _ours, BROKEN: _broken}
+    folder = [tempfile.mkdtemp() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(folder, src=0)
+    out = Path(folder[0])
+    try:
+        for engine in benchmark.ENGINES:
+            results = benchmark.run(
+                "2x8", out, list(makers), engine=engine, rounds=2, warmup=1, makers=makers
+            )
+            assert [r["contender"] for r in results] == list(makers)
+            # The broken contender is recorded with its error on every rank, not timed.
+            assert "does not run sharded" in results[2]["error"], results[2]
+            # The same model and batch: the same loss, whichever forward ran.
+            losses = [r["first_loss"] for r in results[:2]]
+            assert abs(losses[0] - losses[1]) < 1e-4 * losses[0], (engine, losses)
+            assert all(r["step_ms"] > 0 and r["tokens_per_s"] > 0 for r in results[:2])
+            # fsdp2: two ranks, each its own batch; tp: one batch shared.
+            tokens = 2 * 8 * (2 if engine == "fsdp2" else 1)
+            eager = results[0]
+            assert abs(eager["tokens_per_s"] * eager["step_ms"] / 1e3 - tokens) < 1e-6 * tokens
+        if dist.get_rank() == 0:
+            entries = json.loads((out / "results.json").read_text())["entries"]
+            assert [(e["setting"]["engine"], e["setting"]["world_size"]) for e in entries] == [
+                ("fsdp2", 2),
+                ("tp", 2),
+            ]
+            assert entries[0]["meta"]["backend"] == "gloo"
+            table = (out / "results.md").read_text()
+            assert "| 2 | ours (kernelized) |" in table and "## tp, shape 2x8" in table, table
+            assert f"| 2 | {BROKEN} | rank 0: RuntimeError: this contender does not run" in table
+    finally:
+        clean_up()
+        dist.barrier()
+        if dist.get_rank() == 0:
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+
+
+CASES = {"time-tiny-contenders": time_tiny_contenders}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_benchmark_runs_on_two_cpu_ranks(case):
+    outcome = run_cases(__name__, [case])[case]
+    if outcome is not None:
+        pytest.fail(outcome, pytrace=False)
+
+
+def _entry(world: int, rows: dict, engine="fsdp2") -> dict:
+    setting = {
+        "transformers": "5.24",
+        "engine": engine,
+        "shape": "8x512",
+        "world_size": world,
+        "reshard_after_forward": True,
+    }
+    meta = {
+        "device": "NVIDIA H100",
+        "date": "2026-11-26",
+        "torch": "2.13",
+        "transformers": "5.24.0",
+        "triton": "3.9",
+        "liger_kernel": "0.8.5",
+        "timing": "t",
+    }
+    results = [
+        {"contender": name, "error": value}
+        if isinstance(value, str)
+        else {
+            "contender": name,
+            "step_ms": 4096 * (world if engine == "fsdp2" else 1) / value[0] * 1e3,
+            "tokens_per_s": value[0],
+            "peak_gib": value[1],
+            "first_loss": 10.0,
+            "first_step_s": 1.0,
+        }
+        for name, value in rows.items()
+    ]
+    return {"setting": setting, "meta": meta, "results": results}
+
+
+def test_report_scaling_efficiency_and_targets():
+    entries = [
+        _entry(1, {"eager": (1000, 20.0), "ours (kernelized)": (1200, 18.0)}),
+        _entry(
+            4,
+            {
+                "eager": (3000, 8.0),
+                "ours (kernelized)": (4200, 7.0),
+                "torch.compile": "BackendCompilerFailed: ...",
+            },
+        ),
+    ]
+    assert benchmark.scaling_efficiency(_group_of(entries), "eager", 4) == pytest.approx(0.75)
+    assert benchmark.scaling_efficiency(_group_of(entries), "ours (kernelized)", 4) == (
+        pytest.approx(4200 / (4 * 1200))
+    )
+    assert benchmark.scaling_efficiency(_group_of(entries), "torch.compile", 4) is None
+    table = benchmark.markdown(entries)
+    assert "(1.40x) | 4200 | 0.88 | 7.0 | 10.0000 | 1.0 s |" in table, table
+    assert "| 4 | torch.compile | BackendCompilerFailed: ... |" in table
+    assert "- 4 ranks: met: ours (kernelized) 4200 tok/s at 7.0 GiB" in table
+    assert "- scaling efficiency 1 -> 4: met: ours 0.88, eager 0.75" in table
+
+
+def _group_of(entries):
+    return next(iter(benchmark._group(entries).values()))
