@@ -52,7 +52,10 @@ def kernelize(
     Every kernel is resolved, loaded and validated before the model changes: if anything
     raises, the model is left exactly as it was. Kernelizing again with another mode
     switches kernels. The model is changed in place and returned. Taggers added with
-    `kernels.layer.taggers.add_tagger` are called with the model first.
+    `kernels.layer.taggers.add_tagger` are called with the model first. With
+    ``Mode.TORCH_COMPILE`` on torch < 2.13, transformers 5.x's SDPA masks are made to skip the
+    causal mask under ``torch.compile`` as they do in eager mode
+    (`kernels.compile.causal_mask`; docs/compile.md).
 
     Args:
         model: the model to kernelize.
@@ -129,6 +132,12 @@ def kernelize(
                 chosen.repository,
                 decision.resolution.reason,
             )
+    if Mode.TORCH_COMPILE in the_plan.mode:
+        # Without it, torch < 2.13 makes transformers 5.x hand SDPA a materialised causal mask
+        # in every compiled graph (see kernels.compile.causal_mask).
+        from ..compile.causal_mask import restore_causal_mask_skip
+
+        restore_causal_mask_skip()
     return model
 
 
@@ -165,6 +174,10 @@ def plan(
             )
             resolutions[layer_name] = resolution
         skip = _condition_skip(module, path)
+        tensor_parallel = _tensor_parallel_forward(module)
+        if tensor_parallel is not None:
+            decisions.append(Decision(path, module, layer_name, resolution, None, tensor_parallel))
+            continue
         if skip is not None:
             decisions.append(
                 Decision(
@@ -228,6 +241,31 @@ def _condition_skip(module: nn.Module, path: str) -> str | None:
         return None
     name = getattr(condition, "__qualname__", None) or repr(condition)
     return f"its condition {name} returned False for this instance, so kernelization is skipped"
+
+
+def _tensor_parallel_forward(module: nn.Module) -> str | None:
+    """Why `module` keeps the forward transformers' tensor parallelism set on it, or None.
+
+    transformers 5.x (``from_pretrained(..., tp_plan=...)``) installs its parallel styles as an
+    instance ``forward`` wrapping the class's, and marks the module ``_is_hooked``; some do more
+    than convert tensors around the call: ``replicated_with_grad_allreduce`` (Qwen3's and
+    Gemma3's ``q_norm`` / ``k_norm``) hooks the all-reduce of the weight's gradient in it. A
+    kernel bound over it would drop that, and the gradients would be one rank's share.
+    """
+    from .swap import kernel_layer_of
+
+    if not getattr(module, "_is_hooked", False) or "forward" not in module.__dict__:
+        return None
+    if kernel_layer_of(module) is not None:
+        return None
+    forward = module.__dict__["forward"]
+    name = getattr(forward, "__qualname__", None) or repr(forward)
+    return (
+        f"transformers' tensor parallelism set its own forward on this module ({name}), which "
+        "the kernel would replace, and with it what that forward does (e.g. the all-reduce of "
+        "the weight's gradient of replicated_with_grad_allreduce); kernelize before "
+        "parallelising to have the parallel forward wrap the kernel"
+    )
 
 
 def _decide(
