@@ -23,7 +23,8 @@ Three sections, bf16, 32 query heads and 8 key/value heads (issue 39's measured 
   dimension 128: ours (``flash_attn_with_kvcache``, split-KV) against each SDPA backend over a
   ``(batch, kv_heads, 4096, dim)`` cache; attention alone (no cache append), each call captured
   in a CUDA graph (device time, as a captured decode step runs), L2 cleared before each call
-  (each layer of a model reads its own cache).
+  (each layer of a model reads its own cache); and ours with each split count of
+  ``SWEEP_SPLITS`` forced, beside the one its rule picks.
 
 Timing: ``timing.interleaved_samples`` (rounds that run every contender in rotating order, a
 block of calls each, L2 cleared before each call, CUDA events); the ratio's quartiles are over
@@ -60,6 +61,10 @@ OURS = "ours"
 SECTIONS = ["dense", "varlen", "decode"]
 VARLEN_DOCS, VARLEN_MIN, VARLEN_MAX, VARLEN_SEED, VARLEN_DIM = 64, 128, 4096, 0, 128
 DECODE_BATCHES, DECODE_CONTEXT, DECODE_DIM = [1, 8], 4096, 128
+#: Split counts that decode also times ours with, forced (``num_splits=``): how good the rule's
+#: choice is, and what to change it to.
+SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64]
+SWEEP = "ours-splits-"
 #: Dense bf16 tensor-core peaks (TFLOP/s, without sparsity) from NVIDIA's datasheets, matched
 #: against torch.cuda.get_device_name() in order (the first name contained wins).
 PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200", 989.4), ("H100", 989.4)]
@@ -384,6 +389,10 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
         return attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=used, causal=True)
 
     fns, modes, failed = {OURS: ours}, {}, {}
+    for n in SWEEP_SPLITS:
+        fns[f"{SWEEP}{n}"] = lambda n=n: attn.flash_attn_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=used, causal=True, num_splits=n
+        )
     for peer in PEERS:
         modes[peer] = gqa_mode(peer, dim, False)
         if modes[peer][0] is None:
@@ -416,8 +425,10 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
         times = _timed_rows(replays, rep_ms, block, "step")
     torch.cuda.current_stream().wait_stream(stream)
     rows = []
-    for name in [OURS, *PEERS]:
+    for name in [OURS, *PEERS, *(f"{SWEEP}{n}" for n in SWEEP_SPLITS)]:
         row = {"section": "decode", "batch": batch, "context": context, "dim": dim, "impl": name}
+        if name.startswith(SWEEP):
+            row["num_splits"] = int(name[len(SWEEP) :])
         if name in modes:
             row["gqa"] = modes[name][0]
         if name in failed:
@@ -603,7 +614,8 @@ def decode_table(results: list) -> list[str]:
         + " | ours vs best peer |",
         "|---|---|---|" + "---|" * len(PEERS) + "---|",
     ]
-    for (batch, context), rows in _groups(results, "decode", ("batch", "context")):
+    groups = _groups(results, "decode", ("batch", "context"))
+    for (batch, context), rows in groups:
         ours = rows.get(OURS)
         best = best_peer(rows, "step")
         cells = [
@@ -616,6 +628,19 @@ def decode_table(results: list) -> list[str]:
             f"{ratio(rows.get(best) if best else None, ours, 'step')} ({best})" if best else "—",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    sweeps = [(key, rows) for key, rows in groups if any(i.startswith(SWEEP) for i in rows)]
+    if sweeps:
+        lines += [
+            "",
+            "Ours with the split count forced (us per step); the rule's choice in the first column.",
+            "",
+            "| batch | rule | " + " | ".join(str(n) for n in SWEEP_SPLITS) + " |",
+            "|---|---|" + "---|" * len(SWEEP_SPLITS),
+        ]
+        for (batch, _), rows in sweeps:
+            cells = [str(batch), str((rows.get(OURS) or {}).get("num_splits", "?"))]
+            cells += [_ms(rows.get(f"{SWEEP}{n}"), "step", 1e3, "{:.1f}") for n in SWEEP_SPLITS]
+            lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 

@@ -87,6 +87,8 @@ def _rows():
          "rel_err_vs_sdpa": 0.05},
         {**decode, "impl": "flash", "gqa": "enable_gqa", "step_ms": 0.013,
          "step_rounds": [0.013] * 4},
+        {**decode, "impl": "ours-splits-8", "num_splits": 8, "step_ms": 0.025,
+         "step_rounds": [0.025] * 4},
     ]  # fmt: skip
 
 
@@ -109,6 +111,8 @@ def test_report_tables(tmp_path):
     # Ours 20 us with 16 splits, flagged: its error 0.05 is over 2e-2.
     assert "| 20.0 (16) **(ours off by 0.05)** | 13.0 |" in decode
     assert decode.endswith("| 0.65x [0.65-0.65] (flash) |")
+    # The split sweep: the rule chose 16; 8 forced took 25 us; the other counts did not run.
+    assert "| 1 | 16 | — | — | — | 25.0 | — | — | — |" in text
 
 
 def test_rows_of_a_later_run_replace_their_own(tmp_path, monkeypatch):

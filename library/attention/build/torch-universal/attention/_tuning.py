@@ -43,6 +43,11 @@ DECODE_MAX_ROWS = 64
 DECODE_MIN_KEYS_PER_SPLIT = 256
 #: The most splits of a decode call (its partial outputs grow with the count).
 DECODE_MAX_SPLITS = 64
+#: Decode programs an SM should hold at once: a step only streams the cache, and one program of
+#: 4 warps leaves most of an SM's memory pipeline idle; two fit beside each other (their K/V
+#: buffers, 3 stages of 64 x 128 bf16 keys and values, are under half of an H100 SM's shared
+#: memory). A first guess, to be checked with ``benchmarks.attention``'s split sweep.
+DECODE_PROGRAMS_PER_SM = 2
 #: Both backward kernels: dk/dv programs own BLOCK_N keys and walk BLOCK_M queries at a time;
 #: dq programs own BLOCK_M queries and walk BLOCK_N keys.
 BACKWARD = {
@@ -70,9 +75,10 @@ def config(table: dict, block_d: int, on_cpu: bool) -> Config:
 def decode_splits(programs: int, max_seqlen_k: int, sm_count: int) -> int:
     """How many chunks the decode path cuts the keys into, from its programs without splitting
     (batch x kv heads x row tiles), the cache's capacity and the GPU's SM count: enough to give
-    every SM a program (one wave, no tail), but no chunk under DECODE_MIN_KEYS_PER_SPLIT keys.
+    every SM DECODE_PROGRAMS_PER_SM programs (one wave, no tail), but no chunk under
+    DECODE_MIN_KEYS_PER_SPLIT keys.
     A rule, not an autotune: a decode step is captured in CUDA graphs, where nothing may be
     timed, and the choice reads no lengths from the device."""
-    by_fill = max(1, sm_count // max(programs, 1))
+    by_fill = max(1, DECODE_PROGRAMS_PER_SM * sm_count // max(programs, 1))
     by_work = max(1, -(-max_seqlen_k // DECODE_MIN_KEYS_PER_SPLIT))
     return min(by_fill, by_work, DECODE_MAX_SPLITS)
