@@ -198,14 +198,15 @@ def train_one_step(run: Run) -> None:
 
 
 @contextlib.contextmanager
-def saved_tiny_llama():
-    """The tiny Llama of `build`, saved by rank 0 in a folder every rank reads (transformers 5.x
-    writes a checkpoint from rank 0 only when a process group is up)."""
+def saved(make_model):
+    """The model `make_model` builds (the same on every rank), saved by rank 0 in a folder every
+    rank reads (transformers 5.x writes a checkpoint from rank 0 only when a process group is
+    up)."""
     folder = [tempfile.mkdtemp() if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(folder, src=0)
     try:
         if dist.get_rank() == 0:
-            build(torch.device("cpu")).save_pretrained(folder[0])
+            make_model().save_pretrained(folder[0])
         dist.barrier()
         yield folder[0]
     finally:
@@ -230,9 +231,11 @@ def library_kernels_registered(dev: torch.device):
 
 @contextlib.contextmanager
 def inputs_seen_by_kernels(model):
-    """{"RMSNorm" / "rotary": the set of input types (DTensor or Tensor) seen in the block}."""
+    """{"RMSNorm" / "rotary": the set of input types (DTensor or Tensor) the model's RMSNorms
+    and its modelling module's rotary function module see in the block}."""
+    import sys
+
     from torch.distributed.tensor import DTensor
-    from transformers.models.llama import modeling_llama
 
     seen: dict[str, set] = {"RMSNorm": set(), "rotary": set()}
 
@@ -244,8 +247,8 @@ def inputs_seen_by_kernels(model):
 
         return hook
 
-    targets = [(m, "RMSNorm") for m in model.modules() if type(m).__name__ == "LlamaRMSNorm"]
-    targets.append((modeling_llama.apply_rotary_pos_emb, "rotary"))
+    targets = [(m, "RMSNorm") for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    targets.append((sys.modules[type(model).__module__].apply_rotary_pos_emb, "rotary"))
     handles = [m.register_forward_pre_hook(recorder(k), with_kwargs=True) for m, k in targets]
     try:
         yield seen
@@ -254,13 +257,48 @@ def inputs_seen_by_kernels(model):
             handle.remove()
 
 
-def tp_plan_auto(with_device_mesh: bool) -> None:
+def _qwen3():
+    from tests.support.tf5_models import make_model
+
+    return make_model("qwen3")
+
+
+#: The models transformers' own tensor parallelism is tried on: {family: (build function,
+#: reference function of the device)}.
+FAMILIES = {
+    "llama": (lambda: build(torch.device("cpu")), reference),
+    "qwen3": (_qwen3, None),
+}
+
+
+@contextlib.contextmanager
+def kernelize_log():
+    """The lines kernelize logs in the block."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    logger = logging.getLogger("kernels.layer.kernelize")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def tp_plan_auto(family: str, with_device_mesh: bool) -> None:
     """``from_pretrained(path, tp_plan="auto", use_kernels=True)``: transformers shards the
-    projections (its Llama plan: q, k, v, gate, up column-wise, o, down row-wise, lm_head
+    projections (Llama's plan: q, k, v, gate, up column-wise, o, down row-wise, lm_head
     column-wise gathering its output) and hands every module's output back as a local tensor,
     so our norm and rotary kernels get plain tensors (no fallback), the gated MLP calls the
     sharded projections, and the loss is not fused (lm_head has transformers' parallel
-    forward)."""
+    forward). Qwen3's plan also gives its per-head ``q_norm`` / ``k_norm`` transformers' own
+    forward (``replicated_with_grad_allreduce``, which all-reduces their weights' gradients):
+    they keep it, with one kernelize line each naming the layer and why."""
     import warnings
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -268,21 +306,33 @@ def tp_plan_auto(with_device_mesh: bool) -> None:
     from transformers import AutoModelForCausalLM
 
     dev = device()
-    reference(dev)
+    make_model, make_reference = FAMILIES[family]
+    if make_reference is not None:
+        want = make_reference(dev)
+    else:  # the untouched model on the whole batch, before anything is tagged
+        model = make_model().to(dev)
+        want_loss, _ = step(model, batch(dev))
+        want = want_loss, {name: p.grad.float() for name, p in model.named_parameters()}
     options = {}
-    if with_device_mesh:
+    if with_device_mesh:  # transformers 5.24 builds its own mesh all the same
         options["device_mesh"] = init_device_mesh(
             dev.type, (dist.get_world_size(),), mesh_dim_names=("tp",)
         )
     try:
-        with saved_tiny_llama() as folder, library_kernels_registered(dev):
+        with saved(make_model) as folder, library_kernels_registered(dev):
             with warnings.catch_warnings():  # tp_plan= is deprecated for distributed_config=
                 warnings.simplefilter("ignore", FutureWarning)
                 model = AutoModelForCausalLM.from_pretrained(
                     folder, tp_plan="auto", use_kernels=True, attn_implementation="sdpa", **options
                 )
-            model.train()  # transformers kernelizes again, for training
-            assert_kernelized(model)
+            with kernelize_log() as logged:
+                model.train()  # transformers kernelizes again, for training
+            kept = [r.getMessage() for r in logged if "tensor parallelism set" in r.getMessage()]
+            per_head_norms = [f"model.layers.0.self_attn.{n}_norm" for n in "qk"]
+            expected = per_head_norms if family == "qwen3" else []
+            assert [m.split(" ", 1)[0] for m in kept] == expected, kept
+            if family == "llama":
+                assert_kernelized(model)
             gate = model.model.layers[0].mlp.gate_proj.weight
             assert isinstance(gate, DTensor) and gate.to_local().shape[0] * 2 == gate.shape[0]
             with dtensor_fallbacks() as fallbacks, inputs_seen_by_kernels(model) as seen:
@@ -290,7 +340,7 @@ def tp_plan_auto(with_device_mesh: bool) -> None:
         assert not fallbacks, [r.getMessage() for r in fallbacks]
         assert seen == {"RMSNorm": {"Tensor"}, "rotary": {"Tensor"}}, seen
         assert not fused, "lm_head is parallelised: the model's own forward computes the loss"
-        check_against_reference(loss, gathered_gradients(model), torch.float32, dev)
+        check_against_reference(loss, gathered_gradients(model), torch.float32, dev, want)
     finally:
         clean_up()
 
@@ -304,7 +354,7 @@ def distributed_config_2d() -> None:
     dev = device()
     reference(dev)
     try:
-        with saved_tiny_llama() as folder, library_kernels_registered(dev):
+        with saved(FAMILIES["llama"][0]) as folder, library_kernels_registered(dev):
             model = AutoModelForCausalLM.from_pretrained(
                 folder,
                 distributed_config=DistributedConfig(tp_size=2, fsdp_size=2),
@@ -330,11 +380,16 @@ CASES = {str(run): functools.partial(train_one_step, run) for run in [*RUNS, *RU
 JOBS = {2: [str(run) for run in RUNS], 4: [str(run) for run in RUNS_2D]}
 if TRANSFORMERS_5:
     CASES |= {
-        "transformers-tp-plan-auto": functools.partial(tp_plan_auto, False),
-        "transformers-tp-plan-auto-device-mesh": functools.partial(tp_plan_auto, True),
+        "transformers-tp-plan-auto": functools.partial(tp_plan_auto, "llama", False),
+        "transformers-tp-plan-auto-device-mesh": functools.partial(tp_plan_auto, "llama", True),
+        "transformers-tp-plan-auto-qwen3": functools.partial(tp_plan_auto, "qwen3", False),
         "transformers-distributed-config-2d": distributed_config_2d,
     }
-    JOBS[2] += ["transformers-tp-plan-auto", "transformers-tp-plan-auto-device-mesh"]
+    JOBS[2] += [
+        "transformers-tp-plan-auto",
+        "transformers-tp-plan-auto-device-mesh",
+        "transformers-tp-plan-auto-qwen3",
+    ]
     JOBS[4] += ["transformers-distributed-config-2d"]
 
 

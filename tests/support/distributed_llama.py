@@ -160,8 +160,10 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
-def check_against_reference(loss, grads: dict, dtype: torch.dtype, device) -> None:
-    ref_loss, ref_grads = reference(device)
+def check_against_reference(loss, grads: dict, dtype: torch.dtype, device, expected=None) -> None:
+    """`loss` and `grads` against `expected` ((loss, {name: gradient})), by default the tiny
+    Llama's `reference`, within `TOLERANCE` (relative L2)."""
+    ref_loss, ref_grads = reference(device) if expected is None else expected
     tolerance = TOLERANCE[device.type, dtype]
     error = relative_error(loss, ref_loss)
     assert error <= tolerance, f"loss {loss.item()} vs {ref_loss.item()} (relative {error:.3g})"
