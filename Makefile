@@ -33,7 +33,7 @@ PYTEST_WORKERS ?= auto
 TF5_WORKERS ?= $(if $(filter auto,$(PYTEST_WORKERS)),$(shell echo $$((2 * $$(nproc 2>/dev/null || echo 1)))),$(PYTEST_WORKERS))
 XDIST := --dist worksteal
 # What runs in the transformers 5.x environment (the rest of the suite does not depend on it).
-TF5_TESTS ?= tests/repos/hub tests/clients/transformers5
+TF5_TESTS ?= tests/repos/hub tests/clients/transformers5 tests/distributed
 
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
