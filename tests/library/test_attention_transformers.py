@@ -1,8 +1,8 @@
 """Our attention registered with transformers (kernels.library.attention): a tiny Llama runs with
 ``attn_implementation="kernels_attention"`` and matches SDPA's logits and gradients, for a plain
 batch, a padded batch (the varlen path) and packed sequences (position_ids restarts, padding
-free), through ``from_pretrained`` and ``set_attn_implementation``; on transformers 4.57 (.venv)
-and 5.x (.venv-tf5)."""
+free), through ``from_pretrained`` and ``set_attn_implementation``, ``generate()``, and the
+model's attention dropout in training; on transformers 4.57 (.venv) and 5.x (.venv-tf5)."""
 
 import pytest
 import torch
@@ -117,3 +117,26 @@ def test_generate_with_a_kv_cache(tiny_llama):
     ids = torch.randint(0, 101, (1, 6), device=DEVICE)
     kwargs = {"max_new_tokens": 4, "do_sample": False}
     assert torch.equal(ours.generate(ids, **kwargs), sdpa.generate(ids, **kwargs))
+
+
+def test_attention_dropout_in_training(tiny_llama):
+    # transformers passes the model's attention_dropout as dropout_p in train() mode only: the
+    # logits then change, repeat under the same torch seed, and eval() gives back the plain ones.
+    model = _load(tiny_llama, ATTENTION_IMPLEMENTATION)
+    for module in model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.5
+    ids = torch.randint(0, 101, (1, 9), device=DEVICE)
+    model.eval()
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        model.train()
+        runs = []
+        for _ in range(2):
+            torch.manual_seed(3)
+            runs.append(model(input_ids=ids).logits)
+        model.eval()
+        again = model(input_ids=ids).logits
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.allclose(runs[0], plain, atol=1e-3)
+    assert torch.equal(again, plain)
