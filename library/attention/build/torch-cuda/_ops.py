@@ -16,9 +16,9 @@ The kernels key Philox numbers by (seed, query row, head, key), and the backward
 forward's mask from the seed it saved; ``dropout_keep_mask`` runs the same code for tests.
 
 A call with at most ``DECODE_MAX_QUERIES`` queries a sequence (dense or over a KV cache, no
-dropout) takes the split-KV (flash-decoding) path, ``_decode``: the keys are cut into ``decode_splits`` chunks, one program
-each (per batch row, kv head and tile of the group's query rows), and a second kernel combines
-the chunks by their log-sum-exps.
+dropout) takes the split-KV (flash-decoding) path, ``_decode``: the keys are cut into
+``decode_splits`` chunks, one program each (per batch row, kv head and tile of the group's query
+rows), and a second kernel combines the chunks by their log-sum-exps.
 """
 
 import functools
@@ -195,7 +195,7 @@ def forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of 4-D ``q`` over ``k``/``v``: ``(out, lse)``, ``lse`` as ``(q.shape[0], heads,
     q.shape[1])`` fp32. ``window_*`` below 0 are unbounded; ``softcap`` 0 is none; dropout as
-    the module's docstring says. ``num_splits``: the KV-cache decode path's split count, 0 for
+    the module's docstring says. ``num_splits``: the split-KV path's chunk count, 0 for
     ``decode_splits``' choice."""
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     device = q.device
