@@ -4,7 +4,10 @@ The repositories are loaded the way users load them, through ``kernels.get_local
 """
 
 import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,6 +70,66 @@ def grads(outputs, inputs, seed_grads):
     outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
     seed_grads = seed_grads if isinstance(seed_grads, (tuple, list)) else (seed_grads,)
     return torch.autograd.grad(outputs, inputs, seed_grads, allow_unused=True)
+
+
+# ---- covering designs for Triton's interpreter ------------------------------------------------
+
+
+def _param_id(value: Any) -> str | None:
+    if isinstance(value, dict):  # options a case's name already says
+        return None
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, tuple):
+        return "x".join(str(v) for v in value) or "scalar"
+    return str(value)
+
+
+def covering(
+    cases: Iterable[Any],
+    *,
+    dtypes: Sequence[torch.dtype] = DTYPES,
+    options: Sequence[Any] | Mapping[str, Any] = (),
+    every_dtype: Iterable[tuple] = (),
+    every_option: Iterable[tuple] = (),
+    last_dtype_too: Iterable[tuple] = (),
+    full: bool = ON_GPU,
+) -> list[Any]:
+    """pytest parameters: ``cases`` (tuples of arguments, or ``pytest.param`` of them) crossed
+    with ``dtypes`` and then ``options`` (a last argument such as a weight dtype, or a mapping of
+    test ids to such; none if empty) by a covering design rather than the full product.
+
+    Through Triton's interpreter a case costs up to seconds, and most of the full product
+    repeats what one dtype proves: indexing, masks, strides, chunk loops and row splits are the
+    same code at every dtype. So on the CPU every case runs at ``dtypes[0]`` (float32, whose
+    float64 reference is the strictest) with ``options[0]``; the ``every_option`` cases run
+    there with every option; and the ``every_dtype`` cases (small ones chosen per file, among
+    them a non-contiguous layout, an odd size and a chunked path: what 16-bit loads, stores and
+    conversions could get wrong) run every dtype with every option; the ``last_dtype_too`` cases
+    (a wide, chunked one, too slow for every dtype) also run at ``dtypes[-1]`` (bfloat16, the
+    coarsest) with ``options[0]``. GPU-marked cases, and every case when ``full`` (on the GPU,
+    where it is cheap), run the full product.
+    """
+    # Lists, not sets: a case may hold a dict of options.
+    every_dtype, every_option = list(every_dtype), list(every_option)
+    last_dtype_too = list(last_dtype_too)
+    named = dict(options) if isinstance(options, Mapping) else {_param_id(o): o for o in options}
+    params = []
+    for case in cases:
+        values, marks = (tuple(case.values), case.marks) if hasattr(case, "values") else (case, ())
+        crossed = full or any(m.name == "gpu" for m in marks) or values in every_dtype
+        for dtype in dtypes:
+            for i, (name, option) in enumerate(named.items() or [(None, None)]):
+                if not (
+                    crossed
+                    or (dtype == dtypes[0] and (i == 0 or values in every_option))
+                    or (dtype == dtypes[-1] and i == 0 and values in last_dtype_too)
+                ):
+                    continue
+                args = (*values, dtype, *((option,) if named else ()))
+                ident = "-".join(filter(None, [*map(_param_id, (*values, dtype)), name]))
+                params.append(pytest.param(*args, marks=marks, id=ident))
+    return params
 
 
 # ---- reference modules for layers that transformers does not define -------------------------
