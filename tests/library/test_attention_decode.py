@@ -119,11 +119,10 @@ def test_decode_split_rule(attn):
     from importlib import import_module
 
     splits = import_module(attn.__name__ + "._tuning").decode_splits
-    # An H100 (132 SMs, two programs each), 8 kv heads, a 4k cache: batch 1 gets 16 chunks of
-    # 256 keys (fewer programs than slots, rather than chunks under 256 keys), batch 8 4 chunks
-    # (256 programs); batch 32 fills the GPU unsplit.
+    # An H100 (132 SMs, one program each), 8 kv heads, a 4k cache: batch 1 gets 16 chunks of
+    # 256 keys, batch 8 2 chunks (128 programs); batch 32 fills the GPU unsplit.
     assert splits(1 * 8, 4096, 132) == 16
-    assert splits(8 * 8, 4096, 132) == 4
+    assert splits(8 * 8, 4096, 132) == 2
     assert splits(32 * 8, 4096, 132) == 1
     # No chunk under 256 keys, and no more than 64 chunks.
     assert splits(8, 300, 132) == 2

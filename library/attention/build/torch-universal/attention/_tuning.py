@@ -43,11 +43,11 @@ DECODE_MAX_ROWS = 64
 DECODE_MIN_KEYS_PER_SPLIT = 256
 #: The most splits of a decode call (its partial outputs grow with the count).
 DECODE_MAX_SPLITS = 64
-#: Decode programs an SM should hold at once: a step only streams the cache, and one program of
-#: 4 warps leaves most of an SM's memory pipeline idle; two fit beside each other (their K/V
-#: buffers, 3 stages of 64 x 128 bf16 keys and values, are under half of an H100 SM's shared
-#: memory). A first guess, to be checked with ``benchmarks.attention``'s split sweep.
-DECODE_PROGRAMS_PER_SM = 2
+#: Decode programs an SM should get: one wave of one program an SM. Measured with
+#: ``benchmarks.attention``'s split sweep (H100, 8 kv heads, 4k cache; benchmarks/results/h100/
+#: NOTES.md): batch 8 is fastest at 2 splits (one program an SM), 4% slower at 4 (two); batch 1
+#: within 2% from 8 to 16 splits, where the 256-key floor caps it anyway.
+DECODE_PROGRAMS_PER_SM = 1
 #: Both backward kernels: dk/dv programs own BLOCK_N keys and walk BLOCK_M queries at a time;
 #: dq programs own BLOCK_M queries and walk BLOCK_N keys.
 BACKWARD = {
@@ -75,7 +75,7 @@ def config(table: dict, block_d: int, on_cpu: bool) -> Config:
 def decode_splits(programs: int, max_seqlen_k: int, sm_count: int) -> int:
     """How many chunks the decode path cuts the keys into, from its programs without splitting
     (batch x kv heads x row tiles), the cache's capacity and the GPU's SM count: enough to give
-    every SM DECODE_PROGRAMS_PER_SM programs (one wave, no tail), but no chunk under
+    every SM DECODE_PROGRAMS_PER_SM program(s) (one wave, no tail), but no chunk under
     DECODE_MIN_KEYS_PER_SPLIT keys.
     A rule, not an autotune: a decode step is captured in CUDA graphs, where nothing may be
     timed, and the choice reads no lengths from the device."""
