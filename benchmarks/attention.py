@@ -281,16 +281,6 @@ def run_dense(attn, batch, seqlen, dim, causal, rep_ms, block) -> list[dict]:
     return rows
 
 
-def peak_extra(call) -> int:
-    """Bytes allocated at the peak of ``call`` beyond what was allocated before it."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    call()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
-
-
 def run_varlen(attn, rep_ms, block) -> list[dict]:
     lengths = varlen_lengths()
     total, longest, docs = sum(lengths), max(lengths), len(lengths)
@@ -320,7 +310,7 @@ def run_varlen(attn, rep_ms, block) -> list[dict]:
     peaks = {}
     for name in list(fwd_bwd):
         try:
-            peaks[name] = peak_extra(fwd_bwd[name])
+            peaks[name] = timing.peak_extra(fwd_bwd[name])
         except torch.cuda.OutOfMemoryError as exc:
             failed[name] = _error(exc)
             fwd.pop(name), fwd_bwd.pop(name)

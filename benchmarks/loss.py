@@ -164,16 +164,6 @@ def fwd_bwd_call(fn, h, w, y):
     return call
 
 
-def peak_extra(call) -> int:
-    """Bytes allocated at the peak of ``call`` beyond what was allocated before it."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    call()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
-
-
 def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     # Norms reduced in fp32 without an fp32 copy of weight-sized gradients.
     difference = torch.linalg.vector_norm(a - b, dtype=torch.float32)
@@ -216,7 +206,7 @@ def run_shape(ours, liger, tokens, hidden, vocab, rep_ms, block, variants) -> li
         try:
             for _ in range(2):  # compile, allocator warm-up
                 call()
-            peak = peak_extra(call)
+            peak = timing.peak_extra(call)
         except torch.cuda.OutOfMemoryError as exc:
             failed[name] = f"out of memory: {str(exc).splitlines()[0]}"[:200]
             print(f"  {name}: {failed[name]}", flush=True)

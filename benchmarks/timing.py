@@ -267,3 +267,13 @@ def copy_bandwidth() -> float:
     dst = torch.empty_like(src)
     ms = flushed_ms(lambda: dst.copy_(src), rep_ms=200, warmup=25)
     return 2 * n * 2 / (ms * 1e-3) / 1e9
+
+
+def peak_extra(call) -> int:
+    """Bytes allocated at the peak of ``call`` beyond what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    call()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
