@@ -10,11 +10,14 @@ model's own forward must run. On the CPU the kernels run through Triton's interp
 
 from __future__ import annotations
 
+import ast
 import copy
 import functools
 import inspect
+import re
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +33,7 @@ from kernels.library import (
     tag_causal_lm_losses,
     tag_on_kernelize,
 )
+from kernels.library import transformers_tags as tags
 from kernels.library.transformers_tags import _causal_lm_layer
 from tests.support.tf5_models import DEVICE, make_model
 
@@ -79,10 +83,12 @@ def build(config_name: str, model_name: str, config: dict):
     return model.train()
 
 
-def tiny(family: str):
-    """A tiny model of `family` (`LOSS_FAMILIES`), see `build`."""
+def tiny(family: str, **config):
+    """A tiny model of `family` (`LOSS_FAMILIES`) with ``config`` on top, see `build`."""
     config_name, model_name, extra, _ = LOSS_FAMILIES[family]
-    return build(config_name, model_name, {"attn_implementation": "sdpa", **TINY, **extra})
+    return build(
+        config_name, model_name, {"attn_implementation": "sdpa", **TINY, **extra, **config}
+    )
 
 
 def batch(seq: int = 9):
@@ -122,6 +128,12 @@ def assert_same_step(got, want, *, loss_tol=(1e-5, 1e-6), grad_tol=(1e-4, 1e-5))
             msg=lambda m, name=name: f"{name}: {m}",
         )
 
+
+#: The layer of Llama's forward, alone: a test of the loss kernelizes only it, as the norms'
+#: MLPs' and rotary's kernels through Triton's interpreter took most of such a test's time on
+#: the CPU. The tests through ``use_kernels`` (test_use_kernels_after_register_library_kernels,
+#: test_from_pretrained_with_use_kernels) run every kernel together.
+LOSS = ["CausalLMFusedLoss"]
 
 #: Tolerances for a model whose other layers run our kernels too (as in test_models.py).
 ALL_KERNELS = dict(loss_tol=(1e-4, 1e-5), grad_tol=(1e-4, 1e-4))
@@ -174,42 +186,75 @@ def test_recognised_forwards(name, layer):
     assert _causal_lm_layer(getattr(transformers, name)) == layer
 
 
+def _identifiers(source: str) -> set[str]:
+    """Every identifier in a forward's definition key (`_definition_key`: names, attributes,
+    arguments, keywords, the function's name and its decorators'; annotations dropped, as the
+    key drops them)."""
+    function = tags._WithoutAnnotations().visit(copy.deepcopy(ast.parse(source).body[0]))
+    found = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.arg) or (isinstance(node, ast.keyword) and node.arg):
+            found.add(node.arg)
+        elif isinstance(node, ast.FunctionDef):
+            found.add(node.name)
+    return found
+
+
+# A function bound to ``forward`` other than by a ``def forward`` in a class body: an
+# assignment (``forward = ...``, ``Cls.forward = ...``, ``forward: ...``) or the name as a
+# string (``setattr(cls, "forward", f)``, ``type(name, bases, {"forward": f})``).
+_OTHER_FORWARD_BINDING = re.compile(r"\bforward\s*[:=](?!=)|['\"]forward['\"]")
+
+
+def classes_tagged(*layers: str) -> dict[str, set[str]]:
+    """For each of ``layers``, the names of the classes of transformers' modelling modules
+    (``transformers.models.<model>.modeling_*``) that define their own ``forward`` and that
+    `_causal_lm_layer` tags with it.
+
+    Importing every modelling module takes about a minute, so a module is imported only where
+    its file could give a class such a forward, and the answer is the one of importing them
+    all. `_causal_lm_layer` tags a class only where its forward's definition (the ``def`` that
+    ``inspect.getsource`` finds, unwrapping transformers' decorators) has the definition key of
+    one of the layer's templates; that ``def``'s text then holds every identifier of the
+    template, as the key compares them all (annotations aside) and Python spells an identifier
+    one way only. A class gets a forward of its own either by a ``def forward`` in its body,
+    in its module's file, or by a binding of a function defined elsewhere, which
+    `_OTHER_FORWARD_BINDING` finds in the file's text. A file with neither every identifier of
+    one of the templates nor such a binding has no class tagged with the layers."""
+    return _classes_tagged(frozenset(layers))
+
+
 @functools.cache
-def layer_of_every_class() -> dict[tuple[str, str], str | None]:
-    """``(module, class name) -> layer name`` (None: left alone) that `_causal_lm_layer`
-    gives every class of transformers' modelling modules that defines its own ``forward``.
-    Importing every modelling module takes tens of seconds, so the tests share one reading."""
+def _classes_tagged(layers: frozenset[str]) -> dict[str, set[str]]:
     import importlib
-    import pkgutil
 
     import transformers.models
 
-    layers = {}
-    for package in pkgutil.iter_modules(transformers.models.__path__):
+    needed = [_identifiers(source) for name, source in tags._CAUSAL_LM_FORWARDS if name in layers]
+    tagged = {layer: set() for layer in layers}
+    for path in sorted(Path(transformers.models.__path__[0]).glob("*/modeling_*.py")):
+        text = path.read_text(encoding="utf-8")
+        words = set(re.findall(r"\w+", text))
+        if not any(n <= words for n in needed) and not _OTHER_FORWARD_BINDING.search(text):
+            continue
         try:
-            imported = importlib.import_module(f"transformers.models.{package.name}")
+            module = importlib.import_module(f"transformers.models.{path.parent.name}.{path.stem}")
         except Exception:  # noqa: BLE001 - a model whose optional dependency is missing
             continue
-        for sub in pkgutil.iter_modules(imported.__path__):
-            if not sub.name.startswith("modeling_"):
-                continue
-            try:
-                module = importlib.import_module(f"{imported.__name__}.{sub.name}")
-            except Exception:  # noqa: BLE001
-                continue
-            for name, cls in vars(module).items():
-                if (
-                    inspect.isclass(cls)
-                    and cls.__module__ == module.__name__
-                    and "forward" in vars(cls)
-                ):
-                    layers[module.__name__, name] = _causal_lm_layer(cls)
-    return layers
-
-
-def classes_tagged(layer: str) -> set[str]:
-    """The names of the classes of transformers 5.24 whose forward is tagged `layer`."""
-    return {name for (_, name), found in layer_of_every_class().items() if found == layer}
+        for name, cls in vars(module).items():
+            if (
+                inspect.isclass(cls)
+                and cls.__module__ == module.__name__
+                and "forward" in vars(cls)
+            ):
+                found = _causal_lm_layer(cls)
+                if found in tagged:
+                    tagged[found].add(name)
+    return tagged
 
 
 @pytest.mark.parametrize(
@@ -268,7 +313,7 @@ def test_fused_loss_matches_the_untouched_model(clean_kernels, family):
     layer = LOSS_FAMILIES[family][3]
     assert tag_causal_lm_losses(model) == [type(model).__name__]
     assert tag_causal_lm_losses(model) == []  # already tagged
-    kernelized(model)
+    kernelized(model, layers=[layer])
     assert kernel_layer_of(model).__name__ == layer
 
     got = step(model, tokens, **kwargs)
@@ -293,7 +338,7 @@ def test_fused_loss_matches_the_untouched_model(clean_kernels, family):
 
 def test_soft_capping_is_in_the_fused_loss(clean_kernels):
     """The Gemma layer's loss is that of the soft-capped logits (the cap changes it here)."""
-    model = kernelized(tiny("gemma2"))
+    model = kernelized(tiny("gemma2"), layers=["GemmaCausalLMFusedLoss"])
     uncapped = copy.deepcopy(model)
     uncapped.config.final_logit_softcapping = None
     tokens, labels, _ = batch()
@@ -316,7 +361,7 @@ def test_shift_labels_and_ignore_index_kwargs(clean_kernels):
     (sequence parallelism), another ignore_index."""
     model = tiny("llama")
     reference = copy.deepcopy(model)
-    kernelized(model)
+    kernelized(model, layers=LOSS)
     tokens, labels, _ = batch()
     shifted = torch.roll(labels, -1, dims=1)
     shifted[:, -1] = IGNORE
@@ -334,7 +379,7 @@ def test_deprecated_past_key_values_as_5_24_handles_it(clean_kernels):
     new_name="cache")``; the layer replacing it renames and warns the same way."""
     model = tiny("llama")
     reference = copy.deepcopy(model)
-    kernelized(model)
+    kernelized(model, layers=LOSS)
     tokens, labels, _ = batch()
 
     def run(m, **kwargs):
@@ -361,7 +406,7 @@ def test_deprecated_past_key_values_as_5_24_handles_it(clean_kernels):
 def test_the_model_s_own_forward_where_the_fused_loss_does_not_apply(clean_kernels):
     model = tiny("llama")
     reference = copy.deepcopy(model)
-    kernelized(model)
+    kernelized(model, layers=LOSS)
     tokens, labels, _ = batch()
     with torch.no_grad():
         for kwargs in ({"logits_to_keep": 1}, {"logits_to_keep": torch.tensor([0, 3])}):
@@ -394,7 +439,7 @@ def test_trainer_style_call(clean_kernels):
     the forward takes ``**kwargs`` (``model_accepts_loss_kwargs``, read from the signature)."""
     model = tiny("llama")
     reference = copy.deepcopy(model)
-    kernelized(model)
+    kernelized(model, layers=LOSS)
     accepts = [
         p.kind == inspect.Parameter.VAR_KEYWORD
         for p in inspect.signature(model.forward).parameters.values()
@@ -409,7 +454,7 @@ def test_trainer_style_call(clean_kernels):
 
 
 def test_compiles_fullgraph(clean_kernels):
-    model = tiny("llama")
+    model = tiny("llama", num_hidden_layers=1)  # each decoder layer lengthens the trace
     reference = copy.deepcopy(model)
     tag_causal_lm_losses(model)
     with use_kernel_mapping(library_mapping(devices=[DEVICE], layers=["CausalLMFusedLoss"])):
@@ -514,7 +559,8 @@ def test_for_causal_lm_loss_layer_serves_5_24_s_loss_function(clean_kernels):
         return loss_fn(logits, labels, vocab_size, **kwargs)
 
     model.loss_function = loss_function
-    kernelized(model)  # the fused forward steps aside for a loss_function of one's own
+    # the fused forward steps aside for a loss_function of one's own
+    kernelized(model, layers=LOSS)
     tokens, labels, _ = batch()
     items = torch.tensor(9, device=DEVICE)
     got = step(model, tokens, labels=labels, num_items_in_batch=items)

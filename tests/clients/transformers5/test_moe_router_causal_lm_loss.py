@@ -107,11 +107,13 @@ def test_the_classes_tagged():
     """Every class of transformers' modelling modules: exactly the 22 with DeepSeek-V3's
     forward are recognised as ``"MoeRouterCausalLMFusedLoss"``, and exactly the 20 with
     Mixtral's as ``"MoeCausalLMFusedLoss"`` (test_moe_causal_lm_loss.py's list). One test for
-    both: reading every class imports every modelling module (about a minute on the CPU), once
-    a process, and pytest-xdist would otherwise give the two checks to two processes."""
-    assert classes_tagged(LAYER) == ROUTER_FORWARD_CLASSES
+    both: reading the classes imports every modelling module that could define such a forward
+    (`classes_tagged` says which), once a process, and pytest-xdist would otherwise give the
+    two checks to two processes."""
+    tagged = classes_tagged(LAYER, MOE_LAYER)
+    assert tagged[LAYER] == ROUTER_FORWARD_CLASSES
     assert len(ROUTER_FORWARD_CLASSES) == 22
-    assert classes_tagged(MOE_LAYER) == MIXTRAL_FORWARD_CLASSES
+    assert tagged[MOE_LAYER] == MIXTRAL_FORWARD_CLASSES
     assert len(MIXTRAL_FORWARD_CLASSES) == 20
 
 
