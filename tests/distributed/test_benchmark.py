@@ -1,7 +1,7 @@
 """benchmarks/distributed.py on the CPU: its FSDP2 and tensor parallel set-ups, interleaved
-timing, error recording and results, with the tiny Llama for the 1.1B model and two gloo ranks;
-its report (scaling efficiency, targets) from results written here. The GPU runs are in
-docs/distributed.md."""
+timing, error recording and results, with the tiny Llama for the 1.1B model and two gloo ranks
+(`time_tiny_contenders`, a case of test_engines.py's two-rank job); its report (scaling
+efficiency, targets) from results written here. The GPU runs are in docs/distributed.md."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from benchmarks import distributed as benchmark
-from tests.support.distributed import device, run_cases
+from tests.support.distributed import device
 from tests.support.distributed_llama import build, clean_up, kernelize_with_library
 
 BROKEN = "broken (raises in its first step)"
@@ -43,7 +43,7 @@ def time_tiny_contenders():
     try:
         for engine in benchmark.ENGINES:
             results = benchmark.run(
-                "2x8", out, list(makers), engine=engine, rounds=2, warmup=1, makers=makers
+                "2x8", out, list(makers), engine=engine, rounds=1, warmup=0, makers=makers
             )
             assert [r["contender"] for r in results] == list(makers)
             # The broken contender is recorded with its error on every rank, not timed.
@@ -75,15 +75,8 @@ def time_tiny_contenders():
             shutil.rmtree(out, ignore_errors=True)
 
 
+#: Run in test_engines.py's two-rank job (`JOBS`), which pays process start and imports once.
 CASES = {"time-tiny-contenders": time_tiny_contenders}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
-def test_benchmark_runs_on_two_cpu_ranks(case):
-    outcome = run_cases(__name__, [case])[case]
-    if outcome is not None:
-        pytest.fail(outcome, pytrace=False)
 
 
 def _entry(world: int, rows: dict, engine="fsdp2") -> dict:

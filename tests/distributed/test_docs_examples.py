@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.distributed import same_on_both_lines
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "distributed.md"
 TIMEOUT = 240
@@ -45,6 +47,7 @@ def test_the_doc_has_an_example_per_engine():
 
 
 @pytest.mark.slow
+@same_on_both_lines("the examples, user programs calling what both lines have")
 @pytest.mark.parametrize("title", list(examples()))
 def test_example_trains_a_step_on_two_cpu_ranks(title, tmp_path):
     script = tmp_path / "example.py"

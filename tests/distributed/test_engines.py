@@ -31,7 +31,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.support.distributed import device, nccl_skip_reason, run_cases
+from tests.distributed import test_benchmark
+from tests.support.distributed import (
+    device,
+    fail_unless_all_passed,
+    nccl_skip_reason,
+    run_cases,
+)
 from tests.support.distributed_llama import (
     TRANSFORMERS_5,
     assert_kernelized,
@@ -86,10 +92,7 @@ RUNS = [
     Run("tp", kernelize_first=True),
     Run("tp", kernelize_first=False),
 ]
-RUNS_2D = [
-    Run("2d", kernelize_first=True),
-    Run("2d", kernelize_first=False, precision="bf16", checkpoint="wrapper"),
-]
+RUNS_2D = [Run("2d", kernelize_first=False, checkpoint="wrapper")]
 
 
 def mesh_of(run: Run, dev: torch.device):
@@ -376,8 +379,13 @@ def distributed_config_2d() -> None:
 
 
 CASES = {str(run): functools.partial(train_one_step, run) for run in [*RUNS, *RUNS_2D]}
+# The benchmark's case runs in the two-rank job too: a job pays process start and imports once.
+CASES |= {f"benchmark/{name}": case for name, case in test_benchmark.CASES.items()}
 #: The cases of each job, by its number of ranks.
-JOBS = {2: [str(run) for run in RUNS], 4: [str(run) for run in RUNS_2D]}
+JOBS = {
+    2: [str(run) for run in RUNS] + [f"benchmark/{name}" for name in test_benchmark.CASES],
+    4: [str(run) for run in RUNS_2D],
+}
 if TRANSFORMERS_5:
     CASES |= {
         "transformers-tp-plan-auto": functools.partial(tp_plan_auto, "llama", False),
@@ -393,34 +401,17 @@ if TRANSFORMERS_5:
     JOBS[4] += ["transformers-distributed-config-2d"]
 
 
-def _outcomes(backend: str, world_size: int) -> dict:
-    if backend == "nccl" and (reason := nccl_skip_reason(world_size)):
-        pytest.skip(reason)
-    return run_cases(__name__, JOBS[world_size], backend=backend, world_size=world_size)
-
-
 _BACKENDS = ["gloo", pytest.param("nccl", marks=pytest.mark.gpu)]
 
 
-@pytest.fixture(scope="module", params=_BACKENDS)
-def outcomes(request):
-    return _outcomes(request.param, 2)
-
-
-@pytest.fixture(scope="module", params=_BACKENDS)
-def outcomes_2d(request):
-    return _outcomes(request.param, 4)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("case", JOBS[2])
-def test_training_step_matches_one_process(outcomes, case):
-    if outcomes[case] is not None:
-        pytest.fail(outcomes[case], pytrace=False)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", JOBS[4])
-def test_2d_training_step_matches_one_process(outcomes_2d, case):
-    if outcomes_2d[case] is not None:
-        pytest.fail(outcomes_2d[case], pytrace=False)
+@pytest.mark.parametrize("backend", _BACKENDS)
+@pytest.mark.parametrize("world_size", list(JOBS))
+def test_training_steps_match_one_process(backend, world_size):
+    """Each job's cases (`JOBS`): every one must pass."""
+    if backend == "nccl" and (reason := nccl_skip_reason(world_size)):
+        pytest.skip(reason)
+    outcomes = run_cases(
+        __name__, JOBS[world_size], backend=backend, world_size=world_size, timeout=420
+    )
+    fail_unless_all_passed(outcomes)

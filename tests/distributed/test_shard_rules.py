@@ -31,7 +31,7 @@ from kernels import (
 from kernels.layer import dtensor
 from kernels.layer.swap import kernel_layer_of
 from kernels.library import KERNELS
-from tests.support.distributed import run_cases
+from tests.support.distributed import fail_unless_all_passed, run_cases, same_on_both_lines
 from tests.support.distributed_llama import dtensor_fallbacks
 from tests.support.library import FusedAddRMSNorm, SiluAndMul
 from tests.support.models import llama_config
@@ -75,6 +75,7 @@ def test_kernelize_binds_the_shard_aware_forward():
     assert torch.allclose(act(x), F.silu(x), atol=1e-6)
 
 
+@same_on_both_lines("compiling the shard-aware forward")
 def test_the_shard_aware_forward_compiles_in_one_graph():
     import torch.distributed.tensor  # noqa: F401  (so that the wrapper checks for DTensors)
     from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
@@ -448,13 +449,8 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def outcomes():
-    return run_cases(__name__, list(CASES))
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
-def test_rule_on_two_ranks(outcomes, case):
-    if outcomes[case] is not None:
-        pytest.fail(outcomes[case], pytrace=False)
+@same_on_both_lines("the shard rules of kernels on single modules")
+def test_rules_on_two_ranks():
+    """Every case of `CASES` in one two-rank job: every one must pass."""
+    fail_unless_all_passed(run_cases(__name__, list(CASES)))
