@@ -10,7 +10,7 @@ so that a new block cannot slip through untested: `test_every_block_runs_or_says
 fails on an unmarked block that is not runnable here, and `test_page_blocks_run` runs the rest.
 A block marked ``<!-- not run: an excerpt of PATH -->`` is compared with that file instead.
 
-The blocks of one page run in order in one subprocess and one namespace, as a reader runs them
+The blocks of one page run in order in one fresh process and one namespace, as a reader runs them
 top to bottom (a later block may use an earlier block's imports). They run on the CPU with
 ``TRITON_INTERPRET=1`` (our kernels through Triton's interpreter) and ``HF_HUB_OFFLINE=1``
 (nothing is downloaded), Python blocks in a fresh temporary folder, shell blocks in the
@@ -18,11 +18,12 @@ repository root (they name its folders, such as ``library/norm``). Where a page'
 model it does not build, the namespace provides a tiny one, built only when the page's code
 names it:
 
-- ``model``: a randomly initialised 2-layer ``LlamaForCausalLM`` (hidden size 64),
+- ``model``: a randomly initialised 1-layer ``LlamaForCausalLM`` (hidden size 64),
 - ``path``: the folder it was saved to with ``save_pretrained``,
 - ``input_ids``, ``example_input_ids``, ``mask``: a batch of 2 x 8 tokens and its mask.
 
-Run it as a script (``python test_code_blocks.py PAYLOAD.json``) and it is that subprocess.
+Run it as a script (``python test_code_blocks.py PAYLOAD.json``) and it is that subprocess;
+``--serve`` makes it the one that forks a child for each page (`page_runner`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import subprocess
 import sys
 import textwrap
@@ -159,21 +161,8 @@ def test_every_docs_page_is_listed_in_the_readme():
     assert pages - listed == set(), "docs pages missing from the README's Documentation list"
 
 
-# Each page starts a Python that imports torch (and often transformers): seconds, even for a
-# page whose blocks only define things.
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "page",
-    [page for page in PAGES if any(b.not_run is None for b in blocks(page))],
-    ids=lambda page: page.name,
-)
-def test_page_blocks_run(page, tmp_path):
-    to_run = [asdict(b) for b in blocks(page) if b.not_run is None]
-    payload = tmp_path / "blocks.json"
-    payload.write_text(json.dumps(to_run))
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    env = {
+def _page_environment() -> dict[str, str]:
+    return {
         **os.environ,
         "TRITON_INTERPRET": "1",
         "HF_HUB_OFFLINE": "1",
@@ -181,15 +170,62 @@ def test_page_blocks_run(page, tmp_path):
         # `kernels` on PATH is this interpreter's, as in the environment the reader installed.
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    run = subprocess.run(
-        [sys.executable, __file__, str(payload)],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
+
+
+@pytest.fixture(scope="module")
+def page_runner():
+    """A Python started with the pages' environment that imports torch, transformers and
+    kernels once, then forks a child for each page: a forked child is a freshly started Python
+    that has run those imports (no page's code has run in its parent), and the imports were
+    most of each page's seconds. Where ``os.fork`` is missing, each page starts its own."""
+    if not hasattr(os, "fork"):
+        yield None
+        return
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve"],
+        cwd=REPO,
+        env=_page_environment(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-        timeout=900,
     )
-    assert run.returncode == 0, f"{page.name}: a code block failed\n{run.stdout}\n{run.stderr}"
+    yield server
+    server.stdin.close()
+    server.wait(timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "page",
+    [page for page in PAGES if any(b.not_run is None for b in blocks(page))],
+    ids=lambda page: page.name,
+)
+def test_page_blocks_run(page, tmp_path, page_runner):
+    to_run = [asdict(b) for b in blocks(page) if b.not_run is None]
+    payload = tmp_path / "blocks.json"
+    payload.write_text(json.dumps(to_run))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    if page_runner is None:
+        run = subprocess.run(
+            [sys.executable, __file__, str(payload)],
+            cwd=workdir,
+            env=_page_environment(),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        returncode, output = run.returncode, run.stdout + run.stderr
+    else:
+        log = tmp_path / "output.txt"
+        page_runner.stdin.write(f"{payload}\t{workdir}\t{log}\n")
+        page_runner.stdin.flush()
+        ready, _, _ = select.select([page_runner.stdout], [], [], 900)
+        assert ready, f"{page.name}: no answer from the page runner in 900 s"
+        reply = page_runner.stdout.readline()
+        assert reply, f"{page.name}: the page runner exited ({page_runner.poll()})"
+        returncode, output = int(reply), log.read_text() if log.exists() else ""
+    assert returncode == 0, f"{page.name}: a code block failed\n{output}"
 
 
 # The subprocess: run one page's blocks in order.
@@ -203,7 +239,7 @@ def _provide(namespace: dict, workdir: Path) -> None:
     config = LlamaConfig(
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=1,
         num_attention_heads=4,
         num_key_value_heads=2,
         vocab_size=128,
@@ -241,5 +277,38 @@ def _run_page(payload: Path) -> int:
     return 0
 
 
+def _serve() -> int:
+    """`page_runner`'s side: for each line ``PAYLOAD<TAB>WORKDIR<TAB>LOG`` on stdin, a forked
+    child runs the page in WORKDIR with its output in LOG; its exit status is the answer."""
+    import torch  # noqa: F401 - the imports the pages make, made once
+    import transformers  # noqa: F401
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM  # noqa: F401
+
+    import kernels  # noqa: F401
+    import kernels.library  # noqa: F401
+
+    for line in sys.stdin:
+        payload, workdir, log = line.rstrip("\n").split("\t")
+        sys.stdout.flush()
+        child = os.fork()
+        if child == 0:
+            returncode = 1
+            try:
+                output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(output, 1)
+                os.dup2(output, 2)
+                os.chdir(workdir)
+                returncode = _run_page(Path(payload))
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(returncode)
+        _, status = os.waitpid(child, 0)
+        print(os.waitstatus_to_exitcode(status), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(_run_page(Path(sys.argv[1])))
+    sys.exit(_serve() if sys.argv[1] == "--serve" else _run_page(Path(sys.argv[1])))
