@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from kernels.cli import COMMANDS, main
+from kernels.cli import check as check_module
 from kernels.cli.upload import plan_upload
 from tests.support.paths import REPO_ROOT, subprocess_env
 
@@ -74,15 +75,13 @@ def test_usage_errors_exit_2(argv, capsys):
     assert "usage:" in capsys.readouterr().err
 
 
-def test_python_dash_m_kernels():
-    env = subprocess_env()
-    result = subprocess.run(
-        [sys.executable, "-m", "kernels", "--version"], env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 0 and result.stdout.startswith("kernels ")
+def test_python_dash_m_kernels(capsys):
+    assert run("--version") == 0 and capsys.readouterr().out.startswith("kernels ")
+    # One Python of its own (its imports take seconds): `python -m kernels` runs the command
+    # and exits with its status, an error message and no traceback.
     result = subprocess.run(
         [sys.executable, "-m", "kernels", "check", "/no/such/folder"],
-        env=env,
+        env=subprocess_env(),
         capture_output=True,
         text=True,
     )
@@ -167,10 +166,12 @@ def test_check_compares_signatures_with_layer_of(kernel_repo, capsys):
     repo = kernel_repo("sig")
     assert run("check", str(repo), "--layer-of", "SiluAndMul=torch.nn:SiLU") == 0
     assert "matches torch.nn.modules.activation.SiLU" in capsys.readouterr().out
-    assert run("check", str(repo), "--layer-of", "SiluAndMul=torch.nn:Bilinear") == 1
-    assert "FAIL  signatures:" in capsys.readouterr().out
-    assert run("check", str(repo), "--layer-of", "Missing=torch.nn:SiLU") == 1
-    assert "which `layers` does not define" in capsys.readouterr().out
+    # Both failures in one check (each check imports the repository in a Python of its own).
+    argv = ["--layer-of", "SiluAndMul=torch.nn:Bilinear", "--layer-of", "Missing=torch.nn:SiLU"]
+    assert run("check", str(repo), *argv) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  signatures:" in out and "Bilinear" in out
+    assert "which `layers` does not define" in out
     assert run("check", str(repo), "--layer-of", "nonsense") == 1
     assert "write LAYER=MODULE:CLASS" in capsys.readouterr().err
 
@@ -219,13 +220,25 @@ def test_init_refuses_to_overwrite_and_bad_names(tmp_path, capsys):
         assert "not a usable name" in capsys.readouterr().err
 
 
-def test_upload_plan_checks_the_repository_and_leaves_out_caches(kernel_repo, tmp_path, capsys):
+def test_upload_plan_checks_the_repository_and_leaves_out_caches(
+    kernel_repo, tmp_path, capsys, monkeypatch
+):
     repo = kernel_repo("up")
     (repo / "README.md").write_text("# up\n")
     (repo / "build" / "torch-universal" / "activation" / "__pycache__").mkdir()
     (repo / "build" / "torch-universal" / "activation" / "__pycache__" / "x.pyc").write_bytes(b"0")
     (repo / ".git").mkdir()
     (repo / ".git" / "HEAD").write_text("ref")
+    checked, reports = [], {}
+    check = check_module.check_repository
+
+    def check_once(path, where):
+        checked.append(str(path))
+        if str(path) not in reports:
+            reports[str(path)] = check(path, where=where)
+        return reports[str(path)]
+
+    monkeypatch.setattr(check_module, "check_repository", check_once)
     plan = plan_upload(repo, "my-org/up", tag="v0.1.0", branch=None, message=None)
     assert plan.files == (
         "README.md",
@@ -233,9 +246,13 @@ def test_upload_plan_checks_the_repository_and_leaves_out_caches(kernel_repo, tm
         "build/torch-universal/activation/layers.py",
     )
     assert plan.message == "Upload kernel my-org/up v0.1.0"
+    # The command checks the repository again: the report of the check above, rather than a
+    # second import of the repository in a Python of its own.
     assert run("upload", str(repo), "--repo-id", "my-org/up", "--tag", "v0.1.0", "--dry-run") == 0
+    assert checked == [str(repo), str(repo)]
     out = capsys.readouterr().out
     assert "3 file(s)" in out and "tag v0.1.0" in out and "nothing was uploaded" in out
+    assert "  build/torch-universal/activation/layers.py" in out
 
 
 @pytest.mark.parametrize(
