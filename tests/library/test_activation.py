@@ -15,6 +15,7 @@ from tests.support.library import (
     GeluTanhAndMul,
     SiluAndMul,
     assert_close,
+    covering,
     grads,
     randn,
     transformers_activation,
@@ -76,9 +77,18 @@ def _input(shape, layout, dtype, scale=3.0):
     return x.requires_grad_()
 
 
-@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape,layout", SHAPES)
+# Every shape in fp32 (tests.support.library.covering); every activation in every dtype over
+# an odd shape and rows read in place with a row stride, and in fp32 over the longest row. The
+# activations share one kernel, their formula a parameter of it.
+ELEMENTWISE_CASES = covering(
+    SHAPES,
+    options={name: name for name in sorted(ELEMENTWISE)},
+    every_dtype=[((3, 37), None), ((4, 50), "slice")],
+    every_option=[((1000,), None), ((37, 6), "transpose")],
+)
+
+
+@pytest.mark.parametrize("shape,layout,dtype,name", ELEMENTWISE_CASES)
 def test_elementwise(activation, name, dtype, shape, layout):
     fn_name, module_name, ref_fn = ELEMENTWISE[name]
     module_cls = transformers_activation(module_name, ref_fn)
@@ -245,53 +255,77 @@ def test_large_gated_row_strided_view(activation):
     assert_close(y, ref, torch.bfloat16, "strided view")
 
 
-@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
-def test_elementwise_under_compile_matches_the_reference(activation, name):
+def test_elementwise_under_compile_matches_the_reference(activation):
     """Under torch.compile the element-wise activations hand inductor the kernel's formula (so it
-    can fuse them): forward and gradient still match the float64 reference, with no graph break."""
-    fn_name, _, reference = ELEMENTWISE[name]
-    fn = getattr(activation, fn_name)
+    can fuse them): forward and gradient still match the float64 reference, with no graph break.
+    Every activation in one compiled function, on an input of its own: one compilation a dtype
+    rather than one an activation and dtype, which were most of this test's time."""
+    names = sorted(ELEMENTWISE)
+    fns = [getattr(activation, ELEMENTWISE[name][0]) for name in names]
     torch._dynamo.reset()
-    compiled = torch.compile(lambda t: fn(t) * 2.0, fullgraph=True)
+    compiled = torch.compile(
+        lambda *xs: [fn(x) * 2.0 for fn, x in zip(fns, xs, strict=True)], fullgraph=True
+    )
     for dtype in (torch.float32, torch.bfloat16):
-        x = _input((3, 37), "slice" if dtype == torch.float32 else None, dtype)
-        y = compiled(x)
-        x64 = x.detach().double().requires_grad_()
-        y_ref = reference(x64) * 2.0
-        assert y.dtype == dtype
-        assert_close(y, y_ref, dtype, f"{name} compiled forward")
-        dy = randn(*y.shape, dtype=dtype)
-        (got,) = grads(y, (x,), dy)
-        (want,) = grads(y_ref, (x64,), dy.double())
-        assert_close(got, want, dtype, f"{name} compiled gradient")
+        xs = [_input((3, 37), "slice" if dtype == torch.float32 else None, dtype) for _ in names]
+        ys = compiled(*xs)
+        dys = [randn(*y.shape, dtype=dtype) for y in ys]
+        got = grads(ys, xs, dys)
+        for name, x, y, dy, g in zip(names, xs, ys, dys, got, strict=True):
+            x64 = x.detach().double().requires_grad_()
+            y_ref = ELEMENTWISE[name][2](x64) * 2.0
+            assert y.dtype == dtype
+            assert_close(y, y_ref, dtype, f"{name} compiled forward")
+            (want,) = grads(y_ref, (x64,), dy.double())
+            assert_close(g, want, dtype, f"{name} compiled gradient")
 
 
-@pytest.mark.parametrize("fn_name", sorted(GATED_PAIR) + [GATED[n][0] for n in sorted(GATED)])
-def test_gated_under_compile_matches_the_reference(activation, fn_name):
+def test_gated_under_compile_matches_the_reference(activation):
     """Under torch.compile the gated activations hand inductor the kernel's formula (fp32,
     rounded once) rather than the custom op: forward and gradients still match the float64
-    reference, with no graph break, and their input checks still raise."""
-    fn = getattr(activation, fn_name)
-    act = GATED_PAIR.get(fn_name) or next(a for f, _, a in GATED.values() if f == fn_name)
-    paired = fn_name in GATED_PAIR
+    reference, with no graph break, and their input checks still raise. Every gated function in
+    one compiled function, as for the element-wise ones."""
+    fn_names = sorted(GATED_PAIR) + [GATED[n][0] for n in sorted(GATED)]
+    fns = [getattr(activation, fn_name) for fn_name in fn_names]
+    paired = [fn_name in GATED_PAIR for fn_name in fn_names]
+    arity = [2 if p else 1 for p in paired]
+
+    def every(*leaves):
+        outs, at = [], 0
+        for fn, n in zip(fns, arity, strict=True):
+            outs.append(fn(*leaves[at : at + n]) * 2.0)
+            at += n
+        return outs
+
     torch._dynamo.reset()
-    compiled = torch.compile(lambda *t: fn(*t) * 2.0, fullgraph=True)
+    compiled = torch.compile(every, fullgraph=True)
     for dtype in (torch.float32, torch.bfloat16):
-        if paired:
-            leaves, split = _pair_inputs((3, 37), "mixed", dtype)
-        else:
-            leaves, split = [_input((4, 50), "slice", dtype)], lambda x: (x[..., :25], x[..., 25:])
-        y = compiled(*leaves)
-        assert y.dtype == dtype and y.shape == ((3, 37) if paired else (4, 25))
-        leaves64 = [t.detach().double().requires_grad_() for t in leaves]
-        gate64, up64 = split(*leaves64)
-        y64 = act(gate64) * up64 * 2.0
-        floor = 2.0 * max(t.detach().abs().max().item() ** 2 for t in leaves)
-        assert_close(y, y64, dtype, f"{fn_name} compiled forward", floor)
-        dy = randn(*y.shape, dtype=dtype)
-        got = grads(y, leaves, dy)
-        want = grads(y64, leaves64, dy.double())
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            assert_close(g, w, dtype, f"{fn_name} compiled grad {i}", floor)
-    with pytest.raises(Exception, match="same shape" if paired else "even"):
-        compiled(randn(3, 8), randn(1, 8)) if paired else compiled(randn(3, 7))
+        cases = [
+            _pair_inputs((3, 37), "mixed", dtype)
+            if p
+            else ([_input((4, 50), "slice", dtype)], lambda x: (x[..., :25], x[..., 25:]))
+            for p in paired
+        ]
+        every_leaf = [t for leaves, _ in cases for t in leaves]
+        ys = compiled(*every_leaf)
+        dys = [randn(*y.shape, dtype=dtype) for y in ys]
+        every_grad = list(grads(ys, every_leaf, dys))  # one backward of the compiled graph
+        for fn_name, p, (leaves, split), y, dy in zip(
+            fn_names, paired, cases, ys, dys, strict=True
+        ):
+            act = GATED_PAIR.get(fn_name) or next(a for f, _, a in GATED.values() if f == fn_name)
+            assert y.dtype == dtype and y.shape == ((3, 37) if p else (4, 25))
+            leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+            gate64, up64 = split(*leaves64)
+            y64 = act(gate64) * up64 * 2.0
+            floor = 2.0 * max(t.detach().abs().max().item() ** 2 for t in leaves)
+            assert_close(y, y64, dtype, f"{fn_name} compiled forward", floor)
+            got = [every_grad.pop(0) for _ in leaves]
+            want = grads(y64, leaves64, dy.double())
+            for i, (g, w) in enumerate(zip(got, want, strict=True)):
+                assert_close(g, w, dtype, f"{fn_name} compiled grad {i}", floor)
+    # The input checks raise while Dynamo traces, before anything is compiled.
+    for fn, paired_fn in zip(fns, paired, strict=True):
+        compiled = torch.compile(lambda *t, fn=fn: fn(*t) * 2.0, fullgraph=True)
+        with pytest.raises(Exception, match="same shape" if paired_fn else "even"):
+            compiled(randn(3, 8), randn(1, 8)) if paired_fn else compiled(randn(3, 7))

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.support.library import DEVICE, assert_close, randn
+from tests.support.library import DEVICE, alternating, assert_close, randn
 from tests.support.models import llama_config
 
 H, I, OUT = 67, 131, 45  # odd sizes: every block is ragged
@@ -87,10 +87,13 @@ def _config(decode, case):
     }[case]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("act", sorted(ACTS))
-@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("rows", [1, 3, 8])
+HALF = (torch.bfloat16, torch.float16)
+BIAS = {"nobias": False, "bias": True}
+
+
+# Every activation, bias and row count, each in one of the two dtypes (tests.support.library's
+# alternating: each dtype meets every value; the full product on the GPU).
+@pytest.mark.parametrize("dtype,act,bias,rows", alternating(HALF, sorted(ACTS), BIAS, [1, 3, 8]))
 def test_gated_mlp_decode_matches_float64(activation, decode, dtype, act, bias, rows):
     weights = _weights(dtype, bias)
     x = randn(rows, H, dtype=dtype)
@@ -254,10 +257,10 @@ def test_under_compile_with_dynamic_shapes_the_size_is_a_guard(activation):
 # ---- q, k and v in one launch -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("rows", [1, 3, 8])
-@pytest.mark.parametrize("dot", [None, False, True], ids=["rule", "fma", "dot"])
+@pytest.mark.parametrize(
+    "dtype,bias,rows,dot",
+    alternating(HALF, BIAS, [1, 3, 8], {"rule": None, "fma": False, "dot": True}),
+)
 def test_grouped_linear_matches_float64(decode, dtype, bias, rows, dot):
     """Three projections of one input (ragged: 45, 13 and 7 features over blocks of 16), each
     output within one rounding of the float64 product."""

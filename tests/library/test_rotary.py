@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as reference
 
-from tests.support.library import DTYPES, ON_GPU, assert_close, grads, randn
+from tests.support.library import ON_GPU, assert_close, covering, grads, randn
 
 # (batch, seq, q_heads, kv_heads, head_dim)
 SIZES = [
@@ -25,6 +25,15 @@ SIZES = [
 # How q and k are laid out: "bshd-view" is transformers' (the projection's (b, s, h, d) output
 # transposed to (b, h, s, d)); "bhsd" contiguous (b, h, s, d); "bshd" with unsqueeze_dim=2.
 LAYOUTS = ["bshd-view", "bhsd", "bshd"]
+# Every size and layout in fp32 (tests.support.library.covering); fp16 and bf16 with every
+# layout over odd head counts and head dim, and bf16 over the heads looped in blocks.
+ROTARY = covering(
+    SIZES,
+    options={layout: layout for layout in LAYOUTS},
+    every_dtype=[(2, 5, 3, 1, 12)],
+    every_option=[(1, 7, 4, 2, 80), (3, 1, 2, 2, 6), (0, 4, 2, 1, 8), (1, 3, 40, 5, 128)],
+    last_dtype_too=[(1, 3, 40, 5, 128)],
+)
 
 
 def _qk(batch, seq, heads, dim, layout, dtype):
@@ -62,9 +71,7 @@ def _assert_matches_reference(qo, ko, q, k, cos, sin, unsqueeze_dim, what=""):
     assert_close(dk, dk64, dtype, f"{what}grad k")
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("batch,seq,hq,hk,dim", SIZES)
+@pytest.mark.parametrize("batch,seq,hq,hk,dim,dtype,layout", ROTARY)
 def test_rotary(rotary, batch, seq, hq, hk, dim, dtype, layout):
     unsqueeze_dim = 2 if layout == "bshd" else 1
     q = _qk(batch, seq, hq, dim, layout, dtype)

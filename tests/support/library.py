@@ -3,6 +3,7 @@
 The repositories are loaded the way users load them, through ``kernels.get_local_kernel``.
 """
 
+import itertools
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -129,6 +130,28 @@ def covering(
                 args = (*values, dtype, *((option,) if named else ()))
                 ident = "-".join(filter(None, [*map(_param_id, (*values, dtype)), name]))
                 params.append(pytest.param(*args, marks=marks, id=ident))
+    return params
+
+
+def alternating(
+    dtypes: Sequence[torch.dtype],
+    *axes: Sequence[Any] | Mapping[str, Any],
+    full: bool = ON_GPU,
+) -> list[Any]:
+    """pytest parameters ``(dtype, *values)``: every combination of the ``axes`` (sequences of
+    values, or mappings of test ids to values) once, in the dtype that the parity of its
+    indices picks, so that each dtype meets every value of every axis and every pair of
+    values, of different axes, meets each dtype where the axes allow; the full product when
+    ``full`` (on the GPU)."""
+    named = [dict(a) if isinstance(a, Mapping) else {_param_id(v): v for v in a} for a in axes]
+    params = []
+    for combination in itertools.product(*(enumerate(a.items()) for a in named)):
+        parity = sum(i for i, _ in combination) % len(dtypes)
+        for d, dtype in enumerate(dtypes):
+            if full or d == parity:
+                ident = "-".join([_param_id(dtype), *(name for _, (name, _) in combination)])
+                values = (value for _, (_, value) in combination)
+                params.append(pytest.param(dtype, *values, id=ident))
     return params
 
 
