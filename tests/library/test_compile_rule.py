@@ -337,9 +337,8 @@ def _our_ops(gm) -> Counter:
 def test_each_layer_takes_its_side_in_a_compiled_graph(packages, first):
     """Every layer in one compiled graph, alternate layers forced to either side (``first``
     the side of the first layer; the two cases swap them): each on its own side whatever its
-    neighbours', counted node by node (rms_norm and gemma_rms_norm share an op). One
-    compilation of the ten layers rather than one a layer and side: the compilations were most
-    of this test's time."""
+    neighbours', counted node by node (rms_norm and gemma_rms_norm share an op): one
+    compilation of the ten layers a case rather than one a layer and side."""
     torch.manual_seed(0)
     other = "formula" if first == "op" else "op"
     sides = {layer: first if i % 2 == 0 else other for i, layer in enumerate(LAYERS)}
