@@ -62,7 +62,7 @@ def time_tiny_contenders():
                 ("fsdp2", 2),
                 ("tp", 2),
             ]
-            assert entries[0]["meta"]["backend"] == "gloo"
+            assert entries[0]["meta"]["backend"] == dist.get_backend()
             table = (out / "results.md").read_text()
             assert "| 2 | ours (kernelized) |" in table and "## tp, shape 2x8" in table, table
             assert f"| 2 | {BROKEN} | rank 0: RuntimeError: this contender does not run" in table
