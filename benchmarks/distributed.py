@@ -23,8 +23,9 @@ Engines (``--engine``):
     lm_head column-wise; the residual stream sharded along the sequence), so our norm kernels get
     sequence-sharded DTensors and run on their local shards (docs/distributed.md). The fused
     losses (ours and Liger's) need a plain lm_head, which this one is not: ours falls back to the
-    model's own loss (the "fused CE" contender then times as "ours"); Liger's, which reads
-    ``lm_head.weight`` itself, meets a DTensor (its error, if any, is recorded).
+    model's own loss (the "fused CE" contender then times as "ours"). Liger-Kernel's contenders
+    are recorded as skipped under tp: its kernels take the weights as plain tensors, and on the
+    GPU its failed first step left an illegal memory access that ended the whole run.
 
 Contenders (e2e.py's set-ups, on the same weights on every rank, bf16 weights and SDPA
 attention): ``eager``, ``ours (kernelized)`` and ``ours (kernelized, fused CE)`` (tagged and
