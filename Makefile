@@ -35,11 +35,6 @@ XDIST := --dist worksteal
 # What runs in the transformers 5.x environment (the rest of the suite does not depend on it).
 TF5_TESTS ?= tests/repos/hub tests/clients/transformers5 tests/distributed
 
-# pip leaves the byte-compiling to the first import of each module: installing would compile
-# every file of every package (torch's install: 52 s with it, 19 s without, on 2 cores), while a
-# test run imports a fraction of them.
-PIP_FLAGS ?= --no-compile
-
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 TF5_BIN := $(TF5_VENV)/bin
@@ -75,26 +70,26 @@ install-all:
 	$(MAKE) -j3 --output-sync=target install-test install-tf5 install-hf
 
 $(VENV)/.installed-demo: $(BIN)/python pyproject.toml Makefile
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q $(PIP_FLAGS) "torch==$(TORCH_CPU_VERSION)"
-	$(PIP) install -q $(PIP_FLAGS) -e ".[demo]"
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
+	$(PIP) install -q -e ".[demo]"
 	@touch $@
 
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml Makefile
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q $(PIP_FLAGS) "torch==$(TORCH_CPU_VERSION)"
-	$(PIP) install -q $(PIP_FLAGS) -e ".[test]"
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
+	$(PIP) install -q -e ".[test]"
 	@touch $@
 
 $(TF5_VENV)/.installed-test-tf5: $(TF5_BIN)/python pyproject.toml Makefile
-	@$(TF5_BIN)/python -c "import torch" 2>/dev/null || $(TF5_BIN)/python -m pip install -q $(PIP_FLAGS) "torch==$(TORCH_CPU_VERSION)"
-	$(TF5_BIN)/python -m pip install -q $(PIP_FLAGS) -e ".[test-tf5]"
+	@$(TF5_BIN)/python -c "import torch" 2>/dev/null || $(TF5_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
+	$(TF5_BIN)/python -m pip install -q -e ".[test-tf5]"
 	@touch $@
 
 # Hugging Face's client without this package (both are the `kernels` distribution), so the
 # interoperability tests import theirs; triton, which the CPU build of torch does not pull in,
 # runs our kernels through its interpreter (which needs numpy).
 $(HF_VENV)/.installed-hf: $(HF_BIN)/python Makefile
-	@$(HF_BIN)/python -c "import torch" 2>/dev/null || $(HF_BIN)/python -m pip install -q $(PIP_FLAGS) "torch==$(TORCH_CPU_VERSION)"
-	$(HF_BIN)/python -m pip install -q $(PIP_FLAGS) "kernels==$(HF_KERNELS_VERSION)" "triton>=3.1" numpy "pytest>=8"
+	@$(HF_BIN)/python -c "import torch" 2>/dev/null || $(HF_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
+	$(HF_BIN)/python -m pip install -q "kernels==$(HF_KERNELS_VERSION)" "triton>=3.1" numpy "pytest>=8"
 	@touch $@
 
 # The Hub-compatible test server (olah) lives in the transformers 5.x environment, whose
