@@ -25,6 +25,7 @@ through transformers' own loader, with no registration.
 from __future__ import annotations
 
 import functools
+import weakref
 from types import ModuleType
 from typing import Any
 
@@ -45,6 +46,36 @@ def attention_kernel() -> ModuleType:
     from .paths import library_path
 
     return get_local_kernel(library_path() / ATTENTION_REPO, ATTENTION_REPO)
+
+
+# The last position_ids tensor `is_packed_sequence` read: (a weak reference to it, its version
+# counter then, the answer).
+_last_packed: tuple[weakref.ref, int | None, bool] | None = None
+
+
+def is_packed_sequence(position_ids: torch.Tensor, batch: int) -> bool:
+    """transformers' ``_is_packed_sequence``: whether ``position_ids`` of a batch of one row
+    restart (several documents packed in the row), read once per tensor.
+
+    The check reads the ids' values, a device synchronisation; transformers makes it in every
+    attention layer, which at batch 1 stalls the host once a layer while the GPU drains, so the
+    host can no longer run ahead of the GPU. Every layer of a forward
+    gets the same ``position_ids`` tensor, so the answer is kept for that tensor, and asked again
+    only for another tensor or after an in-place change (its version counter). Under
+    torch.compile the check is transformers' own, traced like the rest of the graph."""
+    global _last_packed
+    from transformers import modeling_flash_attention_utils as fa
+
+    if batch != 1 or position_ids.shape[-1] == 1 or torch.compiler.is_compiling():
+        return bool(fa._is_packed_sequence(position_ids, batch))
+    # Inference tensors keep no version counter; nothing changes them outside inference mode.
+    version = None if position_ids.is_inference() else position_ids._version
+    last = _last_packed
+    if last is not None and last[0]() is position_ids and last[1] == version:
+        return last[2]
+    packed = bool(fa._is_packed_sequence(position_ids, batch))
+    _last_packed = (weakref.ref(position_ids), version, packed)
+    return packed
 
 
 def attention_forward(
@@ -98,7 +129,7 @@ def attention_forward(
     position_ids = kwargs.get("position_ids")
     if cu_q is not None and cu_k is not None and max_q is not None and max_k is not None:
         q, k, v = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
-    elif position_ids is not None and fa._is_packed_sequence(position_ids, batch):
+    elif position_ids is not None and is_packed_sequence(position_ids, batch):
         q, k, v, (cu_q, cu_k), (max_q, max_k) = fa._prepare_from_posids(q, k, v, position_ids)
     else:
         return kernel.flash_attn_func(q, k, v, **options), None

@@ -140,3 +140,31 @@ def test_attention_dropout_in_training(tiny_llama):
     assert torch.equal(runs[0], runs[1])
     assert not torch.allclose(runs[0], plain, atol=1e-3)
     assert torch.equal(again, plain)
+
+
+def test_packed_check_reads_the_position_ids_once_per_tensor(monkeypatch):
+    """transformers' packed-sequence check synchronises with the device; every layer of a
+    forward passes the same position_ids, so it runs once for them, and again for another
+    tensor or after an in-place change."""
+    from transformers import modeling_flash_attention_utils as fa
+
+    from kernels.library.attention import is_packed_sequence
+
+    reads = []
+    original = fa._is_packed_sequence
+    monkeypatch.setattr(
+        fa, "_is_packed_sequence", lambda ids, batch: reads.append(ids) or original(ids, batch)
+    )
+    plain = torch.arange(9)[None]
+    assert [is_packed_sequence(plain, 1) for _ in range(3)] == [False] * 3
+    assert len(reads) == 1
+    plain[0, 5:] -= 5  # two documents now: the cached answer must not be reused
+    assert is_packed_sequence(plain, 1) and len(reads) == 2
+    packed = torch.tensor([[0, 1, 2, 0, 1]])
+    assert is_packed_sequence(packed, 1) and is_packed_sequence(packed, 1) and len(reads) == 3
+    with torch.inference_mode():
+        frozen = torch.arange(4)[None]
+    assert not is_packed_sequence(frozen, 1) and not is_packed_sequence(frozen, 1)
+    assert len(reads) == 4
+    # A batch of several rows is never packed; transformers answers without reading values.
+    assert not is_packed_sequence(torch.tensor([[0, 1, 0], [0, 1, 2]]), 2)
