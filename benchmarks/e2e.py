@@ -14,9 +14,10 @@ The contenders (``CONTENDERS``; ``--contenders`` takes their keys): eager transf
 (``eager``), ``torch.compile(model)`` (``compile``), ours kernelized (``ours``: our Triton kernels
 through ``kernelize``), ours with our fused linear cross-entropy as well (``ours-fce``,
 ``tag_causal_lm_losses``), ours kernelized with Mode.TORCH_COMPILE, fused loss included, then
-compiled (``ours-compile``), and Liger-Kernel's own transformers patching (rope, rms_norm,
-swiglu) without (``liger``) and with its fused linear cross-entropy (``liger-flce``), the latter
-compiled too (``liger-flce-compile``). Every contender runs on the same weights and inputs.
+compiled (``ours-compile``), both of these with our flash attention (library/attention) in place
+of SDPA (``ours-attn``, ``ours-attn-compile``: issue 39), and Liger-Kernel's own transformers
+patching (rope, rms_norm, swiglu) without (``liger``) and with its fused linear cross-entropy
+(``liger-flce``), the latter compiled too (``liger-flce-compile``). Every contender runs on the same weights and inputs.
 
 They are timed in interleaved rounds, the eager-mode ones at every shape before anything is
 compiled (see `run`); ours and Liger patch transformers' modelling module for the whole process,
@@ -104,6 +105,20 @@ CONTENDERS = (
     Contender(
         "ours-compile",
         "ours (kernelized + compile, fused CE)",
+        ours=True,
+        compiled=True,
+        liger=False,
+    ),
+    Contender(
+        "ours-attn",
+        "ours (kernelized, fused CE, our attention)",
+        ours=True,
+        compiled=False,
+        liger=False,
+    ),
+    Contender(
+        "ours-attn-compile",
+        "ours (kernelized + compile, fused CE, our attention)",
         ours=True,
         compiled=True,
         liger=False,
@@ -199,9 +214,11 @@ def build(state_dict=None):
 _MISSING = object()
 
 
-def build_ours(state_dict, compile_mode: bool, fused_ce: bool = False):
+def build_ours(state_dict, compile_mode: bool, fused_ce: bool = False, attention: bool = False):
     """Our kernels through ``kernelize`` (TRAINING mode, or TRAINING | TORCH_COMPILE and then
-    ``torch.compile``); with ``fused_ce`` also our fused linear cross-entropy (library/loss)."""
+    ``torch.compile``); with ``fused_ce`` also our fused linear cross-entropy (library/loss);
+    with ``attention`` our flash attention (library/attention) in place of SDPA, through
+    transformers' attention registry as a user would set it."""
     import torch
 
     from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
@@ -219,6 +236,11 @@ def build_ours(state_dict, compile_mode: bool, fused_ce: bool = False):
     with use_kernel_mapping(library_mapping(devices=[DEVICE])):
         kernelize(model, mode=mode)
     check_kernelized(model, fused_ce)
+    if attention:
+        from kernels.library.attention import ATTENTION_IMPLEMENTATION, register_attention
+
+        register_attention()
+        model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
     return torch.compile(model) if compile_mode else model
 
 
@@ -272,6 +294,12 @@ def contender_makers(state_dict) -> dict:
         "ours (kernelized)": lambda: build_ours(state_dict, False),
         "ours (kernelized, fused CE)": lambda: build_ours(state_dict, False, fused_ce=True),
         OURS_COMPILED: lambda: build_ours(state_dict, True, fused_ce=True),
+        "ours (kernelized, fused CE, our attention)": lambda: build_ours(
+            state_dict, False, fused_ce=True, attention=True
+        ),
+        "ours (kernelized + compile, fused CE, our attention)": lambda: build_ours(
+            state_dict, True, fused_ce=True, attention=True
+        ),
         "liger (no fused CE)": lambda: build_liger(state_dict, False),
         "liger (fused linear CE)": lambda: build_liger(state_dict, True),
         "liger (fused linear CE) + compile": lambda: torch.compile(build_liger(state_dict, True)),
