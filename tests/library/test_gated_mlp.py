@@ -324,6 +324,155 @@ def test_swiglu_mlp_under_compile_matches_the_reference(activation):
         assert_close(g, w, torch.float32, f"compiled grad {i}")
 
 
+# ---- the whole MLP under torch.compile (training) ------------------------------------------
+
+
+@pytest.fixture
+def compile_rule(activation):
+    """The activation package's compile rule; the sides a test forces are undone afterwards."""
+    rule = importlib.import_module(f"{activation.__name__}._compile_rule")
+    yield rule
+    rule.force()
+    torch._dynamo.reset()
+
+
+class _AOTRecorder:
+    """An AOTAutograd backend whose graphs run as traced (no code generation) and which keeps,
+    for each run of the forward graph, the shapes of its outputs: the module's output, then
+    what the backward reads (saved tensors and weights). ``partition``: ``"default"`` (what
+    ``aot_eager`` does) or ``"inductor"`` (inductor's decompositions, joint-graph passes and
+    min-cut partitioner: what decides the tensors a compiled training step keeps)."""
+
+    def __init__(self, partition: str):
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+
+        self.outputs: list[list[tuple[int, ...]]] = []
+        self.ops: dict[str, set[str]] = {}
+        self.frames = 0
+
+        def forward(gm, example_inputs):
+            self.ops["forward"] = _our_ops(gm)
+
+            def run(*args):
+                out = gm(*args)
+                self.outputs.append([tuple(t.shape) for t in out if isinstance(t, torch.Tensor)])
+                return out
+
+            return make_boxed_func(run)
+
+        def backward(gm, example_inputs):
+            self.ops["backward"] = _our_ops(gm)
+            return make_boxed_func(gm.forward)
+
+        options = {}
+        if partition == "inductor":
+            from torch._inductor.compile_fx import partition_fn
+            from torch._inductor.decomposition import select_decomp_table
+
+            options = {"partition_fn": partition_fn, "decompositions": select_decomp_table()}
+        self._aot = aot_autograd(fw_compiler=forward, bw_compiler=backward, **options)
+
+    def __call__(self, gm, example_inputs):
+        self.frames += 1
+        return self._aot(gm, example_inputs)
+
+
+def _our_ops(gm) -> set[str]:
+    """The names of this library's ops in ``gm``."""
+    names = set()
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and schema.name.startswith("kernels_lib_"):
+            names.add(schema.name.split("::", 1)[1])
+    return names
+
+
+@pytest.mark.parametrize(
+    "partition,dtype", [("default", torch.float32), ("inductor", torch.bfloat16)], ids=str
+)
+@pytest.mark.parametrize("side", ["op", "formula"])
+def test_compiled_training_keeps_gate_and_up_but_not_their_product(
+    activation, compile_rule, side, partition, dtype
+):
+    """Compiled for training (fullgraph, dynamic shapes), SwiGLUMLP runs ``swiglu_mlp``, whose
+    forward graph hands the backward two [tokens, intermediate] tensors (gate and up) on either
+    side of the rule; the module calls would hand it three (and the formula's fp32 copies).
+    Output and every gradient match float64."""
+    compile_rule.force(side, ["gated_mlp"])
+    torch._dynamo.reset()
+    mlp = _mlp("llama", dtype)  # with biases
+    reference = copy.deepcopy(mlp).double()
+    recorder = _AOTRecorder(partition)
+    compiled = torch.compile(_bind(mlp, activation), backend=recorder, fullgraph=True, dynamic=True)
+    for rows in (5, 7):  # a second size reuses the graph
+        x = randn(rows, HIDDEN, dtype=dtype).requires_grad_()
+        y = compiled(x)
+        saved = recorder.outputs[-1][1:]
+        assert saved.count((rows, INTERMEDIATE)) == 2, saved
+        x64 = x.detach().double().requires_grad_()
+        y64 = reference(x64)
+        assert_close(y, y64, dtype, f"{side} forward")
+        dy = randn(*y.shape, dtype=dtype)
+        params = dict(compiled.named_parameters())
+        got = grads(y, (x, *params.values()), dy)
+        want = grads(y64, (x64, *reference.parameters()), dy.double())
+        for name, g, w in zip(["x", *params], got, want, strict=True):
+            assert_close(g, w, dtype, f"{side} grad {name}")
+    assert recorder.frames == 1
+    if side == "op":
+        assert recorder.ops == {
+            "forward": {"gated_pair_activation"},
+            "backward": {"gated_pair_activation_backward_output"},
+        }
+    else:
+        assert recorder.ops == {"forward": set(), "backward": set()}
+
+
+@pytest.mark.parametrize("side", ["op", "formula"])
+def test_compiled_training_with_frozen_down_proj_and_no_input_grad(activation, compile_rule, side):
+    """Compiled, only the gradients asked for are computed: with down_proj frozen the backward
+    needs no silu(gate) * up (the plain backward op, or none of the formula's product)."""
+    compile_rule.force(side, ["gated_mlp"])
+    torch._dynamo.reset()
+    mlp = _mlp("llama")
+    fast = _bind(mlp, activation)
+    fast.down_proj.weight.requires_grad_(False)
+    reference = copy.deepcopy(mlp).double()
+    recorder = _AOTRecorder("default")
+    x = randn(2, 3, HIDDEN)
+    y = torch.compile(fast, backend=recorder, fullgraph=True)(x)
+    y64 = reference(x.double())
+    assert_close(y, y64, torch.float32, f"{side} forward")
+    trained = [(n, p) for n, p in fast.named_parameters() if p.requires_grad]
+    dy = randn(*y.shape)
+    got = grads(y, [p for _, p in trained], dy)
+    ref_params = dict(reference.named_parameters())
+    want = grads(y64, [ref_params[n] for n, _ in trained], dy.double())
+    for (name, _), g, w in zip(trained, got, want, strict=True):
+        assert_close(g, w, torch.float32, f"{side} grad {name}")
+    expected = {"gated_pair_activation_backward"} if side == "op" else set()
+    assert recorder.ops["backward"] == expected
+
+
+@pytest.mark.parametrize("case", ["no_grad", "nothing_requires_grad"])
+def test_compiled_inference_calls_the_modules(activation, fused_calls, case):
+    """With no backward to record, compiled SwiGLUMLP keeps the module calls and ``silu_mul``."""
+    mlp = _mlp("llama")
+    fast = _bind(mlp, activation)
+    x = randn(3, HIDDEN)
+    torch._dynamo.reset()
+    compiled = torch.compile(fast, backend="eager", fullgraph=True)
+    if case == "no_grad":
+        with torch.no_grad():
+            y = compiled(x)
+    else:
+        fast.requires_grad_(False)
+        y = compiled(x)
+    assert [c[0] for c in fused_calls] == ["silu_mul"]
+    assert_close(y, mlp.double()(x.double()), torch.float32, case)
+
+
 # ---- tag_gated_mlps ------------------------------------------------------------------------
 
 

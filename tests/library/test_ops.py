@@ -71,6 +71,11 @@ def _op_cases(activation, norm, rotary):
             ga.gated_pair_backward_op,
             (randn(3, 37), randn(3, 37), randn(3, 37), 1),
         ),
+        # swiglu_mlp's compiled backward: the gradients and silu(gate) * up again; gate strided
+        "gated_pair_activation_backward_output": (
+            ga.gated_pair_backward_output_op,
+            (randn(3, 37), randn(37, 3).t(), randn(3, 37), 0),
+        ),
         "rms_norm": (rms.rms_norm_op, (x, w, 1e-6, 0)),
         "rms_norm_gemma": (rms.rms_norm_op, (_p(2, 2, 37), w, 1e-6, 1)),
         "rms_norm_backward": (
@@ -105,6 +110,7 @@ CASES = [
     "gated_pair_activation",
     "gated_pair_activation_halves",
     "gated_pair_activation_backward",
+    "gated_pair_activation_backward_output",
     "rms_norm",
     "rms_norm_gemma",
     "rms_norm_backward",
@@ -268,7 +274,8 @@ class _MLPStack(torch.nn.Module):
 def test_compile_fullgraph_swiglu_mlp_matches_eager(activation, norm):
     """SwiGLUMLP bound to transformers' LlamaMLP (its act_fn kernelized too, in the first layer)
     compiles with fullgraph=True and matches eager PyTorch; under compile it hands inductor the
-    fused formula (no custom op in the graph), as RMSNorm does."""
+    fused formula (no custom op in the graph), as RMSNorm does. Training, the MLP is
+    ``swiglu_mlp``'s autograd function, whose forward and backward Dynamo traces as subgraphs."""
     torch.manual_seed(0)
     device = randn(1).device
     model = _MLPStack().to(device)
@@ -287,7 +294,9 @@ def test_compile_fullgraph_swiglu_mlp_matches_eager(activation, norm):
     torch._dynamo.reset()
     backend = CompileCounterWithBackend("inductor")  # inductor, keeping dynamo's graphs
     y = torch.compile(fast, backend=backend, fullgraph=True)(x)
-    code = "\n".join(g.code for g in backend.graphs)
+    code = "\n".join(
+        m.code for g in backend.graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
+    )
     # Our layers hand inductor their formulas under compile (it fuses them with what surrounds
     # them): the plain norm's rsqrt and the fused F.silu, no custom op.
     assert "kernels_lib_" not in code and "rsqrt" in code and "silu" in code, code

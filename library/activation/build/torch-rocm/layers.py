@@ -202,11 +202,12 @@ def _weights(mlp: torch.nn.Module) -> tuple:
 
 def _takes_fused_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> bool:
     """Whether ``swiglu_mlp`` computes exactly what the module calls would, and is worth it:
-    an eager call that records a backward (``swiglu_mlp`` saves less for it) with plain calls
-    (`_calls_are_plain`)."""
-    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
-        return False
-    return _calls_are_plain(mlp, x)
+    a call that records a backward (``swiglu_mlp`` saves less for it, eagerly and compiled)
+    with plain calls (`_calls_are_plain`). Compiled, "records" means that an input or weight
+    needs a gradient: otherwise the module calls are the same graph."""
+    if torch.compiler.is_compiling():
+        return _calls_are_plain(mlp, x) and use_autograd_function(x, *_weights(mlp))
+    return torch.is_grad_enabled() and _calls_are_plain(mlp, x)
 
 
 def _takes_decode_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> bool:
@@ -251,9 +252,10 @@ class SwiGLUMLP(torch.nn.Module):
     tanh GELU (``gelu_tanh_mul``, Gemma's). Any other ``act_fn`` (or an activation module with
     hooks) is called as the module would call it, so the result never changes.
 
-    When training eagerly with SiLU and plain ``torch.nn.Linear`` projections, the whole MLP
-    runs as ``swiglu_mlp``, which keeps ``gate`` and ``up`` for backward but not their product
-    (the backward kernel recomputes it): a third less of the MLP's activation memory. At decode
+    When training with SiLU and plain ``torch.nn.Linear`` projections, eagerly or under
+    ``torch.compile``, the whole MLP runs as ``swiglu_mlp``, which keeps ``gate`` and ``up`` for
+    backward but not their product (the backward recomputes it): a third less of the MLP's
+    activation memory. At decode
     sizes (at most ``DECODE_ROWS`` tokens of fp16 or bf16, no backward needed, the same plain
     projections), with SiLU or tanh GELU, it runs as ``gated_mlp_decode``: two matrix-vector
     kernels. Otherwise the projections are called as modules (their hooks, LoRA wrappers etc.

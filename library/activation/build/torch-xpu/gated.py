@@ -366,6 +366,21 @@ def _pair_backward(ctx, dy):
 gated_pair_op.register_autograd(_pair_backward, setup_context=_setup_pair_context)
 
 
+@torch.library.custom_op(op_name("gated_pair_activation_backward_output"), mutates_args=())
+def gated_pair_backward_output_op(
+    dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(d_gate, d_up, act(gate) * up)``: `gated_pair_backward_op` that also writes the
+    forward's output again (the same bits), for a compiled ``swiglu_mlp`` that did not save it
+    (``mlp.py``). It has no backward of its own, as no backward op has."""
+    return gated_pair_backward(dy, gate, up, act, recompute_output=True)
+
+
+@gated_pair_backward_output_op.register_fake
+def _(dy, gate, up, act):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape), gate.new_empty(gate.shape)
+
+
 # --------------------------------------------------------------------------------------------
 # Public functions
 # --------------------------------------------------------------------------------------------
