@@ -1,25 +1,35 @@
-"""The three examples of docs/distributed.md, each run as its own program by torchrun with two
-CPU processes (gloo, Triton's interpreter), killed with everything it started after a time limit.
+"""The three examples of docs/distributed.md, each run as its own program on two CPU ranks
+(gloo, Triton's interpreter), killed after a time limit.
+
+torchrun would start a launcher and two fresh interpreters, each importing torch, transformers
+and kernels again (~25 s of CPU an example on the 2-core CI machine); the ranks are forked from
+this process instead (where it runs Triton's interpreter: `cpu_rank_context`), with the
+environment torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), and each runs the script as ``__main__``.
 
 About one run in thirty here (2026-11-24, torch 2.13), a rank aborts after its training step,
 in ``destroy_process_group`` or the interpreter's teardown ("terminate called without an active
-exception", no Python frame left), and torchrun reports a failure. Once both ranks have printed
-their loss the step is done, so such an exit is reported as a warning, not a failure.
+exception", no Python frame left). Once both ranks have printed their loss the step is done, so
+such an exit is reported as a warning, not a failure.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
-import signal
-import subprocess
+import runpy
+import socket
 import sys
+import time
+import traceback
 import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.support.distributed import same_on_both_lines
+from tests.support.distributed import cpu_rank_context, same_on_both_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "distributed.md"
@@ -46,36 +56,85 @@ def test_the_doc_has_an_example_per_engine():
     ]
 
 
+def _rank(script: Path, rank: int, world_size: int, port: int, log: Path) -> None:
+    """One rank, in a forked child: torchrun's environment, output to ``log``, the script as
+    ``__main__``; the exit status says whether it raised."""
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )  # fmt: skip
+    with open(log, "w") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives with the rank)
+    sys.stderr = sys.stdout
+    torch.set_num_threads(1)  # two ranks share the cores
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_example(script: Path, world_size: int = 2) -> tuple[str, list[int | None]]:
+    """Run ``script`` on ``world_size`` forked CPU ranks: (their output, rank by rank, and
+    their exit codes; None for a rank killed at the time limit)."""
+    context = cpu_rank_context()
+    if context.get_start_method() == "fork":  # imported once here, not in each rank
+        importlib.import_module("transformers.models.llama.modeling_llama")
+        importlib.import_module("kernels.library")
+    port = _free_port()
+    logs = [script.with_suffix(f".rank{rank}.log") for rank in range(world_size)]
+    ranks = [
+        context.Process(target=_rank, args=(script, rank, world_size, port, logs[rank]))
+        for rank in range(world_size)
+    ]
+    for process in ranks:
+        process.start()
+    deadline = time.monotonic() + TIMEOUT
+    for process in ranks:
+        process.join(max(0.0, deadline - time.monotonic()))
+    codes = []
+    for process in ranks:
+        if process.is_alive():
+            process.kill()
+            process.join()
+            codes.append(None)
+        else:
+            codes.append(process.exitcode)
+    output = "".join(f"--- rank {i}:\n{log.read_text()}" for i, log in enumerate(logs))
+    return output, codes
+
+
 @pytest.mark.slow
 @same_on_both_lines("the examples, user programs calling what both lines have")
 @pytest.mark.parametrize("title", list(examples()))
-def test_example_trains_a_step_on_two_cpu_ranks(title, tmp_path):
+def test_example_trains_a_step_on_two_cpu_ranks(title, tmp_path, monkeypatch):
     script = tmp_path / "example.py"
     script.write_text(examples()[title])
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", "2", str(script)]
-    process = subprocess.Popen(
-        command,
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group: the workers go with it on a timeout
-    )
-    try:
-        output, _ = process.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
+    # What the doc's CPU command sets (the ranks inherit it); this process already runs the
+    # interpreter (tests/conftest.py) and has no GPU.
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.chdir(tmp_path)
+    output, codes = run_example(script)
+    if None in codes:
         pytest.fail(f"{title}: still running after {TIMEOUT} s\n{output[-3000:]}")
     losses = re.findall(r"rank (\d): loss (\d+\.\d+)", output)
     assert sorted(rank for rank, _ in losses) == ["0", "1"], output[-3000:]
-    if process.returncode != 0:
+    if any(codes):
         warnings.warn(
-            f"{title}: both ranks trained their step, then torchrun reported a failure (exit "
-            f"status {process.returncode}), a rank dying in teardown:\n{output[-1500:]}",
+            f"{title}: both ranks trained their step, then a rank exited with {codes}, dying in "
+            f"teardown:\n{output[-1500:]}",
             stacklevel=1,
         )
