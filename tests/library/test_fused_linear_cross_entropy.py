@@ -108,19 +108,19 @@ CASES = [
 ]
 GPU_CASES = [
     pytest.param("llama2", ((4096,), 4096, 32001, None, None), {}, marks=pytest.mark.gpu),
-    pytest.param(
-        "llama3", ((2, 1024), 2048, 128256, None, None), {"ignored": 0.3}, marks=pytest.mark.gpu
+    pytest.param(  # the resident chunk, then one chunk of 2048 tokens over the whole vocabulary
+        "llama3", ((2, 2048), 2048, 128256, None, None), {"ignored": 0.3}, marks=pytest.mark.gpu
     ),
-    pytest.param(  # one pass of 128 chunks of 4 tokens
+    pytest.param(  # the resident chunk alone
         "gemma3",
         ((512,), 2048, 262144, None, "slice"),
         {"softcap": 30.0, "smoothing": 0.1},
         marks=pytest.mark.gpu,
     ),
-    pytest.param(  # two passes: 8 chunks of 512 tokens over 23 tiles of 11776 columns
+    pytest.param(  # two passes (Liger's budget's plan): 8 chunks of 512 tokens, 23 tiles
         "gemma3-two-pass",
-        ((2, 2048), 2048, 262144, None, "slice"),
-        {"softcap": 30.0, "ignored": 0.1},
+        ((2, 2048), 2048, 262144, 512, "slice"),
+        {"softcap": 30.0, "ignored": 0.1, "vocab_chunk": 11776},
         marks=pytest.mark.gpu,
     ),
     pytest.param(
@@ -268,32 +268,94 @@ def test_autocast_computes_in_the_autocast_dtype(loss):
         assert_close(g, g64, torch.bfloat16, "grad")
 
 
-def test_chunk_rows_rule(loss):
-    cpu = torch.device("cpu")
-    # Liger's bound: next_power_of_2(ceil(tokens / ceil(vocab / hidden))) tokens a chunk,
-    # 4096 / ceil(128256 / 4096) = 128.
-    assert loss.chunk_rows(4096, 4096, 128256, 2, cpu) == 128
-    # 512, capped at 64 MiB of logits on the CPU (261 tokens), evened out (63 chunks of 261).
-    assert loss.chunk_rows(16384, 4096, 128256, 2, cpu) == 261
-    assert loss.chunk_rows(16, 4096, 128256, 2, cpu) == 1
-    # 263 rows -> 512; 9 chunks of 456 rather than 8 of 512 and one of 4.
-    assert loss.chunk_rows(4100, 64, 1000, 4, cpu) == 456
-    assert loss.chunk_rows(10, 8, 100, 4, cpu) == 1
-    assert loss.chunk_rows(40, 32, 1001, 4, cpu) == 2
-    assert loss.chunk_rows(19, 16, 100, 4, cpu, chunk_size=4) == 4
-    assert loss.chunk_rows(19, 16, 100, 4, cpu, chunk_size=100) == 19
-    assert loss.chunk_rows(0, 16, 100, 4, cpu) == 1
+# benchmarks/loss.py's shapes: (hidden, vocab) for 4096 and 16384 tokens.
+BENCHMARK_SHAPES = [(h, v) for h in (2048, 4096) for v in (32000, 128256, 151936, 262144)]
+
+
+def _free(monkeypatch, ops, nbytes: int) -> None:
+    """The plan's share of free device memory, as `_free_bytes` would measure it on a GPU."""
+    monkeypatch.setattr(ops, "_free_bytes", lambda device: nbytes)
+
+
+def test_chunk_rows_rule(loss, monkeypatch):
+    """A one-pass chunk's logits take as many bytes as the weight's gradient: as many tokens as
+    the hidden size in the weight's dtype, twice as many half-precision ones beside an fp32
+    gradient buffer; never fewer than Liger's chunk; evened out."""
     ops = _op_module(loss)
+    _free(monkeypatch, ops, 40 * 2**30)
+    gpu = torch.device("cpu")  # the plan's arithmetic; the device only bounds free memory
+    rows = loss.chunk_rows
+    assert rows(4096, 4096, 128256, 2, gpu) == 4096
+    assert rows(16384, 2048, 262144, 2, gpu) == 2048
+    assert rows(16384, 2048, 32000, 2, gpu, weight_grad_element_size=4) == 4096
+    assert rows(4096, 1024, 32000, 4, gpu) == 1024  # fp32 logits and gradient
+    assert rows(100, 4096, 128256, 2, gpu) == 100  # fewer tokens than that
+    assert rows(5000, 2048, 32000, 2, gpu) == 1667  # 3 chunks of 1667, not 2 of 2048 and 904
+    # More tokens than vocabulary entries: Liger's chunk, next_power_of_2(ceil(tokens /
+    # ceil(vocab / hidden))) = 65536 / 4 = 16384 tokens (logits the size of the hidden
+    # states), is the larger.
+    assert rows(65536, 2048, 8000, 2, gpu) == 16384
+    # lean=True (the resident chunk's temporary) is Liger's chunk: 4096 / ceil(128256 / 4096).
+    assert rows(4096, 4096, 128256, 2, gpu, lean=True) == 128
+    assert rows(16384, 4096, 128256, 2, gpu, lean=True) == 512
+    # Overrides, and no tokens.
+    assert rows(19, 16, 100, 4, gpu, chunk_size=4) == 4
+    assert rows(19, 16, 100, 4, gpu, chunk_size=100) == 19
+    assert rows(0, 16, 100, 4, gpu) == 1
+
+
+def test_chunk_rows_capped_by_free_memory(loss, monkeypatch):
+    """Free memory caps the budget (a token's logits: 128256 x 2 bytes): between Liger's chunk
+    and the weight's size the chunk shrinks with it; below Liger's chunk it is the lean plan's
+    (CHUNK_WEIGHT_SHARE = 0) under the same cap, the plan before the weight's budget."""
+    ops = _op_module(loss)
+    gpu = torch.device("cpu")
+    token = 128256 * 2
+    _free(monkeypatch, ops, 1000 * token)
+    assert loss.chunk_rows(4096, 4096, 128256, 2, gpu) == 820  # 5 chunks rather than 4 of 1000
+    for free, want in ((100 * token, 100), (65 * token, 64), (3, 1)):  # Liger's: 128
+        _free(monkeypatch, ops, free)
+        got = loss.chunk_rows(4096, 4096, 128256, 2, gpu)
+        monkeypatch.setattr(ops, "CHUNK_WEIGHT_SHARE", 0.0)
+        assert got == loss.chunk_rows(4096, 4096, 128256, 2, gpu) == want
+        monkeypatch.setattr(ops, "CHUNK_WEIGHT_SHARE", 1.0)
+    # The CPU's budget (CPU_CHUNK_BYTES: 261 tokens here), for the interpreter's tiny shapes.
     assert ops.CPU_CHUNK_BYTES == 64 * 2**20
+    monkeypatch.undo()
+    cpu = torch.device("cpu")
+    assert loss.chunk_rows(16384, 4096, 128256, 2, cpu) == 261  # 63 chunks of 261
+    assert loss.chunk_rows(16, 4096, 128256, 2, cpu) == 16
+    assert loss.chunk_rows(10, 8, 100, 4, cpu) == 5
+    assert loss.chunk_rows(4100, 64, 1000, 4, cpu) == 456  # Liger's 512, evened (9 chunks)
+
+
+def test_chunk_plan_is_one_pass_within_the_weight_budget(loss, monkeypatch):
+    """With the weight's budget every shape of benchmarks/loss.py takes one pass in chunks of
+    as many tokens as the hidden size: two passes would recompute a third more logits (the cost
+    model: 1.15-1.17x) to save weight traffic that chunks this long no longer spend."""
+    ops = _op_module(loss)
+    _free(monkeypatch, ops, 40 * 2**30)
+    gpu = torch.device("cpu")
+    for tokens in (4096, 16384):
+        for hidden, vocab in BENCHMARK_SHAPES:
+            assert loss.chunk_plan(tokens, hidden, vocab, 2, gpu, fp32_rows=True) == (
+                hidden,
+                vocab,
+            ), (tokens, hidden, vocab)
+    # An fp32 gradient buffer doubles the budget.
+    plan = loss.chunk_plan(16384, 2048, 128256, 2, gpu, fp32_rows=True, weight_grad_element_size=4)
+    assert plan == (4096, 128256)
 
 
 def test_chunk_plan_takes_two_passes_where_one_would_be_bound_by_memory(loss, monkeypatch):
-    """With Liger's budget, one pass over 262144 columns takes 32 tokens a chunk and reads the
-    weight 128 times; two passes take 512 tokens over tiles of 11776 columns, within the same
-    budget. Where one pass makes long chunks (16384 x 4096 -> 128256: 512 tokens) it stays."""
+    """Within Liger's budget (CHUNK_WEIGHT_SHARE = 0, or free memory that short), one pass over
+    262144 columns takes 32 tokens a chunk and reads the weight 128 times; two passes take 512
+    tokens over tiles of 11776 columns, within the same budget. Where one pass makes long
+    chunks (16384 x 4096 -> 128256: 512 tokens) it stays."""
     ops = _op_module(loss)
-    monkeypatch.setattr(ops, "_free_bytes", lambda device: 2**40)
-    gpu = torch.device("cpu")  # the plan's arithmetic; the device only bounds free memory
+    _free(monkeypatch, ops, 2**40)
+    monkeypatch.setattr(ops, "CHUNK_WEIGHT_SHARE", 0.0)
+    gpu = torch.device("cpu")
     plan = loss.chunk_plan
     assert plan(4096, 2048, 262144, 2, gpu, fp32_rows=True) == (512, 11776)
     assert plan(4096, 2048, 262144, 2, gpu, fp32_rows=False) == (4096, 1792)  # no accumulator
@@ -308,11 +370,52 @@ def test_chunk_plan_takes_two_passes_where_one_would_be_bound_by_memory(loss, mo
         single = loss.chunk_rows(tokens, hidden, vocab, 2, gpu)
         rows, tile = plan(tokens, hidden, vocab, 2, gpu, fp32_rows=True)
         assert rows * (tile * 2 + hidden * 4) <= single * vocab * 2  # within Liger's budget
-    # Overrides: chunk_size alone is one pass; vocab_chunk alone picks the tokens.
-    assert plan(4096, 2048, 262144, 2, gpu, chunk_size=64) == (64, 262144)
     assert plan(4096, 2048, 262144, 2, gpu, vocab_chunk=8192) == (1024, 8192)
+    # The weight's budget, with free memory as short as Liger's budget: the same plan.
+    monkeypatch.setattr(ops, "CHUNK_WEIGHT_SHARE", 1.0)
+    _free(monkeypatch, ops, 32 * 262144 * 2)
+    assert plan(4096, 2048, 262144, 2, gpu, fp32_rows=True) == (512, 11776)
+
+
+def test_chunk_plan_overrides(loss, monkeypatch):
+    """chunk_size alone is one pass; vocab_chunk alone picks the most tokens (up to 4096) whose
+    tiles fit the one-pass chunk's budget; both are taken as given."""
+    ops = _op_module(loss)
+    _free(monkeypatch, ops, 40 * 2**30)
+    gpu = torch.device("cpu")
+    plan = loss.chunk_plan
+    assert plan(4096, 2048, 262144, 2, gpu, chunk_size=64) == (64, 262144)
+    assert plan(4096, 2048, 262144, 2, gpu, vocab_chunk=8192) == (4096, 8192)
     assert plan(40, 32, 1001, 4, gpu, chunk_size=7, vocab_chunk=300) == (7, 300)
-    assert plan(40, 32, 1001, 4, gpu, vocab_chunk=5000) == (2, 1001)
+    assert plan(40, 32, 1001, 4, gpu, vocab_chunk=5000) == (20, 1001)
+
+
+@pytest.mark.parametrize(
+    "share,chunks", [(1.0, [4, 3]), (0.0, [2, 2, 2, 1])], ids=["weight-budget", "lean"]
+)
+def test_chunks_as_planned_after_the_resident_chunk(loss, monkeypatch, share, chunks):
+    """The loss runs the plan: after the resident chunk (4 tokens: the hidden size), chunks of
+    the weight's budget (4 tokens), or with CHUNK_WEIGHT_SHARE = 0 Liger's (2 tokens); the
+    resident chunk's temporary keeps to Liger's budget either way. Both match float64."""
+    ops = _op_module(loss)
+    monkeypatch.setattr(ops, "CHUNK_WEIGHT_SHARE", share)
+    projected, budgets = [], []
+    project, resident = ops._project, ops._resident_chunk
+
+    def record_project(h, *args):
+        projected.append(h.shape[0])
+        return project(h, *args)
+
+    def record_resident(*args):
+        budgets.append(args[-1])
+        return resident(*args)
+
+    monkeypatch.setattr(ops, "_project", record_project)
+    monkeypatch.setattr(ops, "_resident_chunk", record_resident)
+    torch.manual_seed(0)
+    _check_against_reference(loss, ((11,), 4, 40, None, None), {"bias": True}, torch.float32)
+    assert projected == chunks
+    assert budgets == [2 * 40 * 4]  # Liger's chunk of 11 tokens x 4 -> 40: 2 tokens
 
 
 def test_resident_rows_rule(loss):
@@ -327,7 +430,8 @@ def test_resident_rows_rule(loss):
 
 def test_resident_temporary_and_partial_sums_fit_the_budget(loss):
     """The resident chunk's temporary (its last entries' logits) and the partial sums of its
-    kernels together stay within Liger's budget, so its peak is never above Liger's."""
+    kernels together stay within Liger's budget: a resident chunk alone peaks no higher than
+    Liger's loss."""
     ops = _op_module(loss)
     cpu = torch.device("cpu")
     for n_rows, vocab, budget in ((4096, 262144, 64 * 262144 * 2), (2048, 151936, 64 * 151936 * 2),
@@ -795,8 +899,8 @@ def test_row_kernels_one_or_two(loss, monkeypatch, name, rows_per_sm):
 
 def test_work_buffers_only_for_chunks_that_split_rows(loss, monkeypatch):
     """The row kernels' partial sums are sized for the chunks that split their rows: none for
-    chunks the one-kernel row path takes (so the loss's memory stays within Liger's budget),
-    and per chunk size, not for the worst case of one row split the most ways."""
+    chunks the one-kernel row path takes (their logits are the loss's only transient), and per
+    chunk size, not for the worst case of one row split the most ways."""
     ops = _op_module(loss)
     device = torch.device(DEVICE)
     monkeypatch.setattr(ops, "FUSED_ROWS_PER_SM", 0)

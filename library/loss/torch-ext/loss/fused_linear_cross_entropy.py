@@ -16,7 +16,10 @@ without ever holding the logits of every token. The tokens are taken in chunks; 
 Where the weight's gradient is wanted, the first chunk (as many tokens as the hidden size) is
 the *resident* one: its logits are held in the weight gradient's own buffer, before that
 gradient is written, so that these tokens cost what torch.compile's three whole matmuls cost,
-without memory beyond Liger's ("the chunk plan" below).
+without memory beyond Liger's. The chunks after it hold up to the weight gradient's size in
+logits (as many tokens as the hidden size), less where free memory is short: the loss's
+transient memory is at most about twice the weight gradient, where torch.compile holds every
+token's logits ("the chunk plan" below).
 
 The gradients are made in the forward (the loss is the last op of a training step, so its
 backward follows at once) and only scaled by the loss's gradient in the backward, as
@@ -56,25 +59,35 @@ _CPU_RUNS_KERNELS = os.environ.get("TRITON_INTERPRET") == "1"
 
 # ---- the chunk plan -----------------------------------------------------------------------
 #
-# A chunk's logits are the loss's only large transient (the gradient overwrites them). Liger-
-# Kernel bounds them by the size of the hidden states: chunks of next_power_of_2(ceil(tokens /
-# ceil(vocab / hidden))) tokens over the whole vocabulary. We keep to the same budget in bytes,
-# so the peak memory of the loss is never above Liger's, capped by FREE_MEMORY_SHARE of the
-# device memory still free (torch.cuda.mem_get_info, plus what PyTorch's allocator holds
-# unused; CPU_CHUNK_BYTES on the CPU, where the interpreter runs tiny shapes), and spend it in
-# one of two ways:
+# A chunk's logits are the loss's only large transient (the gradient overwrites them). Their
+# budget is the size of the weight's gradient (vocab x hidden elements of the gradient's dtype,
+# CHUNK_WEIGHT_SHARE of it): with the gradient itself, which every fused loss holds, the loss's
+# transient memory is at most about twice the weight gradient. That is one-pass chunks of as
+# many tokens as the hidden size (twice that many half-precision tokens with an fp32 gradient
+# buffer): long enough that each chunk's weight-gradient update (a matmul over the chunk's
+# tokens) is bound by compute rather than by its read-modify-write of the gradient. The budget
+# is never below Liger-Kernel's (logits no larger than the hidden states: chunks of
+# next_power_of_2(ceil(tokens / ceil(vocab / hidden))) tokens, the larger budget where there
+# are more tokens than vocabulary entries) and is capped by FREE_MEMORY_SHARE of the device
+# memory still free (torch.cuda.mem_get_info, plus what PyTorch's allocator holds unused;
+# CPU_CHUNK_BYTES on the CPU, where the interpreter runs tiny shapes), so that where memory is
+# short the plan falls back towards Liger's. CHUNK_WEIGHT_SHARE = 0 keeps to Liger's budget
+# outright (the loss's peak memory then never above Liger's). The budget is spent in one of
+# two ways:
 #
-# - one pass: chunks of that many tokens over the whole vocabulary (Liger's plan). Each chunk's
-#   three matmuls read the whole weight (and the weight's gradient is read and written), so
-#   where the chunks are short (a large vocabulary over a small hidden size: 32 tokens a chunk
+# - one pass: chunks of that many tokens over the whole vocabulary. Each chunk's three matmuls
+#   read the whole weight (and the weight's gradient is read and written), so where the chunks
+#   are short (Liger's budget at a large vocabulary over a small hidden size: 32 tokens a chunk
 #   at 4096 x 2048 -> 262144) the loss is bound by memory bandwidth, far from the matmuls' peak;
 # - two passes: chunks of many tokens (up to 4096) over tiles of the vocabulary (at least
 #   MIN_TILE columns) that fit the same budget, with an fp32 accumulator for the chunk's
-#   hidden-state gradient (at most half the budget). A first pass over the tiles reduces each row to its log-sum-exp
-#   (logits computed and dropped), a second recomputes each tile's logits (but the last
-#   tile's, still in the buffer) and turns them into gradients. A third more matmul work, but
-#   each chunk reads the weight three times for thousands of tokens, and the weight's gradient
-#   is accumulated over few chunks (each rounding once to the weight's dtype).
+#   hidden-state gradient (at most half the budget). A first pass over the tiles reduces each
+#   row to its log-sum-exp (logits computed and dropped), a second recomputes each tile's
+#   logits (but the last tile's, still in the buffer) and turns them into gradients. A third
+#   more matmul work, but each chunk reads the weight three times for thousands of tokens, and
+#   the weight's gradient is accumulated over few chunks (each rounding once to the weight's
+#   dtype). With the whole budget one pass wins at every shape of benchmarks/loss.py; two
+#   passes are for a budget that free memory (or CHUNK_WEIGHT_SHARE) has cut short.
 #
 # Before either, where the weight's gradient is wanted and the plan is not forced, the resident
 # plan takes the first tokens: the gradient's own buffer (vocab x hidden, in the weight's dtype)
@@ -87,9 +100,9 @@ _CPU_RUNS_KERNELS = os.environ.get("TRITON_INTERPRET") == "1"
 # tile of vocabulary entries at a time, each written once, in place, summed over every token in
 # fp32 inside the matmul. No logits are computed twice and the weight's gradient is not read
 # back; nothing beyond Liger's budget is allocated (the last tile's logits sit in a temporary
-# of that size). With at most hidden-size tokens (4096 x 4096 -> 262144) the loss is three
-# matmuls and three memory-bound passes, as compile's is; with more, the chunks below take the
-# rest and accumulate into the gradient the resident chunk wrote.
+# of that size), so with at most hidden-size tokens (4096 x 4096 -> 262144) the loss is three
+# matmuls and three memory-bound passes, as compile's is, within Liger's memory. With more,
+# the chunks above take the rest and accumulate into the gradient the resident chunk wrote.
 #
 # The plan with the lower cost, matmul FLOPs + FLOPS_PER_BYTE x bytes of weight traffic, is
 # taken; FLOPS_PER_BYTE is the ratio of bf16 matmul throughput to memory bandwidth of the GPUs
@@ -97,10 +110,13 @@ _CPU_RUNS_KERNELS = os.environ.get("TRITON_INTERPRET") == "1"
 # rather than overlap: the weight-gradient update of a short chunk is a matmul bound by memory,
 # run between matmuls bound by compute, which is why one pass in short chunks (Liger's plan)
 # is much slower than torch.compile's three whole matmuls at a large vocabulary, though its
-# matmuls alone would take about as long. The chunks are evened out (17 chunks of 242 tokens rather than 16 of 256 and one of 4).
-# ``chunk_size=`` (tokens) and ``vocab_chunk=`` (columns; the vocabulary size or more is one
-# pass) override the plan: larger chunks are faster where the loss is bound by memory
-# bandwidth, at the price of their logits' memory.
+# matmuls alone would take about as long. The chunks are evened out (17 chunks of 242 tokens
+# rather than 16 of 256 and one of 4). ``chunk_size=`` (tokens) and ``vocab_chunk=`` (columns;
+# the vocabulary size or more is one pass) override the plan, for less memory or more.
+#
+# The chunk budget as a share of the weight gradient's bytes; 0 keeps to Liger's (the README
+# shows how to set it). Read at every call.
+CHUNK_WEIGHT_SHARE = 1.0
 FREE_MEMORY_SHARE = 0.5
 CPU_CHUNK_BYTES = 64 * 2**20
 FLOPS_PER_BYTE = 200
@@ -621,6 +637,12 @@ def _even(n_rows: int, rows: int) -> int:
     return cdiv(n_rows, cdiv(n_rows, rows))
 
 
+def _liger_rows(n_rows: int, hidden_size: int, vocab_size: int) -> int:
+    """Tokens of Liger-Kernel's one-pass chunk (logits no larger than the hidden states):
+    the floor of the chunk budget."""
+    return min(next_power_of_2(cdiv(n_rows, cdiv(vocab_size, hidden_size))), n_rows)
+
+
 def chunk_rows(
     n_rows: int,
     hidden_size: int,
@@ -628,14 +650,29 @@ def chunk_rows(
     element_size: int,
     device: torch.device,
     chunk_size: int | None = None,
+    *,
+    weight_grad_element_size: int | None = None,
+    lean: bool = False,
 ) -> int:
-    """Tokens a one-pass chunk takes: Liger's bound on the logits of a chunk (the size of the
-    hidden states), capped by free memory, evened out; ``chunk_size`` if given."""
+    """Tokens a one-pass chunk takes, evened out; ``chunk_size`` if given.
+
+    Logits (``element_size`` bytes each) of as many bytes as CHUNK_WEIGHT_SHARE of the weight's
+    gradient (``hidden_size`` x ``vocab_size`` elements of ``weight_grad_element_size`` bytes,
+    by default ``element_size``), never fewer tokens than Liger's chunk (`_liger_rows`), capped
+    by free device memory. ``lean`` keeps to Liger's chunk (the resident chunk's temporary).
+
+    Example: ``chunk_rows(4096, 2048, 128256, 2, torch.device("cuda"))`` is 2048 where half
+    the free memory holds their 0.5 GiB of logits (Liger's chunk: 128 tokens).
+    """
     if n_rows == 0:
         return 1
     if chunk_size:
         return max(1, min(int(chunk_size), n_rows))
-    rows = min(next_power_of_2(cdiv(n_rows, cdiv(vocab_size, hidden_size))), n_rows)
+    rows = _liger_rows(n_rows, hidden_size, vocab_size)
+    if not lean:
+        grad_bytes = hidden_size * vocab_size * (weight_grad_element_size or element_size)
+        weight_rows = int(CHUNK_WEIGHT_SHARE * grad_bytes) // max(vocab_size * element_size, 1)
+        rows = max(rows, min(weight_rows, n_rows))
     rows = min(rows, max(1, _free_bytes(device) // max(vocab_size * element_size, 1)))
     return _even(n_rows, rows)
 
@@ -672,14 +709,20 @@ def chunk_plan(
     vocab_chunk: int | None = None,
     grads: bool = True,
     fp32_rows: bool = False,
+    weight_grad_element_size: int | None = None,
 ) -> tuple[int, int]:
     """``(tokens, columns)`` of a chunk of ``fused_linear_cross_entropy``: columns equal to the
     vocabulary is one pass, fewer two passes over tiles of that many columns (see "the chunk
-    plan" above). ``fp32_rows``: the two-pass plan keeps an fp32 hidden-state gradient a
-    token (half-precision inputs, gradients wanted)."""
+    plan" above), within the budget of `chunk_rows`' one-pass chunk. ``fp32_rows``: the
+    two-pass plan keeps an fp32 hidden-state gradient a token (half-precision inputs,
+    gradients wanted). ``weight_grad_element_size``: bytes an element of the weight gradient's
+    buffer (4 with ``fp32_weight_grad=True``), by default ``element_size``."""
     if n_rows == 0:
         return 1, vocab_size
-    single = chunk_rows(n_rows, hidden_size, vocab_size, element_size, device, chunk_size)
+    single = chunk_rows(
+        n_rows, hidden_size, vocab_size, element_size, device, chunk_size,
+        weight_grad_element_size=weight_grad_element_size,
+    )  # fmt: skip
     if vocab_chunk:
         tile = max(1, min(int(vocab_chunk), vocab_size))
         if chunk_size or tile == vocab_size:
@@ -691,7 +734,7 @@ def chunk_plan(
         return _even(n_rows, rows or 1), tile
     if chunk_size:
         return single, vocab_size
-    # Liger's budget, less 1/32 for the partial sums of the tiles (a few hundred KiB).
+    # The one-pass chunk's budget, less 1/32 for the partial sums of the tiles.
     budget = single * vocab_size * element_size * 31 // 32
     accumulator = 4 * hidden_size if fp32_rows else 0
     for rows in TWO_PASS_ROWS:  # the most tokens whose accumulator leaves half the budget
@@ -726,8 +769,8 @@ def _row_config(rows: int, n_cols: int, device: torch.device) -> tuple[int, int,
 def _work_buffers(sizes: tuple[int, ...], n_cols: int, tiles: int, device: torch.device):
     """(partial maxima, partial sums, partial sums of z, z[label]) for chunks of each of these
     numbers of rows over ``tiles`` tiles of ``n_cols`` columns: one allocation for every chunk,
-    sized for the chunks that split their rows (none for those the one-kernel row path takes:
-    the loss's memory stays within Liger's budget to the kilobyte)."""
+    sized for the chunks that split their rows (none for those the one-kernel row path takes,
+    whose logits are then the only transient the chunk budget has to hold)."""
     split = [rows for rows in sizes if rows and not (tiles == 1 and _fuses_rows(rows, device))]
     parts = max((r * tiles * _row_config(r, n_cols, device)[3] for r in split), default=0)
     return _work_buffers_for(parts, max(split, default=0), device)
@@ -943,7 +986,10 @@ def _flce_pass(
     resident = 0
     if need_gw and not any(chunking):
         resident = resident_rows(n_rows, hidden_size, element, gw.element_size())
-        budget = chunk_rows(n_rows, hidden_size, vocab, element, device) * vocab * element
+        # Its temporary keeps to Liger's budget: with no tokens after it, that is the loss's
+        # only transient; with some, their chunk buffer, allocated after it, is the peak.
+        lean = chunk_rows(n_rows, hidden_size, vocab, element, device, lean=True)
+        budget = lean * vocab * element
         gh_rows = None if gh is None else gh[:resident]
         _resident_chunk(
             hidden[:resident], weight, bias, labels, options, scale, scale_stride, loss,
@@ -954,6 +1000,7 @@ def _flce_pass(
     rows, tile = chunk_plan(
         n_rows, hidden_size, vocab, element, device, *chunking,
         grads=compute_grad, fp32_rows=fp32_rows,
+        weight_grad_element_size=gw.element_size() if need_gw else None,
     )  # fmt: skip
     rows = _even(n_rows - resident, rows)
     tiles = cdiv(vocab, tile)
@@ -1562,8 +1609,8 @@ def fused_linear_cross_entropy(
         softcap: Gemma's final-logit soft-capping: ``logits = softcap * tanh(logits / softcap)``.
         num_items_in_batch: the mean's denominator instead of the count of tokens not ignored
             (transformers' gradient accumulation: the summed loss divided by it).
-        chunk_size: tokens per chunk; by default planned from the sizes and free memory, within
-            Liger's bound on the logits of a chunk (README).
+        chunk_size: tokens per chunk; by default planned from the sizes and free memory: a
+            chunk's logits up to the size of the weight's gradient (README).
         vocab_chunk: vocabulary columns a chunk's logits hold: fewer than the vocabulary runs
             two passes over tiles of that many columns (README); planned by default.
         fp32_weight_grad: accumulate the weight's gradient over chunks in an fp32 buffer
