@@ -12,9 +12,10 @@ through an ``lm_head`` weight ``[vocab, hidden]``, and its gradients with respec
   in the forward, weight gradient accumulated in the weight's dtype), when installed;
 - ``ours``: ``fused_linear_cross_entropy`` of library/loss (default chunk size);
 - with ``--variants``, ours with its plan forced: ``ours-chunks-only`` (its chunks without the
-  resident first chunk), ``ours-one-pass`` (Liger's plan: chunks of tokens over the whole
-  vocabulary, within the same budget) and ``ours-one-pass-x4`` (chunks of four times as many
-  tokens: what memory buys in speed where one pass is bound by memory bandwidth) and
+  resident first chunk), ``ours-one-pass`` (chunks of tokens over the whole vocabulary, as
+  many as ``chunk_rows`` gives: logits up to the weight gradient's size, at least Liger's
+  chunk) and ``ours-one-pass-x4`` (chunks of four times as many tokens: what more memory buys
+  in speed) and
   ``ours-two-kernels`` (chunks of whole rows through the statistics and gradient kernels, never
   the one-kernel row path); ``--variants NAME ...`` times only those named; ``ours``
   holds its first tokens' logits in the weight gradient's buffer and picks one pass or two
