@@ -12,13 +12,19 @@
 #   .venv-hf   Hugging Face's own `kernels` client (HF_KERNELS_VERSION), without this package: the
 #              interoperability tests (tests/interop) load our kernel repositories through it
 #
-# On a machine without torch, the CPU build of torch is installed first: a bare `torch`
-# requirement would otherwise pull a multi-GB CUDA build.
+# torch, triton and numpy, the largest and the same in all three (2 GB unpacked, ~1 CPU-minute
+# an environment), are installed once, into .venv-torch, which each environment reads through a
+# .pth file in its site-packages (`torch-base.pth`): pip there finds them installed and leaves
+# them (a requirement they miss would be installed in the environment itself, ahead of them on
+# sys.path). Their console scripts (torchrun) stay in .venv-torch/bin: use `python -m
+# torch.distributed.run`. On a machine without torch, the CPU build of torch is installed there
+# first: a bare `torch` requirement would otherwise pull a multi-GB CUDA build.
 
 PYTHON ?= python3
 VENV ?= .venv
 TF5_VENV ?= .venv-tf5
 HF_VENV ?= .venv-hf
+BASE_VENV ?= .venv-torch
 # The newest release of Hugging Face's client that our kernel repositories are checked against.
 HF_KERNELS_VERSION ?= 0.17.2
 TORCH_CPU_VERSION ?= 2.13.0
@@ -40,19 +46,35 @@ PIP := $(BIN)/python -m pip
 TF5_BIN := $(TF5_VENV)/bin
 OLAH := $(abspath $(TF5_BIN))/olah-cli
 HF_BIN := $(HF_VENV)/bin
+BASE_BIN := $(BASE_VENV)/bin
+BASE := $(BASE_VENV)/.installed-base
+# Whether torch is installed, without the seconds of importing it.
+HAS_TORCH = import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)
+# Makes the environment of python $(1) read .venv-torch's packages (after its own).
+PURELIB = import sysconfig; print(sysconfig.get_paths()['purelib'])
+share_base = $(1) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'torch-base.pth').write_text('$$($(BASE_BIN)/python -c "$(PURELIB)")\n')"
 
 .PHONY: install install-test install-tf5 install-hf install-all hub-server demo test test-4 test-5 test-hf library lint clean
 
-$(BIN)/python:
+$(BASE):
+	$(PYTHON) -m venv $(BASE_VENV)
+	$(BASE_BIN)/python -m pip install -q --upgrade pip
+	$(BASE_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)" "triton>=3.1" numpy
+	@touch $@
+
+$(BIN)/python: | $(BASE)
 	$(PYTHON) -m venv $(VENV)
+	@$(call share_base,$(BIN)/python)
 	$(PIP) install -q --upgrade pip
 
-$(TF5_BIN)/python:
+$(TF5_BIN)/python: | $(BASE)
 	$(PYTHON) -m venv $(TF5_VENV)
+	@$(call share_base,$(TF5_BIN)/python)
 	$(TF5_BIN)/python -m pip install -q --upgrade pip
 
-$(HF_BIN)/python:
+$(HF_BIN)/python: | $(BASE)
 	$(PYTHON) -m venv $(HF_VENV)
+	@$(call share_base,$(HF_BIN)/python)
 	$(HF_BIN)/python -m pip install -q --upgrade pip
 
 # Each environment's installed extras are marked by a stamp file inside it, newer than
@@ -70,17 +92,17 @@ install-all:
 	$(MAKE) -j3 --output-sync=target install-test install-tf5 install-hf
 
 $(VENV)/.installed-demo: $(BIN)/python pyproject.toml Makefile
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
+	@$(BIN)/python -c "$(HAS_TORCH)" || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
 	$(PIP) install -q -e ".[demo]"
 	@touch $@
 
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml Makefile
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
+	@$(BIN)/python -c "$(HAS_TORCH)" || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
 	$(PIP) install -q -e ".[test]"
 	@touch $@
 
 $(TF5_VENV)/.installed-test-tf5: $(TF5_BIN)/python pyproject.toml Makefile
-	@$(TF5_BIN)/python -c "import torch" 2>/dev/null || $(TF5_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
+	@$(TF5_BIN)/python -c "$(HAS_TORCH)" || $(TF5_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
 	$(TF5_BIN)/python -m pip install -q -e ".[test-tf5]"
 	@touch $@
 
@@ -88,7 +110,7 @@ $(TF5_VENV)/.installed-test-tf5: $(TF5_BIN)/python pyproject.toml Makefile
 # interoperability tests import theirs; triton, which the CPU build of torch does not pull in,
 # runs our kernels through its interpreter (which needs numpy).
 $(HF_VENV)/.installed-hf: $(HF_BIN)/python Makefile
-	@$(HF_BIN)/python -c "import torch" 2>/dev/null || $(HF_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
+	@$(HF_BIN)/python -c "$(HAS_TORCH)" || $(HF_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
 	$(HF_BIN)/python -m pip install -q "kernels==$(HF_KERNELS_VERSION)" "triton>=3.1" numpy "pytest>=8"
 	@touch $@
 
@@ -99,11 +121,13 @@ hub-server: install-tf5
 demo: install
 	$(BIN)/kernels demo
 
-# The runs one after the other, each spread over every core by its workers: running them side
-# by side instead would only interleave their output. The interoperability tests (a few seconds)
-# run in one process.
+# The three runs side by side, each spread over every core by its workers, their output kept
+# apart (--output-sync: each run's printed when it ends). Side by side, the CPU work of one fills
+# the time the other spends waiting (the Hub tests wait on the test server and on retries), which
+# one after the other left the cores idle. The interoperability tests (a few seconds) run in one
+# process.
 test: install-all
-	$(MAKE) test-4 test-5 test-hf
+	$(MAKE) -j3 --output-sync=target test-4 test-5 test-hf
 
 test-4: install-test hub-server
 	KERNELS_TEST_OLAH=$(OLAH) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(XDIST) $(PYTEST_ARGS)
@@ -127,4 +151,4 @@ lint: install-test
 	$(BIN)/python -m mypy
 
 clean:
-	rm -rf $(VENV) $(TF5_VENV) $(HF_VENV) .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(TF5_VENV) $(HF_VENV) $(BASE_VENV) .pytest_cache .mypy_cache
