@@ -202,6 +202,8 @@ def test_the_contenders_are_issue_38s():
         ("ours", "ours (kernelized)", True, False),
         ("ours-fce", "ours (kernelized, fused CE)", True, False),
         ("ours-compile", "ours (kernelized + compile, fused CE)", True, True),
+        ("ours-attn", "ours (kernelized, fused CE, our attention)", True, False),
+        ("ours-attn-compile", "ours (kernelized + compile, fused CE, our attention)", True, True),
         ("liger", "liger (no fused CE)", False, False),
         ("liger-flce", "liger (fused linear CE)", False, False),
         ("liger-flce-compile", "liger (fused linear CE) + compile", False, True),
@@ -225,9 +227,9 @@ def tiny(monkeypatch):
 
 
 def test_ours_compiled_contender_keeps_the_fused_loss(tiny, module_state):
-    """Built as a run builds them (tiny model, CPU): the compiled contenders are compiled, and
+    """Built as a run builds them (tiny model, CPU): the compiled contenders are compiled,
     ours + compile has our fused loss, so its compiled training step holds no logits (the
-    issue's ours + compile was built without it)."""
+    issue's ours + compile was built without it), and the attention contenders run ours."""
     from kernels.layer.swap import kernel_layer_of
     from kernels.library import untag
 
@@ -235,17 +237,24 @@ def test_ours_compiled_contender_keeps_the_fused_loss(tiny, module_state):
     names = [c.name for c in e2e.CONTENDERS if not c.liger]
     contenders = e2e.build_contenders(e2e.contender_makers(state), names, module_state)
     try:
-        fused_loss = {}
+        fused_loss, attention = {}, {}
         for name, (model, _) in contenders.items():
             assert hasattr(model, "_orig_mod") == e2e.BY_NAME[name].compiled, name
-            fused_loss[name] = kernel_layer_of(getattr(model, "_orig_mod", model)) is not None
+            model = getattr(model, "_orig_mod", model)
+            fused_loss[name] = kernel_layer_of(model) is not None
+            attention[name] = model.config._attn_implementation
         assert fused_loss == {
             "eager": False,
             "torch.compile": False,
             "ours (kernelized)": False,
             "ours (kernelized, fused CE)": True,
             "ours (kernelized + compile, fused CE)": True,
+            "ours (kernelized, fused CE, our attention)": True,
+            "ours (kernelized + compile, fused CE, our attention)": True,
         }
+        ours_attention = {name for name, impl in attention.items() if impl != "sdpa"}
+        assert ours_attention == {n for n in names if "our attention" in n}
+        assert {attention[n] for n in ours_attention} == {"kernels_attention"}
         torch = pytest.importorskip("torch")
         model, own = contenders["ours (kernelized, fused CE)"]
         module_state.restore(own)
@@ -263,7 +272,8 @@ def test_select_contenders_by_key_in_the_benchmarks_order():
     assert e2e.select_contenders() == list(e2e.CONTENDERS)
     skipped = e2e.select_contenders(None, ["compile", "liger (no fused CE)"])
     assert [c.key for c in skipped] == [
-        "eager", "ours", "ours-fce", "ours-compile", "liger-flce", "liger-flce-compile",
+        "eager", "ours", "ours-fce", "ours-compile", "ours-attn", "ours-attn-compile",
+        "liger-flce", "liger-flce-compile",
     ]  # fmt: skip
     with pytest.raises(
         ValueError, match="unknown contender 'ours-eager': choose from eager, compile"
