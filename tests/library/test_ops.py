@@ -216,6 +216,9 @@ def _kernelized(block, activation, norm, rotary):
     fast.norm3.forward = types.MethodType(norm.layers.GemmaRMSNorm.forward, fast.norm3)
     fast.ln.forward = types.MethodType(norm.layers.LayerNorm.forward, fast.ln)
     fast.act.forward = types.MethodType(activation.layers.SiluAndMul.forward, fast.act)
+    # transformers 5.x's apply_rotary_pos_emb is a function module (a child of the block): drop
+    # it before binding our plain function in its place.
+    del fast.rotary
     fast.rotary = rotary.apply_rotary_pos_emb
     return fast
 
