@@ -322,3 +322,21 @@ def test_cuda_graph_capture(attn):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(got, want)
+
+
+def test_float32_inputs_take_tiles_of_half_the_rows_and_columns(attn):
+    """fp32 tiles of the 16-bit tables' shape spill registers (minutes in ptxas on an H100):
+    float32 inputs get half the rows and columns, at most two stages; the interpreter's
+    configuration is the same for every dtype."""
+    from importlib import import_module
+
+    tuning = import_module(attn.__name__ + "._tuning")
+    for table in (tuning.FORWARD, tuning.BACKWARD, tuning.DECODE):
+        for block_d, cfg in table.items():
+            assert tuning.config(table, block_d, on_cpu=False) == cfg
+            wide = tuning.config(table, block_d, on_cpu=False, fp32=True)
+            assert (wide.block_m, wide.block_n, wide.num_warps) == (
+                max(16, cfg.block_m // 2), max(16, cfg.block_n // 2), cfg.num_warps,
+            )  # fmt: skip
+            assert wide.num_stages == min(cfg.num_stages, 2)
+    assert tuning.config(tuning.BACKWARD, 128, on_cpu=True, fp32=True) == tuning.CPU

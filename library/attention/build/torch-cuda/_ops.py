@@ -136,7 +136,7 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
     n_kv_heads, d_v = k.shape[2], v.shape[3]
     group = n_heads // n_kv_heads
     on_cpu = device.type != "cuda"
-    cfg = config(DECODE, next_power_of_2(max(d_qk, d_v)), on_cpu)
+    cfg = config(DECODE, next_power_of_2(max(d_qk, d_v)), on_cpu, q.dtype == torch.float32)
     rows = seqlen_q * group
     # tl.dot wants at least 16 rows; a larger group is cut into tiles of DECODE_MAX_ROWS.
     block_m = cfg.block_m if on_cpu else min(max(16, next_power_of_2(rows)), DECODE_MAX_ROWS)
@@ -227,7 +227,9 @@ def forward(
         _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logit_scale,
                 cap_log2, window_left, window_right, softcap, num_splits)  # fmt: skip
         return out, lse
-    cfg = config(FORWARD, next_power_of_2(max(d_qk, d_v)), device.type != "cuda")
+    cfg = config(
+        FORWARD, next_power_of_2(max(d_qk, d_v)), device.type != "cuda", q.dtype == torch.float32
+    )
     page_size = k.shape[1] if block_table is not None else 1
     null = _null(device)
     seed, rng_cols, dropout_p, dropout_scale, dropout = _dropout_args(
@@ -313,7 +315,7 @@ def backward(
     windows = (max(window_left, 0), max(window_right, 0), *dropout[:-1])
     dims = (d_qk, d_v, next_power_of_2(d_qk), next_power_of_2(d_v))
 
-    delta_cfg = config(BACKWARD, block_d, on_cpu)
+    delta_cfg = config(BACKWARD, block_d, on_cpu, q.dtype == torch.float32)
     delta_rows = delta_cfg.block_m if on_cpu else DELTA_ROWS
     args = (
         out, dout, delta, cu_q,
@@ -325,7 +327,7 @@ def backward(
     grid = (-(-max_seqlen_q // delta_rows), batches * n_heads)
     _run(K._delta_kernel, grid, args, delta_cfg, device)
 
-    cfg = config(BACKWARD, block_d, on_cpu)
+    cfg = config(BACKWARD, block_d, on_cpu, q.dtype == torch.float32)
     common = (
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),

@@ -67,9 +67,24 @@ CPU = Config(16, 16, 1, 1)
 MAX_HEAD_DIM = 256
 
 
-def config(table: dict, block_d: int, on_cpu: bool) -> Config:
-    """The configuration of ``table`` for a head dimension padded to ``block_d``."""
-    return CPU if on_cpu else table[max(16, block_d)]
+def config(table: dict, block_d: int, on_cpu: bool, fp32: bool = False) -> Config:
+    """The configuration of ``table`` for a head dimension padded to ``block_d``; with ``fp32``
+    (float32 inputs, whose products are exact fp32, not tensor-core tf32) tiles of half the
+    rows and columns and at most two stages.
+
+    The tables are tuned for 16-bit inputs. fp32 tiles of the same shape take twice the
+    registers and shared memory: on an H100 the backward of head dim 96 (padded to 128) spent
+    more than 75 s in ptxas (spilling), where the halved tiles compile in seconds."""
+    if on_cpu:
+        return CPU
+    cfg = table[max(16, block_d)]
+    if not fp32:
+        return cfg
+    return cfg._replace(
+        block_m=max(16, cfg.block_m // 2),
+        block_n=max(16, cfg.block_n // 2),
+        num_stages=min(cfg.num_stages, 2),
+    )
 
 
 def decode_splits(programs: int, max_seqlen_k: int, sm_count: int) -> int:
