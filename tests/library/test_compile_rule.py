@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.support.library import DEVICE, assert_close, randn
+from tests.support.library import DEVICE, assert_close, library_ops, randn
 from tests.support.models import llama_config
 
 # ---- the rule as data -------------------------------------------------------------------------
@@ -293,7 +293,7 @@ class _GraphRecorder:
 
         def keep(which):
             def compiler(gm, example_inputs):
-                self.compilations.setdefault(_compile_key(), {})[which] = _our_ops(gm)
+                self.compilations.setdefault(_compile_key(), {})[which] = library_ops(gm)
                 return gm.forward
 
             return compiler
@@ -320,15 +320,6 @@ class _GraphRecorder:
 def _compile_key():
     compile_id = torch._guards.CompileContext.current_compile_id()
     return compile_id.frame_id, compile_id.frame_compile_id
-
-
-def _our_ops(gm) -> set[str]:
-    names = set()
-    for node in gm.graph.nodes:
-        schema = getattr(node.target, "_schema", None)
-        if schema is not None and schema.name.startswith("kernels_lib_"):
-            names.add(schema.name.split("::", 1)[1])
-    return names
 
 
 @pytest.mark.parametrize("side", ["op", "formula"])

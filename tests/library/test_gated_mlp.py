@@ -15,7 +15,7 @@ from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
 from kernels.layer.swap import kernel_layer_of
 from kernels.layer.tagging import TAG_ATTRIBUTE, replace_kernel_forward_from_hub
 from kernels.library import tag_gated_mlps
-from tests.support.library import DEVICE, DTYPES, assert_close, grads, randn
+from tests.support.library import DEVICE, DTYPES, assert_close, grads, library_ops, randn
 from tests.support.models import llama_config
 
 # family -> (modelling module, config class, MLP class, extra config)
@@ -352,7 +352,7 @@ class _AOTRecorder:
         self.frames = 0
 
         def forward(gm, example_inputs):
-            self.ops["forward"] = _our_ops(gm)
+            self.ops["forward"] = library_ops(gm)
 
             def run(*args):
                 out = gm(*args)
@@ -362,7 +362,7 @@ class _AOTRecorder:
             return make_boxed_func(run)
 
         def backward(gm, example_inputs):
-            self.ops["backward"] = _our_ops(gm)
+            self.ops["backward"] = library_ops(gm)
             return make_boxed_func(gm.forward)
 
         options = {}
@@ -376,16 +376,6 @@ class _AOTRecorder:
     def __call__(self, gm, example_inputs):
         self.frames += 1
         return self._aot(gm, example_inputs)
-
-
-def _our_ops(gm) -> set[str]:
-    """The names of this library's ops in ``gm``."""
-    names = set()
-    for node in gm.graph.nodes:
-        schema = getattr(node.target, "_schema", None)
-        if schema is not None and schema.name.startswith("kernels_lib_"):
-            names.add(schema.name.split("::", 1)[1])
-    return names
 
 
 @pytest.mark.parametrize(

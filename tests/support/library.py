@@ -76,6 +76,17 @@ def grads(outputs, inputs, seed_grads):
 # ---- covering designs for Triton's interpreter ------------------------------------------------
 
 
+def library_ops(graph_module) -> set[str]:
+    """The names of this library's ops (``kernels_lib_*`` namespaces) called in a graph
+    module, without their namespace."""
+    names = set()
+    for node in graph_module.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and schema.name.startswith("kernels_lib_"):
+            names.add(schema.name.split("::", 1)[1])
+    return names
+
+
 def _param_id(value: Any) -> str | None:
     if isinstance(value, dict):  # options a case's name already says
         return None
