@@ -315,7 +315,8 @@ def backward(
     windows = (max(window_left, 0), max(window_right, 0), *dropout[:-1])
     dims = (d_qk, d_v, next_power_of_2(d_qk), next_power_of_2(d_v))
 
-    delta_cfg = config(BACKWARD, block_d, on_cpu, q.dtype == torch.float32)
+    fp32 = q.dtype == torch.float32
+    delta_cfg = config(BACKWARD, block_d, on_cpu, fp32)
     delta_rows = delta_cfg.block_m if on_cpu else DELTA_ROWS
     args = (
         out, dout, delta, cu_q,
@@ -327,7 +328,7 @@ def backward(
     grid = (-(-max_seqlen_q // delta_rows), batches * n_heads)
     _run(K._delta_kernel, grid, args, delta_cfg, device)
 
-    cfg = config(BACKWARD, block_d, on_cpu, q.dtype == torch.float32)
+    cfg = config(BACKWARD, block_d, on_cpu, fp32)
     common = (
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
