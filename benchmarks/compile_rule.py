@@ -2,7 +2,6 @@
 
     python -m benchmarks.compile_rule                    # every layer, every size class (~4 min, H100)
     python -m benchmarks.compile_rule --layers rms_norm,rotary --tokens 512,4096
-    python -m benchmarks.compile_rule --profile-prefill  # the 8x512 eager prefill, profiled
 
 For each library layer and size class it compiles a small graph around the layer (the layer
 and its neighbours: residual add + norm + linear, the projections around a gated activation,
@@ -19,11 +18,6 @@ Each (layer, hidden, side) is compiled with ``dynamic=True``, once for all token
 forward graph and a training one), as a model compiled once serves many batch shapes; that
 keeps the run near 4 minutes on an H100. ``--static`` compiles each shape apart, as a first
 ``torch.compile(model)`` call does (longer: eight compilations a side instead of two).
-
-``--profile-prefill`` profiles the eager prefill (forward without grad, logits of the last
-position) of the 1.1B Llama of benchmarks/e2e.py at 8x512, ours kernelized and, when installed,
-Liger-Kernel's: the top kernels by device time, the number of launches, and the host time of
-the forward, from ``torch.profiler``; a Chrome trace of each goes beside the results.
 """
 
 from __future__ import annotations
@@ -124,17 +118,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--out", default=None, help="default: benchmarks/results/<device>/compile_rule"
     )
-    parser.add_argument(
-        "--profile-prefill", action="store_true", help="profile 8x512 eager prefill"
-    )
-    parser.add_argument("--shape", default="8x512", help="--profile-prefill's batch x sequence")
     args = parser.parse_args(argv)
     args.layers = _layers(args.layers)
     args.tokens = _ints(args.tokens, "tokens")
     args.hidden = _ints(args.hidden, "hidden")
     args.vocab = _ints(args.vocab, "vocab")
-    if not re.fullmatch(r"\d+x\d+", args.shape):
-        raise ProbeError(f"--shape: {args.shape!r} is not <batch>x<sequence>, such as 8x512.")
     return args
 
 
@@ -463,112 +451,6 @@ def write_results(out: Path, results: list[dict], meta: dict) -> dict:
     return data
 
 
-# ---- --profile-prefill -------------------------------------------------------------------------
-
-
-def profile_prefill(args, device, out: Path, log=print, config: dict | None = None) -> dict:
-    """Profile the eager prefill (forward without grad, logits of the last position) of the e2e
-    model (``config``: benchmarks/e2e.py's by default) at ``args.shape``: eager transformers,
-    ours kernelized for inference and, when installed, Liger-Kernel's patching. Returns each
-    contender's summary (`summarize_profile`), also written to ``prefill_profile.json``, with
-    one Chrome trace per contender beside it."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from benchmarks.e2e import CONFIG as E2E_CONFIG  # the model e2e times
-
-    batch, seq = (int(v) for v in args.shape.split("x"))
-    dtype = getattr(torch, args.dtype)
-    config = LlamaConfig(**(config or E2E_CONFIG), attn_implementation="sdpa")
-    torch.manual_seed(0)
-    tokens = torch.randint(0, config.vocab_size, (batch, seq), device=device)
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    summaries = {}
-    for contender in ("eager", "ours", "liger"):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
-        if contender == "ours":
-            from kernels import Mode, kernelize
-            from kernels.library import register_library_kernels
-
-            register_library_kernels(devices=[device.type])
-            kernelize(model, mode=Mode.INFERENCE, device=device.type)
-        elif contender == "liger":
-            try:
-                from liger_kernel.transformers import _apply_liger_kernel_to_instance
-            except ImportError:
-                log("liger: Liger-Kernel is not installed; skipped")
-                continue
-            _apply_liger_kernel_to_instance(model=model)
-
-        def prefill(model=model):
-            with torch.no_grad():
-                return model(tokens, logits_to_keep=1).logits
-
-        for _ in range(3):
-            prefill()
-        host = []
-        for _ in range(5):
-            _synchronize(device)
-            started = time.perf_counter()
-            prefill()  # returns once the kernels are queued: the host's time to issue them
-            host.append((time.perf_counter() - started) * 1e3)
-        _synchronize(device)
-        steps = 3
-        with profile(activities=activities) as prof:
-            for _ in range(steps):
-                prefill()
-            _synchronize(device)
-        summary = summarize_profile(prof, steps)
-        summary["host_ms_per_step"] = statistics.median(host)
-        summaries[contender] = summary
-        prof.export_chrome_trace(str(out / f"prefill_{args.shape}_{contender}.json"))
-        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        log(f"\n== {contender}: {args.shape} eager prefill, {steps} steps ==")
-        log(prof.key_averages().table(sort_by=sort, row_limit=20))
-        log(json.dumps({k: v for k, v in summary.items() if k != "top_kernels"}))
-        del model
-    (out / "prefill_profile.json").write_text(json.dumps(summaries, indent=1) + "\n")
-    return summaries
-
-
-def _synchronize(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-#: The driver calls that launch a kernel, as the profiler names them.
-LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
-
-
-def summarize_profile(prof, steps: int) -> dict:
-    """Per step: device time of all kernels, kernel launches, the CPU time of the profiled ops
-    (the host's work, with the profiler's own cost), and the 15 kernels with most device time."""
-    from torch.autograd import DeviceType
-
-    events = prof.key_averages()
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
-    top = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:15]
-    return {
-        "device_ms_per_step": sum(e.self_device_time_total for e in kernels) / steps / 1e3,
-        "profiled_cpu_ms_per_step": sum(e.self_cpu_time_total for e in events) / steps / 1e3,
-        "launches_per_step": sum(e.count for e in events if e.key in LAUNCHES) / steps,
-        "top_kernels": [
-            {
-                "name": e.key,
-                "ms_per_step": e.self_device_time_total / steps / 1e3,
-                "calls_per_step": e.count / steps,
-            }
-            for e in top
-        ],
-    }
-
-
 # ---- main --------------------------------------------------------------------------------------
 
 
@@ -591,9 +473,6 @@ def main(argv: list[str] | None = None) -> int:
         else Path(__file__).resolve().parent / "results" / device_slug(device) / "compile_rule"
     )
     out.mkdir(parents=True, exist_ok=True)
-    if args.profile_prefill:
-        profile_prefill(args, device, out)
-        return 0
     started = time.perf_counter()
     packages = _load_packages()
     results = measure(args, packages, device)

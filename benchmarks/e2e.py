@@ -5,6 +5,7 @@
     python -m benchmarks.e2e --shape 8x512 --contenders eager,ours-fce,liger-flce
     python -m benchmarks.e2e --time-limit 540               # stop, and say how to go on, before 9 min
     python -m benchmarks.e2e --report                       # results.md and plots again
+    python -m benchmarks.e2e --profile --shape 8x512 --contenders compile,ours-compile
 
 Runs on transformers 4.57 with Liger-Kernel 0.7.0, and on transformers 5.24 with Liger-Kernel
 0.8.5 (0.8 needs transformers 5; benchmarks/README.md). Without Liger-Kernel its contenders are
@@ -42,6 +43,9 @@ replaces the rows of the contenders and shapes it measured (``replace_rows``). `
 512,2048,4096`` searches, instead of timing, the largest batch a training step fits for eager,
 ours with the fused loss and Liger with its fused loss, one contender on the GPU at a time.
 `--report` writes results.md and one plot per setting (``e2e-<setting>.png``) again.
+``--profile`` (one shape) profiles each chosen contender's training step and prefill instead
+(`profile`): wall and device time per step, the device's idle share, launches, and device time
+per kernel family (`benchmarks.profiling`), into <out>/profile_<shape>.json.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import argparse
 import datetime
 import gc
 import importlib.util
+import json
 import math
 import os
 import platform
@@ -609,6 +614,112 @@ def run(
     return commands
 
 
+#: --profile's calls of each step: compilation and first-call allocations, then profiled.
+PROFILE_WARMUP, PROFILED_STEPS = 3, 3
+#: --profile's rounds over a group's contenders (the fastest round of each is kept).
+PROFILE_ROUNDS = 2
+
+
+def profile(shape: str, out: Path, contenders: list[Contender], log=None) -> dict:
+    """Profile each contender's training step and prefill at ``shape`` with `torch.profiler`,
+    after three warm-up calls of each (compilation): {contender: {"train" | "prefill":
+    summary}} (`benchmarks.profiling.summarize_profile`, with the steps' wall time), written to
+    ``<out>/profile_<shape>.json`` and printed as one table per step of device time per kernel
+    family. Contenders are built and profiled in groups as `run` times them: the eager-mode
+    ones, then the compiled ones, in rotating rounds."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from benchmarks.profiling import family_table, summarize_profile
+    from kernels.library import untag
+
+    log = log or (lambda line: print(line, flush=True))
+    reference = build()
+    state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
+    del reference
+    module_state = ModuleState()
+    makers = contender_makers(state)
+    tokens = tokens_for(shape)
+    on_gpu = torch.device(DEVICE).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+
+    def sync():
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    def train_step(model):
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    def prefill(model):
+        with torch.no_grad():
+            model(input_ids=tokens, logits_to_keep=1)
+
+    def profiled(model, step) -> dict:
+        sync()
+        started = time.perf_counter()
+        for _ in range(PROFILED_STEPS):
+            step(model)
+        sync()
+        wall_ms = (time.perf_counter() - started) * 1e3 / PROFILED_STEPS
+        with torch_profile(activities=activities) as prof:
+            for _ in range(PROFILED_STEPS):
+                step(model)
+            sync()
+        return summarize_profile(prof, PROFILED_STEPS, wall_ms)
+
+    summaries: dict[str, dict] = {c.name: {} for c in contenders}
+    groups = [[c for c in contenders if not c.compiled], [c for c in contenders if c.compiled]]
+    for group in (g for g in groups if g):
+        if group[0].compiled:
+            no_silent_fallback()
+        # Built together, as `run` builds a group: set-ups that patch transformers for the whole
+        # process (kernelize's causal-mask fix, docs/compile.md) reach the group's peers too.
+        live = build_contenders(makers, [c.name for c in group], module_state)
+        names = list(live)
+        for step_name, step in (("train", train_step), ("prefill", prefill)):
+            for name in names:
+                model, own_state = live[name]
+                module_state.restore(own_state)
+                model.train(step_name == "train")
+                for _ in range(PROFILE_WARMUP):
+                    step(model)
+            # Rounds in rotating order, each contender's least busy one kept: clocks and
+            # power settle differently over a run, which moved the same kernel's time by 5-10%.
+            for r in range(PROFILE_ROUNDS):
+                for i in range(len(names)):
+                    name = names[(r + i) % len(names)]
+                    model, own_state = live[name]
+                    module_state.restore(own_state)
+                    summary = profiled(model, step)
+                    kept = summaries[name].get(step_name)
+                    if kept is None or summary["wall_ms_per_step"] < kept["wall_ms_per_step"]:
+                        summaries[name][step_name] = summary
+        module_state.restore()
+        log(f"profiled {', '.join(names)}")
+        free(live)
+    untag()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"profile_{shape}.json"
+    meta = {
+        "shape": shape,
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "config": dict(CONFIG),
+        "steps": f"{PROFILE_WARMUP} warm-up, fastest of {PROFILE_ROUNDS} rounds of "
+        f"{PROFILED_STEPS} profiled",
+    }
+    path.write_text(json.dumps({**meta, "profiles": summaries}, indent=1) + "\n")
+    for step_name in ("train", "prefill"):
+        table = family_table({name: s[step_name] for name, s in summaries.items()})
+        log("\n".join([f"\n{step_name} at {shape}, per step (ms):", *table]))
+    log(f"\nwrote {path}")
+    return summaries
+
+
 MAX_BATCH_CONTENDERS = ("eager", "ours (kernelized, fused CE)", "liger (fused linear CE)")
 
 
@@ -1130,6 +1241,12 @@ def main() -> int:
         help="instead of timing: the largest batch that fits at each of these comma-separated "
         "sequence lengths, for eager, ours with the fused CE and Liger with its fused CE",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of timing: profile each contender's training step and prefill at one "
+        "shape (torch.profiler), device time per kernel family, into <out>/profile_<shape>.json",
+    )
     args = parser.parse_args()
     if args.out is None:
         if args.report:
@@ -1150,6 +1267,11 @@ def main() -> int:
         parser.error("no contender left to run (see the notes above)")
     CONFIG["vocab_size"] = args.vocab  # recorded with every result (meta["config"])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.profile:
+        if len(shapes) != 1:
+            parser.error("--profile takes one --shape")
+        profile(shapes[0], args.out, chosen)
+        return 0
     if args.max_batch:
         max_batch([int(s) for s in args.max_batch.split(",")], args.out, {c.name for c in chosen})
         return 0

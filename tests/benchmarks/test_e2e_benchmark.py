@@ -466,3 +466,32 @@ def test_ours_untouched_by_kernelize_is_refused_not_timed_as_eager(tiny):
         e2e.check_kernelized(model, fused_ce=False)
     with pytest.raises(RuntimeError, match=r"the causal-LM loss .*pip install -e \."):
         e2e.check_kernelized(model, fused_ce=True)
+
+
+def test_profile_summarises_each_contenders_steps(tiny, module_state, tmp_path, monkeypatch):
+    """--profile on the CPU (tiny model, ours through the interpreter, one call of each step):
+    a train and a prefill summary per contender, in the JSON it writes and in the tables it
+    prints. (A compiled contender would add a minute of inductor's C++ builds on the CPU.)"""
+    from kernels.library import untag
+
+    monkeypatch.setattr(e2e, "PROFILE_WARMUP", 1)
+    monkeypatch.setattr(e2e, "PROFILED_STEPS", 1)
+    monkeypatch.setattr(e2e, "PROFILE_ROUNDS", 1)
+    chosen = e2e.select_contenders("eager,ours-fce")
+    lines = []
+    try:
+        summaries = e2e.profile("1x6", tmp_path, chosen, lines.append)
+    finally:
+        untag()
+    assert list(summaries) == ["eager", "ours (kernelized, fused CE)"]
+    for steps in summaries.values():
+        assert set(steps) == {"train", "prefill"}
+        for summary in steps.values():
+            assert summary["wall_ms_per_step"] > 0 and summary["profiled_cpu_ms_per_step"] > 0
+            assert summary["device_ms_per_step"] == 0  # no CUDA kernels on the CPU
+    written = json.loads((tmp_path / "profile_1x6.json").read_text())
+    assert written["shape"] == "1x6" and written["device"] == "cpu"
+    assert written["profiles"] == summaries
+    text = "\n".join(lines)
+    assert "train at 1x6" in text and "prefill at 1x6" in text
+    assert "| ours (kernelized, fused CE) |" in text
