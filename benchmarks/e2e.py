@@ -45,7 +45,7 @@ ours with the fused loss and Liger with its fused loss, one contender on the GPU
 `--report` writes results.md and one plot per setting (``e2e-<setting>.png``) again.
 ``--profile`` (one shape) profiles each chosen contender's training step and prefill instead
 (`profile`): wall and device time per step, the device's idle share, launches, and device time
-per kernel family (`benchmarks.profiling`), into <out>/profile_<shape>.json.
+per kernel family (`benchmarks.profiling`), into <out>/profile_v<vocab>_<shape>.json.
 """
 
 from __future__ import annotations
@@ -624,7 +624,7 @@ def profile(shape: str, out: Path, contenders: list[Contender], log=None) -> dic
     """Profile each contender's training step and prefill at ``shape`` with `torch.profiler`,
     after three warm-up calls of each (compilation): {contender: {"train" | "prefill":
     summary}} (`benchmarks.profiling.summarize_profile`, with the steps' wall time), written to
-    ``<out>/profile_<shape>.json`` and printed as one table per step of device time per kernel
+    ``<out>/profile_v<vocab>_<shape>.json`` and printed as one table per step of device time per kernel
     family. Contenders are built and profiled in groups as `run` times them: the eager-mode
     ones, then the compiled ones, in rotating rounds."""
     import torch
@@ -657,9 +657,15 @@ def profile(shape: str, out: Path, contenders: list[Contender], log=None) -> dic
             model(input_ids=tokens, logits_to_keep=1)
 
     def profiled(model, step) -> dict:
+        host = []
+        for _ in range(PROFILED_STEPS):  # from an idle device: the host's time to issue a step
+            sync()
+            started = time.perf_counter()
+            step(model)
+            host.append((time.perf_counter() - started) * 1e3)
         sync()
         started = time.perf_counter()
-        for _ in range(PROFILED_STEPS):
+        for _ in range(PROFILED_STEPS):  # back to back, as a training loop runs them
             step(model)
         sync()
         wall_ms = (time.perf_counter() - started) * 1e3 / PROFILED_STEPS
@@ -667,7 +673,9 @@ def profile(shape: str, out: Path, contenders: list[Contender], log=None) -> dic
             for _ in range(PROFILED_STEPS):
                 step(model)
             sync()
-        return summarize_profile(prof, PROFILED_STEPS, wall_ms)
+        summary = summarize_profile(prof, PROFILED_STEPS, wall_ms)
+        summary["host_ms_per_step"] = statistics.median(host)
+        return summary
 
     summaries: dict[str, dict] = {c.name: {} for c in contenders}
     groups = [[c for c in contenders if not c.compiled], [c for c in contenders if c.compiled]]
@@ -701,7 +709,7 @@ def profile(shape: str, out: Path, contenders: list[Contender], log=None) -> dic
         free(live)
     untag()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"profile_{shape}.json"
+    path = out / f"profile_v{CONFIG['vocab_size']}_{shape}.json"
     meta = {
         "shape": shape,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
@@ -716,6 +724,12 @@ def profile(shape: str, out: Path, contenders: list[Contender], log=None) -> dic
     for step_name in ("train", "prefill"):
         table = family_table({name: s[step_name] for name, s in summaries.items()})
         log("\n".join([f"\n{step_name} at {shape}, per step (ms):", *table]))
+        for name, steps in summaries.items():
+            gaps = "; ".join(
+                f"{g['us']:.0f} us before {g['before'][:48]}"
+                for g in steps[step_name]["largest_gaps"][:3]
+            )
+            log(f"  {name}: the device's largest idle stretches: {gaps or 'none'}")
     log(f"\nwrote {path}")
     return summaries
 
@@ -1245,7 +1259,7 @@ def main() -> int:
         "--profile",
         action="store_true",
         help="instead of timing: profile each contender's training step and prefill at one "
-        "shape (torch.profiler), device time per kernel family, into <out>/profile_<shape>.json",
+        "shape (torch.profiler), device time per kernel family, into <out>/profile_v<vocab>_<shape>.json",
     )
     args = parser.parse_args()
     if args.out is None:

@@ -13,14 +13,14 @@ import re
 #: The driver calls that launch a kernel, as the profiler names them.
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 
-#: Kernel families, the first whose pattern matches a kernel's name (lower case) wins (SDPA's
-#: memory-efficient kernels are CUTLASS ones, hence attention first). Inductor
-#: names its Triton kernels ``triton_<kind>_fused_...``; our library's kernels are Triton
-#: functions whose names start with an underscore.
+#: Kernel families, the first whose pattern matches a kernel's name (lower case) wins. Inductor
+#: names its Triton kernels ``triton_<kind>_fused_<the ops fused>``, which may name attention;
+#: SDPA's memory-efficient kernels are CUTLASS ones, hence attention before gemm. Our library's
+#: kernels are Triton functions whose names start with an underscore.
 FAMILIES = (
+    ("inductor", re.compile(r"^triton_")),
     ("attention", re.compile(r"flash|fmha|cudnn|attention|sdpa")),
     ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|cublas")),
-    ("inductor", re.compile(r"^triton_")),
     ("ours", re.compile(r"^_")),
     ("copy / fill", re.compile(r"copy|fill|memset|memcpy|cat(?:array)?batched")),
     ("elementwise (aten)", re.compile(r"elementwise|vectorized|reduce_kernel|unrolled")),
@@ -65,27 +65,56 @@ def summarize_profile(prof, steps: int, wall_ms_per_step: float | None = None) -
             for e in top
         ],
     }
+    summary["largest_gaps"] = device_gaps(kernels_in_order(prof))
     if wall_ms_per_step is not None:
         summary["wall_ms_per_step"] = wall_ms_per_step
         summary["device_idle_share"] = max(0.0, 1.0 - device_ms / wall_ms_per_step)
     return summary
 
 
+def kernels_in_order(prof) -> list[tuple[float, float, str]]:
+    """(start, end, name) of every kernel the profile recorded, µs, by start."""
+    from torch.autograd import DeviceType
+
+    spans = [
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+    ]
+    return sorted(spans)
+
+
+def device_gaps(spans: list[tuple[float, float, str]], largest: int = 8) -> list[dict]:
+    """The ``largest`` stretches in which the device ran no kernel between two of ``spans``
+    (the device waiting for the host: a synchronisation, a slow stretch of Python), each with
+    the kernels before and after it, largest first."""
+    gaps = []
+    busy_until = None
+    previous = ""
+    for start, end, name in spans:
+        if busy_until is not None and start > busy_until:
+            gaps.append({"us": start - busy_until, "after": previous, "before": name})
+        if busy_until is None or end > busy_until:
+            busy_until, previous = end, name
+    return sorted(gaps, key=lambda g: -g["us"])[:largest]
+
+
 def family_table(summaries: dict[str, dict]) -> list[str]:
-    """A markdown table: one row per contender, its wall and device ms per step, launches, and
-    device ms per kernel family."""
+    """A markdown table: one row per contender, its wall, host (to issue the step, where
+    recorded) and device ms per step, launches, and device ms per kernel family."""
     families = sorted(
         {f for s in summaries.values() for f in s["families_ms_per_step"]},
         key=lambda f: -max(s["families_ms_per_step"].get(f, 0.0) for s in summaries.values()),
     )
-    head = ["contender", "wall ms", "device ms", "idle", "launches", *families]
+    head = ["contender", "wall ms", "host ms", "device ms", "idle", "launches", *families]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, s in summaries.items():
-        wall = s.get("wall_ms_per_step")
+        wall, host = s.get("wall_ms_per_step"), s.get("host_ms_per_step")
         idle = s.get("device_idle_share")
         cells = [
             name,
             f"{wall:.2f}" if wall is not None else "",
+            f"{host:.2f}" if host is not None else "",
             f"{s['device_ms_per_step']:.2f}",
             f"{idle:.0%}" if idle is not None else "",
             f"{s['launches_per_step']:.0f}",

@@ -89,7 +89,7 @@ def test_readme_shows_each_devices_latest_results():
 
 # The files a command's results folder may hold: its latest run's results and tables, plots,
 # and decode_mlp's sweep. Logs, probe outputs and GPU test logs are not results.
-RESULT_FILES = re.compile(r"(results|sweep)\.(json|md)|[\w.-]+\.png")
+RESULT_FILES = re.compile(r"(results|sweep)\.(json|md)|profile_v\d+_\d+x\d+\.json|[\w.-]+\.png")
 
 
 def test_each_command_folder_holds_its_latest_results_only():
@@ -97,7 +97,13 @@ def test_each_command_folder_holds_its_latest_results_only():
     each with results.json and results.md and nothing but results, and the README links each
     folder's results.md."""
     readme = (BENCHMARKS / "README.md").read_text()
-    commands = {p.stem for p in BENCHMARKS.glob("*.py")} - {"__init__", "cases", "timing"}
+    commands = {p.stem for p in BENCHMARKS.glob("*.py")} - {
+        "__init__",
+        "cases",
+        "timing",
+        "profiling",
+        "results_io",
+    }
     for device in sorted(p for p in (BENCHMARKS / "results").iterdir() if p.is_dir()):
         for entry in sorted(device.iterdir()):
             if entry.is_file():

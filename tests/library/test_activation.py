@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.support.library import (
+    COMPILE_BACKEND,
     DTYPES,
     ON_GPU,
     GeluAndMul,
@@ -264,7 +265,9 @@ def test_elementwise_under_compile_matches_the_reference(activation):
     fns = [getattr(activation, ELEMENTWISE[name][0]) for name in names]
     torch._dynamo.reset()
     compiled = torch.compile(
-        lambda *xs: [fn(x) * 2.0 for fn, x in zip(fns, xs, strict=True)], fullgraph=True
+        lambda *xs: [fn(x) * 2.0 for fn, x in zip(fns, xs, strict=True)],
+        backend=COMPILE_BACKEND,
+        fullgraph=True,
     )
     for dtype in (torch.float32, torch.bfloat16):
         xs = [_input((3, 37), "slice" if dtype == torch.float32 else None, dtype) for _ in names]
@@ -298,7 +301,7 @@ def test_gated_under_compile_matches_the_reference(activation):
         return outs
 
     torch._dynamo.reset()
-    compiled = torch.compile(every, fullgraph=True)
+    compiled = torch.compile(every, backend=COMPILE_BACKEND, fullgraph=True)
     for dtype in (torch.float32, torch.bfloat16):
         cases = [
             _pair_inputs((3, 37), "mixed", dtype)

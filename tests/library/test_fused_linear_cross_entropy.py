@@ -16,7 +16,15 @@ from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
 from kernels.layer.decorators import use_kernel_func_from_hub
 from kernels.layer.swap import kernel_layer_of
 from kernels.library import tag_causal_lm_losses, untag
-from tests.support.library import DEVICE, ON_GPU, assert_close, covering, grads, randn
+from tests.support.library import (
+    COMPILE_BACKEND,
+    DEVICE,
+    ON_GPU,
+    assert_close,
+    covering,
+    grads,
+    randn,
+)
 from tests.support.models import llama_config
 
 IGNORE = -100
@@ -816,7 +824,7 @@ def test_compile_fullgraph_matches_eager(loss, reduction):
     x = randn(2, 7, 24).requires_grad_()
     labels = _labels((2, 7), 301, 0.2)
     torch._dynamo.reset()
-    compiled = torch.compile(step, fullgraph=True)
+    compiled = torch.compile(step, backend=COMPILE_BACKEND, fullgraph=True)
     out = compiled(x, labels)
     expected = step(x, labels)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)

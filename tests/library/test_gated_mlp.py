@@ -15,7 +15,15 @@ from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
 from kernels.layer.swap import kernel_layer_of
 from kernels.layer.tagging import TAG_ATTRIBUTE, replace_kernel_forward_from_hub
 from kernels.library import tag_gated_mlps
-from tests.support.library import DEVICE, DTYPES, assert_close, grads, library_ops, randn
+from tests.support.library import (
+    COMPILE_BACKEND,
+    DEVICE,
+    DTYPES,
+    assert_close,
+    grads,
+    library_ops,
+    randn,
+)
 from tests.support.models import llama_config
 
 # family -> (modelling module, config class, MLP class, extra config)
@@ -312,7 +320,8 @@ def test_swiglu_mlp_under_compile_matches_the_reference(activation):
     x = randn(2, 3, HIDDEN).requires_grad_()
     weights = (mlp.gate_proj.weight, None, mlp.up_proj.weight, None, mlp.down_proj.weight, None)
     torch._dynamo.reset()
-    y = torch.compile(activation.swiglu_mlp, fullgraph=True)(x, *weights)
+    compiled = torch.compile(activation.swiglu_mlp, backend=COMPILE_BACKEND, fullgraph=True)
+    y = compiled(x, *weights)
     reference = copy.deepcopy(mlp).double()
     x64 = x.detach().double().requires_grad_()
     y64 = reference(x64)

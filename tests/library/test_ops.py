@@ -18,6 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rotary
 
 from tests.support.library import (
+    COMPILE_BACKEND,
     LIBRARY,
     FusedAddRMSNorm,
     SiluAndMul,
@@ -248,9 +249,9 @@ def test_compile_fullgraph_matches_eager(activation, norm, rotary):
     cos, sin = emb.cos(), emb.sin()
 
     torch._dynamo.reset()
-    # Inductor compiles the model's own ops (C++ on the CPU, Triton on the GPU); our custom ops
-    # stay opaque nodes (fullgraph: no graph break allowed anywhere).
-    compiled = torch.compile(fast, fullgraph=True)
+    # Our custom ops stay opaque nodes (fullgraph: no graph break allowed anywhere); on a GPU
+    # inductor compiles the model's own ops around them.
+    compiled = torch.compile(fast, backend=COMPILE_BACKEND, fullgraph=True)
     y = compiled(x, cos, sin)
     y_ref = block(x, cos, sin)
     _assert_matches_reference(y, y_ref, x, fast, block)
@@ -295,7 +296,7 @@ def test_compile_fullgraph_swiglu_mlp_matches_eager(activation, norm):
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()
-    backend = CompileCounterWithBackend("inductor")  # inductor, keeping dynamo's graphs
+    backend = CompileCounterWithBackend(COMPILE_BACKEND)  # keeping dynamo's graphs
     y = torch.compile(fast, backend=backend, fullgraph=True)(x)
     code = "\n".join(
         m.code for g in backend.graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
@@ -318,7 +319,7 @@ def test_compile_inference_mode(activation, norm, dtype):
     def f(x):
         return act(module(x))
 
-    compiled = torch.compile(f, fullgraph=True)
+    compiled = torch.compile(f, backend=COMPILE_BACKEND, fullgraph=True)
     x = randn(5, 48, dtype=dtype)
     with torch.inference_mode():
         y = compiled(x)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as reference
 
-from tests.support.library import ON_GPU, assert_close, covering, grads, randn
+from tests.support.library import COMPILE_BACKEND, ON_GPU, assert_close, covering, grads, randn
 
 # (batch, seq, q_heads, kv_heads, head_dim)
 SIZES = [
@@ -164,7 +164,7 @@ def test_under_compile_matches_the_reference(rotary, layout):
     with fp32 tables and bf16 q and k (which promote, as in PyTorch), with no graph break."""
     unsqueeze_dim = 2 if layout == "bshd" else 1
     torch._dynamo.reset()
-    compiled = torch.compile(rotary.apply_rotary_pos_emb, fullgraph=True)
+    compiled = torch.compile(rotary.apply_rotary_pos_emb, backend=COMPILE_BACKEND, fullgraph=True)
     for dtype, table_dtype in ((torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)):
         q = _qk(2, 5, 3, 12, layout, dtype)
         k = _qk(2, 5, 1, 12, layout, dtype)

@@ -15,6 +15,12 @@ from torch import nn
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ON_GPU = DEVICE == "cuda"
+#: The torch.compile backend of the tests that check our layers compiled with the model around
+#: them: inductor on a GPU; on the CPU, AOTAutograd with eager kernels (Dynamo's graphs, the
+#: fakes, the autograd registrations and the partitioner are the same), because inductor's
+#: C++ builds there cost minutes of CPU on a fresh clone and run none of the GPU's code.
+#: tests/library/test_compile_rule.py keeps inductor on the CPU (max-autotune, reduce-overhead).
+COMPILE_BACKEND = "inductor" if ON_GPU else "aot_eager"
 
 LIBRARY = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "library"))
 
