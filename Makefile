@@ -34,9 +34,11 @@ PYTEST_ARGS ?=
 # worker's share does not leave the other cores waiting.
 PYTEST_WORKERS ?= auto
 # The transformers 5.x run is mostly Hub tests, which wait on the test server and on
-# huggingface_hub's retries (about 23 s a request while the server is down): twice as many
-# workers as cores keep the cores busy meanwhile. A PYTEST_WORKERS other than auto holds here too.
-TF5_WORKERS ?= $(if $(filter auto,$(PYTEST_WORKERS)),$(shell echo $$((2 * $$(nproc 2>/dev/null || echo 1)))),$(PYTEST_WORKERS))
+# huggingface_hub's retries (about 23 s a request while the server is down). It runs beside the
+# main run, which fills the cores while it waits, so it takes one worker a core too: each worker
+# more costs its own imports and collection (some 25 CPU-seconds). A PYTEST_WORKERS other than
+# auto holds here too.
+TF5_WORKERS ?= $(PYTEST_WORKERS)
 XDIST := --dist worksteal
 # What runs in the transformers 5.x environment (the rest of the suite does not depend on it).
 TF5_TESTS ?= tests/repos/hub tests/clients/transformers5 tests/distributed
