@@ -64,17 +64,17 @@ ALWAYS_OP = ("fused_linear_cross_entropy", "cross_entropy")
 #: The environment variable that forces a side (read when the package is imported).
 ENVIRONMENT = "KERNELS_COMPILE_RULE"
 
-# Initial values: what the functions chose under torch.compile before this rule (a compiled
-# 1.1B Llama's training step was faster with the formula rows; benchmarks/results/h100/NOTES.md): norms, gated activations and rotary as formulas, the fused-add
-# norm and LayerNorm as ops, the losses as ops. ``benchmarks/compile_rule.py`` replaces them
-# with measured rows.
+# One row a layer, from the probe's run on an H100
+# (benchmarks/results/h100/compile_rule/, docs/compile.md): a side changed only where it won
+# across its row of sizes (LayerNorm's formula, the gated activation's op); where the cells
+# split, the side that a compiled 1.1B Llama's step measured best keeps its row.
 RULE = (
     ("rms_norm", "*", 0, 0, FORMULA),
     ("gemma_rms_norm", "*", 0, 0, FORMULA),
     ("fused_add_rms_norm", "*", 0, 0, OP),
-    ("layer_norm", "*", 0, 0, OP),
+    ("layer_norm", "*", 0, 0, FORMULA),
     ("activation", "*", 0, 0, FORMULA),
-    ("gated_activation", "*", 0, 0, FORMULA),
+    ("gated_activation", "*", 0, 0, OP),
     ("gated_mlp", "*", 0, 0, FORMULA),
     ("gated_mlp_decode", "*", 0, 0, OP),
     ("rotary", "*", 0, 0, FORMULA),
