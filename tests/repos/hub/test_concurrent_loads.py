@@ -364,8 +364,13 @@ def downloads(calls: Counter) -> dict[str, int]:
     }
 
 
+#: Processes that load one kernel at once, as a node's torchrun ranks do: four wait on each other
+#: as eight do (each one more costs a Python importing torch).
+RANKS = 4
+
+
 @pytest.mark.slow
-def test_eight_processes_make_the_hub_requests_of_one(hub, tmp_path):
+def test_ranks_loading_at_once_make_the_hub_requests_of_one(hub, tmp_path):
     """torchrun ranks loading one kernel: one refs listing, one file listing, one download."""
     alone, repo = hub.create_repo(), hub.create_repo()
     alone_commit = release(alone, "0.1.0")
@@ -374,9 +379,9 @@ def test_eight_processes_make_the_hub_requests_of_one(hub, tmp_path):
     commit = release(repo, "0.1.0")
     hub.proxy.clear()
 
-    commits = load_in_processes(repo, 8, tmp_path / "gate")
+    commits = load_in_processes(repo, RANKS, tmp_path / "gate")
 
-    assert one == alone_commit and commits == [commit] * 8
+    assert one == alone_commit and commits == [commit] * RANKS
     calls = hub_calls(hub, repo, commit)
     assert calls == baseline  # exactly what one process alone asks
     assert calls[("GET", "/api/kernels/REPO/refs")] == 1
@@ -389,11 +394,11 @@ def test_without_reuse_each_process_lists_the_refs_again(hub, tmp_path):
     repo = hub.create_repo()
     commit = release(repo, "0.1.0")
 
-    commits = load_in_processes(repo, 8, tmp_path / "gate", KERNELS_RESOLVE_REUSE_SECONDS="0")
+    commits = load_in_processes(repo, RANKS, tmp_path / "gate", KERNELS_RESOLVE_REUSE_SECONDS="0")
 
-    assert commits == [commit] * 8
+    assert commits == [commit] * RANKS
     calls = hub_calls(hub, repo, commit)
-    assert calls[("GET", "/api/kernels/REPO/refs")] == 8
+    assert calls[("GET", "/api/kernels/REPO/refs")] == RANKS
     # Still one download: each later process finds the commit complete in the cache.
     assert sorted(downloads(calls).values()) == [1, 1], calls
 
