@@ -420,6 +420,19 @@ def tokens_for(shape: str):
     return torch.randint(0, CONFIG["vocab_size"], (batch, seq), device=DEVICE, generator=generator)
 
 
+def training_step(model, tokens) -> None:
+    """Forward and backward of the causal-LM loss (no optimizer): what the benchmark trains."""
+    model(input_ids=tokens, labels=tokens).loss.backward()
+
+
+def prefill_step(model, tokens) -> None:
+    """Forward without grad, logits of the last position only."""
+    import torch
+
+    with torch.no_grad():
+        model(input_ids=tokens, logits_to_keep=1)
+
+
 #: The step keys time_interleaved times, and the peak memory key of each.
 STEPS = {"train": ("train_ms", "train_peak_gib"), "prefill": ("prefill_ms", "prefill_peak_gib")}
 
@@ -432,11 +445,10 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
     import torch
 
     def train_step(model):
-        model(input_ids=tokens, labels=tokens).loss.backward()
+        training_step(model, tokens)
 
     def prefill(model):
-        with torch.no_grad():
-            model(input_ids=tokens, logits_to_keep=1)
+        prefill_step(model, tokens)
 
     times: dict[str, dict[str, list[float]]] = {
         name: {"train_ms": [], "prefill_ms": [], "train_host_ms": []} for name in contenders
@@ -623,9 +635,9 @@ PROFILE_ROUNDS = 2
 def profile(shape: str, out: Path, contenders: list[Contender], log=None) -> dict:
     """Profile each contender's training step and prefill at ``shape`` with `torch.profiler`,
     after three warm-up calls of each (compilation): {contender: {"train" | "prefill":
-    summary}} (`benchmarks.profiling.summarize_profile`, with the steps' wall time), written to
-    ``<out>/profile_v<vocab>_<shape>.json`` and printed as one table per step of device time per kernel
-    family. Contenders are built and profiled in groups as `run` times them: the eager-mode
+    summary}} (`benchmarks.profiling.summarize_profile`, with the steps' wall and host time),
+    written to ``<out>/profile_v<vocab>_<shape>.json`` and printed as one table per step of
+    device time per kernel family. Contenders are built and profiled in groups as `run` times them: the eager-mode
     ones, then the compiled ones, in rotating rounds."""
     import torch
     from torch.profiler import ProfilerActivity
@@ -649,12 +661,11 @@ def profile(shape: str, out: Path, contenders: list[Contender], log=None) -> dic
             torch.cuda.synchronize()
 
     def train_step(model):
-        model(input_ids=tokens, labels=tokens).loss.backward()
+        training_step(model, tokens)
         model.zero_grad(set_to_none=True)
 
     def prefill(model):
-        with torch.no_grad():
-            model(input_ids=tokens, logits_to_keep=1)
+        prefill_step(model, tokens)
 
     def profiled(model, step) -> dict:
         host = []
@@ -693,8 +704,8 @@ def profile(shape: str, out: Path, contenders: list[Contender], log=None) -> dic
                 model.train(step_name == "train")
                 for _ in range(PROFILE_WARMUP):
                     step(model)
-            # Rounds in rotating order, each contender's least busy one kept: clocks and
-            # power settle differently over a run, which moved the same kernel's time by 5-10%.
+            # Rounds in rotating order, each contender's fastest one kept: clocks and power
+            # drift over a run (benchmarks/results/h100/NOTES.md, the e2e profiles).
             for r in range(PROFILE_ROUNDS):
                 for i in range(len(names)):
                     name = names[(r + i) % len(names)]
