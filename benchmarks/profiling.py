@@ -39,7 +39,8 @@ def kernel_family(name: str) -> str:
 def summarize_profile(prof, steps: int, wall_ms_per_step: float | None = None) -> dict:
     """Per step: device time of all kernels and per family, kernel launches, the CPU time of
     the profiled ops (the host's work, with the profiler's own cost), the 15 kernels with most
-    device time, and, given the step's wall time, the device's idle share of it."""
+    device time, the device's largest idle stretches (`device_gaps`) and, given the step's wall
+    time, the device's idle share of it."""
     from torch.autograd import DeviceType
 
     events = prof.key_averages()
@@ -64,8 +65,8 @@ def summarize_profile(prof, steps: int, wall_ms_per_step: float | None = None) -
             }
             for e in top
         ],
+        "largest_gaps": device_gaps(kernels_in_order(prof)),
     }
-    summary["largest_gaps"] = device_gaps(kernels_in_order(prof))
     if wall_ms_per_step is not None:
         summary["wall_ms_per_step"] = wall_ms_per_step
         summary["device_idle_share"] = max(0.0, 1.0 - device_ms / wall_ms_per_step)
