@@ -17,8 +17,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ON_GPU = DEVICE == "cuda"
 #: The torch.compile backend of the tests that check our layers compiled with the model around
 #: them: inductor on a GPU; on the CPU, AOTAutograd with eager kernels (Dynamo's graphs, the
-#: fakes, the autograd registrations and the partitioner are the same), because inductor's
-#: C++ builds there cost minutes of CPU on a fresh clone and run none of the GPU's code.
+#: fakes and the autograd registrations are the same; the partitioner is AOTAutograd's default,
+#: not inductor's min-cut), because inductor's C++ builds there cost minutes of CPU on a fresh
+#: clone and run none of the GPU's code.
 #: tests/library/test_compile_rule.py keeps inductor on the CPU (max-autotune, reduce-overhead).
 COMPILE_BACKEND = "inductor" if ON_GPU else "aot_eager"
 
@@ -79,9 +80,6 @@ def grads(outputs, inputs, seed_grads):
     return torch.autograd.grad(outputs, inputs, seed_grads, allow_unused=True)
 
 
-# ---- covering designs for Triton's interpreter ------------------------------------------------
-
-
 def library_ops(graph_module) -> set[str]:
     """The names of this library's ops (``kernels_lib_*`` namespaces) called in a graph
     module, without their namespace."""
@@ -91,6 +89,9 @@ def library_ops(graph_module) -> set[str]:
         if schema is not None and schema.name.startswith("kernels_lib_"):
             names.add(schema.name.split("::", 1)[1])
     return names
+
+
+# ---- covering designs for Triton's interpreter ------------------------------------------------
 
 
 def _param_id(value: Any) -> str | None:
