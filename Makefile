@@ -21,6 +21,14 @@
 # first: a bare `torch` requirement would otherwise pull a multi-GB CUDA build.
 
 PYTHON ?= python3
+# Python writes each module's bytecode the first time a process imports it, even where the
+# environment says not to (PYTHONDONTWRITEBYTECODE): the suite starts some hundred processes that
+# import the package, torch and transformers, and each would compile what it imports again. pip
+# installs without compiling (--no-compile: compiling every module of torch and both transformers
+# costs more than a minute of CPU, and the tests import a fraction of them). __pycache__ folders
+# are ignored by git.
+export PYTHONDONTWRITEBYTECODE :=
+PIP_INSTALL := -m pip install -q --no-compile
 VENV ?= .venv
 TF5_VENV ?= .venv-tf5
 HF_VENV ?= .venv-hf
@@ -44,7 +52,6 @@ XDIST := --dist worksteal
 TF5_TESTS ?= tests/repos/hub tests/clients/transformers5 tests/distributed
 
 BIN := $(VENV)/bin
-PIP := $(BIN)/python -m pip
 TF5_BIN := $(TF5_VENV)/bin
 OLAH := $(abspath $(TF5_BIN))/olah-cli
 HF_BIN := $(HF_VENV)/bin
@@ -60,24 +67,24 @@ share_base = $(1) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_path
 
 $(BASE):
 	$(PYTHON) -m venv $(BASE_VENV)
-	$(BASE_BIN)/python -m pip install -q --upgrade pip
-	$(BASE_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)" "triton>=3.1" numpy
+	$(BASE_BIN)/python $(PIP_INSTALL) --upgrade pip
+	$(BASE_BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)" "triton>=3.1" numpy
 	@touch $@
 
 $(BIN)/python: | $(BASE)
 	$(PYTHON) -m venv $(VENV)
 	@$(call share_base,$(BIN)/python)
-	$(PIP) install -q --upgrade pip
+	$(BIN)/python $(PIP_INSTALL) --upgrade pip
 
 $(TF5_BIN)/python: | $(BASE)
 	$(PYTHON) -m venv $(TF5_VENV)
 	@$(call share_base,$(TF5_BIN)/python)
-	$(TF5_BIN)/python -m pip install -q --upgrade pip
+	$(TF5_BIN)/python $(PIP_INSTALL) --upgrade pip
 
 $(HF_BIN)/python: | $(BASE)
 	$(PYTHON) -m venv $(HF_VENV)
 	@$(call share_base,$(HF_BIN)/python)
-	$(HF_BIN)/python -m pip install -q --upgrade pip
+	$(HF_BIN)/python $(PIP_INSTALL) --upgrade pip
 
 # Each environment's installed extras are marked by a stamp file inside it, newer than
 # pyproject.toml (and this Makefile, which pins versions): a second `make test` or `make lint`
@@ -88,32 +95,32 @@ install-test: $(VENV)/.installed-test
 install-tf5: $(TF5_VENV)/.installed-test-tf5
 install-hf: $(HF_VENV)/.installed-hf
 
-# The three test environments at once: pip's downloads, unpacking and compiling of one overlap
+# The three test environments at once: pip's resolving and unpacking of one overlap
 # the others' (the environments share nothing but pip's cache, which pip locks).
 install-all:
 	$(MAKE) -j3 --output-sync=target install-test install-tf5 install-hf
 
 $(VENV)/.installed-demo: $(BIN)/python pyproject.toml Makefile
-	@$(BIN)/python -c "$(HAS_TORCH)" || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
-	$(PIP) install -q -e ".[demo]"
+	@$(BIN)/python -c "$(HAS_TORCH)" || $(BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)"
+	$(BIN)/python $(PIP_INSTALL) -e ".[demo]"
 	@touch $@
 
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml Makefile
-	@$(BIN)/python -c "$(HAS_TORCH)" || $(PIP) install -q "torch==$(TORCH_CPU_VERSION)"
-	$(PIP) install -q -e ".[test]"
+	@$(BIN)/python -c "$(HAS_TORCH)" || $(BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)"
+	$(BIN)/python $(PIP_INSTALL) -e ".[test]"
 	@touch $@
 
 $(TF5_VENV)/.installed-test-tf5: $(TF5_BIN)/python pyproject.toml Makefile
-	@$(TF5_BIN)/python -c "$(HAS_TORCH)" || $(TF5_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
-	$(TF5_BIN)/python -m pip install -q -e ".[test-tf5]"
+	@$(TF5_BIN)/python -c "$(HAS_TORCH)" || $(TF5_BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)"
+	$(TF5_BIN)/python $(PIP_INSTALL) -e ".[test-tf5]"
 	@touch $@
 
 # Hugging Face's client without this package (both are the `kernels` distribution), so the
 # interoperability tests import theirs; triton, which the CPU build of torch does not pull in,
 # runs our kernels through its interpreter (which needs numpy).
 $(HF_VENV)/.installed-hf: $(HF_BIN)/python Makefile
-	@$(HF_BIN)/python -c "$(HAS_TORCH)" || $(HF_BIN)/python -m pip install -q "torch==$(TORCH_CPU_VERSION)"
-	$(HF_BIN)/python -m pip install -q "kernels==$(HF_KERNELS_VERSION)" "triton>=3.1" numpy "pytest>=8"
+	@$(HF_BIN)/python -c "$(HAS_TORCH)" || $(HF_BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)"
+	$(HF_BIN)/python $(PIP_INSTALL) "kernels==$(HF_KERNELS_VERSION)" "triton>=3.1" numpy "pytest>=8"
 	@touch $@
 
 # The Hub-compatible test server (olah) lives in the transformers 5.x environment, whose

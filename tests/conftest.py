@@ -26,6 +26,10 @@ import tests.support.hub  # noqa: F401
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from tests.support.interpreter import skip_repeated_patching
+
+    skip_repeated_patching()
 
 
 def pytest_collection_modifyitems(config, items):

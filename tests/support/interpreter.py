@@ -1,0 +1,68 @@
+"""Triton's interpreter, without its repeated patching of ``triton.language`` inside a launch.
+
+The interpreter runs a kernel by patching ``triton.language`` (its builtins, ``tl.tensor``,
+``tl.math``) with NumPy implementations for the launch and restoring them after. It also patches
+again at every call of a ``@triton.jit`` helper from the kernel (``InterpretedFunction.__call__``
+in Triton 3.x), and throws that second patch's record away: once the launch has patched, these
+calls find the builtins replaced already and set the same wrappers again. Our kernels call
+helpers in their loops, so a launch repeated the patching (``inspect.getmembers`` over the
+language modules, some 3 ms) thousands of times: a quarter to a third of the library tests' CPU
+time on the interpreter.
+
+`skip_repeated_patching` keeps the first patch of each helper in a launch and skips its repeats
+until the launch ends, so a kernel runs exactly the code it ran before: the first call of a
+helper patches what the helper's globals reach (as before), and nothing is restored until the
+launch's own record restores it (as before). tests/test_interpreter.py checks that results and
+the state of ``triton.language`` after a launch are those of the unpatched interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+_state = threading.local()
+#: The interpreter's own patching, as found at installation (`skip_repeated_patching`).
+original_patch_lang = None
+
+
+def _patched_this_launch() -> set | None:
+    return getattr(_state, "patched", None)
+
+
+def skip_repeated_patching() -> bool:
+    """Install the skip into Triton's interpreter, once a process. False (and nothing changed)
+    where the installed Triton does not have the interpreter's parts it relies on."""
+    from triton.runtime import interpreter
+
+    parts = ("_patch_lang", "_LangPatchScope", "GridExecutor", "InterpretedFunction")
+    if not all(hasattr(interpreter, name) for name in parts):
+        return False
+    global original_patch_lang
+    if getattr(interpreter._patch_lang, "skips_repeats", False):
+        return True
+    original_patch_lang = interpreter._patch_lang
+    launch = interpreter.GridExecutor.__call__
+
+    @functools.wraps(original_patch_lang)
+    def patch_once_a_launch(fn):
+        patched = _patched_this_launch()
+        if patched is None or fn not in patched:  # a launch, or a helper's first call in one
+            if patched is not None:
+                patched.add(fn)
+            return original_patch_lang(fn)
+        return interpreter._LangPatchScope()  # nothing to restore: nothing was set
+
+    @functools.wraps(launch)
+    def launch_with_its_own_record(self, *args, **kwargs):
+        outer = _patched_this_launch()
+        _state.patched = set()
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            _state.patched = outer
+
+    patch_once_a_launch.skips_repeats = True  # type: ignore[attr-defined]
+    interpreter._patch_lang = patch_once_a_launch
+    interpreter.GridExecutor.__call__ = launch_with_its_own_record
+    return True
