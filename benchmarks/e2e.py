@@ -35,7 +35,9 @@ The report (printed, and in results.md) gives, per shape, training step and pref
 configuration of ours against the best peer configuration (``best_against_peers``) and a line
 per target of issue 38 (``target_checks``): ours + compile no slower than ours eager and compile
 alone, and no larger than ours eager; the best of ours at least as fast as the best peer, with
-no more memory than the lowest peer.
+no more memory than the lowest peer. Two contenders timed in the same rounds compare round by
+round (`benchmarks.paired`): a median ratio above 1 that a sign test cannot tell from chance is
+a TIE, not a FAIL.
 
 Results go to <out>/results.json (default benchmarks/results/<device>/e2e), one entry per
 setting (the transformers line and the vocabulary, ``setting_of``), and <out>/results.md; a run
@@ -64,6 +66,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.paired import compare
 from benchmarks.results_io import (
     default_out,
     entry_for,
@@ -507,6 +510,10 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
                 "train_host_ms": host,
                 "first_train_s": first[name]["train_ms"],
                 "first_prefill_s": first[name]["prefill_ms"],
+                # each round's time, in round order: round r of every contender of the group ran
+                # back to back, so two contenders compare round by round (benchmarks.paired)
+                "train_rounds_ms": times[name]["train_ms"],
+                "prefill_rounds_ms": times[name]["prefill_ms"],
             }
         )
     return results
@@ -612,7 +619,8 @@ def run(
             results = time_interleaved(live, module_state, tokens_for(shape), rounds, warmup)
             longest = max(longest, time.monotonic() - shape_start)
             print(f"  ({time.monotonic() - shape_start:.0f} s)", flush=True)
-            rows = [{"shape": shape, **meta, **r} for r in results]
+            group_id = f"{meta['run']} {shape} {kind}"  # the rows timed in the same rounds
+            rows = [{"shape": shape, **meta, "group": group_id, **r} for r in results]
             store(out, meta, lambda entry, rows=rows: replace_rows(entry, rows))
         free(live)
     untag()
@@ -922,9 +930,13 @@ class Check:
 
     @property
     def status(self) -> str:
-        """FAIL if a part failed; else N/A if a part lacked a measurement; else PASS."""
+        """FAIL if a part failed; else N/A if a part lacked a measurement; else TIE if a time
+        could not be told from its bound's (`benchmarks.paired`); else PASS."""
         statuses = {status for status, _ in self.parts}
-        return "FAIL" if "FAIL" in statuses else "N/A" if "N/A" in statuses else "PASS"
+        for status in ("FAIL", "N/A", "TIE"):
+            if status in statuses:
+                return status
+        return "PASS"
 
     def line(self) -> str:
         return f"{self.shape}: {self.target}: {self.status} ({'; '.join(t for _, t in self.parts)})"
@@ -936,16 +948,26 @@ def _label(row: dict) -> str:
     return BY_NAME[name].key if name in BY_NAME else name
 
 
+def _rounds_key(key: str) -> str:
+    return key.replace("_ms", "_rounds_ms")
+
+
 def _at_most(what: str, row: dict, bound: dict | None, key: str, unit: str) -> tuple[str, str]:
-    """Whether ``row[key] <= bound[key]``, as (status, the comparison in words)."""
+    """Whether ``row[key] <= bound[key]``, as (status, the comparison in words). Times of two
+    rows timed in the same rounds (one group of one run) compare round by round
+    (`benchmarks.paired`: PASS, TIE or FAIL); others, and peaks, by their values."""
     value = row.get(key)
     if value is None or bound is None or bound.get(key) is None:
         return "N/A", f"{what}: not recorded"
     limit = bound[key]
+    text = f"{what} {value:.1f} {unit} ({_label(row)}) vs {limit:.1f} {unit} ({_label(bound)})"
+    mine, theirs = row.get(_rounds_key(key)), bound.get(_rounds_key(key))
+    same_rounds = row.get("group") is not None and row.get("group") == bound.get("group")
+    if unit == "ms" and same_rounds and mine and theirs:
+        paired = compare(mine, theirs)
+        return paired.status, f"{text}: {paired.describe()}"
     status = "PASS" if value <= limit else "FAIL"
-    return status, (
-        f"{what} {value:.1f} {unit} ({_label(row)}) vs {limit:.1f} {unit} ({_label(bound)}): {status}"
-    )
+    return status, f"{text}: {status}"
 
 
 def _compile_parts(rows: list[dict], step: str) -> list[tuple[str, str]]:
@@ -1037,8 +1059,10 @@ def verdict_lines(rows: list[dict]) -> list[str]:
     lines += [
         "",
         "Issue 38's targets per shape (PASS when met at the training step and prefill; N/A when a",
-        "contender or measurement it needs is missing). Ours eager: the fastest of ours without",
-        "compile for time, the lowest of their peaks for memory; ours + compile keeps the fused loss.",
+        "contender or measurement it needs is missing; TIE when a time of two contenders timed in",
+        "the same rounds is above its bound by a median that a sign test over the rounds cannot",
+        "tell from chance, benchmarks/paired.py). Ours eager: the fastest of ours without compile",
+        "for time, the lowest of their peaks for memory; ours + compile keeps the fused loss.",
         "",
     ]
     lines += [f"- {check.line()}" for check in target_checks(rows)]

@@ -496,3 +496,31 @@ def test_profile_summarises_each_contenders_steps(tiny, module_state, tmp_path, 
     text = "\n".join(lines)
     assert "train at 1x6" in text and "prefill at 1x6" in text
     assert "| ours (kernelized, fused CE) |" in text
+
+
+def _rounds(row, group, train_rounds):
+    """`row` as timed in rounds of `group` (its prefill rounds all at its prefill time)."""
+    prefill = [row["prefill_ms"]] * len(train_rounds)
+    return {**row, "group": group, "train_rounds_ms": train_rounds, "prefill_rounds_ms": prefill}
+
+
+def test_times_of_one_group_compare_round_by_round():
+    """ours + compile against compile alone, timed in the same rounds: a median 1% slower in 6
+    of 10 rounds is a TIE, not a FAIL; the same medians from different groups compare as
+    values (FAIL); 9 slower rounds of 10 FAIL."""
+    group = "run-1 8x512 compiled"
+    alone = _rounds(_timed(COMPILE, 50.0, 15.0, 6.0, 2.4), group, [50.0] * 10)
+    tie = _rounds(_timed(OURS_COMPILE, 50.5, 15.0, 6.0, 2.4), group, [50.5] * 6 + [49.8] * 4)
+    eager = _rounds(_timed(OURS_FCE, 60.0, 18.0, 6.0, 2.4), "run-1 8x512 eager-mode", [60.0] * 10)
+    check = _checks([alone, tie, eager])[("8x512", e2e.TARGET_COMPILE)]
+    assert check.parts[0] == (
+        "TIE",
+        "train 50.5 ms (ours-compile) vs 50.0 ms (compile): paired ratio 1.010, slower in 6 of "
+        "10 rounds: TIE",
+    )
+    assert check.parts[2][0] == "PASS"  # prefill: the same time in every round
+    assert check.status == "TIE"
+    apart = {**tie, "group": "run-2 8x512 compiled"}
+    assert _checks([alone, apart, eager])[("8x512", e2e.TARGET_COMPILE)].parts[0][0] == "FAIL"
+    slower = _rounds(tie, group, [50.5] * 9 + [49.8])
+    assert _checks([alone, slower, eager])[("8x512", e2e.TARGET_COMPILE)].status == "FAIL"
