@@ -1,7 +1,7 @@
 # Entry points, used by the README's Quickstart and by CI (.ci/run):
 #   make demo   installs the package into .venv and runs the main job
 #   make test   installs the three test environments (at once) and the local Hub test server, then
-#               runs the tests: four pytest processes side by side (see `test:` below)
+#               runs the tests, each run spread over the cores by pytest-xdist (PYTEST_WORKERS)
 #   make lint   installs the test environment, then runs ruff and the type checker (mypy)
 #
 # The clients we support conflict, so each gets its own environment (docs/transformers.md):
@@ -37,11 +37,15 @@ BASE_VENV ?= .venv-torch
 HF_KERNELS_VERSION ?= 0.17.2
 TORCH_CPU_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
-# pytest-xdist's worker processes of a run started on its own (make test-4, test-5, ...; "auto":
-# one a CPU core; 0 runs in the pytest process). Workers take tests one by one and steal queued
-# ones when idle, so a slow test at the end of a worker's share does not leave the other cores
-# waiting. `make test` runs its four processes without workers (below).
+# pytest-xdist's worker processes of the main run ("auto": one a CPU core; 0 runs in this process).
+# Workers take tests one by one and steal queued ones when idle, so a slow test at the end of a
+# worker's share does not leave the other cores waiting.
 PYTEST_WORKERS ?= auto
+# The transformers 5.x run is mostly Hub tests, which wait on the test server and on
+# huggingface_hub's retries (about 23 s a request while the server is down). It runs beside the
+# main run, which fills the cores while it waits, so it takes one worker a core too: each worker
+# more costs its own imports and collection (some 25 CPU-seconds). A PYTEST_WORKERS other than
+# auto holds here too.
 TF5_WORKERS ?= $(PYTEST_WORKERS)
 XDIST := --dist worksteal
 # What runs in the transformers 5.x environment (the rest of the suite does not depend on it).
@@ -59,7 +63,7 @@ HAS_TORCH = import importlib.util, sys; sys.exit(importlib.util.find_spec('torch
 PURELIB = import sysconfig; print(sysconfig.get_paths()['purelib'])
 share_base = $(1) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'torch-base.pth').write_text('$$($(BASE_BIN)/python -c "$(PURELIB)")\n')"
 
-.PHONY: install install-test install-tf5 install-hf install-all hub-server demo test test-4 test-4-library test-4-rest test-5 test-hf library lint clean
+.PHONY: install install-test install-tf5 install-hf install-all hub-server demo test test-4 test-5 test-hf library lint clean
 
 $(BASE):
 	$(PYTHON) -m venv $(BASE_VENV)
@@ -126,27 +130,16 @@ hub-server: install-tf5
 demo: install
 	$(BIN)/kernels demo
 
-# Four pytest processes side by side, without pytest-xdist's workers, their output kept apart
-# (--output-sync: each run's printed when it ends): the 4.57 run in two halves of about the same
-# CPU time (the kernel library's tests, through Triton's interpreter, and the rest), the 5.x run
-# and the interoperability run. Side by side, the CPU work of one fills the time another spends
-# waiting (the Hub tests wait on the test server and on retries). Workers cost more here than they
-# bring: each collects the whole tree and imports torch and transformers again (some 140 CPU-s
-# of a ~1340 CPU-s run on two cores), while four processes on two cores keep both busy to the end
-# as long as none holds more than half the work (measured per test, 2026-11-27: library 330,
-# the rest 380, the 5.x run 420, interop 10 CPU-s).
+# The three runs side by side, each spread over every core by its workers, their output kept
+# apart (--output-sync: each run's printed when it ends). Side by side, the CPU work of one fills
+# the time the other spends waiting (the Hub tests wait on the test server and on retries), which
+# one after the other left the cores idle. The interoperability tests (a few seconds) run in one
+# process.
 test: install-all
-	$(MAKE) -j4 --output-sync=target test-4-library test-4-rest test-5 test-hf PYTEST_WORKERS=0
+	$(MAKE) -j3 --output-sync=target test-4 test-5 test-hf
 
-# The whole 4.57 run in one pytest (what `make test` runs as test-4-library and test-4-rest).
 test-4: install-test hub-server
 	KERNELS_TEST_OLAH=$(OLAH) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(XDIST) $(PYTEST_ARGS)
-
-test-4-library: install-test hub-server
-	KERNELS_TEST_OLAH=$(OLAH) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(XDIST) tests/library $(PYTEST_ARGS)
-
-test-4-rest: install-test hub-server
-	KERNELS_TEST_OLAH=$(OLAH) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(XDIST) --ignore=tests/library $(PYTEST_ARGS)
 
 test-5: install-tf5
 	KERNELS_TEST_OLAH=$(OLAH) $(TF5_BIN)/python -m pytest -n $(TF5_WORKERS) $(XDIST) $(TF5_TESTS) $(PYTEST_ARGS)
