@@ -6,13 +6,13 @@ again at every call of a ``@triton.jit`` helper from the kernel (``InterpretedFu
 in Triton 3.x), and throws that second patch's record away: once the launch has patched, these
 calls find the builtins replaced already and set the same wrappers again. Our kernels call
 helpers in their loops, so a launch repeated the patching (``inspect.getmembers`` over the
-language modules, some 3 ms) thousands of times: a quarter to a third of the library tests' CPU
-time on the interpreter.
+language modules, some 3 ms) thousands of times: a third of the CPU time of the norm tests
+(116 against 78 s for test_layer_norm and test_rms_norm, measured back to back, 2026-11-27).
 
 `skip_repeated_patching` keeps the first patch of each helper in a launch and skips its repeats
 until the launch ends, so a kernel runs exactly the code it ran before: the first call of a
 helper patches what the helper's globals reach (as before), and nothing is restored until the
-launch's own record restores it (as before). tests/test_interpreter.py checks that results and
+launch's own record restores it (as before). tests/library/test_interpreter.py checks that results and
 the state of ``triton.language`` after a launch are those of the unpatched interpreter.
 """
 
