@@ -12,8 +12,8 @@ language modules, some 3 ms) thousands of times: a third of the CPU time of the 
 `skip_repeated_patching` keeps the first patch of each helper in a launch and skips its repeats
 until the launch ends, so a kernel runs exactly the code it ran before: the first call of a
 helper patches what the helper's globals reach (as before), and nothing is restored until the
-launch's own record restores it (as before). tests/library/test_interpreter.py checks that results and
-the state of ``triton.language`` after a launch are those of the unpatched interpreter.
+launch's own record restores it (as before). tests/library/test_interpreter.py checks that the
+results and the state of ``triton.language`` after a launch are the unpatched interpreter's.
 """
 
 from __future__ import annotations
