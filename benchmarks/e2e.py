@@ -645,8 +645,8 @@ def profile(shape: str, out: Path, contenders: list[Contender], log=None) -> dic
     after three warm-up calls of each (compilation): {contender: {"train" | "prefill":
     summary}} (`benchmarks.profiling.summarize_profile`, with the steps' wall and host time),
     written to ``<out>/profile_v<vocab>_<shape>.json`` and printed as one table per step of
-    device time per kernel family. Contenders are built and profiled in groups as `run` times them: the eager-mode
-    ones, then the compiled ones, in rotating rounds."""
+    device time per kernel family. Contenders are built and profiled in groups as `run` times
+    them: the eager-mode ones, then the compiled ones, in rotating rounds."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -1294,7 +1294,8 @@ def main() -> int:
         "--profile",
         action="store_true",
         help="instead of timing: profile each contender's training step and prefill at one "
-        "shape (torch.profiler), device time per kernel family, into <out>/profile_v<vocab>_<shape>.json",
+        "shape (torch.profiler), device time per kernel family, into "
+        "<out>/profile_v<vocab>_<shape>.json",
     )
     args = parser.parse_args()
     if args.out is None:
