@@ -5,14 +5,12 @@ The commands that talk to the Hub are tested against the test server in tests/re
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from kernels.cli import COMMANDS, main
 from kernels.cli import check as check_module
 from kernels.cli.upload import plan_upload
+from tests.support.children import run_python
 from tests.support.paths import REPO_ROOT, subprocess_env
 
 BAD_LAYER = """
@@ -79,12 +77,7 @@ def test_python_dash_m_kernels(capsys):
     assert run("--version") == 0 and capsys.readouterr().out.startswith("kernels ")
     # One Python of its own (its imports take seconds): `python -m kernels` runs the command
     # and exits with its status, an error message and no traceback.
-    result = subprocess.run(
-        [sys.executable, "-m", "kernels", "check", "/no/such/folder"],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-    )
+    result = run_python("-m", "kernels", "check", "/no/such/folder", env=subprocess_env())
     assert result.returncode == 1
     assert result.stderr.startswith("error: /no/such/folder is neither")
     assert "Traceback" not in result.stderr

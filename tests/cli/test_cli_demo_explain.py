@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from kernels.cli import COMMANDS, main
+from tests.support.children import run_python
 from tests.support.models import llama_config
 from tests.support.paths import subprocess_env
 
@@ -47,9 +46,7 @@ def test_demo_help_wires_the_demo_arguments(capsys):
 
 def test_python_dash_m_kernels_demo_still_works():
     env = subprocess_env()
-    result = subprocess.run(
-        [sys.executable, "-m", "kernels.demo", "--help"], env=env, capture_output=True, text=True
-    )
+    result = run_python("-m", "kernels.demo", "--help", env=env)
     assert result.returncode == 0, result.stderr
     assert "usage: kernels demo" in result.stdout
 

@@ -8,14 +8,13 @@ the guide say so. The guide's test count is checked by running the scaffold's ow
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kernels.cli import init as init_command
 from kernels.cli import main
+from tests.support.children import run_python
 from tests.support.paths import subprocess_env
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "writing-kernels.md"
@@ -85,21 +84,12 @@ def test_the_scaffold_passes_its_tests_as_many_as_the_guide_says(scaffold):
     assert claimed, f"{GUIDE.name} no longer says how many tests the scaffold runs"
     env = subprocess_env()
     env.pop("TRITON_INTERPRET", None)  # the generated conftest must set it by itself on a CPU
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],
-        cwd=scaffold,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run = run_python(
+        "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", cwd=scaffold, env=env, timeout=600
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"{claimed.group(1)} passed" in run.stdout, run.stdout
-    check = subprocess.run(
-        [sys.executable, "-m", "kernels", "check", ".", "--layer-of", "SiLU=torch.nn:SiLU"],
-        cwd=scaffold,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    check = run_python(
+        "-m", "kernels", "check", ".", "--layer-of", "SiLU=torch.nn:SiLU", cwd=scaffold, timeout=600
     )
     assert check.returncode == 0, check.stdout + check.stderr

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
+from tests.support.children import run_python
 from tests.support.paths import REPO_ROOT, subprocess_env
 
 
 def test_missing_olah_fails_the_hub_tests_and_says_how_to_install_it(tmp_path):
     env = subprocess_env(KERNELS_TEST_OLAH=str(tmp_path / "no-olah-here"))
-    result = subprocess.run(
-        [
-            sys.executable,
+    result = run_python(
+        *[
             "-m",
             "pytest",
             "-p",
@@ -25,8 +22,6 @@ def test_missing_olah_fails_the_hub_tests_and_says_how_to_install_it(tmp_path):
         ],
         env=env,
         cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert result.returncode == 1, result.stdout

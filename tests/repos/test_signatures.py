@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,7 +27,9 @@ from kernels.repos.signatures import (
     policies_from_env,
     verify_variant,
 )
+from tests.support.children import run_python
 from tests.support.digests import sha256_digests
+from tests.support.paths import subprocess_env
 
 pytest.importorskip(
     "sigstore", reason="needs the signatures extra: pip install 'kernels[signatures]'"
@@ -262,7 +263,8 @@ def test_missing_sigstore_names_the_extra(tmp_path, monkeypatch):
 
 def test_importing_kernels_does_not_import_sigstore():
     code = "import sys, kernels, kernels.repos.signatures; print('sigstore' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = run_python("-c", code, env=subprocess_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
 

@@ -12,6 +12,7 @@ import transformers
 
 from kernels import Mode, kernelize, library_mapping, register_kernel_mapping, use_kernel_mapping
 from kernels.layer.swap import kernel_layer_of
+from tests.support.children import run_python
 from tests.support.paths import subprocess_env
 
 pytestmark = pytest.mark.skipif(
@@ -212,8 +213,6 @@ def test_transformers_default_mapping_falls_back_when_the_hub_is_unreachable(tmp
     """transformers registers Hub repositories for cuda; with no Hub, each layer keeps its
     forward with a WARNING, and the model still loads and runs. In a subprocess, so the Hub
     endpoint and cache are this test's own."""
-    import subprocess
-    import sys
 
     script = """
 import logging, torch
@@ -232,9 +231,7 @@ print("MODEL RAN")
     for extra in ({"HF_ENDPOINT": "http://127.0.0.1:9"}, {"HF_HUB_OFFLINE": "1"}):
         env = subprocess_env(HF_HUB_CACHE=str(tmp_path / "cache"), **extra)
         env.pop("TRITON_INTERPRET", None)
-        result = subprocess.run(
-            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
-        )
+        result = run_python("-c", script, env=env, timeout=300)
         assert result.returncode == 0, result.stderr
         assert "MODEL RAN" in result.stdout
         warnings = [

@@ -7,15 +7,13 @@ logger saying why. Where our kernels are registered (capability range on cuda), 
 chosen instead, so the Hub is not asked at all.
 """
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from kernels import Mode, explain
 from kernels.library import library_path, register_library_kernels
 from kernels.mapping.capability import use_capability_reader
+from tests.support.children import run_python
 from tests.support.paths import subprocess_env
 from tests.support.tf5_models import make_model
 
@@ -50,13 +48,7 @@ print("MODEL RAN")
 def test_unusable_hub_keeps_each_layers_forward_with_one_warning(tmp_path, environment):
     env = subprocess_env(HF_HUB_CACHE=str(tmp_path / "cache"), **environment)
     env.pop("TRITON_INTERPRET", None)
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "model")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_python("-c", SCRIPT, str(tmp_path / "model"), env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "MODEL RAN" in result.stdout
     warnings = [

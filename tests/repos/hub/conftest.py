@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import children
 from tests.support.hub import (
     ENDPOINT,
     HF_CACHE,
@@ -483,28 +484,18 @@ def _child_env(env: dict[str, str | None] | None) -> dict[str, str]:
 
 
 def run_python(code: str, *, env: dict[str, str | None] | None = None, timeout: float = 120):
-    """Run `code` in a fresh interpreter with this session's Hub settings; returns the result."""
-    full_env = _child_env(env)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=SESSION_DIR,
+    """Run `code` in a fresh interpreter (tests.support.children) with this session's Hub
+    settings; returns the result."""
+    return children.run_python(
+        "-c", textwrap.dedent(code), env=_child_env(env), cwd=SESSION_DIR, timeout=timeout
     )
 
 
 def run_cli(*args: str, env: dict[str, str | None] | None = None, timeout: float = 120):
-    """Run ``python -m kernels ARGS`` in a fresh interpreter with this session's Hub settings."""
-    full_env = _child_env(env)
-    return subprocess.run(
-        [sys.executable, "-m", "kernels", *args],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=SESSION_DIR,
+    """Run ``python -m kernels ARGS`` in a fresh interpreter (tests.support.children) with this
+    session's Hub settings."""
+    return children.run_python(
+        "-m", "kernels", *args, env=_child_env(env), cwd=SESSION_DIR, timeout=timeout
     )
 
 

@@ -47,6 +47,7 @@ from kernels import (
 from kernels.cli import main
 from kernels.repos import cache_records, load_locks
 from kernels.repos.hubclient import repo_cache_folder
+from tests.support.children import PythonChild
 from tests.support.hub import SESSION_DIR, SILU_AND_MUL_LAYERS, kernel_init, subprocess_env
 
 if TYPE_CHECKING:  # the fixtures' repository type, for annotations only
@@ -318,13 +319,8 @@ def load_in_processes(repo: HubRepo, count: int, gate: Path, **env: str) -> list
     """Start `count` processes that load `repo` at the same moment; the commits they got."""
     gate.mkdir()
     children = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(gate), str(i), repo.repo_id],
-            env=subprocess_env(**env),
-            cwd=SESSION_DIR,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        PythonChild(
+            "-c", CHILD, str(gate), str(i), repo.repo_id, env=subprocess_env(**env), cwd=SESSION_DIR
         )
         for i in range(count)
     ]

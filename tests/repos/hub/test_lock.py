@@ -24,6 +24,7 @@ from kernels import (
 from kernels.cli import main
 from kernels.repos.hubclient import repo_cache_folder
 from kernels.repos.lock import combined_hash, read_lockfile
+from tests.support.children import run_python
 
 pytestmark = pytest.mark.hub
 
@@ -357,12 +358,7 @@ def test_lock_download_then_kernelize_offline(hub, released, tmp_path, capsys):
         ),
         "HF_HUB_CACHE": str(cache),
     }
-    download = subprocess.run(
-        [sys.executable, "-m", "kernels", "download", str(project)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    download = run_python("-m", "kernels", "download", str(project), env=env, timeout=300)
     assert download.returncode == 0, download.stderr
     assert f"downloaded {repo.repo_id}" in download.stdout and "verified" in download.stdout
 
@@ -388,12 +384,7 @@ def test_lock_download_then_kernelize_offline(hub, released, tmp_path, capsys):
         print(round((model(x) - F.silu(h[..., :d]) * h[..., d:]).mean().item()))
         """
     )
-    offline = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**env, "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-    )
+    offline = run_python("-c", script, env={**env, "HF_HUB_OFFLINE": "1"}, timeout=300)
     assert offline.returncode == 0, offline.stderr
     assert offline.stdout.strip() == "2"  # v0.1.1 (offset 2) ran, offline
 

@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 import kernels
 from kernels import KernelOfflineError
 from kernels.repos.hubclient import repo_cache_folder
+from tests.support.children import PythonChild
 
 pytestmark = pytest.mark.hub
 
@@ -203,16 +203,7 @@ def test_two_processes_download_the_same_kernel_at_once(hub, tmp_path):
         "HF_HUB_CACHE": str(tmp_path / "shared-cache"),  # empty: both must download
     }
     go = tmp_path / "go"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(go)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
+    procs = [PythonChild("-c", code, str(go), env=env) for _ in range(2)]
     go.write_text("")
     outputs = [p.communicate(timeout=120) for p in procs]
     for proc, (_out, err) in zip(procs, outputs, strict=True):

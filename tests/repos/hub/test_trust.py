@@ -14,6 +14,7 @@ import kernels
 from kernels import LayerRepository, UntrustedKernelError
 from kernels.repos.hubclient import repo_cache_folder
 from kernels.repos.trust import DEFAULT_TRUSTED_ORGS, config_path, decide_trust
+from tests.support.children import run_python
 from tests.support.hub import subprocess_env
 
 pytestmark = pytest.mark.hub
@@ -282,12 +283,8 @@ def test_a_read_only_cache_names_its_path_and_the_fix(released, tmp_path):
         assert "point HF_HUB_CACHE at a writable folder" in error
         # What the message promises: once filled, a read-only cache serves offline loads.
         cache.chmod(0o755)
-        filled = subprocess.run(
-            [sys.executable, "-c", code],
-            env={**subprocess_env(), "HF_HUB_CACHE": str(cache)},
-            capture_output=True,
-            text=True,
-            timeout=120,
+        filled = run_python(
+            "-c", code, env={**subprocess_env(), "HF_HUB_CACHE": str(cache)}, timeout=120
         )
         assert filled.stdout.strip() == "0.1.0", filled.stderr
         for folder in [cache, *cache.rglob("*")]:
