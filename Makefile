@@ -29,6 +29,10 @@ PYTHON ?= python3
 # are ignored by git.
 export PYTHONDONTWRITEBYTECODE :=
 PIP_INSTALL := -m pip install -q --no-compile
+# What every test process imports, imported once after install so its bytecode is written by
+# one process: else the runs' first workers, starting together, each compile the same modules
+# (some 15 CPU-seconds a process on the 2-core CI machine).
+WARM_IMPORTS := import torch, triton, numpy, transformers, huggingface_hub, pytest, xdist, hypothesis, kernels, kernels.library
 VENV ?= .venv
 TF5_VENV ?= .venv-tf5
 HF_VENV ?= .venv-hf
@@ -69,6 +73,7 @@ $(BASE):
 	$(PYTHON) -m venv $(BASE_VENV)
 	$(BASE_BIN)/python $(PIP_INSTALL) --upgrade pip
 	$(BASE_BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)" "triton>=3.1" numpy
+	$(BASE_BIN)/python -c "import torch, triton, numpy"
 	@touch $@
 
 $(BIN)/python: | $(BASE)
@@ -108,11 +113,13 @@ $(VENV)/.installed-demo: $(BIN)/python pyproject.toml Makefile
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml Makefile
 	@$(BIN)/python -c "$(HAS_TORCH)" || $(BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)"
 	$(BIN)/python $(PIP_INSTALL) -e ".[test]"
+	$(BIN)/python -c "$(WARM_IMPORTS)"
 	@touch $@
 
 $(TF5_VENV)/.installed-test-tf5: $(TF5_BIN)/python pyproject.toml Makefile
 	@$(TF5_BIN)/python -c "$(HAS_TORCH)" || $(TF5_BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)"
 	$(TF5_BIN)/python $(PIP_INSTALL) -e ".[test-tf5]"
+	$(TF5_BIN)/python -c "$(WARM_IMPORTS)"
 	@touch $@
 
 # Hugging Face's client without this package (both are the `kernels` distribution), so the
