@@ -14,6 +14,10 @@ import os
 # peer: a tiny Llama's generate() then ran 2-4x slower. Set before torch is imported, which
 # reads it once; subprocesses the tests start inherit it. A value the caller set is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Inductor's C++ for CPU tensors without SIMD: the tests check what our ops do inside inductor's
+# graphs, not inductor's vectorisation, and g++ compiles the scalar code in less time (a cold
+# test_overrides_compile case: 31 -> 23 CPU-seconds). Read as torch._inductor.config is imported.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
