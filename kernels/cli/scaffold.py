@@ -283,7 +283,7 @@ def test_kernelize_swaps_the_layer_forward():
     repo = LocalLayerRepository(REPO, package_name="{package}", layer_name="SiLU")
     with use_kernel_mapping({{"SiLU": {{DEVICE: repo}}}}, inherit_mapping=False):
         kernelize(model, mode=Mode.TRAINING)
-    assert "forward" in vars(model[1])  # the instance now runs the kernel layer
+    assert model[1].forward.__func__ is not TaggedSiLU.forward  # it runs the kernel layer's
     torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
 '''
 

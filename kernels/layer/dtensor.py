@@ -54,6 +54,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .own_forward import own_forward
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -154,7 +156,7 @@ def _run_on_dtensors(
                 bound.arguments[self_name] = _LocalParameters(module, call.parameters)
             return _to_dtensors(kernel.forward(*bound.args, **bound.kwargs), call.references)
     _log_fallback(module, kernel, call)
-    return type(module).forward(module, *args, **kwargs)
+    return own_forward(module)(module, *args, **kwargs)
 
 
 _logged: set = set()

@@ -1,43 +1,68 @@
 """Pointing one module instance's `forward` at a kernel layer's, and back.
 
-A kernelized module carries the kernel's `forward`, bound to the module itself, as an
-instance attribute; its class is untouched, so other instances keep their forward.
-Restoring removes that attribute again, leaving the module exactly as it was. The forward is
-bound through `dtensor.shard_aware_forward`, which follows the kernel's shard rule when tensor
-parallelism hands the module DTensors.
+A kernelized module runs the kernel's `forward` with itself as ``self``; other instances of
+its class keep their forward. The forward is bound through `dtensor.shard_aware_forward`,
+which follows the kernel's shard rule when tensor parallelism hands the module DTensors.
+
+Two ways of binding it, one chosen per module:
+
+- **On a class of its own** (the default): the module's class becomes a subclass of it, made
+  once per (class, kernel), whose ``forward`` is the kernel's; name, module and qualified
+  name are the class's, and ``isinstance`` holds as before. A compiled model then reaches the
+  forward through the class, which torch.compile guards by the class's identity alone: bound on
+  each instance, every kernelized module cost the compiled frame Python guards of its own
+  (``module is module.forward.__self__``), run at every call (benchmarks/results/h100/NOTES.md).
+- **On the instance**, as an attribute holding the bound method (Hugging Face's `kernels`
+  binds every kernel so): for a kernel whose forward looks up an attribute named ``forward``
+  (``type(self).forward(self, ...)``, the layer's own forward, is how a kernel falls back,
+  and on a subclass that would be the kernel itself), and for a module that already had a
+  forward set on the instance (hook libraries), which a class's forward would not override.
+
+Restoring puts the module back as it was: its class again, no instance attribute.
 """
 
 from __future__ import annotations
 
 import logging
+import types
 import weakref
 from types import MethodType
 from typing import TYPE_CHECKING
 
 from .dtensor import shard_aware_forward
+from .own_forward import BASE_ATTRIBUTE, KERNEL_ATTRIBUTE, own_forward
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torch import nn
 
 logger = logging.getLogger(__name__)
 
-# Kernel forward function -> its kernel layer class, for every kernel kernelize has bound:
-# tells our instance attribute apart from anyone else's.
+# Kernel forward function -> its kernel layer class, for every kernel kernelize has bound on an
+# instance: tells our instance attribute apart from anyone else's.
 _kernel_of_forward: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+# (class, kernel layer) -> the subclass binding that kernel, made once: every instance of a
+# class kernelized with one kernel shares it (and a compiled graph's guard on it).
+_subclasses: dict[tuple[type, type], type] = {}
 
 
 def kernel_layer_of(module: nn.Module) -> type | None:
     """The kernel layer class whose forward `module` runs, or None if it runs its own."""
     forward = module.__dict__.get("forward")
-    if isinstance(forward, MethodType) and forward.__self__ is module:
-        return _kernel_of_forward.get(forward.__func__)
-    return None
+    if forward is not None:  # an instance forward is what runs: ours, or someone else's
+        if isinstance(forward, MethodType) and forward.__self__ is module:
+            return _kernel_of_forward.get(forward.__func__)
+        return None
+    return getattr(type(module), KERNEL_ATTRIBUTE, None)  # also under a class made over ours
 
 
 def use_kernel_forward(module: nn.Module, kernel: type, *, path: str) -> None:
     """Make `module` run `kernel.forward` with itself as `self`."""
     foreign = module.__dict__.get("forward")
-    if foreign is not None and kernel_layer_of(module) is None:
+    ours = foreign is not None and kernel_layer_of(module) is not None
+    if foreign is not None and not ours:
         logger.warning(
             "%s had a forward set on the instance (%r, e.g. from a hook library); the kernel "
             "replaces it",
@@ -45,11 +70,117 @@ def use_kernel_forward(module: nn.Module, kernel: type, *, path: str) -> None:
             foreign,
         )
     forward = shard_aware_forward(kernel)
+    if ours:
+        del module.__dict__["forward"]
+    original = _original_class(type(module))
+    if (foreign is None or ours) and not _names_forward(forward) and original is not None:
+        module.__class__ = _subclass(original, kernel, forward)
+        return
+    if original is not None and original is not type(module):
+        module.__class__ = original
     _kernel_of_forward[forward] = kernel
     module.forward = MethodType(forward, module)
 
 
 def use_original_forward(module: nn.Module) -> None:
     """Undo `use_kernel_forward`; a module kernelize never touched is left alone."""
-    if kernel_layer_of(module) is not None:
+    forward = module.__dict__.get("forward")
+    if forward is not None and kernel_layer_of(module) is not None:
         del module.__dict__["forward"]
+    cls = type(module)
+    if KERNEL_ATTRIBUTE in cls.__dict__:
+        module.__class__ = cls.__dict__[BASE_ATTRIBUTE]
+    elif _original_class(cls) is None:
+        # Someone made a class of their own over ours (FSDP2's fully_shard does, for the
+        # modules it wraps): theirs is kept, and the instance gets the original forward back.
+        module.forward = MethodType(own_forward(module), module)
+
+
+def _original_class(cls: type) -> type | None:
+    """`cls` as it was before kernelize bound a kernel on it (`cls` itself if it never did);
+    None when another class was made over ours, which would be lost by swapping classes."""
+    if KERNEL_ATTRIBUTE in cls.__dict__:
+        return cls.__dict__[BASE_ATTRIBUTE]
+    if any(KERNEL_ATTRIBUTE in klass.__dict__ for klass in cls.__mro__):
+        return None
+    return cls
+
+
+def _pickled_as_the_original(self: nn.Module, protocol: int):
+    """A kernelized module pickles as an instance of its original class: the class kernelize
+    made exists only in this process (it unpickles, as an instance-bound kernel did, running
+    its own forward until kernelized again)."""
+    import copyreg
+
+    cls = type(self)
+    reduced = super(cls, self).__reduce_ex__(protocol)
+    # copyreg's reconstructor (what protocols 0 and 1 use) makes the instance without checking
+    # its class against the pickled object's, as pickle's __newobj__ would; being the standard
+    # library's, the pickle needs no `kernels` to load. typeshed leaves it out.
+    reconstructor = copyreg._reconstructor  # type: ignore[attr-defined]
+    return (reconstructor, (cls.__dict__[BASE_ATTRIBUTE], object, None), *reduced[2:])
+
+
+def _deep_copied_kernelized(self: nn.Module, memo: dict) -> nn.Module:
+    """`copy.deepcopy` of a kernelized module: copied as its original class is, then given the
+    kernel's class (a deep copy of a model runs what the model runs)."""
+    import copy
+
+    cls = type(self)
+    self.__class__ = cls.__dict__[BASE_ATTRIBUTE]
+    try:
+        duplicate = copy.deepcopy(self, memo)
+    finally:
+        self.__class__ = cls
+    duplicate.__class__ = cls
+    return duplicate
+
+
+def _subclass(cls: type, kernel: type, forward: Callable) -> type:
+    subclass = _subclasses.get((cls, kernel))
+    if subclass is None:
+        namespace = {
+            "forward": forward,
+            "__reduce_ex__": _pickled_as_the_original,
+            "__deepcopy__": _deep_copied_kernelized,
+            KERNEL_ATTRIBUTE: kernel,
+            BASE_ATTRIBUTE: cls,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+        }
+        subclass = types.new_class(cls.__name__, (cls,), {}, lambda ns: ns.update(namespace))
+        _subclasses[cls, kernel] = subclass
+    return subclass
+
+
+def _names_forward(function: Callable) -> bool:
+    """Whether `function` looks up a name ``forward``: the one way a kernel reaches the layer's
+    own forward, which binding on a subclass would make its own. Followed into the functions
+    it wraps (``__wrapped__``), closes over and nests."""
+    pending: list = [function]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, types.CodeType):
+            if "forward" in current.co_names:
+                return True
+            pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+            continue
+        code = getattr(current, "__code__", None)
+        if not isinstance(code, types.CodeType):  # not a Python function: assume it may
+            return True
+        pending.append(code)
+        if hasattr(current, "__wrapped__"):
+            pending.append(current.__wrapped__)
+        for cell in current.__closure__ or ():
+            try:
+                content = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(content, types.FunctionType):
+                pending.append(content)
+    return False

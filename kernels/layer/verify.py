@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import KernelsError, KernelVerificationError, as_sentence
 from ..mapping.mode import Mode
 from .decisions import ExampleInputs, Plan
-from .swap import kernel_layer_of, use_original_forward
+from .own_forward import own_forward
+from .swap import kernel_layer_of, use_kernel_forward, use_original_forward
 from .untouched import left_as_it_was
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def capture_layer_inputs(
     """Run `model` on `example` with the layers' own forwards and record each one's first input."""
     import torch
 
-    current = {id(m): m.__dict__.get("forward") for m in modules if kernel_layer_of(m) is not None}
+    current = {id(m): kernel for m in modules if (kernel := kernel_layer_of(m)) is not None}
     calls: dict[int, _Call] = {}
     handles = []
     for module in modules:
@@ -139,7 +140,7 @@ def capture_layer_inputs(
             handle.remove()
         for module in modules:
             if id(module) in current:
-                module.__dict__["forward"] = current[id(module)]
+                use_kernel_forward(module, current[id(module)], path="")
     return calls
 
 
@@ -151,7 +152,7 @@ def compare_kernel(
     A kernel that raises disagrees (the reason names the exception); the layer's own forward
     raising is `KernelVerificationError`, since then there is nothing to compare with.
     """
-    original = type(module).forward
+    original = own_forward(module)
     try:
         expected = _outputs(original, module, call, training=training)
     except Exception as exc:

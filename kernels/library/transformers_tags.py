@@ -31,6 +31,7 @@ from ..layer.decorators import (
     use_kernelized_func,
 )
 from ..layer.func import ATTACHED_ATTRIBUTE, attached_functions
+from ..layer.own_forward import own_forward
 from ..layer.tagging import (
     CONDITION_ATTRIBUTE,
     TAG_ATTRIBUTE,
@@ -786,8 +787,9 @@ def _causal_lm_layer(cls: type) -> str | None:
 
 
 def _runs_forward(forward: Callable, module: nn.Module) -> bool:
-    # The tag's condition: an instance of a subclass that defines its own forward keeps it.
-    return type(module).forward is forward
+    # The tag's condition: an instance of a subclass that defines its own forward keeps it
+    # (a class kernelize made to bind a kernel is no such subclass).
+    return own_forward(module) is forward
 
 
 def tag_causal_lm_losses(model: nn.Module) -> list[str]:

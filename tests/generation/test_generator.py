@@ -18,6 +18,7 @@ from kernels.generation import (
     fast_generate,
 )
 from kernels.generation import generator as generator_module
+from kernels.layer.swap import kernel_layer_of
 from tests.support.generation import (
     NEW_TOKENS,
     check_greedy_matches_eager,
@@ -50,7 +51,7 @@ def test_with_our_kernels_tokens_are_the_kernelized_models_own(model, untagged):
     check_kernelized_matches_its_own_eager(model)
     # The swapped forwards are kernel layers' (bound to the modules by kernelize).
     mlp = model.model.layers[0].mlp
-    assert "forward" in vars(mlp) and type(mlp).__name__ == "LlamaMLP"
+    assert kernel_layer_of(mlp) is not None and type(mlp).__name__ == "LlamaMLP"
 
 
 def test_off_cuda_it_says_so_once(model, caplog):

@@ -184,9 +184,12 @@ def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
 
 
 def wrapper_state(model) -> list:
-    """What kernelize must leave as it is: every module's class and hooks, every parameter."""
+    """What kernelize must leave as it is: every module's class (its own: kernelize may bind a
+    kernel on a class made over it) and hooks, every parameter."""
+    from kernels.layer.own_forward import own_class
+
     return [
-        (name, type(m), tuple(m._forward_pre_hooks), tuple(m._forward_hooks))
+        (name, own_class(m), tuple(m._forward_pre_hooks), tuple(m._forward_hooks))
         for name, m in model.named_modules()
     ] + [(name, id(p)) for name, p in model.named_parameters()]
 
