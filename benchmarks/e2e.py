@@ -336,13 +336,21 @@ class ModuleState:
             if (isinstance(v, type) and v.__module__ == modeling.__name__)
             or isinstance(v, torch.nn.Module)
         ]
+        self._module = torch.nn.Module
         self.baseline = self._attributes()
         # (owner index, name) of every attribute some set-up changed: only these are put back,
         # so that what transformers or dynamo set at run time is left alone.
         self.patched: set[tuple[int, str]] = set()
 
     def _attributes(self) -> list[dict]:
-        return [dict(vars(owner)) for owner in self.owners]
+        # A module instance's class too: kernelize binds most kernels by giving the instance a
+        # class of its own (kernels.layer.swap).
+        return [
+            {**vars(owner), "__class__": type(owner)}
+            if isinstance(owner, self._module)
+            else dict(vars(owner))
+            for owner in self.owners
+        ]
 
     def capture(self) -> list[dict]:
         """The state now; remembers which attributes differ from the state at construction."""
@@ -358,7 +366,8 @@ class ModuleState:
         state = self.baseline if state is None else state
         for i, name in self.patched:
             owner, value = self.owners[i], state[i].get(name, _MISSING)
-            if vars(owner).get(name, _MISSING) is value:
+            current = type(owner) if name == "__class__" else vars(owner).get(name, _MISSING)
+            if current is value:
                 continue
             if value is _MISSING:
                 delattr(owner, name)
