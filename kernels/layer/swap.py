@@ -113,7 +113,9 @@ def _pickled_as_the_original(self: nn.Module, protocol: int):
     import copyreg
 
     cls = type(self)
-    reduced = super(cls, self).__reduce_ex__(protocol)
+    reduced = object.__reduce_ex__(self, protocol)
+    if KERNEL_ATTRIBUTE not in cls.__dict__:  # a class made over ours: pickled by its own name
+        return reduced
     # copyreg's reconstructor (what protocols 0 and 1 use) makes the instance without checking
     # its class against the pickled object's, as pickle's __newobj__ would; being the standard
     # library's, the pickle needs no `kernels` to load. typeshed leaves it out.
@@ -127,6 +129,8 @@ def _deep_copied_kernelized(self: nn.Module, memo: dict) -> nn.Module:
     import copy
 
     cls = type(self)
+    if KERNEL_ATTRIBUTE not in cls.__dict__:  # a class made over ours: copied as it is
+        return copy._reconstruct(self, memo, *object.__reduce_ex__(self, 4))  # type: ignore[attr-defined]
     self.__class__ = cls.__dict__[BASE_ATTRIBUTE]
     try:
         duplicate = copy.deepcopy(self, memo)

@@ -116,6 +116,8 @@ def test_a_class_made_over_ours_is_kept_when_the_kernel_goes():
     wrapped = type(f"Wrapped{type(relu).__name__}", (type(relu),), {})
     relu.__class__ = wrapped
     assert kernel_layer_of(relu) is Doubling and torch.equal(relu(X), X * 2)
+    duplicate = copy.deepcopy(relu)
+    assert type(duplicate) is wrapped and torch.equal(duplicate(X), X * 2)
     use_original_forward(relu)
     assert type(relu) is wrapped and kernel_layer_of(relu) is None
     assert torch.equal(relu(X), torch.relu(X))
