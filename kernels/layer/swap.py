@@ -23,6 +23,7 @@ Restoring puts the module back as it was: its class again, no instance attribute
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
 import weakref
@@ -30,7 +31,7 @@ from types import MethodType
 from typing import TYPE_CHECKING
 
 from .dtensor import shard_aware_forward
-from .own_forward import BASE_ATTRIBUTE, KERNEL_ATTRIBUTE, own_forward
+from .own_forward import BASE_ATTRIBUTE, KERNEL_ATTRIBUTE, own_class, own_forward
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -72,7 +73,7 @@ def use_kernel_forward(module: nn.Module, kernel: type, *, path: str) -> None:
     forward = shard_aware_forward(kernel)
     if ours:
         del module.__dict__["forward"]
-    original = _original_class(type(module))
+    original = _original_class(module)
     if (foreign is None or ours) and not _names_forward(forward) and original is not None:
         module.__class__ = _subclass(original, kernel, forward)
         return
@@ -87,23 +88,22 @@ def use_original_forward(module: nn.Module) -> None:
     forward = module.__dict__.get("forward")
     if forward is not None and kernel_layer_of(module) is not None:
         del module.__dict__["forward"]
-    cls = type(module)
-    if KERNEL_ATTRIBUTE in cls.__dict__:
-        module.__class__ = cls.__dict__[BASE_ATTRIBUTE]
-    elif _original_class(cls) is None:
+    original = _original_class(module)
+    if original is None:
         # Someone made a class of their own over ours (FSDP2's fully_shard does, for the
         # modules it wraps): theirs is kept, and the instance gets the original forward back.
         module.forward = MethodType(own_forward(module), module)
+    elif original is not type(module):
+        module.__class__ = original
 
 
-def _original_class(cls: type) -> type | None:
-    """`cls` as it was before kernelize bound a kernel on it (`cls` itself if it never did);
-    None when another class was made over ours, which would be lost by swapping classes."""
-    if KERNEL_ATTRIBUTE in cls.__dict__:
-        return cls.__dict__[BASE_ATTRIBUTE]
-    if any(KERNEL_ATTRIBUTE in klass.__dict__ for klass in cls.__mro__):
+def _original_class(module: nn.Module) -> type | None:
+    """`module`'s class without kernels (`own_class`); None when another class was made over
+    ours, which swapping classes would lose."""
+    cls = type(module)
+    if KERNEL_ATTRIBUTE not in cls.__dict__ and hasattr(cls, KERNEL_ATTRIBUTE):
         return None
-    return cls
+    return own_class(module)
 
 
 def _pickled_as_the_original(self: nn.Module, protocol: int):
@@ -158,6 +158,7 @@ def _subclass(cls: type, kernel: type, forward: Callable) -> type:
     return subclass
 
 
+@functools.cache  # per kernel forward: kernelize asks once for each module it binds
 def _names_forward(function: Callable) -> bool:
     """Whether `function` looks up a name ``forward``: the one way a kernel reaches the layer's
     own forward, which binding on a subclass would make its own. Followed into the functions
