@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -259,8 +260,6 @@ def _check_variant_apart(
     """
     import json
     import os
-    import subprocess
-    import sys
 
     import kernels
 
@@ -278,14 +277,7 @@ def _check_variant_apart(
         "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
     }
     try:
-        child = subprocess.run(
-            [sys.executable, "-c", _CHILD, json.dumps(request)],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            env=env,
-            timeout=VARIANT_TIMEOUT_SECONDS,
-        )
+        child = run_python(["-c", _CHILD, json.dumps(request)], env, VARIANT_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
         report.fail(
             f"imports: {variant}: importing and checking it took more than "
@@ -302,6 +294,25 @@ def _check_variant_apart(
         )
         return
     report.lines.extend(lines)
+
+
+def run_python(
+    args: list[str], env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a new interpreter of this Python, with environment `env`, its output
+    captured as text; `subprocess.TimeoutExpired` after `timeout` seconds. The test suite puts
+    its own in place (children forked with torch already imported: the interpreter's start is
+    most of a variant's check)."""
+    import sys
+
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        env=env,
+        timeout=timeout,
+    )
 
 
 def _child_lines(text: str) -> list[tuple[str, str]] | None:
