@@ -36,6 +36,23 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     skip_repeated_patching()
 
 
+@pytest.fixture(autouse=True)
+def forked_variant_checks(request, monkeypatch):
+    """`kernels check` imports each variant in a Python child of its own; in the tests these
+    children are forked with torch imported (tests/support/children.py) rather than started,
+    which is most of their CPU time. Tests marked ``new_interpreters`` keep the product's own
+    children (new interpreters)."""
+    if request.node.get_closest_marker("new_interpreters"):
+        return
+    from kernels.cli import check
+    from tests.support import children
+
+    def forked(args: list[str], env: dict[str, str], timeout: float):
+        return children.run_python(*args, env=env, timeout=timeout)
+
+    monkeypatch.setattr(check, "run_python", forked)
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return

@@ -259,6 +259,7 @@ def test_check_imports_each_variant_in_its_own_process(tmp_path, capsys):
     assert "0 failed" in out
 
 
+@pytest.mark.new_interpreters  # the product's own children, here and nowhere else
 def test_check_reports_a_variant_whose_process_dies(tmp_path, capsys):
     from kernels.cli import main
 
