@@ -31,7 +31,8 @@ Contenders (e2e.py's set-ups, on the same weights on every rank, bf16 weights an
 attention): ``eager``, ``ours (kernelized)`` and ``ours (kernelized, fused CE)`` (tagged and
 kernelized for training before sharding), ``liger (no fused CE)`` and ``liger (fused linear
 CE)`` (``apply_liger_kernel_to_llama``), and ``torch.compile``: the eager model sharded, then
-``torch.compile``'d. A contender whose set-up or first step raises (compiling a sharded model,
+``torch.compile``'d; ``ours (kernelized + compile, fused CE)``: kernelized for ``TRAINING |
+TORCH_COMPILE`` with the fused loss, sharded, then ``torch.compile``'d. A contender whose set-up or first step raises (compiling a sharded model,
 Liger on DTensors) is recorded with its error and left out of the timing, on every rank.
 
 Measured, in interleaved rounds as in e2e.py (each round runs every contender once, in rotating
@@ -69,17 +70,21 @@ from benchmarks.results_io import (
 )
 
 COMPILED = "torch.compile"
-#: The contenders timed by default (e2e.py's names); COMPILED is the eager model, sharded, then
-#: torch.compile'd.
+OURS_COMPILED = e2e.OURS_COMPILED
+#: The contenders timed by default (e2e.py's names). The compiled ones are built, sharded, then
+#: torch.compile'd (`COMPILED_AFTER_SHARDING`): COMPILED the eager model, OURS_COMPILED ours
+#: kernelized for TRAINING | TORCH_COMPILE with the fused loss.
 CONTENDERS = (
     "eager",
     "ours (kernelized)",
     "ours (kernelized, fused CE)",
+    OURS_COMPILED,
     "liger (no fused CE)",
     "liger (fused linear CE)",
     COMPILED,
 )
-OURS = ("ours (kernelized)", "ours (kernelized, fused CE)")
+OURS = ("ours (kernelized)", "ours (kernelized, fused CE)", OURS_COMPILED)
+COMPILED_AFTER_SHARDING = (COMPILED, OURS_COMPILED)
 ENGINES = ("fsdp2", "tp")
 
 
@@ -301,6 +306,16 @@ def time_interleaved(
     return results
 
 
+def default_makers() -> dict:
+    """{contender name: function building it}: e2e.py's, on the e2e model's weights and this
+    rank's GPU, but uncompiled for the contenders `run` compiles after sharding."""
+    state = {k: v.detach().clone() for k, v in e2e.build().state_dict().items()}
+    makers = e2e.contender_makers(state)
+    makers[COMPILED] = makers["eager"]
+    makers[OURS_COMPILED] = lambda: e2e.build_ours(state, True, fused_ce=True, compile_model=False)
+    return makers
+
+
 def run(
     shape: str,
     out: Path,
@@ -314,8 +329,8 @@ def run(
 ) -> list[dict]:
     """Build, parallelise under `engine` and time the contenders `names` on this rank (a
     process group is set up); rank 0 stores the results in <out>/results.json and writes
-    <out>/results.md. `makers`: {name: build function} (default e2e.py's, on the e2e model and
-    this rank's GPU)."""
+    <out>/results.md. `makers`: {name: build function} (default `default_makers`); the
+    contenders of `COMPILED_AFTER_SHARDING` are compiled here, after sharding."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -324,8 +339,7 @@ def run(
 
     batch, seq = (int(v) for v in shape.split("x"))
     if makers is None:
-        state = {k: v.detach().clone() for k, v in e2e.build().state_dict().items()}
-        makers = e2e.contender_makers(state)
+        makers = default_makers()
     skipped: dict[str, str] = {}
     available = []
     for name in names:
@@ -351,14 +365,14 @@ def run(
     contenders: dict = {}
     errors: dict[str, str] = {}
     for name in available:
-        maker = makers["eager"] if name == COMPILED else makers[name]
+        maker = makers[name]
         try:
             module_state.restore()
             untag()
             model = maker()
             state = module_state.capture()
             model = parallelize(model, engine, mesh, reshard_after_forward)
-            if name == COMPILED:  # the sharded model, compiled (at its first step)
+            if name in COMPILED_AFTER_SHARDING:  # the sharded model, compiled at its first step
                 model = torch.compile(model)
             contenders[name] = (model, state)
         except Exception as exc:  # recorded in the results instead of ending the run

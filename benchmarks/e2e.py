@@ -222,10 +222,17 @@ def build(state_dict=None):
 _MISSING = object()
 
 
-def build_ours(state_dict, compile_mode: bool, fused_ce: bool = False, attention: bool = False):
+def build_ours(
+    state_dict,
+    compile_mode: bool,
+    fused_ce: bool = False,
+    attention: bool = False,
+    compile_model: bool = True,
+):
     """Our kernels through ``kernelize`` (TRAINING mode, or TRAINING | TORCH_COMPILE and then
-    ``torch.compile``); with ``fused_ce`` also our fused linear cross-entropy (library/loss);
-    with ``attention`` our flash attention (library/attention) in place of SDPA, through
+    ``torch.compile``, unless not `compile_model`: the caller compiles it, e.g. after
+    sharding it); with ``fused_ce`` also our fused linear cross-entropy (library/loss); with
+    ``attention`` our flash attention (library/attention) in place of SDPA, through
     transformers' attention registry as a user would set it."""
     import torch
 
@@ -249,7 +256,7 @@ def build_ours(state_dict, compile_mode: bool, fused_ce: bool = False, attention
 
         register_attention()
         model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
-    return torch.compile(model) if compile_mode else model
+    return torch.compile(model) if compile_mode and compile_model else model
 
 
 def check_kernelized(model, fused_ce: bool) -> None:

@@ -186,6 +186,8 @@ class _LocalParameters:
         self._local = local
 
     def __getattr__(self, name: str):
+        if name in _LocalParameters.__slots__:  # not set yet: torch.compile makes the object
+            raise AttributeError(name)  # before it runs __init__
         local = self._local.get(name)
         return local if local is not None else getattr(self._module, name)
 
