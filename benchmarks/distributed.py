@@ -506,6 +506,24 @@ def target_lines(by_world: dict[int, dict]) -> list[str]:
     return lines
 
 
+def _run_dates_line(by_world: dict[int, dict]) -> list[str]:
+    """A line naming each world size's run date where they differ: each call of the benchmark
+    may get another machine, and a scaling efficiency across two runs compares machines too."""
+    dates: dict[str, list[int]] = {}
+    for world, entry in sorted(by_world.items()):
+        dates.setdefault(entry["meta"]["date"], []).append(world)
+    if len(dates) < 2:
+        return []
+    runs = "; ".join(
+        f"{' and '.join(str(w) for w in worlds)} rank(s) {date}" for date, worlds in dates.items()
+    )
+    return [
+        "",
+        f"Runs of different days: {runs}. Each run may have had another machine, so a scaling "
+        "efficiency between two of them compares the machines too.",
+    ]
+
+
 def markdown(entries: list[dict]) -> str:
     """results.md: per transformers line, engine, shape and resharding, each contender's step
     time and speedup over eager, tokens per second, scaling efficiency, peak memory and
@@ -531,6 +549,7 @@ def markdown(entries: list[dict]) -> str:
             f"{meta['device']}, {meta['date']}; torch {meta['torch']}, transformers "
             f"{meta['transformers']}, triton {meta['triton']}, liger-kernel "
             f"{meta['liger_kernel']}; {meta['timing']}.",
+            *_run_dates_line(by_world),
             "",
             "| ranks | contender | step | tokens/s | scaling eff. | peak GiB | first loss | "
             "first step |",

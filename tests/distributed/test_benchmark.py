@@ -138,3 +138,11 @@ def test_report_scaling_efficiency_and_targets():
 
 def _group_of(entries):
     return next(iter(benchmark._group(entries).values()))
+
+
+def test_report_names_each_runs_day_where_they_differ():
+    one, four = _entry(1, {"eager": (1000, 20.0)}), _entry(4, {"eager": (3000, 8.0)})
+    assert "Runs of different days" not in benchmark.markdown([one, four])
+    four["meta"] = {**four["meta"], "date": "2026-11-27"}
+    table = benchmark.markdown([one, four])
+    assert "Runs of different days: 1 rank(s) 2026-11-26; 4 rank(s) 2026-11-27." in table, table
