@@ -76,9 +76,14 @@ new_venv = echo "new environment $(1)" && $(PYTHON) -m venv --without-pip $(1) &
 
 .PHONY: install install-test install-tf5 install-hf install-all hub-server demo test test-4 test-5 test-hf library lint clean
 
+# torch, and triton with numpy, by two pips at once: each is some 13 s of unpacking on one core
+# (nothing else runs yet), they share no package (the CPU build of torch does not require
+# triton), and neither constrains the other's version.
 $(BASE):
 	@$(call new_venv,$(BASE_VENV))
-	$(BASE_BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)" "triton>=3.1" numpy
+	$(BASE_BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)" & torch=$$!; \
+	$(BASE_BIN)/python $(PIP_INSTALL) "triton>=3.1" numpy; others=$$?; \
+	wait $$torch && [ $$others -eq 0 ]
 	$(BASE_BIN)/python -c "import torch, triton, numpy"
 	@touch $@
 
