@@ -68,16 +68,12 @@ class Run:
     precision: str = "fp32"  # "fp32" or one of BF16
     reshard: bool = True  # FSDP2 reshard_after_forward
     checkpoint: str | None = None  # "wrapper" (checkpoint_wrapper per layer) or "transformers"
-    # Kernelized for TORCH_COMPILE and torch.compile'd after wrapping (AOTAutograd without
-    # inductor's code generation: what it checks is how the wrapped, kernelized model traces).
-    compiled: bool = False
 
     def __str__(self) -> str:
         options = [
             self.precision,
             *(["reshard" if self.reshard else "no-reshard"] if self.engine == "fsdp2" else []),
             *([f"checkpoint-{self.checkpoint}"] if self.checkpoint else []),
-            *(["compiled"] if self.compiled else []),
         ]
         when = "kernelize-first" if self.kernelize_first else "kernelize-wrapped"
         return f"{self.engine}-{'-'.join(options)}-{when}"
@@ -95,7 +91,6 @@ RUNS = [
     Run("fsdp2", kernelize_first=False, precision="bf16-weights", checkpoint="wrapper"),
     Run("tp", kernelize_first=True),
     Run("tp", kernelize_first=False),
-    Run("tp", kernelize_first=True, compiled=True),
 ]
 RUNS_2D = [Run("2d", kernelize_first=False, checkpoint="wrapper")]
 
@@ -172,15 +167,13 @@ def train_one_step(run: Run) -> None:
         if run.precision == "bf16-weights":
             model = model.to(torch.bfloat16)
         if run.kernelize_first:
-            kernelize_with_library(model, run.compiled)
+            kernelize_with_library(model)
         model = wrap(run, model, dev)
         if not run.kernelize_first:
             before = wrapper_state(model)
-            kernelize_with_library(model, run.compiled)
+            kernelize_with_library(model)
             assert wrapper_state(model) == before, "kernelize changed the wrappers"
         assert_kernelized(model)
-        if run.compiled:
-            model = torch.compile(model, backend="aot_eager")
         ids = this_ranks_rows(run, batch(dev))
         autocast = (
             torch.autocast(dev.type, dtype=torch.bfloat16)

@@ -145,9 +145,10 @@ def _replicate_parameters(module: torch.nn.Module) -> None:
         )
 
 
-def _kernelized(module: torch.nn.Module, layer: str) -> torch.nn.Module:
+def _kernelized(module: torch.nn.Module, layer: str, compiled: bool = False) -> torch.nn.Module:
+    mode = Mode.TRAINING | Mode.TORCH_COMPILE if compiled else Mode.TRAINING
     with use_kernel_mapping(library_mapping(layers=[layer])):
-        kernelize(module, mode=Mode.TRAINING, device="cpu")
+        kernelize(module, mode=mode, device="cpu")
     assert kernel_layer_of(module) is not None
     return module
 
@@ -184,10 +185,12 @@ def check(
     *,
     fallback: str | None = None,
     replicate_parameters: bool = True,
+    compiled: bool = False,
 ):
     """Run the kernelized module on `inputs` placed as `placements` (by argument name) and the
     untouched module on the whole tensors: same outputs and gradients; the outputs placed like
-    the inputs when the rule holds, else one fallback line containing `fallback`."""
+    the inputs when the rule holds, else one fallback line containing `fallback`. `compiled`:
+    kernelized for TORCH_COMPILE and run under torch.compile (AOTAutograd, no inductor)."""
     reference = make_module()
     expected = _forward_backward(
         reference, {n: t.clone().requires_grad_() for n, t in inputs.items()}
@@ -197,7 +200,9 @@ def check(
     module = make_module()
     if replicate_parameters:
         _replicate_parameters(module)
-    _kernelized(module, layer)
+    _kernelized(module, layer, compiled)
+    if compiled:
+        module = torch.compile(module, backend="aot_eager")
     dinputs = {n: _dtensor(t, placements[n]) for n, t in inputs.items()}
     with dtensor_fallbacks() as logged:
         raw, outs, grads, _ = _forward_backward(module, dinputs, cotangents)
@@ -291,9 +296,16 @@ def gated(placements, fallback=None):
     check(_SiluAndMul, "SiluAndMul", x, {"x": placements()}, fallback=fallback)
 
 
-def rms_norm(placements, fallback=None, shape=(2, 6, 8)):
+def rms_norm(placements, fallback=None, shape=(2, 6, 8), compiled=False):
     x = {"hidden_states": _randn(*shape)}
-    check(_rms_norm, "RMSNorm", x, {"hidden_states": placements()}, fallback=fallback)
+    check(
+        _rms_norm,
+        "RMSNorm",
+        x,
+        {"hidden_states": placements()},
+        fallback=fallback,
+        compiled=compiled,
+    )
 
 
 def layer_norm(placements, fallback=None, affine=True):
@@ -426,6 +438,8 @@ CASES = {
     "gated/batch-sharded": P(gated, P(_shard, 0)),
     "gated/last-dim-falls-back": P(gated, P(_shard, 2), "gate and up halves"),
     "rms-norm/sequence-parallel": P(rms_norm, P(_shard, 1)),
+    # The kernel's view of the module (local parameters) as torch.compile traces it.
+    "rms-norm/sequence-parallel-compiled": P(rms_norm, P(_shard, 1), compiled=True),
     "rms-norm/uneven-sequence": P(rms_norm, P(_shard, 1), shape=(2, 7, 8)),
     "rms-norm/replicated": P(rms_norm, _replicate),
     "rms-norm/hidden-sharded-falls-back": P(rms_norm, P(_shard, 2), "normalises over"),

@@ -81,9 +81,9 @@ def batch(device: torch.device) -> torch.Tensor:
     return torch.randint(0, CONFIG["vocab_size"], (BATCH, SEQUENCE), generator=generator).to(device)
 
 
-def kernelize_with_library(model, compiled: bool = False) -> None:
+def kernelize_with_library(model) -> None:
     """What a user does: tag what the installed transformers leaves untagged, kernelize for
-    training (for training under torch.compile if `compiled`)."""
+    training."""
     from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
     from kernels.library import tag_causal_lm_losses, tag_gated_mlps, tag_rotary_embeddings
 
@@ -92,7 +92,7 @@ def kernelize_with_library(model, compiled: bool = False) -> None:
         tag_rotary_embeddings(model)
     tag_causal_lm_losses(model)
     with use_kernel_mapping(library_mapping()):
-        kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE if compiled else Mode.TRAINING)
+        kernelize(model, mode=Mode.TRAINING)
 
 
 def untouched() -> bool:
@@ -142,10 +142,8 @@ def reference(device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tenso
 
 
 def canonical(name: str) -> str:
-    """A parameter's name in the unwrapped model (without DDP's, checkpointing's and
-    torch.compile's prefixes)."""
-    name = name.replace("_checkpoint_wrapped_module.", "").removeprefix("_orig_mod.")
-    return name.removeprefix("module.")
+    """A parameter's name in the unwrapped model (without DDP's and checkpointing's prefixes)."""
+    return name.replace("_checkpoint_wrapped_module.", "").removeprefix("module.")
 
 
 def gathered_gradients(model) -> dict[str, torch.Tensor]:
