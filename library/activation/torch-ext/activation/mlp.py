@@ -114,8 +114,10 @@ class _SwiGLUMLPFunction(torch.autograd.Function):
         d_down_b = d_out2.sum(0) if need[6] else None
         d_x = None
         if need[0]:
-            # One accumulating matmul rather than two and an add.
-            d_x = torch.addmm(d_gate @ gate_w, d_up, up_w).view(ctx.x_shape)
+            # Two matmuls and an in-place add rather than addmm: the same time eagerly, and
+            # under torch.compile the add is a node inductor can fuse (benchmarks/results/
+            # h100/NOTES.md, e2e).
+            d_x = (d_gate @ gate_w).add_(d_up @ up_w).view(ctx.x_shape)
         d_gate_w = d_gate.t() @ x2 if need[1] else None
         d_gate_b = d_gate.sum(0) if need[2] else None
         d_up_w = d_up.t() @ x2 if need[3] else None
