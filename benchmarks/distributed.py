@@ -32,8 +32,9 @@ attention): ``eager``, ``ours (kernelized)`` and ``ours (kernelized, fused CE)``
 kernelized for training before sharding), ``liger (no fused CE)`` and ``liger (fused linear
 CE)`` (``apply_liger_kernel_to_llama``), and ``torch.compile``: the eager model sharded, then
 ``torch.compile``'d; ``ours (kernelized + compile, fused CE)``: kernelized for ``TRAINING |
-TORCH_COMPILE`` with the fused loss, sharded, then ``torch.compile``'d. A contender whose set-up or first step raises (compiling a sharded model,
-Liger on DTensors) is recorded with its error and left out of the timing, on every rank.
+TORCH_COMPILE`` with the fused loss, sharded, then ``torch.compile``'d. A contender whose
+set-up or first step raises (compiling a sharded model, Liger on DTensors) is recorded with its
+error and left out of the timing, on every rank.
 
 Measured, in interleaved rounds as in e2e.py (each round runs every contender once, in rotating
 order, the same on every rank): the wall time of a training step (forward and backward of the
