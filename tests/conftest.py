@@ -31,9 +31,10 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 if os.environ.get("TRITON_INTERPRET") == "1":
-    from tests.support.interpreter import skip_repeated_patching
+    from tests.support.interpreter import skip_discarded_overflow_checks, skip_repeated_patching
 
     skip_repeated_patching()
+    skip_discarded_overflow_checks()
 
 
 @pytest.fixture(autouse=True)

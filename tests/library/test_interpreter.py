@@ -78,3 +78,44 @@ def test_results_and_language_state_are_the_interpreters_own(monkeypatch):
     assert torch.equal(_run(x), got)
     assert calls == ["kernel"] + (["zeros"] + ["scaled"] * STEPS) * 3
     assert {name: getattr(tl, name) for name in before} == before
+
+
+@triton.jit
+def add_ints(X, Y, Z, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    tl.store(Z + offsets, tl.load(X + offsets) + tl.load(Y + offsets))
+
+
+def _add_ints(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    z = torch.empty_like(x)
+    add_ints[(1,)](x, y, z, BLOCK=x.numel())
+    return z
+
+
+def test_overflow_checks_are_off_where_they_check_nothing(monkeypatch):
+    """The set-up turns the sanitizer off (debug being off); with the interpreter's own options
+    an int32 add that overflows wraps around unchecked, the same bits as without the sanitizer;
+    only with debug on (which the interpreter's options never have) would it assert."""
+    import dataclasses
+
+    from triton.runtime.errors import InterpreterError
+    from triton.runtime.interpreter import interpreter_builder
+
+    assert interpreter.skip_discarded_overflow_checks()
+    assert not interpreter_builder.options.sanitize_overflow
+    assert not interpreter_builder.options.debug
+    top = torch.iinfo(torch.int32).max
+    x = torch.tensor([top, 5, -3, top], dtype=torch.int32)
+    y = torch.tensor([1, 7, 2, top], dtype=torch.int32)
+    wrapped = (x.long() + y.long() + 2**31) % 2**32 - 2**31
+    assert torch.equal(_add_ints(x, y).long(), wrapped)
+
+    stock = dataclasses.replace(interpreter_builder.options, sanitize_overflow=True)
+    monkeypatch.setattr(interpreter_builder, "options", stock)
+    assert torch.equal(_add_ints(x, y).long(), wrapped)
+
+    monkeypatch.setattr(interpreter_builder, "options", dataclasses.replace(stock, debug=True))
+    assert not interpreter.skip_discarded_overflow_checks()  # debug on: left as it is
+    assert interpreter_builder.options.sanitize_overflow
+    with pytest.raises(InterpreterError, match="int32 overflow detected for operation add"):
+        _add_ints(x, y)
