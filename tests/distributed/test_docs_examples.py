@@ -15,7 +15,6 @@ such an exit is reported as a warning, not a failure.
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import runpy
@@ -29,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.distributed import cpu_rank_context, same_on_both_lines
+from tests.support.distributed import cpu_rank_context, import_before_fork, same_on_both_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "distributed.md"
@@ -89,9 +88,8 @@ def run_example(script: Path, world_size: int = 2) -> tuple[str, list[int | None
     """Run ``script`` on ``world_size`` forked CPU ranks: (their output, rank by rank, and
     their exit codes; None for a rank killed at the time limit)."""
     context = cpu_rank_context()
-    if context.get_start_method() == "fork":  # imported once here, not in each rank
-        importlib.import_module("transformers.models.llama.modeling_llama")
-        importlib.import_module("kernels.library")
+    if context.get_start_method() == "fork":
+        import_before_fork()
     port = _free_port()
     logs = [script.with_suffix(f".rank{rank}.log") for rank in range(world_size)]
     ranks = [

@@ -38,6 +38,17 @@ COLLECTIVE_TIMEOUT = 60
 
 NOT_RUN = "not run: an earlier case failed"
 
+#: What the ranks' cases import, imported in the parent before it forks them, so that no rank
+#: imports it again: transformers' Llama module (which pulls in its generation utilities and
+#: torch._dynamo) and DTensor's op rules were most of a job's first case.
+RANK_IMPORTS = (
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "torch.distributed.tensor.parallel",
+    "transformers.models.llama.modeling_llama",
+    "kernels.library",
+)
+
 
 def on_transformers_5() -> bool:
     """Whether the installed transformers is of the 5.x line (`make test-5`'s environment)."""
@@ -147,12 +158,18 @@ def cpu_rank_context():
     return mp.get_context("fork" if fork else "spawn")
 
 
+def import_before_fork(*modules: str) -> None:
+    """Import `RANK_IMPORTS` and `modules` here, before ranks are forked from this process."""
+    for name in (*RANK_IMPORTS, *modules):
+        importlib.import_module(name)
+
+
 def _spawn(module, cases, backend, world_size, timeout) -> dict[str, str | None]:
     import torch.multiprocessing as mp
 
     context = cpu_rank_context() if backend == "gloo" else mp.get_context("spawn")
     if context.get_start_method() == "fork":
-        importlib.import_module(module)  # before the fork, so that no rank imports it again
+        import_before_fork(module)
     results = context.Queue()
     with tempfile.TemporaryDirectory() as folder:
         init_file = os.path.join(folder, "rendezvous")
