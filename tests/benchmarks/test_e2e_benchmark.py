@@ -329,6 +329,7 @@ COMPILE = "torch.compile"
 OURS = "ours (kernelized)"
 OURS_FCE = "ours (kernelized, fused CE)"
 OURS_COMPILE = "ours (kernelized + compile, fused CE)"
+LIGER = "liger (no fused CE)"
 LIGER_FLCE = "liger (fused linear CE)"
 LIGER_COMPILE = "liger (fused linear CE) + compile"
 
@@ -353,9 +354,11 @@ def test_best_of_ours_against_the_best_peer():
         _timed(OURS_COMPILE, 63.9, 16.7, 8.8, 2.6),
         _timed(LIGER_FLCE, 91.2, 16.2, 8.1, 2.4),
     ]
+    # Training: ours eager is the one of ours within Liger's 8.1 GiB, so it is the best of
+    # ours (slower than compile alone); prefill: none of ours within 2.4 GiB, the fastest.
     train = e2e.best_against_peers(rows, "train")
-    assert (train.ours["contender"], train.peer["contender"]) == (OURS_COMPILE, COMPILE)
-    assert train.ratio == pytest.approx(61.7 / 63.9)
+    assert (train.ours["contender"], train.peer["contender"]) == (OURS, COMPILE)
+    assert train.ratio == pytest.approx(61.7 / 69.8)
     assert train.lowest_peer["contender"] == LIGER_FLCE
     prefill = e2e.best_against_peers(rows, "prefill")
     assert (prefill.ours["contender"], prefill.peer["contender"]) == (OURS_COMPILE, LIGER_FLCE)
@@ -364,6 +367,20 @@ def test_best_of_ours_against_the_best_peer():
     # A shape where no peer ran (e.g. --contenders ours,ours-fce): nothing to compare.
     alone = e2e.best_against_peers([r for r in rows if r["contender"].startswith("ours")], "train")
     assert alone.peer is None and alone.ratio is None and alone.ours["contender"] == OURS_COMPILE
+    # The 4.57 4x2048 row: the fastest of ours is above the lowest peer's peak, the fused-CE
+    # configuration (a little slower, still ahead of every peer) is within it: it is the best.
+    rows = [
+        _timed(OURS, 104.5, 32.2, 12.3, 3.0),
+        _timed(OURS_FCE, 105.2, 32.4, 10.0, 3.0),
+        _timed(LIGER, 107.5, 33.4, 14.3, 3.0),
+        _timed(LIGER_FLCE, 113.7, 33.1, 11.9, 3.0),
+    ]
+    train = e2e.best_against_peers(rows, "train")
+    assert (train.ours["contender"], train.peer["contender"]) == (OURS_FCE, LIGER)
+    assert train.lowest_peer["contender"] == LIGER_FLCE
+    # None of ours within it: the fastest of ours, whose peak then fails the target.
+    rows[1] = _timed(OURS_FCE, 105.2, 32.4, 12.0, 3.0)
+    assert e2e.best_against_peers(rows, "train").ours["contender"] == OURS
 
 
 def _checks(rows):
