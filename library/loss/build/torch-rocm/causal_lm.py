@@ -270,20 +270,11 @@ def cache_output_field() -> str:
 def _base_model_and_loss(model, model_inputs: dict, labels, kwargs: dict, softcap):
     """The base model on ``model_inputs`` and ``kwargs``, then ``causal_lm_loss`` of its last
     hidden state: ``(outputs, loss, return_dict)``, ``return_dict`` as transformers'
-    ``can_return_tuple`` reads it (``kwargs``' ``return_dict`` popped). With gradients on,
-    ``use_cache`` unset and no cache passed, the base model builds no KV cache (the output's
-    cache is None)."""
+    ``can_return_tuple`` reads it (``kwargs``' ``return_dict`` popped)."""
     return_dict = model.config.return_dict if hasattr(model, "config") else True
     passed = kwargs.pop("return_dict", return_dict)
     if passed is not None:
         return_dict = passed
-    passed_cache = any(model_inputs.get(name) is not None for name in ("cache", "past_key_values"))
-    if model_inputs.get("use_cache") is None and not passed_cache and torch.is_grad_enabled():
-        # No KV cache unless asked for (use_cache=True, or a cache passed): a training step
-        # has no use for one, and under torch.compile each of its tensors is an output of the
-        # compiled graph that needs a gradient, which AOTAutograd materialises as zeros in
-        # the backward (two [tokens, kv width] tensors a layer, on top of the step's peak).
-        model_inputs = {**model_inputs, "use_cache": False}
     outputs = model.model(**model_inputs, **kwargs)
     head = model.lm_head
     loss = causal_lm_loss(
