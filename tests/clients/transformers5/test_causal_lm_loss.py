@@ -319,6 +319,12 @@ def test_fused_loss_matches_the_untouched_model(clean_kernels, family):
     got = step(model, tokens, **kwargs)
     assert got[0].logits is None  # training with labels: no logits held, none returned
     assert type(got[0].cache) is type(want[0].cache)  # 5.24's output field, filled
+    # with the model's own keys and values, detached from the step (nothing reads them)
+    for ours, theirs in zip(got[0].cache.layers, want[0].cache.layers, strict=True):
+        assert theirs.keys.requires_grad and not ours.keys.requires_grad
+        assert not ours.values.requires_grad
+        torch.testing.assert_close(ours.keys, theirs.keys.detach())
+        torch.testing.assert_close(ours.values, theirs.values.detach())
     assert_same_step(got, want)
     # without num_items_in_batch: the mean over the labels not ignored
     plain = step(reference, tokens, labels=labels)

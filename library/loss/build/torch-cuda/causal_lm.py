@@ -267,6 +267,21 @@ def cache_output_field() -> str:
     return "cache" if "cache" in fields else "past_key_values"
 
 
+def _detach_cache(cache) -> None:
+    """Detach the keys and values a transformers cache returns from the training step's graph.
+
+    The attention has read them already (and saved what its backward needs), and nothing of the
+    fused loss reads them; attached, under torch.compile each is an output of the compiled graph
+    that needs a gradient, and AOTAutograd makes a zero one for each in the backward (two
+    ``[tokens, kv width]`` tensors a layer above the step's peak). Caches without per-layer
+    ``keys`` and ``values`` tensors are left as they are."""
+    for layer in getattr(cache, "layers", None) or ():
+        for name in ("keys", "values"):
+            value = getattr(layer, name, None)
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                setattr(layer, name, value.detach())
+
+
 def _base_model_and_loss(model, model_inputs: dict, labels, kwargs: dict, softcap):
     """The base model on ``model_inputs`` and ``kwargs``, then ``causal_lm_loss`` of its last
     hidden state: ``(outputs, loss, return_dict)``, ``return_dict`` as transformers'
@@ -276,6 +291,8 @@ def _base_model_and_loss(model, model_inputs: dict, labels, kwargs: dict, softca
     if passed is not None:
         return_dict = passed
     outputs = model.model(**model_inputs, **kwargs)
+    for name in ("cache", "past_key_values"):
+        _detach_cache(getattr(outputs, name, None))
     head = model.lm_head
     loss = causal_lm_loss(
         outputs.last_hidden_state, head.weight, labels, head.bias,
