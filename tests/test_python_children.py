@@ -110,3 +110,35 @@ def test_children_run_at_once_and_a_late_one_is_killed_at_its_timeout(tmp_path):
 def test_interpreter_options_are_refused():
     with pytest.raises(ValueError, match="interpreter options need a started interpreter"):
         PythonChild("-I", "-c", "pass")
+
+
+WRITE = """
+import pathlib, sys
+try:
+    (pathlib.Path(sys.argv[1]) / sys.argv[2]).write_text("x")
+except PermissionError:
+    print("refused")
+else:
+    print("written")
+"""
+
+
+def test_a_child_without_the_file_capabilities_cannot_write_a_read_only_folder(tmp_path):
+    """As root, a read-only folder is writable but for the child that drops root's override (a
+    user other than root has it refused either way); the parent keeps its own powers."""
+    import os
+
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o555)
+    try:
+        plain = run_python("-c", WRITE, str(folder), "plain", timeout=60)
+        dropped = run_python(
+            "-c", WRITE, str(folder), "dropped", timeout=60, drop_capabilities=("dac_override",)
+        )
+        assert plain.stdout.strip() == ("written" if os.geteuid() == 0 else "refused")
+        assert dropped.stdout.strip() == "refused", dropped.stderr
+        assert not (folder / "dropped").exists()
+    finally:
+        folder.chmod(0o755)
+    with pytest.raises(ValueError, match="unknown capabilities \\['sys_admin'\\]"):
+        run_python("-c", "pass", drop_capabilities=("sys_admin",))

@@ -13,8 +13,14 @@ What differs from a started interpreter, and where to start one instead: variabl
 interpreter itself reads at start-up (``PYTHON*``, e.g. ``PYTHONWARNINGS``) are the server's,
 except PYTHONPATH, which sets the child's ``sys.path`` as Python would; variables torch reads
 as it is imported are the server's; interpreter options (``-I``, ``-X``, ``-W``) are refused;
-and a test of what a fresh interpreter imports, or of a command wrapped by another program
-(``setpriv``), needs a real one. Where ``os.fork`` is missing, the child is a started interpreter.
+and a test of what a fresh interpreter imports, or of a command wrapped by another program,
+needs a real one. Where ``os.fork`` is missing, the child is a started interpreter.
+
+``drop_capabilities`` runs the child without some of root's powers, as ``setpriv
+--bounding-set=-CAP --inh-caps=-CAP python ...`` would start it: the forked child removes them
+from its own effective, permitted and inheritable sets before it runs anything (a started
+interpreter, where there is no fork, is wrapped in setpriv). For a user other than root, who
+has none of them, it changes nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +41,39 @@ from pathlib import Path
 
 #: What the server imports before it forks a child.
 PRELOAD = ["torch"]
+
+#: The capabilities `drop_capabilities` takes, by setpriv's names: root's power to read, write
+#: and search any file, and to change the mode of files it does not own.
+CAPABILITIES = {"dac_override": 1, "dac_read_search": 2, "fowner": 3}
+_CAPABILITY_VERSION_3 = 0x20080522  # linux/capability.h: two 32-bit words a set
+
+
+def _drop_capabilities(names: Sequence[str]) -> None:
+    """Remove the capabilities `names` from this process's effective, permitted and inheritable
+    sets (capget and capset, as setpriv's wrapped command ends up)."""
+    import ctypes
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Sets(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_uint32) for name in ("effective", "permitted", "inheritable")]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, sets = Header(_CAPABILITY_VERSION_3, 0), (Sets * 2)()
+    if libc.capget(ctypes.byref(header), sets) != 0:
+        raise OSError(ctypes.get_errno(), "capget failed")
+    keep = ~sum(1 << CAPABILITIES[name] for name in names) & 0xFFFFFFFF  # all are below 32
+    for field in ("effective", "permitted", "inheritable"):
+        setattr(sets[0], field, getattr(sets[0], field) & keep)
+    if libc.capset(ctypes.byref(header), sets) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def _setpriv(names: Sequence[str]) -> list[str]:
+    """The setpriv prefix that starts a command without the capabilities `names`."""
+    caps = ",".join(f"-{name}" for name in names)
+    return ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
 
 
 @functools.cache
@@ -107,9 +146,18 @@ def _exit_status(exit: SystemExit) -> int:
 
 
 def _child(
-    args: list[str], env: dict[str, str], cwd: str, path: list[str], stdout: str, stderr: str
+    args: list[str],
+    env: dict[str, str],
+    cwd: str,
+    path: list[str],
+    stdout: str,
+    stderr: str,
+    drop: Sequence[str] = (),
 ) -> None:
-    """The child's body: become ``python ARGS``, run it, exit with its status."""
+    """The child's body: become ``python ARGS`` (without the capabilities `drop`), run it, exit
+    with its status."""
+    if drop:
+        _drop_capabilities(drop)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -143,13 +191,21 @@ class PythonChild:
     `pid`, `poll`, `wait`, `communicate` (text), `kill`, `returncode`.
 
     `args` start with ``-c CODE`` or ``-m MODULE``; `env` is the child's whole environment
-    (default: this process's), `cwd` its working directory (default: this process's).
+    (default: this process's), `cwd` its working directory (default: this process's);
+    `drop_capabilities` names capabilities of `CAPABILITIES` the child runs without.
     """
 
     def __init__(
-        self, *args: str, env: Mapping[str, str] | None = None, cwd: str | Path | None = None
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        drop_capabilities: Sequence[str] = (),
     ) -> None:
         _check_args(args)
+        unknown = set(drop_capabilities) - CAPABILITIES.keys()
+        if unknown:
+            raise ValueError(f"unknown capabilities {sorted(unknown)}; known: {list(CAPABILITIES)}")
         self.args = [sys.executable, *args]
         self._output = tempfile.TemporaryDirectory(prefix="python-child-")
         self._paths = (f"{self._output.name}/stdout", f"{self._output.name}/stderr")
@@ -158,12 +214,14 @@ class PythonChild:
         context = _context()
         if context is None:
             self._process = None
+            command = [*_setpriv(drop_capabilities), *self.args] if drop_capabilities else self.args
             with open(self._paths[0], "w") as out, open(self._paths[1], "w") as err:
-                self._popen = subprocess.Popen(self.args, env=env, cwd=cwd, stdout=out, stderr=err)
+                self._popen = subprocess.Popen(command, env=env, cwd=cwd, stdout=out, stderr=err)
             return
+        path = _python_path(args, env, cwd)
         self._process = context.Process(
             target=_child,
-            args=(list(args), env, cwd, _python_path(args, env, cwd), *self._paths),
+            args=(list(args), env, cwd, path, *self._paths, tuple(drop_capabilities)),
             daemon=False,
         )
         self._process.start()
@@ -207,11 +265,12 @@ def run_python(
     env: Mapping[str, str] | None = None,
     cwd: str | Path | None = None,
     timeout: float | None = None,
+    drop_capabilities: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python ARGS`` (``-c CODE ...`` or ``-m MODULE ...``) in a `PythonChild` and wait;
     as ``subprocess.run(..., capture_output=True, text=True)``: a child still running after
     `timeout` seconds is killed and `subprocess.TimeoutExpired` raised."""
-    child = PythonChild(*args, env=env, cwd=cwd)
+    child = PythonChild(*args, env=env, cwd=cwd, drop_capabilities=drop_capabilities)
     try:
         out, err = child.communicate(timeout)
     except subprocess.TimeoutExpired:

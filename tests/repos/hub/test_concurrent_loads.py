@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -47,7 +44,7 @@ from kernels import (
 from kernels.cli import main
 from kernels.repos import cache_records, load_locks
 from kernels.repos.hubclient import repo_cache_folder
-from tests.support.children import PythonChild
+from tests.support.children import PythonChild, run_python
 from tests.support.hub import SESSION_DIR, SILU_AND_MUL_LAYERS, kernel_init, subprocess_env
 
 if TYPE_CHECKING:  # the fixtures' repository type, for annotations only
@@ -463,7 +460,6 @@ def test_a_recent_resolution_of_another_process_is_used(hub, python, released):
 
 
 def test_a_read_only_cache_loads_without_coordination(hub, python, released, tmp_path):
-    setpriv = shutil.which("setpriv")
     repo = released("0.1.0")
     cache = tmp_path / "cache"
     load_version_in_a_process(python, repo, ">=0.1", HF_HUB_CACHE=str(cache))
@@ -479,20 +475,15 @@ def test_a_read_only_cache_loads_without_coordination(hub, python, released, tmp
         print("VERSION", kernels.get_kernel({repo.repo_id!r}, version=">=0.1").VERSION)
         """
     )
-    command = [sys.executable, "-c", code]
-    if os.geteuid() == 0:  # root writes anywhere: drop the capability that lets it
-        if setpriv is None:
-            pytest.skip("running as root, and setpriv is not there to drop CAP_DAC_OVERRIDE")
-        caps = "-dac_override,-dac_read_search"
-        command = [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}", *command]
     try:
-        result = subprocess.run(
-            command,
+        result = run_python(
+            "-c",
+            code,
             env=subprocess_env(HF_HUB_CACHE=str(cache)),
-            capture_output=True,
-            text=True,
             timeout=PATIENCE,
             cwd=SESSION_DIR,
+            # root writes anywhere: the child runs without the capabilities that let it
+            drop_capabilities=("dac_override", "dac_read_search"),
         )
     finally:
         for folder, _, _ in os.walk(cache):
