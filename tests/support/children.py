@@ -45,6 +45,9 @@ PRELOAD = ["torch"]
 #: The capabilities `drop_capabilities` takes, by setpriv's names: root's power to read, write
 #: and search any file, and to change the mode of files it does not own.
 CAPABILITIES = {"dac_override": 1, "dac_read_search": 2, "fowner": 3}
+#: All of them: a child without these, even root's, is refused what file permissions refuse
+#: (a read-only cache stays read-only to it).
+ROOT_FILE_POWERS = tuple(CAPABILITIES)
 _CAPABILITY_VERSION_3 = 0x20080522  # linux/capability.h: two 32-bit words a set
 
 

@@ -44,7 +44,7 @@ from kernels import (
 from kernels.cli import main
 from kernels.repos import cache_records, load_locks
 from kernels.repos.hubclient import repo_cache_folder
-from tests.support.children import PythonChild, run_python
+from tests.support.children import ROOT_FILE_POWERS, PythonChild, run_python
 from tests.support.hub import SESSION_DIR, SILU_AND_MUL_LAYERS, kernel_init, subprocess_env
 
 if TYPE_CHECKING:  # the fixtures' repository type, for annotations only
@@ -483,7 +483,7 @@ def test_a_read_only_cache_loads_without_coordination(hub, python, released, tmp
             timeout=PATIENCE,
             cwd=SESSION_DIR,
             # root writes anywhere: the child runs without the capabilities that let it
-            drop_capabilities=("dac_override", "dac_read_search"),
+            drop_capabilities=ROOT_FILE_POWERS,
         )
     finally:
         for folder, _, _ in os.walk(cache):

@@ -10,7 +10,7 @@ import kernels
 from kernels import LayerRepository, UntrustedKernelError
 from kernels.repos.hubclient import repo_cache_folder
 from kernels.repos.trust import DEFAULT_TRUSTED_ORGS, config_path, decide_trust
-from tests.support.children import run_python
+from tests.support.children import ROOT_FILE_POWERS, run_python
 from tests.support.hub import subprocess_env
 
 pytestmark = pytest.mark.hub
@@ -237,11 +237,6 @@ def test_ascii_case_of_a_trusted_org_is_trusted(hub):
 
 
 # A cache this user cannot write: the error names the folder and the fix.
-
-
-#: Root's powers over file permissions, which the loading child runs without (root could write
-#: the read-only cache all the same).
-ROOT_FILE_POWERS = ("dac_override", "dac_read_search", "fowner")
 
 
 @pytest.mark.any_hub_client
