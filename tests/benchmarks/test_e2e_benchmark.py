@@ -205,11 +205,13 @@ def test_the_contenders_are_issue_38s():
         ("ours-attn", "ours (kernelized, fused CE, our attention)", True, False),
         ("ours-attn-compile", "ours (kernelized + compile, fused CE, our attention)", True, True),
         ("liger", "liger (no fused CE)", False, False),
+        ("liger-compile", "liger (no fused CE) + compile", False, True),
         ("liger-flce", "liger (fused linear CE)", False, False),
         ("liger-flce-compile", "liger (fused linear CE) + compile", False, True),
     ]
     assert [c.key for c in e2e.CONTENDERS if c.liger] == [
         "liger",
+        "liger-compile",
         "liger-flce",
         "liger-flce-compile",
     ]
@@ -273,7 +275,7 @@ def test_select_contenders_by_key_in_the_benchmarks_order():
     skipped = e2e.select_contenders(None, ["compile", "liger (no fused CE)"])
     assert [c.key for c in skipped] == [
         "eager", "ours", "ours-fce", "ours-compile", "ours-attn", "ours-attn-compile",
-        "liger-flce", "liger-flce-compile",
+        "liger-compile", "liger-flce", "liger-flce-compile",
     ]  # fmt: skip
     with pytest.raises(
         ValueError, match="unknown contender 'ours-eager': choose from eager, compile"

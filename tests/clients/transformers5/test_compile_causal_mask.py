@@ -91,3 +91,12 @@ def test_compiled_graphs_skip_the_mask_and_exported_ones_keep_it(original_mask_c
     assert torch.equal(Probe()(torch.zeros(2)), -torch.ones(2))  # eager: not exporting
     compiled = torch.compile(Probe(), backend="eager", fullgraph=True)
     assert torch.equal(compiled(torch.zeros(2)), -torch.ones(2))
+
+
+def test_the_e2e_benchmark_gives_every_compiled_contender_the_skip(original_mask_code, monkeypatch):
+    """Compile alone and Liger + compile get the skip in a run without ours + compile too."""
+    from benchmarks import e2e
+
+    monkeypatch.setattr(causal_mask, "torch_needs_it", lambda: True)
+    assert e2e.skip_causal_masks_as_torch_2_13()
+    assert masking.is_torchdynamo_exporting is causal_mask.is_exporting
