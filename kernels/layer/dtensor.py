@@ -384,8 +384,12 @@ def _from_local(local: torch.Tensor, reference: DTensor) -> DTensor:
     import torch
     from torch.distributed.tensor import DTensor
 
-    if local.requires_grad:
-        # The output's gradient comes back through the DTensor, maybe still in flight.
+    if local.requires_grad and not torch.compiler.is_compiling():
+        # The output's gradient comes back through the DTensor, maybe still in flight (an
+        # AsyncCollectiveTensor, in eager mode only: a compiled graph waits for its collectives
+        # itself). Traced, the hook would also cost the graph: with one registered on a tensor
+        # made inside the graph, Dynamo (torch 2.13) loses later attribute stores on objects made
+        # there too (transformers 5.x's DynamicLayer.device), and the whole forward runs eagerly.
         local.register_hook(_waited)
     sharded = _sharded_dims(reference)
     shape = torch.Size(

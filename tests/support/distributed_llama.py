@@ -60,10 +60,12 @@ TOLERANCE = {
 KERNELS = {"RMSNorm", "SiLU", "SwiGLUMLP", "apply_rotary_pos_emb", "CausalLMFusedLoss"}
 
 
-def build(device: torch.device):
+def build(device: torch.device, use_cache: bool = False):
+    """The tiny Llama on `device`; with `use_cache` as models come (a forward builds its KV
+    cache, in training too), else without one."""
     from transformers import LlamaForCausalLM
 
-    config = llama_config(**CONFIG, use_cache=False, attn_implementation="sdpa")
+    config = llama_config(**CONFIG, use_cache=use_cache, attn_implementation="sdpa")
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     # Norm weights start at one; perturb them, so that a kernel that dropped them would show.
@@ -81,9 +83,9 @@ def batch(device: torch.device) -> torch.Tensor:
     return torch.randint(0, CONFIG["vocab_size"], (BATCH, SEQUENCE), generator=generator).to(device)
 
 
-def kernelize_with_library(model) -> None:
+def kernelize_with_library(model, compiled: bool = False) -> None:
     """What a user does: tag what the installed transformers leaves untagged, kernelize for
-    training."""
+    training (for training under torch.compile if `compiled`)."""
     from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
     from kernels.library import tag_causal_lm_losses, tag_gated_mlps, tag_rotary_embeddings
 
@@ -91,8 +93,9 @@ def kernelize_with_library(model) -> None:
     if not TRANSFORMERS_5:  # 5.x's rotary function is kernelizable as it comes
         tag_rotary_embeddings(model)
     tag_causal_lm_losses(model)
+    mode = Mode.TRAINING | Mode.TORCH_COMPILE if compiled else Mode.TRAINING
     with use_kernel_mapping(library_mapping()):
-        kernelize(model, mode=Mode.TRAINING)
+        kernelize(model, mode=mode)
 
 
 def untouched() -> bool:
@@ -142,8 +145,10 @@ def reference(device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tenso
 
 
 def canonical(name: str) -> str:
-    """A parameter's name in the unwrapped model (without DDP's and checkpointing's prefixes)."""
-    return name.replace("_checkpoint_wrapped_module.", "").removeprefix("module.")
+    """A parameter's name in the unwrapped model (without DDP's, checkpointing's and
+    torch.compile's prefixes)."""
+    name = name.replace("_checkpoint_wrapped_module.", "").removeprefix("_orig_mod.")
+    return name.removeprefix("module.")
 
 
 def gathered_gradients(model) -> dict[str, torch.Tensor]:
