@@ -375,6 +375,32 @@ def test_a_size_class_boundary_recompiles_once_per_class(packages):
     assert recorder.forward == [set(), {"rms_norm"}]
 
 
+def test_a_compiled_call_guards_on_its_own_layers_rule_only(packages, caplog):
+    """Dynamo guards a graph on every value of the rule it reads: a call reads its own layer's
+    entry, not the names of every layer's rows (each a guard evaluated at every call)."""
+    import logging
+
+    w = randn(48, shift=1.0, scale=0.2)
+    torch._dynamo.reset()
+    torch._logging.set_logs(guards=True)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="torch._dynamo"), torch.no_grad():
+            compiled = torch.compile(
+                lambda x: packages["norm"].rms_norm(x, w, EPS), backend="eager", fullgraph=True
+            )
+            compiled(randn(5, 48))
+    finally:
+        torch._logging.set_logs()
+        torch._dynamo.reset()
+    rule_guards = [
+        line
+        for line in caplog.text.splitlines()
+        if "_compile_rule']._rows[" in line and "_MATCH:" in line  # guards on its entries
+    ]
+    assert rule_guards, "no guard on the rule was logged"
+    assert all("('rms_norm', 'infer')" in line for line in rule_guards), rule_guards
+
+
 # ---- inductor, and its modes -------------------------------------------------------------------
 
 

@@ -147,20 +147,29 @@ def parse_forced(text: str | None) -> dict:
 
 
 # Rebound (never mutated) on each change: Dynamo guards a compiled graph on the values it read,
-# so a graph traced under other rows or another forced side is not reused.
-_rows = ()  # ((layer, (rows, most specific first)), ...)
+# so a graph traced under other rows or another forced side is not reused. Keyed by layer and
+# pass, so that a traced call reads (and guards on) its own entry only, not every layer's rows.
+_rows: dict = {}  # {(layer, pass): its side where every row agrees, else its rows}
 _forced = ()  # ((layer or "*", side), ...)
 
 
-def _index(rule) -> tuple:
+def _index(rule) -> dict:
     rows = {}
     for row in check_rule(rule):
         rows.setdefault(row[0], []).append(row)
-    # Most specific first: hidden, then tokens, then an exact pass over "*".
-    return tuple(
-        (layer, tuple(sorted(layer_rows, key=lambda r: (r[2], r[3], r[1] != "*"), reverse=True)))
-        for layer, layer_rows in rows.items()
-    )
+    index = {}
+    for layer, layer_rows in rows.items():
+        for pass_ in PASSES[:2]:
+            # Most specific first: hidden, then tokens, then an exact pass over "*".
+            kept = sorted(
+                (r for r in layer_rows if r[1] in (pass_, "*")),
+                key=lambda r: (r[2], r[3], r[1] != "*"),
+                reverse=True,
+            )
+            if kept:
+                same = all(r[4] == kept[0][4] for r in kept)
+                index[(layer, pass_)] = kept[0][4] if same else tuple(kept)
+    return index
 
 
 def set_rule(rule=RULE) -> None:
@@ -209,15 +218,11 @@ def compile_side(layer: str, hidden, tokens, training: bool) -> str:
     for name, side in _forced:
         if name == "*":
             return side
-    pass_ = "train" if training else "infer"
-    rows = ()
-    for name, layer_rows in _rows:
-        if name == layer:
-            rows = tuple(r for r in layer_rows if r[1] in (pass_, "*"))
-    if not rows:
+    rows = _rows.get((layer, "train" if training else "infer"))
+    if rows is None:
         return OP
-    if all(r[4] == rows[0][4] for r in rows):
-        return rows[0][4]  # no size compared: no guard on the shape
+    if isinstance(rows, str):
+        return rows  # every row agrees: no size compared, no guard on the shape
     for _, _, min_hidden, min_tokens, side in rows:
         if hidden >= min_hidden and tokens >= min_tokens:
             return side
