@@ -23,8 +23,11 @@ Three sections, bf16, 32 query heads and 8 key/value heads (issue 39's measured 
   dimension 128: ours (``flash_attn_with_kvcache``, split-KV) against each SDPA backend over a
   ``(batch, kv_heads, 4096, dim)`` cache; attention alone (no cache append), each call captured
   in a CUDA graph (device time, as a captured decode step runs), L2 cleared before each call
-  (each layer of a model reads its own cache); and ours with each split count of
-  ``SWEEP_SPLITS`` forced, beside the one its rule picks.
+  (each layer of a model reads its own cache); ours with each split count of ``SWEEP_SPLITS``
+  forced, beside the one its rule picks; and ours as two launches (``TWO_LAUNCHES``: the split
+  kernel, then a kernel that combines the splits, the path that the one-launch kernel replaced,
+  through the library's private switch ``_ops._DECODE_FUSED``) at the rule's split count, in a
+  table of its own beside the one launch.
 
 Timing: ``timing.interleaved_samples`` (rounds that run every contender in rotating order, a
 block of calls each, L2 cleared before each call, CUDA events); the ratio's quartiles are over
@@ -45,6 +48,7 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
+from importlib import import_module
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +69,8 @@ DECODE_BATCHES, DECODE_CONTEXT, DECODE_DIM = [1, 8], 4096, 128
 #: choice is, and what to change it to.
 SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64]
 SWEEP = "ours-splits-"
+#: Ours with the splits combined by a second launch (what the one-launch kernel replaced).
+TWO_LAUNCHES = "ours-two-launches"
 #: Dense bf16 tensor-core peaks (TFLOP/s, without sparsity) from NVIDIA's datasheets, matched
 #: against torch.cuda.get_device_name() in order (the first name contained wins).
 PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200", 989.4), ("H100", 989.4)]
@@ -378,7 +384,17 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
     def ours():
         return attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=used, causal=True)
 
-    fns, modes, failed = {OURS: ours}, {}, {}
+    ops = import_module(attn.__name__ + "._ops")
+
+    def two_launches():
+        # Read by each call, so the graph captured here holds the two launches.
+        ops._DECODE_FUSED = False
+        try:
+            return ours()
+        finally:
+            ops._DECODE_FUSED = True
+
+    fns, modes, failed = {OURS: ours, TWO_LAUNCHES: two_launches}, {}, {}
     for n in SWEEP_SPLITS:
         fns[f"{SWEEP}{n}"] = lambda n=n: attn.flash_attn_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=used, causal=True, num_splits=n
@@ -390,9 +406,10 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
             continue
         fn = sdpa_function(peer, modes[peer][0], False)
         fns[peer] = lambda fn=fn: fn(sdpa_q, sdpa_k, sdpa_v)
-    rel = None
+    rel, same = None, None
     with torch.no_grad():
         ours_out = ours()
+        same = torch.equal(two_launches(), ours_out)
         for peer in PEERS:
             if peer not in fns:
                 continue
@@ -415,7 +432,7 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
         times = _timed_rows(replays, rep_ms, block, "step")
     torch.cuda.current_stream().wait_stream(stream)
     rows = []
-    for name in [OURS, *PEERS, *(f"{SWEEP}{n}" for n in SWEEP_SPLITS)]:
+    for name in [OURS, TWO_LAUNCHES, *PEERS, *(f"{SWEEP}{n}" for n in SWEEP_SPLITS)]:
         row = {"section": "decode", "batch": batch, "context": context, "dim": dim, "impl": name}
         if name.startswith(SWEEP):
             row["num_splits"] = int(name[len(SWEEP) :])
@@ -427,7 +444,10 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
             row.update(times[name])
         if name == OURS:
             row["rel_err_vs_sdpa"] = rel
+        if name in (OURS, TWO_LAUNCHES):
             row["num_splits"] = decode_splits(attn, batch, context)
+        if name == TWO_LAUNCHES:
+            row["bitwise_equal_to_ours"] = same
         rows.append(row)
     _print(rows)
     del replays
@@ -438,8 +458,6 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
 def decode_splits(attn, batch: int, context: int) -> int:
     """The split count our decode path picks here (its rule, ``_tuning.decode_splits``): one
     query per sequence packs a group's 4 query heads into one row tile."""
-    from importlib import import_module
-
     rule = import_module(attn.__name__ + "._tuning").decode_splits
     return rule(
         batch * KV_HEADS, context, torch.cuda.get_device_properties(0).multi_processor_count
@@ -631,6 +649,26 @@ def decode_table(results: list) -> list[str]:
             cells = [str(batch), str((rows.get(OURS) or {}).get("num_splits", "?"))]
             cells += [_ms(rows.get(f"{SWEEP}{n}"), "step", 1e3, "{:.1f}") for n in SWEEP_SPLITS]
             lines.append("| " + " | ".join(cells) + " |")
+    pairs = [(key, rows) for key, rows in groups if TWO_LAUNCHES in rows]
+    if pairs:
+        lines += [
+            "",
+            "Ours in one launch (the last program of each row tile combines the splits) against "
+            "two (a second kernel combines them), us per step at the rule's split count.",
+            "",
+            "| batch | splits | one launch us | two launches us | one vs two |",
+            "|---|---|---|---|---|",
+        ]
+        for (batch, _), rows in pairs:
+            ours, two = rows.get(OURS), rows[TWO_LAUNCHES]
+            cells = [
+                str(batch),
+                str(two.get("num_splits", "?")),
+                _ms(ours, "step", 1e3, "{:.1f}"),
+                _ms(two, "step", 1e3, "{:.1f}"),
+                ratio(two, ours, "step"),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -659,13 +697,33 @@ def gqa_notes(results: list) -> list[str]:
     ]
 
 
+def section_dates(previous_meta: dict | None, sections: list, today: str) -> dict:
+    """{section: the date its rows were last timed}: ``sections`` (this run's) today, the others
+    as ``previous_meta`` (the kept results' meta) says, its ``date`` for results kept before
+    sections were dated apart."""
+    dates = {}
+    if previous_meta:
+        dates = dict(previous_meta.get("section_dates") or {})
+        dates = {s: dates.get(s, previous_meta["date"]) for s in SECTIONS} | dates
+    return dates | dict.fromkeys(sections, today)
+
+
+def date_line(meta: dict, results: list) -> str:
+    """The results' date, or each section's where a later run replaced some sections' rows."""
+    present = [s for s in SECTIONS if any(r["section"] == s for r in results)]
+    dates = meta.get("section_dates") or {}
+    if len({dates.get(s, meta["date"]) for s in present}) < 2:
+        return f"- date: {meta['date']}"
+    return "- dates: " + ", ".join(f"{s} {dates.get(s, meta['date'])}" for s in present)
+
+
 def write_markdown(meta: dict, results: list, path) -> None:
     peak = meta.get("peak_tflops")
     lines = [
         "# Attention: ours against torch SDPA's backends",
         "",
         f"- device: {meta['device']} (dense bf16 peak: {peak or 'unknown'} TFLOP/s)",
-        f"- date: {meta['date']}",
+        date_line(meta, results),
         f"- torch {meta['torch']}, triton {meta['triton']}",
         f"- bf16, {HEADS} query heads, {KV_HEADS} key/value heads",
         f"- timing: {meta['timing']}",
@@ -762,11 +820,13 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.block} calls each (the first not counted), L2 cleared before each call, CUDA "
         "events; median over every counted call; decode: each call a CUDA graph replay",
     }
-    results = []
+    results, previous_meta = [], None
     path = os.path.join(out, "results.json")
     if os.path.exists(path):
         with open(path) as f:
-            results = json.load(f)["results"]
+            kept = json.load(f)
+        results, previous_meta = kept["results"], kept["meta"]
+    meta["section_dates"] = section_dates(previous_meta, sections, meta["date"])
     attn = load_ours()
     if "dense" in sections:
         for batch, seqlen in args.shapes:

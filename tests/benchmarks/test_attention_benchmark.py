@@ -127,6 +127,25 @@ def test_rows_of_a_later_run_replace_their_own(tmp_path, monkeypatch):
     assert "| 4x4096 | 128 | yes | 0.500 |" in (tmp_path / "results.md").read_text()
 
 
+def test_sections_of_a_later_run_keep_their_own_dates(tmp_path):
+    # Results kept before sections were dated: every section from the kept date, then decode
+    # re-run today.
+    dates = bench.section_dates({"date": "2026-11-26"}, ["decode"], "2026-11-27")
+    assert dates == {"dense": "2026-11-26", "varlen": "2026-11-26", "decode": "2026-11-27"}
+    # A later dense run keeps decode's date.
+    later = bench.section_dates({"date": "2026-11-27", "section_dates": dates}, ["dense"], "x")
+    assert later == {"dense": "x", "varlen": "2026-11-26", "decode": "2026-11-27"}
+    assert bench.section_dates(None, ["dense"], "x") == {"dense": "x"}
+    meta = {"device": "GPU", "peak_tflops": None, "date": "2026-11-27", "torch": "t",
+            "triton": "tr", "timing": "rounds", "section_dates": dates}  # fmt: skip
+    bench.write_markdown(meta, _rows(), tmp_path / "results.md")
+    text = (tmp_path / "results.md").read_text()
+    assert "- dates: dense 2026-11-26, varlen 2026-11-26, decode 2026-11-27" in text, text
+    meta["section_dates"] = dict.fromkeys(dates, "2026-11-27")
+    bench.write_markdown(meta, _rows(), tmp_path / "results.md")
+    assert "- date: 2026-11-27\n" in (tmp_path / "results.md").read_text()
+
+
 def test_command_line_errors(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--only", "dense,nonsense"])

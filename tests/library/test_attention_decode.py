@@ -1,9 +1,11 @@
 """The decode path of library/attention: ``flash_attn_with_kvcache`` over a contiguous and a paged
 KV cache (new keys written in place first, per-sequence filled lengths), split into several
 chunks of keys (split-KV, flash-decoding) or not, and paged ``flash_attn_varlen_func``, against
-the float64 reference; the split-count rule."""
+the float64 reference; the split-count rule; the one-launch split path's counters (back at zero
+after every call) and its agreement with the two-launch path it replaced."""
 
 import zlib
+from importlib import import_module
 
 import pytest
 import torch
@@ -15,6 +17,11 @@ from tests.support.library import DEVICE, ON_GPU, assert_close, load, randn
 @pytest.fixture(scope="module")
 def attn():
     return load("attention")
+
+
+@pytest.fixture(scope="module")
+def ops(attn):
+    return import_module(attn.__name__ + "._ops")
 
 
 @pytest.fixture(autouse=True)
@@ -56,13 +63,20 @@ CASES = [
 
 
 # Split-KV: the interpreter's blocks are 16 keys, so 3 chunks of up to 33 keys are a block each
-# (some empty for the shorter sequences), 2 chunks two blocks each.
-@pytest.mark.parametrize("paged,num_splits", [(False, 3), (True, 2)], ids=["contiguous", "paged"])
+# (some empty for the shorter sequences), 2 chunks two blocks each, 7 chunks more than there are
+# blocks (the last four always empty); 1 chunk is the program that writes the output itself.
+@pytest.mark.parametrize(
+    "paged,num_splits",
+    [(False, 3), (True, 2), (False, 1), (True, 7)],
+    ids=["contiguous", "paged", "contiguous-unsplit", "paged-7-splits"],
+)
 @pytest.mark.parametrize(
     "seqlen_q,seqlen_new,cache_seqlens,heads,kv_heads,dim,causal,window,softcap,sink,dtype", CASES
 )
-def test_flash_attn_with_kvcache(attn, paged, num_splits, seqlen_q, seqlen_new, cache_seqlens, heads,
-                                 kv_heads, dim, causal, window, softcap, sink, dtype):  # fmt: skip
+def test_flash_attn_with_kvcache(attn, ops, paged, num_splits, seqlen_q, seqlen_new,
+                                 cache_seqlens, heads, kv_heads, dim, causal, window, softcap,
+                                 sink, dtype):  # fmt: skip
+    assert ops._DECODE_FUSED  # the one-launch path is the one these cases check
     generator = torch.Generator().manual_seed(0)
     batch, capacity, page_size = len(cache_seqlens), 32, 8
     q = randn(batch, seqlen_q, heads, dim, dtype=dtype)
@@ -104,6 +118,75 @@ def test_flash_attn_with_kvcache(attn, paged, num_splits, seqlen_q, seqlen_new, 
     finite = torch.isfinite(expected_lse)
     assert torch.equal(torch.isfinite(lse.cpu()), finite), "rows that see no key: lse +inf"
     assert_close(lse.cpu()[finite], expected_lse[finite], torch.float32, "lse", floor=1.0)
+    if num_splits > 1:
+        # The last program of each row tile put its counter back: the next call starts at zero.
+        counters = ops._current_decode_counters(out.device)
+        assert counters is not None and counters.numel() >= len(cache_seqlens) * kv_heads
+        assert not counters.any(), "a decode counter was left non-zero"
+
+
+def _decode_inputs(dtype=torch.float32):
+    # 3 queries x 4 heads of each of 2 kv heads (12 rows: one tile), ragged lengths of up to 3
+    # key blocks (one empty sequence), a sink, a left window and a soft cap: every branch of
+    # the combine (a split with no key, a row with only the sink).
+    batch, capacity = 3, 40
+    q = randn(batch, 3, 8, 64, dtype=dtype)
+    k_cache, v_cache = (randn(batch, capacity, 2, 64, dtype=dtype) for _ in range(2))
+    used = torch.tensor([37, 0, 18], dtype=torch.int32, device=DEVICE)
+    options = {"causal": True, "window_size": (20, -1), "softcap": 8.0, "s_aux": randn(8)}
+    return q, k_cache, v_cache, used, options
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 7])
+def test_one_launch_decode_equals_two_launches_and_repeats(attn, ops, monkeypatch, num_splits):
+    # The fused path's last program combines exactly as the reduce kernel did: same code, same
+    # split order, on the same fp32 partials read back (or, with one split, on the values the
+    # partial would have held), so the outputs are equal bit for bit, not merely close. A second
+    # call on the same inputs must repeat the first exactly: a counter left non-zero would make
+    # no program (or the wrong one) combine, leaving the output unwritten.
+    q, k_cache, v_cache, used, options = _decode_inputs()
+
+    def call():
+        return attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=used,
+                                            num_splits=num_splits, return_softmax_lse=True,
+                                            **options)  # fmt: skip
+
+    out, lse = call()
+    again, lse_again = call()
+    assert torch.equal(again, out) and torch.equal(lse_again, lse)
+    counters = ops._current_decode_counters(out.device)
+    if num_splits > 1:
+        assert counters is not None and not counters.any()
+    monkeypatch.setattr(ops, "_DECODE_FUSED", False)
+    two_out, two_lse = call()
+    assert torch.equal(two_out, out) and torch.equal(two_lse, lse)
+    want, want_lse = _expected(q, k_cache, v_cache, used.tolist(), causal=True, window=(20, -1),
+                               softcap=8.0, sink=options["s_aux"].cpu())  # fmt: skip
+    assert_close(out, want, torch.float32, "out")
+    # The empty sequence's rows see only the sink: finite log-sum-exps everywhere.
+    assert_close(lse, want_lse, torch.float32, "lse", floor=1.0)
+
+
+def test_decode_counters_grow_and_stay_zero(attn, ops):
+    # A call that needs more counters than the buffer holds gets a larger one (the old one kept:
+    # a captured graph may still use it); calls of either size leave all of them at zero.
+    q, k_cache, v_cache, used, options = _decode_inputs()
+    device = q.device
+    # Start from no buffer (an earlier test's, retired, may be larger than this test needs).
+    earlier = ops._decode_counter_buffers.pop(ops._counters_key(device), None)
+    if earlier is not None:
+        ops._retired_counter_buffers.append(earlier)
+    attn.flash_attn_with_kvcache(q[:1], k_cache[:1], v_cache[:1], cache_seqlens=used[:1],
+                                 num_splits=2, **options)  # fmt: skip
+    small = ops._current_decode_counters(device)
+    assert small is not None and small.numel() == 2 and not small.any()  # 1 row tile x 2 kv heads
+    wide = torch.cat([q] * 4)
+    k_wide, v_wide = torch.cat([k_cache] * 4), torch.cat([v_cache] * 4)
+    attn.flash_attn_with_kvcache(wide, k_wide, v_wide, cache_seqlens=torch.cat([used] * 4),
+                                 num_splits=2, **options)  # fmt: skip
+    grown = ops._current_decode_counters(device)
+    assert grown is not small and grown.numel() >= 12 * 2 and not grown.any()
+    assert any(t is small for t in ops._retired_counter_buffers)
 
 
 def test_kvcache_int_seqlens_and_whole_cache(attn):
@@ -212,3 +295,89 @@ def test_kvcache_cuda_graph(attn):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(got, want)
+
+
+def _pool_of(address: int):
+    # The memory pool id of the caching allocator's segment holding address ((0, 0): the
+    # ordinary pool; a CUDA graph's private pool otherwise).
+    for segment in torch.cuda.memory_snapshot():
+        if segment["address"] <= address < segment["address"] + segment["total_size"]:
+            return tuple(segment.get("segment_pool_id", (0, 0)))
+    return None
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the GPU runs the split programs at once")
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [0, 16, 64])
+def test_one_launch_decode_at_size_is_repeatable(attn, ops, monkeypatch, num_splits):
+    # The issue's decode shapes, ragged, programs of every split running at once (in no fixed
+    # order) and the last of each row tile combining: every call equals the two-launch path's
+    # output bit for bit (a partial read before it was written, or read stale, would not), and
+    # the counters are all back at zero after each.
+    used = [4096, 1, 3000, 17, 2048, 4095, 0, 999]
+    q = randn(8, 1, 32, 128, dtype=torch.bfloat16)
+    k_cache, v_cache = (randn(8, 4096, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    lengths = torch.tensor(used, dtype=torch.int32, device=DEVICE)
+
+    def call():
+        return attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                            causal=True, num_splits=num_splits,
+                                            return_softmax_lse=True)  # fmt: skip
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ops, "_DECODE_FUSED", False)
+        want, want_lse = call()
+    for _ in range(20):
+        out, lse = call()
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    torch.cuda.synchronize()
+    counters = ops._current_decode_counters(q.device)
+    assert counters is not None and not counters.any()
+    assert _pool_of(counters.data_ptr()) == (0, 0)
+    # Another stream counts in counters of its own.
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out, _ = call()
+        mine = ops._current_decode_counters(q.device)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(out, want)
+    assert mine is not None and mine.data_ptr() != counters.data_ptr()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
+def test_decode_counters_made_during_capture(attn, ops):
+    # The first call on a stream is a graph capture's: its counters are made then, their zeros
+    # a memset of the graph; a call on that stream before the first replay must zero them
+    # itself, and the replays leave them at zero.
+    q = randn(2, 1, 32, 128, dtype=torch.bfloat16)
+    k_cache, v_cache = (randn(2, 2048, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    used = torch.tensor([2000, 333], dtype=torch.int32, device=DEVICE)
+
+    def call():
+        return attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=used,
+                                            causal=True, num_splits=8)  # fmt: skip
+
+    want = call()  # compiles the kernels on the current stream, outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        # Streams come from a pool: forget any counters this one had (a graph of an earlier
+        # test may still hold them, so they stay alive among the retired).
+        earlier = ops._decode_counter_buffers.pop(ops._counters_key(q.device), None)
+    if earlier is not None:
+        ops._retired_counter_buffers.append(earlier)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        got = call()
+    with torch.cuda.stream(stream):
+        counters = ops._current_decode_counters(q.device)
+        assert counters is not None
+        counters.fill_(5)  # what the memory may hold before the graph's memset has run
+        assert torch.equal(call(), want)
+        for _ in range(3):
+            graph.replay()
+            assert torch.equal(got, want)
+    torch.cuda.synchronize()
+    assert not counters.any()

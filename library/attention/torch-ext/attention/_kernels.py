@@ -607,25 +607,95 @@ def _bwd_dq_kernel(
              mask=m_mask[:, None] & dq_mask[None, :])  # fmt: skip
 
 
+# How a decode split program finishes (the COMBINE constexpr of _decode_split_kernel).
+DECODE_PARTIAL = 0  # write its partial only; _decode_reduce_kernel combines (two launches)
+DECODE_LAST = 1  # write its partial; the last program of its rows to finish combines them
+DECODE_DIRECT = 2  # the only split: write OUT and LSE itself
+
+
+@triton.jit
+def _decode_merge_start(SINK, heads, r_mask, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+                        HAS_SINK: tl.constexpr):  # fmt: skip
+    # The running (max, sum, output) of a merge by log-sum-exps, natural units. The sink is a
+    # logit of its own: the max starts there with a sum of exp(0) = 1 and no output.
+    if HAS_SINK:
+        m_i = tl.load(SINK + heads, mask=r_mask, other=0.0).to(tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    else:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _decode_merge(m_i, l_i, acc, lse_s, out_s):
+    # One split (normalised output out_s, log-sum-exp lse_s, -inf where it saw no key) merged.
+    m_new = tl.maximum(m_i, lse_s)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    weight = tl.exp(lse_s - m_safe)
+    acc = acc * alpha[:, None] + weight[:, None] * out_s
+    l_i = l_i * alpha + weight
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _decode_merge_store(m_i, l_i, acc, OUT, LSE, b, offs_i, heads, r_mask, offs_dv, dv_mask,
+                        stride_ob, stride_os, stride_oh, stride_lb, stride_lh):  # fmt: skip
+    # A row with no mass (no key, no sink) gets output 0 and log-sum-exp +inf.
+    has_mass = l_i > 0.0
+    out = acc / tl.where(has_mass, l_i, 1.0)[:, None]
+    lse = tl.where(has_mass, m_i + tl.log(tl.where(has_mass, l_i, 1.0)), float("inf"))
+    o_rows = b.to(tl.int64) * stride_ob + offs_i * stride_os + heads * stride_oh
+    tl.store(OUT + o_rows[:, None] + offs_dv[None, :], out.to(OUT.dtype.element_ty),
+             mask=r_mask[:, None] & dv_mask[None, :])  # fmt: skip
+    tl.store(LSE + b.to(tl.int64) * stride_lb + heads * stride_lh + offs_i, lse, mask=r_mask)
+
+
+@triton.jit
+def _decode_combine(
+    OUT_P, LSE_P, SINK, OUT, LSE, pid_bh, b, offs_r, offs_i, heads, r_mask, offs_dv, dv_mask,
+    stride_ob, stride_os, stride_oh, stride_lb, stride_lh, n_rows, num_splits,
+    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+):  # fmt: skip
+    # Every split's partial of these rows (and the sink) merged in split order, whichever
+    # program runs it, so the result is deterministic. The loads skip L1 (.cg): in the fused
+    # path other SMs wrote the partials during this launch, and a line of them in this SM's L1
+    # could be stale.
+    m_i, l_i, acc = _decode_merge_start(SINK, heads, r_mask, BLOCK_M, BLOCK_DV, HAS_SINK)
+    for split in range(0, num_splits):
+        part = (pid_bh * num_splits + split).to(tl.int64) * n_rows + offs_r
+        lse_s = tl.load(LSE_P + part, mask=r_mask, other=float("-inf"), cache_modifier=".cg")
+        out_s = tl.load(OUT_P + part[:, None] * HEAD_DIM_V + offs_dv[None, :],
+                        mask=r_mask[:, None] & dv_mask[None, :], other=0.0,
+                        cache_modifier=".cg")  # fmt: skip
+        m_i, l_i, acc = _decode_merge(m_i, l_i, acc, lse_s, out_s)
+    _decode_merge_store(m_i, l_i, acc, OUT, LSE, b, offs_i, heads, r_mask, offs_dv, dv_mask,
+                        stride_ob, stride_os, stride_oh, stride_lb, stride_lh)  # fmt: skip
+
+
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, OUT_P, LSE_P, SEQUSED_K, BLOCK_TABLE,
+    Q, K, V, OUT_P, LSE_P, SEQUSED_K, BLOCK_TABLE, SINK, OUT, LSE, COUNTERS,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_bt,
+    stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
     seqlen_q, n_kv_heads, group, num_splits,
     logit_scale, cap_log2, window_left, window_right,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    HAS_SINK: tl.constexpr, DOT_PRECISION: tl.constexpr, COMBINE: tl.constexpr,
 ):  # fmt: skip
-    # Flash-decoding, step 1: one program per (split of the keys, tile of rows, batch x kv head).
+    # Flash-decoding: one program per (split of the keys, tile of rows, batch x kv head).
     # Its rows are every query of every query head of one kv head (row r: query r // group,
     # head hk * group + r % group), so that a block of keys and values is read once for the
     # whole group. It writes its split's normalised output and log-sum-exp (-inf where it saw
-    # no key); _decode_reduce_kernel combines the splits.
+    # no key) to OUT_P / LSE_P; what combines the splits is the COMBINE mode's (DECODE_*).
     split = tl.program_id(0)
     tile = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -669,10 +739,40 @@ def _decode_split_kernel(
     has_mass = l_i > 0.0
     out = acc / tl.where(has_mass, l_i, 1.0)[:, None]
     lse = tl.where(has_mass, m_i * LN2 + tl.log(tl.where(has_mass, l_i, 1.0)), float("-inf"))
-    part = (pid_bh * num_splits + split).to(tl.int64) * n_rows + offs_r
-    tl.store(OUT_P + part[:, None] * HEAD_DIM_V + offs_dv[None, :], out,
-             mask=r_mask[:, None] & dv_mask[None, :])  # fmt: skip
-    tl.store(LSE_P + part, lse, mask=r_mask)
+    if COMBINE == 2:  # DECODE_DIRECT
+        # The one split is merged with the sink here, by the same arithmetic as the combine of
+        # a partial read back (so the result equals the two-kernel path's bit for bit).
+        m_c, l_c, acc_c = _decode_merge_start(SINK, heads, r_mask, BLOCK_M, BLOCK_DV, HAS_SINK)
+        m_c, l_c, acc_c = _decode_merge(m_c, l_c, acc_c, lse, out)
+        _decode_merge_store(
+            m_c, l_c, acc_c, OUT, LSE, b, offs_i, heads, r_mask, offs_dv, dv_mask, stride_ob,
+            stride_os, stride_oh, stride_lb, stride_lh,
+        )  # fmt: skip
+    else:
+        part = (pid_bh * num_splits + split).to(tl.int64) * n_rows + offs_r
+        tl.store(OUT_P + part[:, None] * HEAD_DIM_V + offs_dv[None, :], out,
+                 mask=r_mask[:, None] & dv_mask[None, :])  # fmt: skip
+        tl.store(LSE_P + part, lse, mask=r_mask)
+        if COMBINE == 1:  # DECODE_LAST
+            # The split-K semaphore: a counter per (tile, batch x kv head) that each split's
+            # program bumps once its partial is stored; the one that sees num_splits - 1 is the
+            # last, and every other split's partial is visible to it. The barrier orders every
+            # thread's stores before the atomic, which one thread runs (its result reaches the
+            # others through shared memory, behind another barrier): its release publishes the
+            # stores at GPU scope, and in the last program its acquire orders the reads of the
+            # combine after every other program's release. That program puts the counter back
+            # to 0 for the next launch (a CUDA graph's replays included, where nothing on the
+            # host could zero it).
+            tl.debug_barrier()
+            counter = COUNTERS + pid_bh * tl.num_programs(1) + tile
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                _decode_combine(
+                    OUT_P, LSE_P, SINK, OUT, LSE, pid_bh, b, offs_r, offs_i, heads, r_mask,
+                    offs_dv, dv_mask, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                    n_rows, num_splits, HEAD_DIM_V, BLOCK_DV, BLOCK_M, HAS_SINK,
+                )  # fmt: skip
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -683,8 +783,8 @@ def _decode_reduce_kernel(
     HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_SINK: tl.constexpr,
 ):  # fmt: skip
-    # Flash-decoding, step 2: each row's splits (and its sink, a logit of its own) combined by
-    # their log-sum-exps, in split order (deterministic).
+    # Flash-decoding's second launch (DECODE_PARTIAL): each row's splits (and its sink)
+    # combined by their log-sum-exps, as the fused path's last program does.
     tile = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_kv_heads
@@ -696,29 +796,8 @@ def _decode_reduce_kernel(
     heads = hk * group + offs_r % group
     offs_dv = tl.arange(0, BLOCK_DV)
     dv_mask = offs_dv < HEAD_DIM_V
-    if HAS_SINK:
-        m_i = tl.load(SINK + heads, mask=r_mask, other=0.0).to(tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
-    else:
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for split in range(0, num_splits):
-        part = (pid_bh * num_splits + split).to(tl.int64) * n_rows + offs_r
-        lse_s = tl.load(LSE_P + part, mask=r_mask, other=float("-inf"))
-        out_s = tl.load(OUT_P + part[:, None] * HEAD_DIM_V + offs_dv[None, :],
-                        mask=r_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
-        m_new = tl.maximum(m_i, lse_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        weight = tl.exp(lse_s - m_safe)
-        acc = acc * alpha[:, None] + weight[:, None] * out_s
-        l_i = l_i * alpha + weight
-        m_i = m_new
-    has_mass = l_i > 0.0
-    out = acc / tl.where(has_mass, l_i, 1.0)[:, None]
-    lse = tl.where(has_mass, m_i + tl.log(tl.where(has_mass, l_i, 1.0)), float("inf"))
-    o_rows = b.to(tl.int64) * stride_ob + offs_i * stride_os + heads * stride_oh
-    tl.store(OUT + o_rows[:, None] + offs_dv[None, :], out.to(OUT.dtype.element_ty),
-             mask=r_mask[:, None] & dv_mask[None, :])  # fmt: skip
-    tl.store(LSE + b.to(tl.int64) * stride_lb + heads * stride_lh + offs_i, lse, mask=r_mask)
+    _decode_combine(
+        OUT_P, LSE_P, SINK, OUT, LSE, pid_bh, b, offs_r, offs_i, heads, r_mask, offs_dv, dv_mask,
+        stride_ob, stride_os, stride_oh, stride_lb, stride_lh, n_rows, num_splits, HEAD_DIM_V,
+        BLOCK_DV, BLOCK_M, HAS_SINK,
+    )  # fmt: skip

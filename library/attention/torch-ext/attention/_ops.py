@@ -18,16 +18,22 @@ forward's mask from the seed it saved; ``dropout_keep_mask`` runs the same code 
 A call with at most ``DECODE_MAX_QUERIES`` queries a sequence (dense or over a KV cache, no
 dropout) takes the split-KV (flash-decoding) path, ``_decode``: the keys are cut into
 ``decode_splits`` chunks, one program each (per batch row, kv head and tile of the group's query
-rows), and a second kernel combines the chunks by their log-sum-exps.
+rows), in one launch. Each program writes its chunk's partial output and log-sum-exp, then bumps
+a counter of its rows (a split-K semaphore); the last program of those rows to finish combines
+the chunks by their log-sum-exps and puts the counter back to zero. With one chunk the program
+writes the output itself. The counters are kept per device and CUDA stream
+(``_decode_counters``). ``_decode(..., fused=False)`` (``_DECODE_FUSED`` for calls through the
+op) runs the former two launches instead, the second combining the chunks: kept for benchmarks.
 """
 
 import functools
 import math
+import threading
 
 import torch
 
 from . import _kernels as K
-from ._library import launch, next_power_of_2, op_name
+from ._library import _current_device, _current_stream, launch, next_power_of_2, op_name
 from ._tuning import (
     BACKWARD,
     DECODE,
@@ -129,8 +135,91 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+# The fused decode path's split-K counters, one int32 per (row tile, batch x kv head) of a call.
+# A launch leaves every counter it used at zero (the last program of each row tile resets its
+# own), so a buffer is zeroed once, when made, and never again: nothing on the host may zero it
+# between the replays of a CUDA graph, which bake its address in. Kept per CUDA stream, because two
+# launches running at once must not count in the same counters, and a stream's launches run one
+# after another; on the CPU (the interpreter, one program at a time) per device. A graph uses
+# the buffer of the stream it was captured on, wherever it is replayed: graphs captured on one
+# stream must not be replayed at once on different streams.
+_decode_counter_buffers: dict[tuple, torch.Tensor] = {}
+# Buffers replaced by larger ones: a captured graph may still write to them.
+_retired_counter_buffers: list[torch.Tensor] = []
+# Keys of buffers made during a capture, whose zeros are in the graph (see _decode_counters).
+_unzeroed_counter_buffers: set[tuple] = set()
+#: Whether calls through the op take the one-launch decode path (else split and reduce kernels;
+#: benchmarks time both in one process). Private: not an option of the public functions.
+_DECODE_FUSED = True
+
+
+def _counters_key(device: torch.device) -> tuple:
+    if device.type != "cuda":
+        return (device.type, device.index)
+    index = device.index if device.index is not None else _current_device()
+    return (device.type, index, _current_stream(index))
+
+
+def _zeroed_outside_graphs(n: int, device: torch.device) -> torch.Tensor:
+    # Made on a thread of its own, on a stream of its own, and zeroed there before the call goes
+    # on: memory that outlives the call must not come from a CUDA-graph tree's pool (under
+    # torch.compile's CUDA graphs every allocation of the recording thread goes there, even in
+    # the eager warm-up, and the trees hand that memory out again as they see fit).
+    made: list = []
+
+    def make() -> None:
+        try:
+            with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
+                made.append(torch.zeros(n, dtype=torch.int32, device=device))
+                torch.cuda.current_stream(device).synchronize()
+        except BaseException as exc:  # re-raised on the caller's thread
+            made.append(exc)
+
+    thread = threading.Thread(target=make, name="attention-decode-counters")
+    thread.start()
+    thread.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
+
+
+def _decode_counters(device: torch.device, n: int) -> torch.Tensor:
+    # At least n counters of device (and current stream), all zero between calls.
+    key = _counters_key(device)
+    counters = _decode_counter_buffers.get(key)
+    if counters is not None and counters.numel() >= n:
+        if key in _unzeroed_counter_buffers and not torch.cuda.is_current_stream_capturing():
+            counters.zero_()
+            _unzeroed_counter_buffers.discard(key)
+        return counters
+    if counters is not None:
+        _retired_counter_buffers.append(counters)
+    size = next_power_of_2(n)
+    if device.type != "cuda":
+        counters = torch.zeros(size, dtype=torch.int32, device=device)
+    elif torch.cuda.is_current_stream_capturing():
+        # A capture (torch.cuda.graph's, which forbids the allocating thread of
+        # _zeroed_outside_graphs) on a stream that has no counters yet: the buffer comes from the
+        # graph's pool, held for good so no other allocation gets it, and its memset is captured
+        # too, so its zeros exist once the graph has run; a call outside a capture zeroes it
+        # first, in case it comes before that.
+        counters = torch.zeros(size, dtype=torch.int32, device=device)
+        _unzeroed_counter_buffers.add(key)
+    else:
+        counters = _zeroed_outside_graphs(size, device)
+    _decode_counter_buffers[key] = counters
+    return counters
+
+
+def _current_decode_counters(device: torch.device) -> torch.Tensor | None:
+    """For tests: the decode counters that a call on ``device`` (and, on CUDA, the current
+    stream) would use now, or None before the first call that needs them."""
+    return _decode_counter_buffers.get(_counters_key(device))
+
+
 def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logit_scale,
-            cap_log2, window_left, window_right, softcap, num_splits) -> None:  # fmt: skip
+            cap_log2, window_left, window_right, softcap, num_splits,
+            fused: bool = True) -> None:  # fmt: skip
     device = q.device
     batch, seqlen_q, n_heads, d_qk = q.shape
     n_kv_heads, d_v = k.shape[2], v.shape[3]
@@ -144,28 +233,46 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
     if num_splits <= 0:
         sms = 1 if on_cpu else _sm_count(device.index if device.index is not None else 0)
         num_splits = decode_splits(batch * n_kv_heads * tiles, max_seqlen_k, sms)
-    part_out = torch.empty((batch * n_kv_heads, num_splits, rows, d_v), dtype=torch.float32,
-                           device=device)  # fmt: skip
-    part_lse = torch.empty((batch * n_kv_heads, num_splits, rows), dtype=torch.float32,
-                           device=device)  # fmt: skip
-    page_size = k.shape[1] if block_table is not None else 1
+    if not fused:
+        combine = K.DECODE_PARTIAL
+    elif num_splits == 1:
+        combine = K.DECODE_DIRECT
+    else:
+        combine = K.DECODE_LAST
     null = _null(device)
+    if combine == K.DECODE_DIRECT:
+        part_out = part_lse = counters = null
+    else:
+        part_out = torch.empty((batch * n_kv_heads, num_splits, rows, d_v), dtype=torch.float32,
+                               device=device)  # fmt: skip
+        part_lse = torch.empty((batch * n_kv_heads, num_splits, rows), dtype=torch.float32,
+                               device=device)  # fmt: skip
+        counters = (
+            _decode_counters(device, tiles * batch * n_kv_heads)
+            if combine == K.DECODE_LAST
+            else null
+        )
+    page_size = k.shape[1] if block_table is not None else 1
+    sink = s_aux if s_aux is not None else null
     args = (
         q, k, v, part_out, part_lse, seqused_k,
-        block_table if block_table is not None else null,
+        block_table if block_table is not None else null, sink, out, lse, counters,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         block_table.stride(0) if block_table is not None else 0,
+        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         seqlen_q, n_kv_heads, group, num_splits,
         logit_scale, cap_log2, max(window_left, 0), max(window_right, 0),
         d_qk, d_v, next_power_of_2(d_qk), next_power_of_2(d_v), block_m, cfg.block_n,
         block_table is not None, page_size, window_left >= 0, window_right >= 0, softcap > 0.0,
-        _dot_precision(q.dtype, device),
+        s_aux is not None, _dot_precision(q.dtype, device), combine,
     )  # fmt: skip
     _run(K._decode_split_kernel, (num_splits, tiles, batch * n_kv_heads), args, cfg, device)
+    if combine != K.DECODE_PARTIAL:
+        return
     args = (
-        part_out, part_lse, s_aux if s_aux is not None else null, out, lse,
+        part_out, part_lse, sink, out, lse,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         seqlen_q, n_kv_heads, group, num_splits,
         d_v, next_power_of_2(d_v), block_m, s_aux is not None,
@@ -225,7 +332,8 @@ def forward(
         if seqused_k is None:
             seqused_k = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=device)
         _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logit_scale,
-                cap_log2, window_left, window_right, softcap, num_splits)  # fmt: skip
+                cap_log2, window_left, window_right, softcap, num_splits,
+                _DECODE_FUSED)  # fmt: skip
         return out, lse
     cfg = config(
         FORWARD, next_power_of_2(max(d_qk, d_v)), device.type != "cuda", q.dtype == torch.float32
