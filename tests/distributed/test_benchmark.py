@@ -52,6 +52,8 @@ def time_tiny_contenders():
             losses = [r["first_loss"] for r in results[:2]]
             assert abs(losses[0] - losses[1]) < 1e-4 * losses[0], (engine, losses)
             assert all(r["step_ms"] > 0 and r["tokens_per_s"] > 0 for r in results[:2])
+            # each counted round's time is kept, for the paired targets
+            assert all(r["step_ms_rounds"] == [r["step_ms"]] for r in results[:2]), results
             # fsdp2: two ranks, each its own batch; tp: one batch shared.
             tokens = 2 * 8 * (2 if engine == "fsdp2" else 1)
             eager = results[0]
@@ -146,3 +148,50 @@ def test_report_names_each_runs_day_where_they_differ():
     four["meta"] = {**four["meta"], "date": "2026-11-27"}
     table = benchmark.markdown([one, four])
     assert "Runs of different days: 1 rank(s) 2026-11-26; 4 rank(s) 2026-11-27." in table, table
+
+
+def test_targets_take_the_fastest_of_ours_within_the_lowest_peers_peak():
+    # ours is the fastest but over Liger's peak; ours with the fused loss is within it, so it
+    # is the one held to the speed target (a user who wants both would pick it).
+    entry = _entry(
+        2,
+        {
+            "eager": (1000, 9.0),
+            "ours (kernelized)": (1300, 6.5),
+            "ours (kernelized, fused CE)": (1250, 5.5),
+            "liger (fused linear CE)": (900, 6.4),
+            "torch.compile": (1200, 6.8),
+        },
+    )
+    lines = benchmark.target_lines({2: entry})
+    assert lines[0].startswith("- 2 ranks: met: ours (kernelized, fused CE) 1250 tok/s at 5.5"), (
+        lines
+    )
+    assert "(medians)" in lines[0]
+
+
+def _rounds(entry, contender, rounds):
+    row = next(r for r in entry["results"] if r["contender"] == contender)
+    row["step_ms_rounds"] = rounds
+
+
+def test_targets_compare_ours_and_the_fastest_peer_round_by_round():
+    entry = _entry(2, {"ours (kernelized)": (1000, 5.0), "torch.compile": (1001, 6.0)})
+    # ours' median is the slower, in 7 of 12 rounds: a sign test cannot tell that from chance
+    _rounds(entry, "ours (kernelized)", [10.1] * 7 + [9.9] * 5)
+    _rounds(entry, "torch.compile", [10.0] * 12)
+    (line,) = benchmark.target_lines({2: entry})
+    assert line.startswith("- 2 ranks: TIE: ours (kernelized)"), line
+    assert "paired ratio 1.010, slower in 7 of 12 rounds: TIE" in line
+    # slower in 11 of 12: a FAIL, the target not met
+    _rounds(entry, "ours (kernelized)", [10.1] * 11 + [9.9])
+    (line,) = benchmark.target_lines({2: entry})
+    assert line.startswith("- 2 ranks: NOT met:"), line
+    # faster in most rounds: met, though the medians alone would say otherwise
+    _rounds(entry, "ours (kernelized)", [9.9] * 7 + [10.1] * 5)
+    (line,) = benchmark.target_lines({2: entry})
+    assert line.startswith("- 2 ranks: met:"), line
+    # a peak above the lowest peer's fails the target whatever the speed
+    entry["results"][0]["peak_gib"] = 6.5
+    (line,) = benchmark.target_lines({2: entry})
+    assert line.startswith("- 2 ranks: NOT met:"), line
