@@ -32,8 +32,11 @@ attention): ``eager``, ``ours (kernelized)`` and ``ours (kernelized, fused CE)``
 kernelized for training before sharding), ``liger (no fused CE)`` and ``liger (fused linear
 CE)`` (``apply_liger_kernel_to_llama``), and ``torch.compile``: the eager model sharded, then
 ``torch.compile``'d; ``ours (kernelized + compile, fused CE)``: kernelized for ``TRAINING |
-TORCH_COMPILE`` with the fused loss, sharded, then ``torch.compile``'d. A contender whose
-set-up or first step raises (compiling a sharded model, Liger on DTensors) is recorded with its
+TORCH_COMPILE`` with the fused loss, sharded, then ``torch.compile``'d; under FSDP2 both of these
+also with each decoder layer compiled (``fullgraph=True``) before sharding instead
+(``torch.compile (each decoder layer)``, ``ours (kernelized + compile of each decoder layer,
+fused CE)``), FSDP2's own compile recipe (torchtitan's): a whole-model compile breaks its graph
+at every FSDP2 hook. A contender whose set-up or first step raises (compiling a sharded model, Liger on DTensors) is recorded with its
 error and left out of the timing, on every rank.
 
 Measured, in interleaved rounds as in e2e.py (each round runs every contender once, in rotating
@@ -73,21 +76,32 @@ from benchmarks.results_io import (
 
 COMPILED = "torch.compile"
 OURS_COMPILED = e2e.OURS_COMPILED
-#: The contenders timed by default (e2e.py's names). The compiled ones are built, sharded, then
-#: torch.compile'd (`COMPILED_AFTER_SHARDING`): COMPILED the eager model, OURS_COMPILED ours
-#: kernelized for TRAINING | TORCH_COMPILE with the fused loss.
+COMPILED_LAYERS = "torch.compile (each decoder layer)"
+OURS_COMPILED_LAYERS = "ours (kernelized + compile of each decoder layer, fused CE)"
+#: The contenders timed by default (e2e.py's names, and two of FSDP2's own compile recipe). The
+#: compiled ones are built, then compiled in one of two ways: sharded, then torch.compile'd whole
+#: (`COMPILED_AFTER_SHARDING`: COMPILED the eager model, OURS_COMPILED ours kernelized for
+#: TRAINING | TORCH_COMPILE with the fused loss), or each decoder layer compiled with
+#: ``fullgraph=True`` before sharding (`COMPILED_PER_LAYER`, FSDP2 only), as torchtitan compiles
+#: a model it shards: FSDP2's hooks stay outside the compiled layers, where a whole-model
+#: compile breaks its graph at each of them and runs parts of the model eagerly.
 CONTENDERS = (
     "eager",
     "ours (kernelized)",
     "ours (kernelized, fused CE)",
     OURS_COMPILED,
+    OURS_COMPILED_LAYERS,
     "liger (no fused CE)",
     "liger (fused linear CE)",
     COMPILED,
+    COMPILED_LAYERS,
 )
-OURS = ("ours (kernelized)", "ours (kernelized, fused CE)", OURS_COMPILED)
+OURS = ("ours (kernelized)", "ours (kernelized, fused CE)", OURS_COMPILED, OURS_COMPILED_LAYERS)
 COMPILED_AFTER_SHARDING = (COMPILED, OURS_COMPILED)
+COMPILED_PER_LAYER = (COMPILED_LAYERS, OURS_COMPILED_LAYERS)
 ENGINES = ("fsdp2", "tp")
+#: torch.compile's backend for the compiled contenders (tests on the CPU take "aot_eager").
+COMPILE_BACKEND = "inductor"
 
 
 def shard(model, mesh, reshard_after_forward: bool = True):
@@ -145,6 +159,17 @@ def tensor_parallel_plan(model) -> dict:
             ),
         }
     return plan
+
+
+def compile_decoder_layers(model) -> None:
+    """Each decoder layer of ``model`` replaced by itself ``torch.compile``'d with
+    ``fullgraph=True`` (a layer that cannot be traced whole raises at its first call instead of
+    running partly eagerly), in place, before sharding."""
+    import torch
+
+    layers = model.model.layers
+    for index, layer in enumerate(layers):
+        layers[index] = torch.compile(layer, backend=COMPILE_BACKEND, fullgraph=True)
 
 
 def parallelize(model, engine: str, mesh, reshard_after_forward: bool = True):
@@ -315,8 +340,10 @@ def default_makers() -> dict:
     rank's GPU, but uncompiled for the contenders `run` compiles after sharding."""
     state = {k: v.detach().clone() for k, v in e2e.build().state_dict().items()}
     makers = e2e.contender_makers(state)
-    makers[COMPILED] = makers["eager"]
-    makers[OURS_COMPILED] = lambda: e2e.build_ours(state, True, fused_ce=True, compile_model=False)
+    makers[COMPILED] = makers[COMPILED_LAYERS] = makers["eager"]
+    makers[OURS_COMPILED] = makers[OURS_COMPILED_LAYERS] = lambda: e2e.build_ours(
+        state, True, fused_ce=True, compile_model=False
+    )
     return makers
 
 
@@ -334,7 +361,8 @@ def run(
     """Build, parallelise under `engine` and time the contenders `names` on this rank (a
     process group is set up); rank 0 stores the results in <out>/results.json and writes
     <out>/results.md. `makers`: {name: build function} (default `default_makers`); the
-    contenders of `COMPILED_AFTER_SHARDING` are compiled here, after sharding."""
+    contenders of `COMPILED_AFTER_SHARDING` are compiled here, after sharding, those of
+    `COMPILED_PER_LAYER` layer by layer before it."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -347,6 +375,12 @@ def run(
     skipped: dict[str, str] = {}
     available = []
     for name in names:
+        if engine == "tp" and name in COMPILED_PER_LAYER:
+            skipped[name] = (
+                "skipped: compiling each decoder layer before sharding is FSDP2's recipe; under "
+                "tp the sharded model is compiled whole"
+            )
+            continue
         if engine == "tp" and name.startswith("liger"):
             # Liger's kernels take lm_head's and the norms' weights as plain tensors; under TP
             # they are DTensors. On two H100s its first step raised (AttributeError in DTensor
@@ -375,9 +409,11 @@ def run(
             untag()
             model = maker()
             state = module_state.capture()
+            if name in COMPILED_PER_LAYER:
+                compile_decoder_layers(model)
             model = parallelize(model, engine, mesh, reshard_after_forward)
             if name in COMPILED_AFTER_SHARDING:  # the sharded model, compiled at its first step
-                model = torch.compile(model)
+                model = torch.compile(model, backend=COMPILE_BACKEND)
             contenders[name] = (model, state)
         except Exception as exc:  # recorded in the results instead of ending the run
             errors[name] = _error(exc)

@@ -77,8 +77,55 @@ def time_tiny_contenders():
             shutil.rmtree(out, ignore_errors=True)
 
 
+def _ours_for_compile():
+    model = build(device())
+    kernelize_with_library(model, compiled=True)
+    return model
+
+
+def time_layer_compiled_contenders():
+    """FSDP2's compile recipe: each decoder layer compiled whole before sharding, for the eager
+    model and for ours kernelized for TORCH_COMPILE; both train the same model as eager does (a
+    layer that could not be traced whole would raise and be recorded as an error). Under tp
+    they are recorded as skipped, with the reason."""
+    makers = {
+        "eager": lambda: build(device()),
+        benchmark.COMPILED_LAYERS: lambda: build(device()),
+        benchmark.OURS_COMPILED_LAYERS: _ours_for_compile,
+    }
+    folder = [tempfile.mkdtemp() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(folder, src=0)
+    out = Path(folder[0])
+    backend = benchmark.COMPILE_BACKEND
+    benchmark.COMPILE_BACKEND = "aot_eager"  # inductor's CPU code takes minutes to build
+    try:
+        results = benchmark.run(
+            "2x8", out, list(makers), engine="fsdp2", rounds=1, warmup=0, makers=makers
+        )
+        assert all("error" not in r for r in results), results
+        losses = [r["first_loss"] for r in results]
+        assert max(losses) - min(losses) < 1e-4 * losses[0], losses
+        results = benchmark.run(
+            "2x8", out, list(makers), engine="tp", rounds=1, warmup=0, makers=makers
+        )
+        assert "error" not in results[0], results
+        for row in results[1:]:
+            assert row["error"].startswith("skipped: compiling each decoder layer"), row
+    finally:
+        benchmark.COMPILE_BACKEND = backend
+        clean_up()
+        dist.barrier()
+        if dist.get_rank() == 0:
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+
+
 #: Run in test_engines.py's two-rank job (`JOBS`), which pays process start and imports once.
-CASES = {"time-tiny-contenders": time_tiny_contenders}
+CASES = {
+    "time-tiny-contenders": time_tiny_contenders,
+    "time-layer-compiled-contenders": time_layer_compiled_contenders,
+}
 
 
 def _entry(world: int, rows: dict, engine="fsdp2") -> dict:
