@@ -464,6 +464,8 @@ def run_meta(device, rounds: int, warmup: int) -> dict:
         "backend": dist.get_backend(),
         "device": torch.cuda.get_device_name() if device.type == "cuda" else device.type,
         "date": datetime.date.today().isoformat(),
+        # Each call of the benchmark may get another machine: runs are told apart by this.
+        "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "triton": e2e._version("triton"),
@@ -567,19 +569,21 @@ def target_lines(by_world: dict[int, dict]) -> list[str]:
 
 
 def _run_dates_line(by_world: dict[int, dict]) -> list[str]:
-    """A line naming each world size's run date where they differ: each call of the benchmark
-    may get another machine, and a scaling efficiency across two runs compares machines too."""
-    dates: dict[str, list[int]] = {}
+    """A line naming each world size's run where they come from separate runs (their start, or
+    their date for results kept before starts were): each call of the benchmark may get another
+    machine, and a scaling efficiency across two runs compares machines too."""
+    runs: dict[str, list[int]] = {}
     for world, entry in sorted(by_world.items()):
-        dates.setdefault(entry["meta"]["date"], []).append(world)
-    if len(dates) < 2:
+        meta = entry["meta"]
+        runs.setdefault(meta.get("started") or meta["date"], []).append(world)
+    if len(runs) < 2:
         return []
-    runs = "; ".join(
-        f"{' and '.join(str(w) for w in worlds)} rank(s) {date}" for date, worlds in dates.items()
+    named = "; ".join(
+        f"{' and '.join(str(w) for w in worlds)} rank(s) {when}" for when, worlds in runs.items()
     )
     return [
         "",
-        f"Runs of different days: {runs}. Each run may have had another machine, so a scaling "
+        f"Separate runs: {named}. Each run may have had another machine, so a scaling "
         "efficiency between two of them compares the machines too.",
     ]
 

@@ -189,12 +189,19 @@ def _group_of(entries):
     return next(iter(benchmark._group(entries).values()))
 
 
-def test_report_names_each_runs_day_where_they_differ():
+def test_report_names_each_run_where_they_differ():
     one, four = _entry(1, {"eager": (1000, 20.0)}), _entry(4, {"eager": (3000, 8.0)})
-    assert "Runs of different days" not in benchmark.markdown([one, four])
+    assert "Separate runs" not in benchmark.markdown([one, four])
     four["meta"] = {**four["meta"], "date": "2026-11-27"}
     table = benchmark.markdown([one, four])
-    assert "Runs of different days: 1 rank(s) 2026-11-26; 4 rank(s) 2026-11-27." in table, table
+    assert "Separate runs: 1 rank(s) 2026-11-26; 4 rank(s) 2026-11-27." in table, table
+    # the same day, two calls (two machines, maybe): told apart by their start
+    one["meta"] = {**one["meta"], "date": "2026-11-27", "started": "2026-11-27 10:17 UTC"}
+    four["meta"] = {**four["meta"], "started": "2026-11-27 10:43 UTC"}
+    table = benchmark.markdown([one, four])
+    assert "Separate runs: 1 rank(s) 2026-11-27 10:17 UTC; 4 rank(s) 2026-11-27 10:43" in table
+    four["meta"]["started"] = one["meta"]["started"]
+    assert "Separate runs" not in benchmark.markdown([one, four])
 
 
 def test_targets_take_the_fastest_of_ours_within_the_lowest_peers_peak():
