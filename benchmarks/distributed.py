@@ -36,8 +36,8 @@ TORCH_COMPILE`` with the fused loss, sharded, then ``torch.compile``'d; under FS
 also with each decoder layer compiled (``fullgraph=True``) before sharding instead
 (``torch.compile (each decoder layer)``, ``ours (kernelized + compile of each decoder layer,
 fused CE)``), FSDP2's own compile recipe (torchtitan's): a whole-model compile breaks its graph
-at every FSDP2 hook. A contender whose set-up or first step raises (compiling a sharded model, Liger on DTensors) is recorded with its
-error and left out of the timing, on every rank.
+at every FSDP2 hook. A contender whose set-up or first step raises (compiling a sharded model,
+Liger on DTensors) is recorded with its error and left out of the timing, on every rank.
 
 Measured, in interleaved rounds as in e2e.py (each round runs every contender once, in rotating
 order, the same on every rank): the wall time of a training step (forward and backward of the
@@ -369,6 +369,7 @@ def run(
 
     from kernels.library import untag
 
+    started = _now()
     batch, seq = (int(v) for v in shape.split("x"))
     if makers is None:
         makers = default_makers()
@@ -443,7 +444,7 @@ def run(
     if dist.get_rank() != 0:
         return results
 
-    meta = run_meta(device, rounds, warmup)
+    meta = run_meta(device, rounds, warmup, started)
     setting = {
         "transformers": transformers_line(meta["transformers"]),
         "engine": engine,
@@ -455,7 +456,11 @@ def run(
     return results
 
 
-def run_meta(device, rounds: int, warmup: int) -> dict:
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def run_meta(device, rounds: int, warmup: int, started: str) -> dict:
     import torch
     import torch.distributed as dist
     import transformers
@@ -465,7 +470,7 @@ def run_meta(device, rounds: int, warmup: int) -> dict:
         "device": torch.cuda.get_device_name() if device.type == "cuda" else device.type,
         "date": datetime.date.today().isoformat(),
         # Each call of the benchmark may get another machine: runs are told apart by this.
-        "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "started": started,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "triton": e2e._version("triton"),
