@@ -14,6 +14,8 @@ Three sections, bf16, 32 query heads and 8 key/value heads (issue 39's measured 
   (half the pairs, plus the diagonal, when causal), forward+backward 3.5 times the forward
   (flash-attn's convention: the backward's five products against the forward's two); % of the
   GPU's dense bf16 peak (``PEAK_TFLOPS``).
+  Ours also with its forward reading q, k and v through tensor descriptors (``ours-tma``, the
+  library's ``_FORWARD_TMA`` forced on), in a table of its own against the pointer loads.
 - ``varlen``: 64 documents of 128-4096 tokens (seeded), packed through
   ``flash_attn_varlen_func`` (causal), against the same documents right-padded to the longest
   and run through each SDPA backend with ``is_causal=True`` (with right padding the causal mask
@@ -71,6 +73,9 @@ SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64]
 SWEEP = "ours-splits-"
 #: Ours with the splits combined by a second launch (what the one-launch kernel replaced).
 TWO_LAUNCHES = "ours-two-launches"
+#: Ours with the forward reading q, k and v through tensor descriptors (TMA; the library's
+#: ``_FORWARD_TMA``, off until this row has measured it).
+OURS_TMA = "ours-tma"
 #: Dense bf16 tensor-core peaks (TFLOP/s, without sparsity) from NVIDIA's datasheets, matched
 #: against torch.cuda.get_device_name() in order (the first name contained wins).
 PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200", 989.4), ("H100", 989.4)]
@@ -248,7 +253,20 @@ def run_dense(attn, batch, seqlen, dim, causal, rep_ms, block) -> list[dict]:
     # Each contender gets its own layout, contiguous: ours (batch, seq, heads, dim), SDPA's
     # (batch, heads, seq, dim).
     sdpa_inputs = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
-    contenders = {OURS: (lambda q, k, v: attn.flash_attn_func(q, k, v, causal=causal), [q, k, v])}
+    ops = import_module(attn.__name__ + "._ops")
+
+    def through_descriptors(q, k, v):
+        # The backward is the same kernels either way; only the forward reads differently.
+        kept, ops._FORWARD_TMA = ops._FORWARD_TMA, True
+        try:
+            return attn.flash_attn_func(q, k, v, causal=causal)
+        finally:
+            ops._FORWARD_TMA = kept
+
+    contenders = {
+        OURS: (lambda q, k, v: attn.flash_attn_func(q, k, v, causal=causal), [q, k, v]),
+        OURS_TMA: (through_descriptors, [t.clone() for t in (q, k, v)]),
+    }
     modes = {}
     for peer in PEERS:
         modes[peer] = gqa_mode(peer, dim, causal)
@@ -261,7 +279,10 @@ def run_dense(attn, batch, seqlen, dim, causal, rep_ms, block) -> list[dict]:
             failed[peer] = why
     with torch.no_grad():
         ours_out = attn.flash_attn_func(q, k, v, causal=causal)
-        peer_outs = {p: contenders[p][0](*sdpa_inputs).transpose(1, 2) for p in fwd if p != OURS}
+        peer_outs = {p: contenders[p][0](*sdpa_inputs).transpose(1, 2) for p in fwd if p in PEERS}
+        tma_err = (
+            relative_error(through_descriptors(q, k, v), ours_out) if OURS_TMA in fwd else None
+        )
     rel = _check(ours_out, peer_outs)
     del peer_outs, ours_out
     times = _timed_rows(fwd, rep_ms, block, "fwd")
@@ -270,7 +291,7 @@ def run_dense(attn, batch, seqlen, dim, causal, rep_ms, block) -> list[dict]:
     flops = attention_flops(batch, seqlen, seqlen, dim, causal)
     key = {"section": "dense", "batch": batch, "seqlen": seqlen, "dim": dim, "causal": causal}
     rows = []
-    for name in [OURS, *PEERS]:
+    for name in [OURS, OURS_TMA, *PEERS]:
         row = {**key, "impl": name, "fwd_flops": flops, "fwd_bwd_flops": FWD_BWD_FACTOR * flops}
         if name in modes:
             row["gqa"] = modes[name][0]
@@ -280,6 +301,8 @@ def run_dense(attn, batch, seqlen, dim, causal, rep_ms, block) -> list[dict]:
             row.update(times[name])
         if name == OURS:
             row["rel_err_vs_sdpa"] = rel
+        if name == OURS_TMA:
+            row["rel_err_vs_ours"] = tma_err
         rows.append(row)
     _print(rows)
     del contenders, fwd, fwd_bwd
@@ -576,6 +599,44 @@ def dense_table(results: list, key: str, peak: float | None) -> list[str]:
     return lines
 
 
+def tma_table(results: list) -> list[str]:
+    """Ours reading q, k and v through tensor descriptors against the pointer loads, dense."""
+    groups = [
+        (key, rows)
+        for key, rows in _groups(results, "dense", ("batch", "seqlen", "dim", "causal"))
+        if OURS_TMA in rows
+    ]
+    if not groups:
+        return []
+    lines = [
+        "### Dense, ours with q, k and v read through tensor descriptors (TMA)",
+        "",
+        "Against the pointer loads (ours above), ms; ratios pointer ms / TMA ms (> 1: TMA "
+        "faster). The backward is the same kernels.",
+        "",
+        "| batch x seq | dim | causal | fwd ms | TMA fwd ms | TMA vs pointer (fwd) | "
+        "fwd+bwd ms | TMA fwd+bwd ms | TMA vs pointer (fwd+bwd) | TMA vs pointer output |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (batch, seqlen, dim, causal), rows in groups:
+        ours, tma = rows.get(OURS), rows[OURS_TMA]
+        err = tma.get("rel_err_vs_ours")
+        cells = [
+            f"{batch}x{seqlen}",
+            str(dim),
+            "yes" if causal else "no",
+            _ms(ours, "fwd"),
+            _ms(tma, "fwd"),
+            ratio(ours, tma, "fwd"),
+            _ms(ours, "fwd_bwd"),
+            _ms(tma, "fwd_bwd"),
+            ratio(ours, tma, "fwd_bwd"),
+            f"{err:.1e}" if err is not None else "—",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def varlen_table(results: list) -> list[str]:
     lines = [
         "### Varlen: packed documents against the same documents padded",
@@ -741,6 +802,8 @@ def write_markdown(meta: dict, results: list, path) -> None:
             *dense_table(results, "fwd_bwd", peak),
             "",
         ]
+        if tma := tma_table(results):
+            lines += [*tma, ""]
     if any(r["section"] == "varlen" for r in results):
         lines += [*varlen_table(results), ""]
     if any(r["section"] == "decode" for r in results):

@@ -127,6 +127,30 @@ def test_rows_of_a_later_run_replace_their_own(tmp_path, monkeypatch):
     assert "| 4x4096 | 128 | yes | 0.500 |" in (tmp_path / "results.md").read_text()
 
 
+def test_tma_rows_get_a_table_of_their_own(tmp_path):
+    rows = _rows()
+    meta = {"device": "GPU", "peak_tflops": None, "date": "d", "torch": "t", "triton": "tr",
+            "timing": "rounds"}  # fmt: skip
+    bench.write_markdown(meta, rows, tmp_path / "results.md")
+    assert "tensor descriptors" not in (tmp_path / "results.md").read_text()
+    # TMA at 0.8 ms against the pointer loads' 1.0: 1.25x, its output 3e-3 off ours.
+    tma = {**rows[0], "impl": bench.OURS_TMA, "fwd_ms": 0.8, "fwd_rounds": [0.8] * 4,
+           "fwd_bwd_ms": 2.5, "fwd_bwd_rounds": [2.5] * 4, "rel_err_vs_ours": 0.003}  # fmt: skip
+    del tma["rel_err_vs_sdpa"]
+    bench.write_markdown(meta, [*rows, tma], tmp_path / "results.md")
+    text = (tmp_path / "results.md").read_text()
+    line = next(
+        x for x in text.splitlines() if x.startswith("| 4x4096 | 128 | yes | 1.000 | 0.800")
+    )
+    assert line == (
+        "| 4x4096 | 128 | yes | 1.000 | 0.800 | 1.25x [1.25-1.25] | 3.000 | 2.500 "
+        "| 1.20x [1.20-1.20] | 3.0e-03 |"
+    ), line
+    # The dense tables still compare ours (the pointer loads) with the SDPA backends alone.
+    dense = next(x for x in text.splitlines() if x.startswith("| 4x4096 | 128 | yes | 1.000 |"))
+    assert dense.endswith("| 0.90x [0.90-0.90] |"), dense
+
+
 def test_sections_of_a_later_run_keep_their_own_dates(tmp_path):
     # Results kept before sections were dated: every section from the kept date, then decode
     # re-run today.

@@ -344,3 +344,110 @@ def test_float32_inputs_take_tiles_of_half_the_rows_and_columns(attn):
             )  # fmt: skip
             assert wide.num_stages == min(cfg.num_stages, 2)
     assert tuning.config(tuning.BACKWARD, 128, on_cpu=True, fp32=True) == tuning.CPU
+
+
+# The forward through tensor descriptors (_ops._FORWARD_TMA), forced on (the interpreter reads
+# descriptors too): (batch, seqlen_q, seqlen_k, heads, kv_heads, dim, dim_v, causal, window,
+# softcap, sink, dtype, layout). Odd lengths (blocks past each tensor's end read as zeros), a
+# head dimension padded from 80, unequal q/k lengths and v dimension, every option, and the
+# transposed layout transformers passes (its strides are 16-byte multiples too).
+TMA_CASES = [
+    pytest.param(2, 17, 17, 4, 2, 64, 64, True, (-1, -1), 0.0, False, BF16, None, id="causal-gqa"),
+    pytest.param(1, 17, 33, 4, 1, 80, 80, True, (-1, -1), 0.0, False, F16, None, id="d80-sq<sk"),
+    pytest.param(1, 33, 17, 4, 4, 64, 32, False, (-1, -1), 0.0, False, F32, None, id="dim-v-32"),
+    pytest.param(1, 33, 33, 4, 2, 64, 64, True, (4, -1), 5.0, True, F32, None, id="options"),
+    pytest.param(
+        2, 17, 17, 4, 2, 64, 64, False, (-1, -1), 0.0, False, F16, "transposed", id="transposed"
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(
+    "batch,seqlen_q,seqlen_k,heads,kv_heads,dim,dim_v,causal,window,softcap,sink,dtype,layout",
+    TMA_CASES,
+)
+def test_forward_through_tensor_descriptors(attn, monkeypatch, batch, seqlen_q, seqlen_k, heads,
+                                            kv_heads, dim, dim_v, causal, window, softcap, sink,
+                                            dtype, layout):  # fmt: skip
+    ops = _ops(attn)
+    q, k, v = _inputs(batch, seqlen_q, seqlen_k, heads, kv_heads, dim, dim_v, dtype, layout)
+    s_aux = randn(heads, scale=2.0).requires_grad_() if sink else None
+    options = {"causal": causal, "window_size": window, "softcap": softcap, "s_aux": s_aux,
+               "return_attn_probs": True}  # fmt: skip
+    pointer_out, pointer_lse, _ = attn.flash_attn_func(q, k, v, **options)
+    monkeypatch.setattr(ops, "_FORWARD_TMA", True)
+    assert ops._forward_tma(q, k, v, None, q.device)
+    out, lse, _ = attn.flash_attn_func(q, k, v, **options)
+    # The same arithmetic on the same values as the pointer loads: equal up to the order the
+    # interpreter's fp32 products sum in (a transposed operand), a few ulp.
+    torch.testing.assert_close(out, pointer_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, pointer_lse, rtol=1e-6, atol=1e-6)
+    inputs = [q, k, v] + ([s_aux] if sink else [])
+    ref_inputs = [t.detach().double().cpu().requires_grad_() for t in inputs]
+    ref_out, ref_lse = reference(
+        *ref_inputs[:3], causal=causal, window=window, softcap=softcap,
+        sink=ref_inputs[3] if sink else None,
+    )  # fmt: skip
+    _check_against_reference(out, lse, inputs, ref_out, ref_lse, ref_inputs, dtype, s_aux)
+
+
+def test_packed_forward_through_tensor_descriptors(attn, monkeypatch):
+    # Packed sequences: a descriptor block runs on into the next sequence's rows (of q past a
+    # sequence's queries, of k and v past its keys), which masks must keep out; two rows past
+    # the last sequence.
+    monkeypatch.setattr(_ops(attn), "_FORWARD_TMA", True)
+    lengths = [17, 0, 5, 33]
+    cu = torch.tensor([0, *lengths], device=DEVICE).cumsum(0).to(torch.int32)
+    q, k, v = (randn(sum(lengths) + 2, 2, 64).requires_grad_() for _ in range(3))
+    out, lse, _ = attn.flash_attn_varlen_func(q, k, v, cu, cu, 33, 33, causal=True,
+                                              return_attn_probs=True)  # fmt: skip
+    ref_inputs = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    ref_out, ref_lse = varlen_reference(*ref_inputs, cu.cpu(), cu.cpu(), causal=True)
+    _check_against_reference(out, lse, [q, k, v], ref_out, ref_lse, ref_inputs, torch.float32)
+
+
+def test_cache_rows_past_the_filled_length_stay_out_through_tensor_descriptors(attn, monkeypatch):
+    # More queries than the decode path takes, over a cache whose unfilled rows hold NaN: the
+    # descriptor reads them (the pointer loads mask them), and they must not reach the output
+    # (a probability of 0 times NaN is NaN).
+    monkeypatch.setattr(_ops(attn), "_FORWARD_TMA", True)
+    q = randn(2, 17, 4, 64)
+    k_cache, v_cache = (randn(2, 48, 2, 64) for _ in range(2))
+    filled = torch.tensor([20, 33], dtype=torch.int32, device=DEVICE)
+    for cache in (k_cache, v_cache):
+        cache[0, 20:] = float("nan")
+        cache[1, 33:] = float("nan")
+    out = attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=filled, causal=True)
+    assert torch.isfinite(out).all()
+    for b, n in enumerate(filled.tolist()):
+        ref, _ = reference(q[b : b + 1].double().cpu(), k_cache[b : b + 1, :n].double().cpu(),
+                           v_cache[b : b + 1, :n].double().cpu(), causal=True)  # fmt: skip
+        assert_close(out[b : b + 1], ref, torch.float32, f"sequence {b}")
+
+
+def test_which_inputs_go_through_tensor_descriptors(attn, monkeypatch):
+    ops = _ops(attn)
+    q, k, v = (randn(1, 17, 2, 64) for _ in range(3))
+    device = q.device
+    # Off by default (until measured on a GPU), and on request only where the GPU has TMA.
+    assert ops._FORWARD_TMA is False and not ops._forward_tma(q, k, v, None, device)
+    monkeypatch.setattr(ops, "_FORWARD_TMA", None)
+    assert ops._forward_tma(q, k, v, None, device) == (
+        ON_GPU and torch.cuda.get_device_capability(device)[0] >= 9
+    )
+    monkeypatch.setattr(ops, "_FORWARD_TMA", True)
+    assert ops._forward_tma(q, k, v, None, device)
+    # A paged cache's blocks are gathered page by page.
+    assert not ops._forward_tma(q, k, v, torch.zeros(1, 2, dtype=torch.int32), device)
+    # A contiguous tensor whose base is 4 bytes off 16, and strides of 3 x 4 bytes, are not
+    # describable.
+    shifted = randn(1 + 17 * 2 * 64)[1:].view(1, 17, 2, 64)
+    assert shifted.is_contiguous() and not ops._forward_tma(shifted, k, v, None, device)
+    odd = randn(1, 17, 3, 3)
+    assert not ops._forward_tma(q, odd, v, None, device)
+
+
+def _ops(attn):
+    from importlib import import_module
+
+    return import_module(attn.__name__ + "._ops")

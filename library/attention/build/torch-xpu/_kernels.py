@@ -162,26 +162,34 @@ def _fwd_steps(
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr, DROPOUT: tl.constexpr,
+    K_DESC=None, V_DESC=None, TMA: tl.constexpr = False,
 ):  # fmt: skip
     # The online softmax over key blocks [start, end). Unless MASKED, every key of these blocks
-    # exists and every query sees it: no mask is computed or applied.
+    # exists and every query sees it: no mask is computed or applied. With TMA, k and v come
+    # through tensor descriptors (never PAGED): their blocks are read by the copy engine, zeros
+    # past the tensor's edges (the head dimension's padding included), so only keys past len_k
+    # inside the tensor (another packed sequence, or a cache's unfilled rows) need a mask.
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < len_k
-        if PAGED:
-            page = tl.load(BLOCK_TABLE + b.to(tl.int64) * stride_bt + offs_n // PAGE_SIZE,
-                           mask=n_mask, other=0).to(tl.int64)  # fmt: skip
-            k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_ks
-            v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vs
+        if TMA:
+            kt = tl.trans(tl.reshape(K_DESC.load([bk, tl.cast(k_start + start_n, tl.int32), hk, 0]),
+                                     [BLOCK_N, K_DESC.block_shape[3]]))  # fmt: skip
         else:
-            k_rows = bk.to(tl.int64) * stride_kb + (k_start + offs_n) * stride_ks
-            v_rows = bk.to(tl.int64) * stride_vb + (k_start + offs_n) * stride_vs
-        if MASKED:
-            kt = tl.load(K + k_rows[None, :] + hk * stride_kh + offs_dq[:, None],
-                         mask=n_mask[None, :] & dq_mask[:, None], other=0.0)  # fmt: skip
-        else:
-            kt = tl.load(K + k_rows[None, :] + hk * stride_kh + offs_dq[:, None],
-                         mask=dq_mask[:, None], other=0.0)  # fmt: skip
+            if PAGED:
+                page = tl.load(BLOCK_TABLE + b.to(tl.int64) * stride_bt + offs_n // PAGE_SIZE,
+                               mask=n_mask, other=0).to(tl.int64)  # fmt: skip
+                k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_ks
+                v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vs
+            else:
+                k_rows = bk.to(tl.int64) * stride_kb + (k_start + offs_n) * stride_ks
+                v_rows = bk.to(tl.int64) * stride_vb + (k_start + offs_n) * stride_vs
+            if MASKED:
+                kt = tl.load(K + k_rows[None, :] + hk * stride_kh + offs_dq[:, None],
+                             mask=n_mask[None, :] & dq_mask[:, None], other=0.0)  # fmt: skip
+            else:
+                kt = tl.load(K + k_rows[None, :] + hk * stride_kh + offs_dq[:, None],
+                             mask=dq_mask[:, None], other=0.0)  # fmt: skip
         s = _logits(_dot(q, kt, DOT_PRECISION), logit_scale, cap_log2, SOFTCAP)
         if MASKED:
             mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
@@ -197,7 +205,13 @@ def _fwd_steps(
             # The denominator sums every probability; only the output sees the dropped ones.
             keep = _dropout_keep(seed, rows_g, h, offs_n, n_heads, rng_cols, dropout_p)
             p = tl.where(keep, p * dropout_scale, 0.0)
-        if MASKED:
+        if TMA:
+            v = tl.reshape(V_DESC.load([bk, tl.cast(k_start + start_n, tl.int32), hk, 0]),
+                           [BLOCK_N, V_DESC.block_shape[3]])  # fmt: skip
+            if MASKED:
+                # p is 0 past len_k, but 0 x a non-finite value read there would not be.
+                v = tl.where(n_mask[:, None], v, 0.0)
+        elif MASKED:
             v = tl.load(V + v_rows[:, None] + hk * stride_vh + offs_dv[None, :],
                         mask=n_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
         else:
@@ -224,7 +238,9 @@ def _fwd_kernel(
     VARLEN_Q: tl.constexpr, K_LEN: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr, DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr,
+    Q_DESC=None, K_DESC=None, V_DESC=None, TMA: tl.constexpr = False,
 ):  # fmt: skip
+    # TMA: q, k and v read through tensor descriptors over their 4-D shapes (`_fwd_steps`).
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_heads
@@ -242,9 +258,14 @@ def _fwd_kernel(
     dq_mask = offs_dq < HEAD_DIM_QK
     dv_mask = offs_dv < HEAD_DIM_V
     m_mask = offs_m < len_q
-    q_rows = bq.to(tl.int64) * stride_qb + (q_start + offs_m) * stride_qs + h * stride_qh
-    q = tl.load(Q + q_rows[:, None] + offs_dq[None, :], mask=m_mask[:, None] & dq_mask[None, :],
-                other=0.0)  # fmt: skip
+    if TMA:
+        # Rows past len_q inside the tensor (the next packed sequence) are computed, not stored.
+        q = tl.reshape(Q_DESC.load([bq, tl.cast(q_start + start_m, tl.int32), h, 0]),
+                       [BLOCK_M, Q_DESC.block_shape[3]])  # fmt: skip
+    else:
+        q_rows = bq.to(tl.int64) * stride_qb + (q_start + offs_m) * stride_qs + h * stride_qh
+        q = tl.load(Q + q_rows[:, None] + offs_dq[None, :],
+                    mask=m_mask[:, None] & dq_mask[None, :], other=0.0)  # fmt: skip
 
     if HAS_SINK:
         # The sink is a logit of its own: start the running max there with a sum of exp(0) = 1.
@@ -276,21 +297,24 @@ def _fwd_kernel(
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, seed, rows_g, h,
         n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
-        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT, K_DESC,
+        V_DESC, TMA,
     )  # fmt: skip
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, u_lo, u_hi, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, seed, rows_g, h,
         n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
-        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False, DROPOUT,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False, DROPOUT, K_DESC,
+        V_DESC, TMA,
     )  # fmt: skip
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, u_hi, hi, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, seed, rows_g, h,
         n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
-        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT, K_DESC,
+        V_DESC, TMA,
     )  # fmt: skip
 
     has_mass = l_i > 0.0

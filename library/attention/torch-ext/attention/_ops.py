@@ -24,6 +24,10 @@ the chunks by their log-sum-exps and puts the counter back to zero. With one chu
 writes the output itself. The counters are kept per device and CUDA stream
 (``_decode_counters``). ``_decode(..., fused=False)`` (``_DECODE_FUSED`` for calls through the
 op) runs the former two launches instead, the second combining the chunks: kept for benchmarks.
+
+The forward can read q, k and v through tensor descriptors (Hopper's copy engine, TMA) instead
+of pointer arithmetic (``_forward_tma``); off until a GPU run has measured it
+(``_FORWARD_TMA``, benchmarks/attention.py's ``ours-tma`` row).
 """
 
 import functools
@@ -44,6 +48,11 @@ from ._tuning import (
     config,
     decode_splits,
 )
+
+try:  # Triton 3.4 and newer
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: the pointer loads only
+    TensorDescriptor = None
 
 _LOG2E = 1.4426950408889634
 
@@ -73,6 +82,48 @@ def _dot_precision(dtype: torch.dtype, device: torch.device) -> str:
     if dtype == torch.float32:
         return "ieee"
     return "upcast" if dtype == torch.bfloat16 and device.type != "cuda" else "tf32"
+
+
+#: Whether the forward reads q, k and v through tensor descriptors (`_forward_tma`): False
+#: never, None where the GPU has TMA (compute capability 9.0 and newer), True wherever
+#: descriptors can describe the inputs, the CPU's interpreter included (tests). False until a
+#: GPU run measures it against the pointer loads: a probe of the same loads in a kernel of the
+#: tutorial's form gained 3-15% on an H100's forward (benchmarks/results/h100/NOTES.md).
+_FORWARD_TMA: bool | None = False
+
+
+def _describable(t: torch.Tensor) -> bool:
+    # A tensor descriptor wants a 16-byte aligned base and 16-byte multiples for every stride
+    # but the last, which must be 1.
+    size = t.element_size()
+    return (
+        t.stride(-1) == 1
+        and t.data_ptr() % 16 == 0
+        and all(stride * size % 16 == 0 for stride in t.stride()[:-1])
+    )
+
+
+def _forward_tma(q, k, v, block_table, device: torch.device) -> bool:
+    """Whether this forward reads q, k and v through tensor descriptors (``_FORWARD_TMA``):
+    never for a paged cache (its key blocks are gathered page by page) or inputs whose layout a
+    descriptor cannot describe."""
+    if _FORWARD_TMA is False or TensorDescriptor is None or block_table is not None:
+        return False
+    if _FORWARD_TMA is None and (
+        device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9
+    ):
+        return False
+    return all(_describable(t) for t in (q, k, v))
+
+
+def _descriptors(q, k, v, block_m: int, block_n: int) -> tuple:
+    # Blocks of one head's rows: (1, rows, 1, head dimension padded to a power of two); the
+    # padding columns and rows past each tensor's end read as zeros.
+    return (
+        TensorDescriptor.from_tensor(q, [1, block_m, 1, next_power_of_2(q.shape[3])]),
+        TensorDescriptor.from_tensor(k, [1, block_n, 1, next_power_of_2(k.shape[3])]),
+        TensorDescriptor.from_tensor(v, [1, block_n, 1, next_power_of_2(v.shape[3])]),
+    )
 
 
 def _batches(q: torch.Tensor, cu_seqlens_q: torch.Tensor | None) -> int:
@@ -365,6 +416,8 @@ def forward(
         window_left >= 0, window_right >= 0, softcap > 0.0, s_aux is not None,
         _dot_precision(q.dtype, device), dropout,
     )  # fmt: skip
+    if _forward_tma(q, k, v, block_table, device):
+        args += (*_descriptors(q, k, v, cfg.block_m, cfg.block_n), True)
     grid = (-(-max_seqlen_q // cfg.block_m), batches * n_heads)
     _run(K._fwd_kernel, grid, args, cfg, device)
     return out, lse
