@@ -162,7 +162,7 @@ def _fwd_steps(
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr, DROPOUT: tl.constexpr,
-    K_DESC=None, V_DESC=None, TMA: tl.constexpr = False,
+    K_DESC, V_DESC, TMA: tl.constexpr,
 ):  # fmt: skip
     # The online softmax over key blocks [start, end). Unless MASKED, every key of these blocks
     # exists and every query sees it: no mask is computed or applied. With TMA, k and v come
@@ -238,7 +238,7 @@ def _fwd_kernel(
     VARLEN_Q: tl.constexpr, K_LEN: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr, DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr,
-    Q_DESC=None, K_DESC=None, V_DESC=None, TMA: tl.constexpr = False,
+    Q_DESC, K_DESC, V_DESC, TMA: tl.constexpr,
 ):  # fmt: skip
     # TMA: q, k and v read through tensor descriptors over their 4-D shapes (`_fwd_steps`).
     pid_m = tl.program_id(0)
@@ -758,7 +758,7 @@ def _decode_split_kernel(
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, seqlen_q, len_k, logit_scale, cap_log2, window_left, window_right, 0, offs_i,
         0, 1, 1, 0.0, 1.0, BLOCK_N, PAGED, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
-        DOT_PRECISION, True, False,
+        DOT_PRECISION, True, False, None, None, False,
     )  # fmt: skip
     has_mass = l_i > 0.0
     out = acc / tl.where(has_mass, l_i, 1.0)[:, None]

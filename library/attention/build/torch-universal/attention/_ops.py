@@ -418,6 +418,8 @@ def forward(
     )  # fmt: skip
     if _forward_tma(q, k, v, block_table, device):
         args += (*_descriptors(q, k, v, cfg.block_m, cfg.block_n), True)
+    else:
+        args += (None, None, None, False)
     grid = (-(-max_seqlen_q // cfg.block_m), batches * n_heads)
     _run(K._fwd_kernel, grid, args, cfg, device)
     return out, lse
