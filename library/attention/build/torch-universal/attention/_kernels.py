@@ -753,12 +753,13 @@ def _decode_split_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    # Pointer loads (TMA off: K and V stand in for the descriptors, unread).
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, start, end, b, b, 0, hk, offs_i, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, seqlen_q, len_k, logit_scale, cap_log2, window_left, window_right, 0, offs_i,
         0, 1, 1, 0.0, 1.0, BLOCK_N, PAGED, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
-        DOT_PRECISION, True, False, None, None, False,
+        DOT_PRECISION, True, False, K, V, False,
     )  # fmt: skip
     has_mass = l_i > 0.0
     out = acc / tl.where(has_mass, l_i, 1.0)[:, None]

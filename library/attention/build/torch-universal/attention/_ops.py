@@ -418,8 +418,8 @@ def forward(
     )  # fmt: skip
     if _forward_tma(q, k, v, block_table, device):
         args += (*_descriptors(q, k, v, cfg.block_m, cfg.block_n), True)
-    else:
-        args += (None, None, None, False)
+    else:  # placeholders of the pointer type the kernel has always been compiled with
+        args += (null, null, null, False)
     grid = (-(-max_seqlen_q // cfg.block_m), batches * n_heads)
     _run(K._fwd_kernel, grid, args, cfg, device)
     return out, lse
