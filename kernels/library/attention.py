@@ -78,6 +78,36 @@ def is_packed_sequence(position_ids: torch.Tensor, batch: int) -> bool:
     return packed
 
 
+def static_cache_fill(
+    key: torch.Tensor,
+    query_length: int,
+    position_ids: torch.Tensor | None,
+    options: dict[str, Any],
+) -> torch.Tensor | None:
+    """Each sequence's filled length of a static cache, ``(batch,)`` int32 on the device, when
+    ``key`` (``(batch, kv_len, heads, dim)``) comes from one without a padding mask; else None.
+
+    transformers' ``generate()`` drops an all-ones padding mask, except for implementations named
+    ``*flash*`` under a static cache (its ``is_flash_attention_requested``): ours is not so named
+    (module docstring), so a static cache's keys reach us without the mask that would say which
+    rows are filled, and attending to all of them reads the unfilled rows. Without padding the
+    queries' positions are the cache positions: the cache holds ``position_ids[:, -1] + 1`` tokens.
+    Read on the device (no synchronisation: CUDA graphs), and only for an inference call whose
+    keys outnumber its queries (a cache), with one position a query (not multimodal rotary
+    positions, of three or four axes)."""
+    if (
+        key.shape[1] <= query_length
+        or not isinstance(position_ids, torch.Tensor)
+        or position_ids.dim() != 2
+        or position_ids.shape[-1] != query_length
+        or options.get("dropout_p")
+        or (torch.is_grad_enabled() and key.requires_grad)
+    ):
+        return None
+    last = position_ids[:, -1].expand(key.shape[0])
+    return (last + 1).clamp(max=key.shape[1]).to(torch.int32)
+
+
 def attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -131,6 +161,9 @@ def attention_forward(
         q, k, v = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
     elif position_ids is not None and is_packed_sequence(position_ids, batch):
         q, k, v, (cu_q, cu_k), (max_q, max_k) = fa._prepare_from_posids(q, k, v, position_ids)
+    elif (filled := static_cache_fill(k, query_length, position_ids, options)) is not None:
+        del options["dropout_p"]  # inference only (no backward over a cache)
+        return kernel.flash_attn_with_kvcache(q, k, v, cache_seqlens=filled, **options), None
     else:
         return kernel.flash_attn_func(q, k, v, **options), None
     out = kernel.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **options)

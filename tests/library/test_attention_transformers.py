@@ -119,6 +119,39 @@ def test_generate_with_a_kv_cache(tiny_llama):
     assert torch.equal(ours.generate(ids, **kwargs), sdpa.generate(ids, **kwargs))
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["no-padding", "left-padded"])
+def test_generate_with_a_static_cache(tiny_llama, padded):
+    # generate() drops an all-ones padding mask for implementations not named *flash*, ours
+    # among them: the static cache's keys then come without a word on which rows are filled.
+    # Without the fill read from the position ids, the prompt's queries attended to the empty
+    # rows (different tokens from the first one generated on).
+    ours, sdpa = _load(tiny_llama, ATTENTION_IMPLEMENTATION), _load(tiny_llama, "sdpa")
+    ids = torch.randint(1, 101, (2, 9), device=DEVICE)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[0, :3] = 0
+    kwargs = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    want = sdpa.generate(ids, **kwargs)
+    assert torch.equal(ours.generate(ids, cache_implementation="static", **kwargs), want)
+
+
+def test_static_cache_fill_is_read_only_where_keys_outnumber_queries():
+    from kernels.library.attention import static_cache_fill
+
+    key = torch.zeros(2, 13, 2, 16)
+    positions = torch.tensor([[7], [7]])
+    assert static_cache_fill(key, 1, positions, {}).tolist() == [8, 8]
+    # One row of positions for the batch (unsqueezed, as models make them), and positions past
+    # the cache (clamped).
+    assert static_cache_fill(key, 1, torch.tensor([[20]]), {}).tolist() == [13, 13]
+    assert static_cache_fill(key, 13, torch.arange(13)[None], {}) is None  # no cache
+    assert static_cache_fill(key, 1, None, {}) is None
+    assert static_cache_fill(key, 1, torch.zeros(3, 2, 1, dtype=torch.long), {}) is None  # mrope
+    assert static_cache_fill(key, 1, positions, {"dropout_p": 0.1}) is None  # training
+    with torch.enable_grad():
+        assert static_cache_fill(key.requires_grad_(), 1, positions, {}) is None
+
+
 def test_attention_dropout_in_training(tiny_llama):
     # transformers passes the model's attention_dropout as dropout_p in train() mode only: the
     # logits then change, repeat under the same torch seed, and eval() gives back the plain ones.
