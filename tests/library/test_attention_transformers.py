@@ -2,7 +2,8 @@
 ``attn_implementation="kernels_attention"`` and matches SDPA's logits and gradients, for a plain
 batch, a padded batch (the varlen path) and packed sequences (position_ids restarts, padding
 free), through ``from_pretrained`` and ``set_attn_implementation``, ``generate()``, and the
-model's attention dropout in training; on transformers 4.57 (.venv) and 5.x (.venv-tf5)."""
+model's attention dropout in training; on transformers 4.57 (.venv) here, and on 5.x (.venv-tf5)
+through tests/clients/transformers5/test_attention_transformers_5.py, which runs this module."""
 
 import pytest
 import torch
