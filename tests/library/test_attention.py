@@ -84,6 +84,16 @@ def _check_against_reference(out, lse, inputs, ref_out, ref_lse, ref_inputs, dty
         assert_close(got[3], want[3], dtype, "ds_aux", floor=terms.sum(dim=(0, 1)).max().item())
 
 
+def _check_dense(out, lse, q, k, v, s_aux, dtype, **options):
+    """A dense call's ``out`` and ``lse``, and their gradients, against the float64 reference
+    with the same mask ``options`` (causal, window, softcap) and sink."""
+    inputs = [q, k, v] + ([s_aux] if s_aux is not None else [])
+    ref_inputs = [t.detach().double().cpu().requires_grad_() for t in inputs]
+    sink = ref_inputs[3] if s_aux is not None else None
+    ref_out, ref_lse = reference(*ref_inputs[:3], sink=sink, **options)
+    _check_against_reference(out, lse, inputs, ref_out, ref_lse, ref_inputs, dtype, s_aux)
+
+
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, dim, dim_v, causal, window, softcap, sink, dtype,
 #  layout)
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -128,13 +138,7 @@ def test_flash_attn_func(attn, batch, seqlen_q, seqlen_k, heads, kv_heads, dim, 
         return_attn_probs=True,
     )  # fmt: skip
     assert mask is None and lse.shape == (batch, heads, seqlen_q) and lse.dtype == torch.float32
-    inputs = [q, k, v] + ([s_aux] if sink else [])
-    ref_inputs = [t.detach().double().cpu().requires_grad_() for t in inputs]
-    ref_out, ref_lse = reference(
-        *ref_inputs[:3], causal=causal, window=window, softcap=softcap,
-        sink=ref_inputs[3] if sink else None,
-    )  # fmt: skip
-    _check_against_reference(out, lse, inputs, ref_out, ref_lse, ref_inputs, dtype, s_aux)
+    _check_dense(out, lse, q, k, v, s_aux, dtype, causal=causal, window=window, softcap=softcap)
     # Without return_attn_probs: the output alone, the same values.
     again = attn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
                                  s_aux=s_aux)  # fmt: skip
@@ -382,13 +386,7 @@ def test_forward_through_tensor_descriptors(attn, monkeypatch, batch, seqlen_q, 
     # interpreter's fp32 products sum in (a transposed operand), a few ulp.
     torch.testing.assert_close(out, pointer_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse, pointer_lse, rtol=1e-6, atol=1e-6)
-    inputs = [q, k, v] + ([s_aux] if sink else [])
-    ref_inputs = [t.detach().double().cpu().requires_grad_() for t in inputs]
-    ref_out, ref_lse = reference(
-        *ref_inputs[:3], causal=causal, window=window, softcap=softcap,
-        sink=ref_inputs[3] if sink else None,
-    )  # fmt: skip
-    _check_against_reference(out, lse, inputs, ref_out, ref_lse, ref_inputs, dtype, s_aux)
+    _check_dense(out, lse, q, k, v, s_aux, dtype, causal=causal, window=window, softcap=softcap)
 
 
 def test_packed_forward_through_tensor_descriptors(attn, monkeypatch):
