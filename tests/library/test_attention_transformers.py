@@ -120,14 +120,20 @@ def test_generate_with_a_kv_cache(tiny_llama):
     assert torch.equal(ours.generate(ids, **kwargs), sdpa.generate(ids, **kwargs))
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["no-padding", "left-padded"])
-def test_generate_with_a_static_cache(tiny_llama, padded):
+@pytest.mark.parametrize(
+    "padded,length",
+    [(False, 9), (True, 9), (False, 19)],
+    ids=["no-padding", "left-padded", "prompt-past-the-decode-path"],
+)
+def test_generate_with_a_static_cache(tiny_llama, padded, length):
     # generate() drops an all-ones padding mask for implementations not named *flash*, ours
     # among them: the static cache's keys then come without a word on which rows are filled.
     # Without the fill read from the position ids, the prompt's queries attended to the empty
     # rows (different tokens from the first one generated on).
     ours, sdpa = _load(tiny_llama, ATTENTION_IMPLEMENTATION), _load(tiny_llama, "sdpa")
-    ids = torch.randint(1, 101, (2, 9), device=DEVICE)
+    # A prompt of more than 16 tokens takes the forward kernel (the cache's fill as its key
+    # lengths), a shorter one the decode path.
+    ids = torch.randint(1, 101, (2, length), device=DEVICE)
     mask = torch.ones_like(ids)
     if padded:
         mask[0, :3] = 0
