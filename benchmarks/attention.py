@@ -253,15 +253,10 @@ def run_dense(attn, batch, seqlen, dim, causal, rep_ms, block) -> list[dict]:
     # Each contender gets its own layout, contiguous: ours (batch, seq, heads, dim), SDPA's
     # (batch, heads, seq, dim).
     sdpa_inputs = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
-    ops = import_module(attn.__name__ + "._ops")
 
     def through_descriptors(q, k, v):
         # The backward is the same kernels either way; only the forward reads differently.
-        kept, ops._FORWARD_TMA = ops._FORWARD_TMA, True
-        try:
-            return attn.flash_attn_func(q, k, v, causal=causal)
-        finally:
-            ops._FORWARD_TMA = kept
+        return switched(attn, "_FORWARD_TMA", True, attn.flash_attn_func, q, k, v, causal=causal)
 
     contenders = {
         OURS: (lambda q, k, v: attn.flash_attn_func(q, k, v, causal=causal), [q, k, v]),
@@ -393,6 +388,18 @@ def run_varlen(attn, rep_ms, block) -> list[dict]:
     return rows
 
 
+def switched(attn, switch: str, value, call: Callable, *args, **kwargs):
+    """``call(*args, **kwargs)`` with the attention ops' private ``switch`` at ``value``, put
+    back after: a plain assignment, so that a timed call pays next to nothing for it."""
+    ops = import_module(attn.__name__ + "._ops")
+    kept = getattr(ops, switch)
+    setattr(ops, switch, value)
+    try:
+        return call(*args, **kwargs)
+    finally:
+        setattr(ops, switch, kept)
+
+
 def run_decode(attn, batch, rep_ms, block) -> list[dict]:
     dim, context = DECODE_DIM, DECODE_CONTEXT
     torch.manual_seed(0)
@@ -407,15 +414,9 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
     def ours():
         return attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=used, causal=True)
 
-    ops = import_module(attn.__name__ + "._ops")
-
     def two_launches():
         # Read by each call, so the graph captured here holds the two launches.
-        ops._DECODE_FUSED = False
-        try:
-            return ours()
-        finally:
-            ops._DECODE_FUSED = True
+        return switched(attn, "_DECODE_FUSED", False, ours)
 
     fns, modes, failed = {OURS: ours, TWO_LAUNCHES: two_launches}, {}, {}
     for n in SWEEP_SPLITS:

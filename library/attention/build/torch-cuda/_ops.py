@@ -22,8 +22,8 @@ rows), in one launch. Each program writes its chunk's partial output and log-sum
 a counter of its rows (a split-K semaphore); the last program of those rows to finish combines
 the chunks by their log-sum-exps and puts the counter back to zero. With one chunk the program
 writes the output itself. The counters are kept per device and CUDA stream
-(``_decode_counters``). ``_decode(..., fused=False)`` (``_DECODE_FUSED`` for calls through the
-op) runs the former two launches instead, the second combining the chunks: kept for benchmarks.
+(``_decode_counters``). With ``_DECODE_FUSED`` off it runs the former two launches instead, the
+second combining the chunks: kept for benchmarks.
 
 The forward can read q, k and v through tensor descriptors (Hopper's copy engine, TMA) instead
 of pointer arithmetic (``_forward_tma``); off until a GPU run has measured it
@@ -269,8 +269,7 @@ def _current_decode_counters(device: torch.device) -> torch.Tensor | None:
 
 
 def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logit_scale,
-            cap_log2, window_left, window_right, softcap, num_splits,
-            fused: bool = True) -> None:  # fmt: skip
+            cap_log2, window_left, window_right, softcap, num_splits) -> None:  # fmt: skip
     device = q.device
     batch, seqlen_q, n_heads, d_qk = q.shape
     n_kv_heads, d_v = k.shape[2], v.shape[3]
@@ -284,7 +283,7 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
     if num_splits <= 0:
         sms = 1 if on_cpu else _sm_count(device.index if device.index is not None else 0)
         num_splits = decode_splits(batch * n_kv_heads * tiles, max_seqlen_k, sms)
-    if not fused:
+    if not _DECODE_FUSED:
         combine = K.DECODE_PARTIAL
     elif num_splits == 1:
         combine = K.DECODE_DIRECT
@@ -383,8 +382,7 @@ def forward(
         if seqused_k is None:
             seqused_k = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=device)
         _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logit_scale,
-                cap_log2, window_left, window_right, softcap, num_splits,
-                _DECODE_FUSED)  # fmt: skip
+                cap_log2, window_left, window_right, softcap, num_splits)  # fmt: skip
         return out, lse
     cfg = config(
         FORWARD, next_power_of_2(max(d_qk, d_v)), device.type != "cuda", q.dtype == torch.float32
