@@ -30,14 +30,20 @@ of pointer arithmetic (``_forward_tma``); off until a GPU run has measured it
 (``_FORWARD_TMA``, benchmarks/attention.py's ``ours-tma`` row).
 """
 
-import functools
 import math
 import threading
 
 import torch
 
 from . import _kernels as K
-from ._library import _current_device, _current_stream, launch, next_power_of_2, op_name
+from ._library import (
+    _current_device,
+    _current_stream,
+    launch,
+    multiprocessors,
+    next_power_of_2,
+    op_name,
+)
 from ._tuning import (
     BACKWARD,
     DECODE,
@@ -181,11 +187,6 @@ def dropout_keep_mask(
     return keep.bool()
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 # The fused decode path's split-K counters, one int32 per (row tile, batch x kv head) of a call.
 # A launch leaves every counter it used at zero (the last program of each row tile resets its
 # own), so a buffer is zeroed once, when made, and never again: nothing on the host may zero it
@@ -281,7 +282,7 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
     block_m = cfg.block_m if on_cpu else min(max(16, next_power_of_2(rows)), DECODE_MAX_ROWS)
     tiles = -(-rows // block_m)
     if num_splits <= 0:
-        sms = 1 if on_cpu else _sm_count(device.index if device.index is not None else 0)
+        sms = 1 if on_cpu else multiprocessors(device)
         num_splits = decode_splits(batch * n_kv_heads * tiles, max_seqlen_k, sms)
     if not _DECODE_FUSED:
         combine = K.DECODE_PARTIAL
