@@ -24,14 +24,19 @@ import time
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.runtime.jit import JITFunction
+from triton.runtime.jit import JITFunction, mangle_type
 
 from tests.support.library import load
+
+#: Shared memory a block may have, in bytes, by compute capability (CUDA's programming guide:
+#: 227 KB on sm_90, 163 KB on sm_80).
+SHARED_MEMORY = {90: 232448, 80: 166912}
 
 TYPES = {
     torch.float32: "fp32",
     torch.float16: "fp16",
     torch.bfloat16: "bf16",
+    torch.int8: "i8",
     torch.int32: "i32",
     torch.int64: "i64",
 }
@@ -39,7 +44,7 @@ TYPES = {
 
 def _recording_launch(launches: list):
     def launch(kernel, grid, args, num_warps, device):
-        launches.append((kernel, tuple(args), num_warps))
+        launches.append((kernel, tuple(args), num_warps, None))  # Triton's default stages
 
     return launch
 
@@ -174,6 +179,92 @@ def _run_loss(loss) -> None:
                 _grad(loss.cross_entropy(x, y, reduction=reduction, **options), (x,))
 
 
+def _attention_cases(full: bool) -> list[tuple]:
+    """The dense calls: (tensor descriptors, dtype, (q/k, v) head dims, causal, every mask option,
+    backward). ``full``: every combination (about 120 variants, 6 to 10 minutes on two cores);
+    else one call a code path (about 25 variants, about a minute): pointers and descriptors,
+    the three dot precisions, a padded head dimension, the largest tile (256), unequal dims,
+    every option at once."""
+    if not full:
+        bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+        return [
+            (False, bf16, (128, 128), True, False, True),
+            (True, bf16, (128, 128), True, True, False),
+            (True, bf16, (80, 80), False, False, False),
+            (False, fp32, (64, 64), True, False, False),
+            (False, bf16, (256, 256), True, False, False),
+            (True, fp16, (192, 128), False, False, False),
+        ]
+    cases = []
+    for tma in (False, True):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for dims in ((64, 64), (80, 80), (128, 128), (256, 256), (192, 128)):
+                if dtype != torch.bfloat16 and dims[0] not in (64, 128):
+                    continue
+                cases += [(tma, dtype, dims, causal, False, True) for causal in (False, True)]
+                if dims[0] == 128:
+                    cases.append((tma, dtype, dims, True, True, True))
+    return cases
+
+
+def _run_attention(attention, full: bool = False) -> None:
+    # The attention launcher takes the GPU's tiles, dot precision and split counts for these CPU
+    # tensors (``_takes_gpu_path``), on an H100's 132 SMs, and its launches are recorded with
+    # their stages. The dense calls of `_attention_cases`; packed batches, dropout, a paged
+    # cache; the decode path in one launch (several splits), its direct form (one split) and
+    # its two launches; and the backward where asked.
+    ops = sys.modules[f"{attention.__name__}._ops"]
+    ops._takes_gpu_path = lambda device: True
+    ops.multiprocessors = lambda device: 132
+    ops._run = lambda kernel, grid, args, cfg, device: _RUN_LAUNCHES.append(
+        (kernel, tuple(args), cfg.num_warps, cfg.num_stages)
+    )
+    f = attention.flash_attn_func
+    everything = {"window_size": (64, 0), "softcap": 30.0, "s_aux": torch.zeros(8)}
+    for tma, dtype, (dim, dim_v), causal, options, backward in _attention_cases(full):
+        ops._FORWARD_TMA = tma
+        shapes = ((2, 80, 8, dim), (2, 80, 2, dim), (2, 80, 2, dim_v))
+        q, k, v = (torch.zeros(shape, dtype=dtype, requires_grad=backward) for shape in shapes)
+        out = f(q, k, v, causal=causal, **(everything if options else {}))
+        if backward:
+            _grad(out, (q, k, v))
+    ops._FORWARD_TMA = False
+    packed = [torch.zeros(96, heads, 128, dtype=torch.bfloat16, requires_grad=True)
+              for heads in (8, 2, 2)]  # fmt: skip
+    cu = torch.tensor([0, 40, 96], dtype=torch.int32)
+    _grad(attention.flash_attn_varlen_func(*packed, cu, cu, 56, 56, dropout_p=0.1), packed)
+    if full:
+        _grad(attention.flash_attn_varlen_func(*packed, cu, cu, 56, 56, causal=True), packed)
+        q, k, v = (t.unflatten(0, (1, 96)) for t in packed)
+        _grad(f(q, k, v, dropout_p=0.1, causal=True), packed)
+    ops.dropout_keep_mask(torch.zeros(1, dtype=torch.int64), 80, 8, 96, 0.1)
+    with torch.no_grad():
+        for dtype in (torch.bfloat16, torch.float16) if full else (torch.bfloat16,):
+            q = torch.zeros(4, 1, 32, 128, dtype=dtype)
+            cache = torch.zeros(4, 4096, 8, 128, dtype=dtype)
+            used = torch.full((4,), 4000, dtype=torch.int32)
+            for splits in (0, 1):
+                attention.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=used,
+                                                  num_splits=splits)  # fmt: skip
+            attention.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=used, causal=True,
+                                              **everything | {"s_aux": torch.zeros(32)})  # fmt: skip
+            ops._DECODE_FUSED = False
+            attention.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=used)
+            ops._DECODE_FUSED = True
+            # A paged cache of 256-token pages: the decode step and a prefill of 40 queries.
+            pages = torch.zeros(64, 256, 8, 128, dtype=dtype)
+            table = torch.arange(64, dtype=torch.int32).reshape(4, 16)
+            attention.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=used,
+                                              block_table=table)  # fmt: skip
+            prefill = torch.zeros(4, 40, 32, 128, dtype=dtype)
+            attention.flash_attn_with_kvcache(prefill, pages, pages, cache_seqlens=used,
+                                              block_table=table, causal=True)  # fmt: skip
+
+
+# The attention launcher's launches (it calls ``_run``, with stages, not the shared ``launch``).
+_RUN_LAUNCHES: list = []
+
+
 def _signature(kernel, args) -> tuple[dict, dict]:
     """Triton's (signature, constexprs) for ``kernel`` called with ``args`` (all positional)."""
     signature, constexprs = {}, {}
@@ -190,50 +281,83 @@ def _signature(kernel, args) -> tuple[dict, dict]:
             signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
         elif isinstance(value, float):
             signature[name] = "fp32"
+        elif type(value).__name__ == "TensorDescriptor":
+            signature[name] = mangle_type(value)  # e.g. tensordesc<bf16[1, 64, 1, 128]>
         else:
             raise TypeError(f"{kernel.fn.__name__}: argument {name} = {value!r}")
     return signature, constexprs
 
 
+#: Each repository's calls, which make every launch to compile.
+RUNS = {
+    "norm": _run_norm,
+    "activation": _run_activation,
+    "rotary": _run_rotary,
+    "loss": _run_loss,
+    "attention": _run_attention,
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90")
+    parser.add_argument("--repos", nargs="+", choices=RUNS, help="these repositories only")
+    parser.add_argument(
+        "--full", action="store_true",
+        help="attention: every combination of options (minutes), not one call a code path",
+    )  # fmt: skip
+    parser.add_argument("--verbose", action="store_true", help="each variant's compile time")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET"):
         sys.exit("run without TRITON_INTERPRET: interpreter functions cannot be compiled")
     launches: list = []
     kernels = set()  # every kernel the packages define (by our naming: ``_..._kernel``)
-    for name, run in (
-        ("norm", _run_norm),
-        ("activation", _run_activation),
-        ("rotary", _run_rotary),
-        ("loss", _run_loss),
-    ):
+    runs = RUNS | {"attention": functools.partial(_run_attention, full=args.full)}
+    for name, run in runs.items():
+        if args.repos and name not in args.repos:
+            continue
         package = load(name)
         _patch_launch(package, launches)
         run(package)
+        launches += _RUN_LAUNCHES
+        _RUN_LAUNCHES.clear()
         for module_name, module in list(sys.modules.items()):
             if module_name.startswith(package.__name__):
                 kernels |= {value.fn for key, value in vars(module).items()
                             if key.endswith("_kernel") and isinstance(value, JITFunction)}  # fmt: skip
-    missed = sorted(f.__name__ for f in kernels - {kernel.fn for kernel, _, _ in launches})
+    missed = sorted(f.__name__ for f in kernels - {launch[0].fn for launch in launches})
     if missed:
         print(f"FAILED: no call above launches {', '.join(missed)}; add one that does")
         return 1
     variants = {}
-    for kernel, call_args, num_warps in launches:
+    for kernel, call_args, num_warps, num_stages in launches:
         signature, constexprs = _signature(kernel, call_args)
-        key = (kernel.fn, tuple(signature.items()), tuple(constexprs.items()), num_warps)
-        variants.setdefault(key, (kernel, signature, constexprs, num_warps))
+        options = {"num_warps": num_warps}
+        if num_stages is not None:
+            options["num_stages"] = num_stages
+        key = (kernel.fn, tuple(signature.items()), tuple(constexprs.items()), *options.values())
+        variants.setdefault(key, (kernel, signature, constexprs, options))
     target = GPUTarget("cuda", args.arch, 32)
+    shared_limit = SHARED_MEMORY.get(args.arch)
     start = time.perf_counter()
-    for kernel, signature, constexprs, num_warps in variants.values():
+    for kernel, signature, constexprs, options in variants.values():
         source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+        began = time.perf_counter()
         try:
-            triton.compile(source, target=target, options={"num_warps": num_warps})
+            compiled = triton.compile(source, target=target, options=options)
         except Exception as error:
-            print(f"FAILED {kernel.fn.__name__} {constexprs} num_warps={num_warps}\n{error}")
+            print(f"FAILED {kernel.fn.__name__} {constexprs} {options}\n{error}")
             return 1
+        # A GPU refuses to load a kernel wanting more shared memory than a block may have
+        # (Triton's OutOfResources at the first launch); the compiler itself does not check.
+        if shared_limit is not None and compiled.metadata.shared > shared_limit:
+            print(f"FAILED {kernel.fn.__name__} {constexprs} {options}: "
+                  f"{compiled.metadata.shared} bytes of shared memory, sm_{args.arch} has "
+                  f"{shared_limit} a block")  # fmt: skip
+            return 1
+        if args.verbose:
+            flags = {k: v for k, v in constexprs.items() if not isinstance(v, bool) or v}
+            print(f"{time.perf_counter() - began:6.1f} s  {kernel.fn.__name__} {flags} {options}")
     print(f"compiled {len(variants)} variants of {len(kernels)} kernels for sm_{args.arch} "
           f"({len(launches)} launches recorded) in {time.perf_counter() - start:.0f} s")  # fmt: skip
     return 0

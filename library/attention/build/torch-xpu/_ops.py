@@ -67,6 +67,14 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _takes_gpu_path(device: torch.device) -> bool:
+    """Whether a call on ``device`` takes the GPU's tiles, dot precision and split counts (else
+    the interpreter's: small tiles, bf16 products widened). One place, so that
+    tests/library/cuda_compile_check.py can have CPU tensors take the GPU's path and compile the
+    launches a GPU would make."""
+    return device.type == "cuda"
+
+
 def _run(kernel, grid, args, cfg, device: torch.device) -> None:
     if device.type == "cuda":
         kernel[grid](*args, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -87,7 +95,7 @@ def _dot_precision(dtype: torch.dtype, device: torch.device) -> str:
     # are widened in the interpreter, whose bf16 tl.dot is wrong (_kernels._dot).
     if dtype == torch.float32:
         return "ieee"
-    return "upcast" if dtype == torch.bfloat16 and device.type != "cuda" else "tf32"
+    return "upcast" if dtype == torch.bfloat16 and not _takes_gpu_path(device) else "tf32"
 
 
 #: Whether the forward reads q, k and v through tensor descriptors (`_forward_tma`): False
@@ -180,7 +188,7 @@ def dropout_keep_mask(
     device = dropout_seed.device
     keep = torch.zeros((rows, heads, max_seqlen_k), dtype=torch.int8, device=device)
     # Any blocks draw the same numbers; wide ones keep the interpreter's launches few.
-    cfg = config(FORWARD, 16, device.type != "cuda")._replace(block_m=16, block_n=256)
+    cfg = config(FORWARD, 16, not _takes_gpu_path(device))._replace(block_m=16, block_n=256)
     args = (keep, dropout_seed, rows, heads, max_seqlen_k, float(dropout_p), cfg.block_m,
             cfg.block_n)  # fmt: skip
     _run(K._dropout_mask_kernel, (-(-rows // cfg.block_m), heads), args, cfg, device)
@@ -275,7 +283,7 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
     batch, seqlen_q, n_heads, d_qk = q.shape
     n_kv_heads, d_v = k.shape[2], v.shape[3]
     group = n_heads // n_kv_heads
-    on_cpu = device.type != "cuda"
+    on_cpu = not _takes_gpu_path(device)
     cfg = config(DECODE, next_power_of_2(max(d_qk, d_v)), on_cpu, q.dtype == torch.float32)
     rows = seqlen_q * group
     # tl.dot wants at least 16 rows; a larger group is cut into tiles of DECODE_MAX_ROWS.
@@ -386,8 +394,9 @@ def forward(
                 cap_log2, window_left, window_right, softcap, num_splits)  # fmt: skip
         return out, lse
     cfg = config(
-        FORWARD, next_power_of_2(max(d_qk, d_v)), device.type != "cuda", q.dtype == torch.float32
-    )
+        FORWARD, next_power_of_2(max(d_qk, d_v)), not _takes_gpu_path(device),
+        q.dtype == torch.float32,
+    )  # fmt: skip
     page_size = k.shape[1] if block_table is not None else 1
     null = _null(device)
     seed, rng_cols, dropout_p, dropout_scale, dropout = _dropout_args(
@@ -464,7 +473,7 @@ def backward(
     batches = _batches(q, cu_seqlens_q)
     if q.numel() == 0 or k.numel() == 0 or batches == 0:
         return dq.zero_(), dk.zero_(), dv.zero_(), delta
-    on_cpu = device.type != "cuda"
+    on_cpu = not _takes_gpu_path(device)
     block_d = next_power_of_2(max(d_qk, d_v))
     null = _null(device)
     cu_q = cu_seqlens_q if varlen else null
