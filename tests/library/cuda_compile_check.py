@@ -211,8 +211,8 @@ def _run_attention(attention, full: bool = False) -> None:
     # The attention launcher takes the GPU's tiles, dot precision and split counts for these CPU
     # tensors (``_takes_gpu_path``), on an H100's 132 SMs, and its launches are recorded with
     # their stages. The dense calls of `_attention_cases`; packed batches, dropout, a paged
-    # cache; the decode path in one launch (several splits), its direct form (one split) and
-    # its two launches; and the backward where asked.
+    # cache, a left-padded one; the decode path in one launch (several splits), its direct
+    # form (one split) and its two launches; and the backward where asked.
     ops = sys.modules[f"{attention.__name__}._ops"]
     ops._takes_gpu_path = lambda device: True
     ops.multiprocessors = lambda device: 132
@@ -251,6 +251,11 @@ def _run_attention(attention, full: bool = False) -> None:
             ops._DECODE_FUSED = False
             attention.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=used)
             ops._DECODE_FUSED = True
+            # A left-padded cache: the decode step and a prefill of 40 queries (the forward).
+            leftpad = torch.full((4,), 100, dtype=torch.int32)
+            for queries in (q, torch.zeros(4, 40, 32, 128, dtype=dtype)):
+                attention.flash_attn_with_kvcache(queries, cache, cache, cache_seqlens=used,
+                                                  cache_leftpad=leftpad, causal=True)  # fmt: skip
             # A paged cache of 256-token pages: the decode step and a prefill of 40 queries.
             pages = torch.zeros(64, 256, 8, 128, dtype=dtype)
             table = torch.arange(64, dtype=torch.int32).reshape(4, 16)

@@ -1,7 +1,7 @@
 """The decode path of library/attention: ``flash_attn_with_kvcache`` over a contiguous and a paged
 KV cache (new keys written in place first, per-sequence filled lengths), split into several
 chunks of keys (split-KV, flash-decoding) or not, and paged ``flash_attn_varlen_func``, against
-the float64 reference; the split-count rule; the one-launch split path's counters (back at zero
+the float64 reference, also left-padded (`cache_leftpad`); the split-count rule; the one-launch split path's counters (back at zero
 after every call) and its agreement with the two-launch path it replaced."""
 
 import zlib
@@ -381,3 +381,67 @@ def test_decode_counters_made_during_capture(attn, ops):
             assert torch.equal(got, want)
     torch.cuda.synchronize()
     assert not counters.any()
+
+
+# A left-padded cache (flash-attn's cache_leftpad): (leftpad, cache_seqlens) a sequence. The
+# padding rows hold NaN: read, or attended to, they would show. Sequence 2 starts past its
+# filled length and so sees no key (output 0, lse +inf); sequence 0 starts inside a block.
+LEFTPAD = [3, 16, 9, 0]
+USED = [21, 30, 9, 14]
+
+
+@pytest.mark.parametrize(
+    "seqlen_q,paged,num_splits,window,tma",
+    [
+        (1, False, 3, (-1, -1), False),
+        (1, True, 1, (-1, -1), False),
+        (4, False, 2, (6, 0), False),
+        (20, False, 0, (-1, -1), False),  # more than 16 queries: the forward kernel
+        (20, False, 0, (10, 0), True),  # its tensor-descriptor loads
+    ],
+    ids=["decode-split", "decode-paged", "window", "forward", "forward-tma"],
+)
+def test_cache_leftpad(attn, ops, monkeypatch, seqlen_q, paged, num_splits, window, tma):
+    monkeypatch.setattr(ops, "_FORWARD_TMA", tma)
+    batch, capacity, heads, kv_heads, dim = len(USED), 32, 4, 2, 64
+    q = randn(batch, seqlen_q, heads, dim, dtype=torch.bfloat16)
+    k_cache = randn(batch, capacity, kv_heads, dim, dtype=torch.bfloat16)
+    v_cache = randn(batch, capacity, kv_heads, dim, dtype=torch.bfloat16)
+    for b, start in enumerate(LEFTPAD):
+        k_cache[b, :start] = float("nan")
+        v_cache[b, :start] = float("nan")
+    leftpad = torch.tensor(LEFTPAD, dtype=torch.int32, device=DEVICE)
+    used = torch.tensor(USED, dtype=torch.int32, device=DEVICE)
+    options = {"causal": True, "window_size": window, "num_splits": num_splits,
+               "cache_seqlens": used, "cache_leftpad": leftpad, "return_softmax_lse": True}  # fmt: skip
+    if paged:
+        k_pages, table = _paged(k_cache, 8, torch.Generator().manual_seed(0))
+        v_pages, _ = _paged(v_cache, 8, torch.Generator().manual_seed(0))
+        out, lse = attn.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=table, **options)
+    else:
+        out, lse = attn.flash_attn_with_kvcache(q, k_cache, v_cache, **options)
+    for b, (start, end) in enumerate(zip(LEFTPAD, USED, strict=True)):
+        # The queries are the newest rows, end - seqlen_q .. end - 1, of an unpadded cache.
+        if start >= end:
+            assert torch.equal(out[b].float().cpu(), torch.zeros(seqlen_q, heads, dim))
+            assert torch.isinf(lse[b]).all() and (lse[b] > 0).all()
+            continue
+        want, want_lse = reference(q[b : b + 1].cpu(), k_cache[b : b + 1, start:end].cpu(),
+                                   v_cache[b : b + 1, start:end].cpu(), causal=True,
+                                   window=window)  # fmt: skip
+        finite = torch.isfinite(want_lse[0])
+        assert_close(out[b : b + 1][:, finite.any(0)], want[:, finite.any(0)], torch.bfloat16,
+                     "out")  # fmt: skip
+        assert torch.equal(torch.isfinite(lse[b].cpu()), finite)
+        assert_close(lse[b].cpu()[finite], want_lse[0][finite], torch.float32, "lse", floor=1.0)
+
+
+def test_cache_leftpad_errors(attn):
+    q = randn(2, 1, 4, 64)
+    cache = randn(2, 16, 2, 64)
+    with pytest.raises(ValueError, match=r"cache_leftpad must be a \(batch=2,\) int32 tensor"):
+        attn.flash_attn_with_kvcache(
+            q, cache, cache, cache_leftpad=torch.zeros(3, dtype=torch.int32)
+        )
+    with pytest.raises(ValueError, match="cache_leftpad must be"):
+        attn.flash_attn_with_kvcache(q, cache, cache, cache_leftpad=torch.zeros(2))

@@ -157,21 +157,25 @@ def _dropout_mask_kernel(KEEP, SEED, n_rows, n_heads, rng_cols, dropout_p,
 def _fwd_steps(
     q, m_i, l_i, acc, K, V, BLOCK_TABLE, start, end, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
     dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-    len_q, len_k, logit_scale, cap_log2, window_left, window_right,
+    len_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first,
     seed, rows_g, h, n_heads, rng_cols, dropout_p, dropout_scale,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr, DROPOUT: tl.constexpr,
-    K_DESC, V_DESC, TMA: tl.constexpr,
+    LEFTPAD: tl.constexpr, K_DESC, V_DESC, TMA: tl.constexpr,
 ):  # fmt: skip
     # The online softmax over key blocks [start, end). Unless MASKED, every key of these blocks
     # exists and every query sees it: no mask is computed or applied. With TMA, k and v come
     # through tensor descriptors (never PAGED): their blocks are read by the copy engine, zeros
     # past the tensor's edges (the head dimension's padding included), so only keys past len_k
     # inside the tensor (another packed sequence, or a cache's unfilled rows) need a mask.
+    # LEFTPAD: a left-padded cache's keys start at k_first; the rows before it are neither
+    # attended to nor read (they may hold anything), and only MASKED blocks reach below it.
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < len_k
+        if LEFTPAD:
+            n_mask = n_mask & (offs_n >= k_first)
         if TMA:
             kt = tl.trans(tl.reshape(K_DESC.load([bk, tl.cast(k_start + start_n, tl.int32), hk, 0]),
                                      [BLOCK_N, K_DESC.block_shape[3]]))  # fmt: skip
@@ -194,6 +198,8 @@ def _fwd_steps(
         if MASKED:
             mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
                          WINDOW_RIGHT)  # fmt: skip
+            if LEFTPAD:
+                mask = mask & n_mask[None, :]
             s = tl.where(mask, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row that has seen nothing yet keeps m = -inf; subtract 0 there instead (p is 0).
@@ -224,7 +230,7 @@ def _fwd_steps(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, OUT, LSE, SINK, CU_Q, CU_K, SEQUSED_K, BLOCK_TABLE, SEED,
+    Q, K, V, OUT, LSE, SINK, CU_Q, CU_K, SEQUSED_K, BLOCK_TABLE, SEED, CACHE_LEFTPAD,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -238,7 +244,7 @@ def _fwd_kernel(
     VARLEN_Q: tl.constexpr, K_LEN: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr, DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr,
-    Q_DESC, K_DESC, V_DESC, TMA: tl.constexpr,
+    LEFTPAD: tl.constexpr, Q_DESC, K_DESC, V_DESC, TMA: tl.constexpr,
 ):  # fmt: skip
     # TMA: q, k and v read through tensor descriptors over their 4-D shapes (`_fwd_steps`).
     pid_m = tl.program_id(0)
@@ -287,6 +293,13 @@ def _fwd_kernel(
         first = start_m + BLOCK_M - 1 + shift - window_left
     if WINDOW_RIGHT:
         end = tl.minimum(len_k, start_m + shift + window_right + 1)
+    k_first = 0
+    if LEFTPAD:
+        # A left-padded cache (flash-attn's cache_leftpad): no block wholly before its first key
+        # is read, and blocks reaching below it are masked.
+        k_first = tl.load(CACHE_LEFTPAD + b).to(tl.int32)
+        lo = tl.maximum(lo, (k_first // BLOCK_N) * BLOCK_N)
+        first = tl.maximum(first, k_first)
     u_lo, u_hi = _unmasked(lo, hi, first, end, BLOCK_N)
     seed = 0
     if DROPOUT:
@@ -295,26 +308,26 @@ def _fwd_kernel(
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, lo, u_lo, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, seed, rows_g, h,
-        n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
-        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT, K_DESC,
-        V_DESC, TMA,
+        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first, seed,
+        rows_g, h, n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT, LEFTPAD,
+        K_DESC, V_DESC, TMA,
     )  # fmt: skip
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, u_lo, u_hi, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, seed, rows_g, h,
-        n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
-        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False, DROPOUT, K_DESC,
-        V_DESC, TMA,
+        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first, seed,
+        rows_g, h, n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False, DROPOUT, LEFTPAD,
+        K_DESC, V_DESC, TMA,
     )  # fmt: skip
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, u_hi, hi, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, seed, rows_g, h,
-        n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
-        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT, K_DESC,
-        V_DESC, TMA,
+        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first, seed,
+        rows_g, h, n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT, LEFTPAD,
+        K_DESC, V_DESC, TMA,
     )  # fmt: skip
 
     has_mass = l_i > 0.0
@@ -702,7 +715,7 @@ def _decode_combine(
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, OUT_P, LSE_P, SEQUSED_K, BLOCK_TABLE, SINK, OUT, LSE, COUNTERS,
+    Q, K, V, OUT_P, LSE_P, SEQUSED_K, BLOCK_TABLE, SINK, OUT, LSE, COUNTERS, CACHE_LEFTPAD,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_bt,
@@ -714,6 +727,7 @@ def _decode_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr, DOT_PRECISION: tl.constexpr, COMBINE: tl.constexpr,
+    LEFTPAD: tl.constexpr,
 ):  # fmt: skip
     # Flash-decoding: one program per (split of the keys, tile of rows, batch x kv head).
     # Its rows are every query of every query head of one kv head (row r: query r // group,
@@ -745,6 +759,10 @@ def _decode_split_kernel(
     lo = 0
     if WINDOW_LEFT:
         lo = (tl.maximum(len_k - seqlen_q - window_left, 0) // BLOCK_N) * BLOCK_N
+    k_first = 0
+    if LEFTPAD:  # a left-padded cache: its keys start at k_first
+        k_first = tl.load(CACHE_LEFTPAD + b).to(tl.int32)
+        lo = tl.maximum(lo, (k_first // BLOCK_N) * BLOCK_N)
     blocks = tl.cdiv(len_k - lo, BLOCK_N)
     chunk = tl.cdiv(blocks, num_splits) * BLOCK_N
     start = lo + split * chunk
@@ -757,9 +775,9 @@ def _decode_split_kernel(
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, start, end, b, b, 0, hk, offs_i, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_bt, seqlen_q, len_k, logit_scale, cap_log2, window_left, window_right, 0, offs_i,
-        0, 1, 1, 0.0, 1.0, BLOCK_N, PAGED, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
-        DOT_PRECISION, True, False, K, V, False,
+        stride_bt, seqlen_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first, 0,
+        offs_i, 0, 1, 1, 0.0, 1.0, BLOCK_N, PAGED, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
+        DOT_PRECISION, True, False, LEFTPAD, K, V, False,
     )  # fmt: skip
     has_mass = l_i > 0.0
     out = acc / tl.where(has_mass, l_i, 1.0)[:, None]

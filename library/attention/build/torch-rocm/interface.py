@@ -13,7 +13,7 @@ regenerates it rather than storing it.
 
 Differences from flash-attn 2, each raised as an error rather than silently ignored:
 ALiBi (``alibi_slopes``), rotary embedding inside ``flash_attn_with_kvcache``
-(``rotary_cos``/``rotary_sin``), ``cache_batch_idx`` and ``cache_leftpad``.
+(``rotary_cos``/``rotary_sin``) and ``cache_batch_idx``.
 ``return_attn_probs=True`` returns ``(out, softmax_lse, None)``: no probabilities or dropout
 mask (flash-attn 2 returns them only for its tests). The backward is always deterministic (no
 atomics).
@@ -283,6 +283,17 @@ def _check_block_table(where: str, block_table, batch: int, device) -> None:
         )
 
 
+def _check_index(where: str, name: str, t, batch: int, device) -> None:
+    # A (batch,) tensor of row indices, one a sequence.
+    if (
+        not isinstance(t, torch.Tensor)
+        or t.shape != (batch,)
+        or t.dtype not in _INDEX_DTYPES
+        or t.device != device
+    ):
+        _fail(f"{where}: {name} must be a (batch={batch},) int32 tensor on {device}, got {t!r}.")
+
+
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -317,10 +328,14 @@ def flash_attn_with_kvcache(
             attention, which then covers ``cache_seqlens[b] + seqlen_new`` keys.
         cache_seqlens: the filled length of each sequence's cache, an int or ``(batch,)`` int32;
             None: the whole cache.
+        cache_leftpad: ``(batch,)`` int32, the row where each sequence's cache starts (a
+            left-padded batch): the rows before it are not attended to, nor read, and the
+            causal and window masks still align the queries with row ``cache_seqlens[b]``, as
+            in flash-attn. None: every sequence starts at row 0.
         block_table: ``(batch, max_pages)`` int32, the pages of each sequence.
         causal, window_size, softcap, softmax_scale, s_aux: as in ``flash_attn_func`` (the mask
             aligned to the bottom right, i.e. the newest queries are the cache's last keys).
-        rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes: must be None.
+        rotary_cos, rotary_sin, cache_batch_idx, alibi_slopes: must be None.
         num_splits: how many chunks of the keys separate programs attend to (split-KV,
             flash-decoding) when at most 16 queries a sequence; 0 picks by a rule from the batch,
             kv heads, cache capacity and the GPU's SM count (no autotuning: CUDA graphs).
@@ -334,7 +349,7 @@ def flash_attn_with_kvcache(
     _check_tensors(where, q, k_cache, v_cache, 4, 4)
     _check_options(where, 0.0, alibi_slopes)
     for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                        ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):  # fmt: skip
+                        ("cache_batch_idx", cache_batch_idx)):  # fmt: skip
         if value is not None:
             _fail(
                 f"{where}: {name} is not supported by this kernel; apply rotary embeddings to q "
@@ -353,6 +368,9 @@ def flash_attn_with_kvcache(
             _fail(f"{where}: k_cache holds {k_cache.shape[0]} sequences but q {batch}.")
         capacity = k_cache.shape[1]
     _check_sink(where, s_aux, q.shape[2], q.device)
+    if cache_leftpad is not None:
+        _check_index(where, "cache_leftpad", cache_leftpad, batch, q.device)
+        cache_leftpad = cache_leftpad.to(torch.int32)
     if cache_seqlens is None:
         if k is not None:
             _fail(f"{where}: new k and v need cache_seqlens, the rows at which to write them.")
@@ -380,7 +398,7 @@ def flash_attn_with_kvcache(
         out, lse = _ops.forward(
             q, k_cache, v_cache, None, None, used.to(torch.int32), block_table, s_aux,
             q.shape[1], capacity, _scale(softmax_scale, q.shape[-1]), left, right,
-            _softcap(where, softcap), 0.0, None, max(int(num_splits), 0),
+            _softcap(where, softcap), 0.0, None, max(int(num_splits), 0), cache_leftpad,
         )  # fmt: skip
     return (out, lse) if return_softmax_lse else out
 

@@ -278,7 +278,7 @@ def _current_decode_counters(device: torch.device) -> torch.Tensor | None:
 
 
 def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logit_scale,
-            cap_log2, window_left, window_right, softcap, num_splits) -> None:  # fmt: skip
+            cap_log2, window_left, window_right, softcap, num_splits, cache_leftpad) -> None:  # fmt: skip
     device = q.device
     batch, seqlen_q, n_heads, d_qk = q.shape
     n_kv_heads, d_v = k.shape[2], v.shape[3]
@@ -316,6 +316,7 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
     args = (
         q, k, v, part_out, part_lse, seqused_k,
         block_table if block_table is not None else null, sink, out, lse, counters,
+        cache_leftpad if cache_leftpad is not None else null,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -325,7 +326,7 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
         logit_scale, cap_log2, max(window_left, 0), max(window_right, 0),
         d_qk, d_v, next_power_of_2(d_qk), next_power_of_2(d_v), block_m, cfg.block_n,
         block_table is not None, page_size, window_left >= 0, window_right >= 0, softcap > 0.0,
-        s_aux is not None, _dot_precision(q.dtype, device), combine,
+        s_aux is not None, _dot_precision(q.dtype, device), combine, cache_leftpad is not None,
     )  # fmt: skip
     _run(K._decode_split_kernel, (num_splits, tiles, batch * n_kv_heads), args, cfg, device)
     if combine != K.DECODE_PARTIAL:
@@ -358,11 +359,13 @@ def forward(
     dropout_p: float = 0.0,
     dropout_seed: torch.Tensor | None = None,
     num_splits: int = 0,
+    cache_leftpad: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of 4-D ``q`` over ``k``/``v``: ``(out, lse)``, ``lse`` as ``(q.shape[0], heads,
     q.shape[1])`` fp32. ``window_*`` below 0 are unbounded; ``softcap`` 0 is none; dropout as
     the module's docstring says. ``num_splits``: the split-KV path's chunk count, 0 for
-    ``decode_splits``' choice."""
+    ``decode_splits``' choice. ``cache_leftpad``: ``(batch,)`` int32, the first key of each
+    sequence of a left-padded cache (with ``seqused_k``; the keys before it are not attended)."""
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     device = q.device
     n_heads, d_qk, d_v = q.shape[2], q.shape[3], v.shape[3]
@@ -391,7 +394,7 @@ def forward(
         if seqused_k is None:
             seqused_k = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=device)
         _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logit_scale,
-                cap_log2, window_left, window_right, softcap, num_splits)  # fmt: skip
+                cap_log2, window_left, window_right, softcap, num_splits, cache_leftpad)  # fmt: skip
         return out, lse
     cfg = config(
         FORWARD, next_power_of_2(max(d_qk, d_v)), not _takes_gpu_path(device),
@@ -409,6 +412,7 @@ def forward(
         cu_seqlens_k if cu_seqlens_k is not None else null,
         seqused_k if seqused_k is not None else null,
         block_table if block_table is not None else null, seed,
+        cache_leftpad if cache_leftpad is not None else null,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -422,7 +426,7 @@ def forward(
         cu_seqlens_q is not None, _k_len_mode(cu_seqlens_k, seqused_k),
         block_table is not None, page_size,
         window_left >= 0, window_right >= 0, softcap > 0.0, s_aux is not None,
-        _dot_precision(q.dtype, device), dropout,
+        _dot_precision(q.dtype, device), dropout, cache_leftpad is not None,
     )  # fmt: skip
     if _forward_tma(q, k, v, block_table, device):
         args += (*_descriptors(q, k, v, cfg.block_m, cfg.block_n), True)
@@ -436,7 +440,7 @@ def forward(
 @forward.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, s_aux, max_seqlen_q,
       max_seqlen_k, softmax_scale, window_left, window_right, softcap, dropout_p=0.0,
-      dropout_seed=None, num_splits=0):  # fmt: skip
+      dropout_seed=None, num_splits=0, cache_leftpad=None):  # fmt: skip
     out = q.new_empty((*q.shape[:3], v.shape[3]))
     return out, q.new_empty(_lse_shape(q), dtype=torch.float32)
 
@@ -541,11 +545,12 @@ def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, seqused_k, block_table, s_aux, max_q, max_k, scale, left, right,
      softcap, *rest) = inputs  # fmt: skip
-    dropout_p, dropout_seed = (rest + [0.0, None])[:2]
+    defaults = [0.0, None, 0, None]  # dropout_p, dropout_seed, num_splits, cache_leftpad
+    dropout_p, dropout_seed, _, cache_leftpad = rest + defaults[len(rest) :]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, s_aux, dropout_seed)
     ctx.params = (max_q, max_k, scale, left, right, softcap, dropout_p)
-    ctx.paged_or_cache = seqused_k is not None or block_table is not None
+    ctx.paged_or_cache = any(t is not None for t in (seqused_k, block_table, cache_leftpad))
 
 
 def _backward(ctx, dout, _dlse):
@@ -561,8 +566,8 @@ def _backward(ctx, dout, _dlse):
         # d lse / d sink is the sink's probability; d out / d sink is -p_sink * out.
         p_sink = torch.exp(s_aux.float()[None, :, None] - lse)
         ds_aux = (-(p_sink * delta).sum(dim=(0, 2))).to(s_aux.dtype)
-    # One gradient per input of forward (7 tensors/options before s_aux, 9 after it).
-    return dq, dk, dv, None, None, None, None, ds_aux, *([None] * 9)
+    # One gradient per input of forward (7 tensors/options before s_aux, 10 after it).
+    return dq, dk, dv, None, None, None, None, ds_aux, *([None] * 10)
 
 
 forward.register_autograd(_backward, setup_context=_setup_context)
