@@ -1,8 +1,9 @@
 """The decode path of library/attention: ``flash_attn_with_kvcache`` over a contiguous and a paged
-KV cache (new keys written in place first, per-sequence filled lengths), split into several
-chunks of keys (split-KV, flash-decoding) or not, and paged ``flash_attn_varlen_func``, against
-the float64 reference, also left-padded (`cache_leftpad`); the split-count rule; the one-launch split path's counters (back at zero
-after every call) and its agreement with the two-launch path it replaced."""
+KV cache (new keys written in place first, per-sequence filled lengths, left padding), split
+into several chunks of keys (split-KV, flash-decoding) or not, and paged
+``flash_attn_varlen_func``, against the float64 reference; the split-count rule; the one-launch
+split path's counters (back at zero after every call) and its agreement with the two-launch
+path it replaced."""
 
 import zlib
 from importlib import import_module
