@@ -11,7 +11,8 @@ run every attention layer through it. `kernels.library.register_library_kernels`
 
 The attention function does what transformers' own flash-attention forward does with a kernel
 repository: a batch with padding (a 2-D ``attention_mask``) is unpadded and goes through
-``flash_attn_varlen_func``; packed sequences (``cu_seq_lens_q``/``cu_seq_lens_k`` keyword
+``flash_attn_varlen_func``, except a decode step's (`padded_decode_step`), which reads the mask
+on the device instead; packed sequences (``cu_seq_lens_q``/``cu_seq_lens_k`` keyword
 arguments, or ``position_ids`` that restart, as ``DataCollatorWithFlattening`` makes them) too,
 padding-free; any other batch through ``flash_attn_func``. Sliding windows, soft-capping and
 attention sinks (``s_aux``, gpt-oss) are passed on. The name has no "flash" in it on purpose:
@@ -24,7 +25,6 @@ through transformers' own loader, with no registration.
 
 from __future__ import annotations
 
-import functools
 import weakref
 from types import ModuleType
 from typing import Any
@@ -39,13 +39,22 @@ ATTENTION_IMPLEMENTATION = "kernels_attention"
 ATTENTION_REPO = "attention"
 
 
-@functools.cache
-def attention_kernel() -> ModuleType:
-    """The ``attention`` kernel repository of our library, loaded once."""
-    from ..repos.local import get_local_kernel
-    from .paths import library_path
+_kernel: ModuleType | None = None
 
-    return get_local_kernel(library_path() / ATTENTION_REPO, ATTENTION_REPO)
+
+def attention_kernel() -> ModuleType:
+    """The ``attention`` kernel repository of our library, loaded once.
+
+    Kept in a module global rather than behind ``functools.cache``: torch.compile traces into a
+    cached function's body, and the loading there (file system calls) breaks a ``fullgraph``
+    compile of the model; a global that is set is a constant to it."""
+    global _kernel
+    if _kernel is None:
+        from ..repos.local import get_local_kernel
+        from .paths import library_path
+
+        _kernel = get_local_kernel(library_path() / ATTENTION_REPO, ATTENTION_REPO)
+    return _kernel
 
 
 # The last position_ids tensor `is_packed_sequence` read: (a weak reference to it, its version
@@ -108,6 +117,35 @@ def static_cache_fill(
     return (last + 1).clamp(max=key.shape[1]).to(torch.int32)
 
 
+def padded_decode_step(
+    key: torch.Tensor,
+    attention_mask: torch.Tensor,
+    query_length: int,
+    options: dict[str, Any],
+) -> torch.Tensor | None:
+    """Each sequence's key count, ``(batch,)`` int32 on the device (one past its last key), when
+    this call is a padded batch's decode step that ``flash_attn_with_kvcache`` can take with
+    the 2-D ``attention_mask`` as its ``key_padding_mask``; else None.
+
+    Unpadding reads the mask on the host (its nonzero rows, the longest sequence): a host
+    synchronisation in every attention layer of every decode step, which keeps the host from
+    running ahead of the GPU and which a CUDA graph cannot capture. A decode step has one
+    query a sequence, the newest key, which sees every key its mask keeps: the kernel skips
+    the others itself. Only without a sliding window (with holes in the mask, as a continued
+    right-padded prompt has, a window would count the padding), dropout or a gradient. The
+    mask may be shorter than ``key`` (a static cache's unfilled rows): those rows are no key."""
+    if (
+        query_length != 1
+        or attention_mask.shape[1] > key.shape[1]
+        or "window_size" in options
+        or options.get("dropout_p")
+        or (torch.is_grad_enabled() and key.requires_grad)
+    ):
+        return None
+    rows = torch.arange(1, attention_mask.shape[1] + 1, device=attention_mask.device)
+    return (rows * (attention_mask != 0)).amax(-1).to(torch.int32)
+
+
 def attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -149,6 +187,15 @@ def attention_forward(
                 f"attention does, got one of shape {tuple(attention_mask.shape)}. Use "
                 "attn_implementation='sdpa' for arbitrary 4-D masks."
             )
+        filled = padded_decode_step(k, attention_mask, query_length, options)
+        if filled is not None:
+            del options["dropout_p"]  # inference only (no backward over a cache)
+            keys = attention_mask.shape[1]
+            out = kernel.flash_attn_with_kvcache(
+                q, k[:, :keys], v[:, :keys], cache_seqlens=filled,
+                key_padding_mask=attention_mask, **options,
+            )  # fmt: skip
+            return out, None
         q, k, v, indices, (cu_q, cu_k), (max_q, max_k) = fa._upad_input(
             q, k, v, attention_mask, query_length, fa._unpad_input
         )
@@ -172,12 +219,15 @@ def attention_forward(
 
 def register_attention(name: str = ATTENTION_IMPLEMENTATION) -> None:
     """Register our attention with transformers under ``name``, with flash attention's padding
-    masks. Does nothing without transformers (there is nothing to register with then)."""
+    masks, and load the kernel (about 0.3 s), so that a model compiled with ``fullgraph=True``
+    before its first call does not trace the loading. Does nothing without transformers (there
+    is nothing to register with then)."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     except ImportError:
         return
+    attention_kernel()
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
 
@@ -187,5 +237,6 @@ __all__ = [
     "ATTENTION_REPO",
     "attention_forward",
     "attention_kernel",
+    "padded_decode_step",
     "register_attention",
 ]

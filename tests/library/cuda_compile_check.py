@@ -37,6 +37,7 @@ TYPES = {
     torch.float16: "fp16",
     torch.bfloat16: "bf16",
     torch.int8: "i8",
+    torch.uint8: "u8",
     torch.int32: "i32",
     torch.int64: "i64",
 }
@@ -211,7 +212,7 @@ def _run_attention(attention, full: bool = False) -> None:
     # The attention launcher takes the GPU's tiles, dot precision and split counts for these CPU
     # tensors (``_takes_gpu_path``), on an H100's 132 SMs, and its launches are recorded with
     # their stages. The dense calls of `_attention_cases`; packed batches, dropout, a paged
-    # cache, a left-padded one; the decode path in one launch (several splits), its direct
+    # cache, a left-padded one, a padding mask; the decode path in one launch (several splits), its direct
     # form (one split) and its two launches; and the backward where asked.
     ops = sys.modules[f"{attention.__name__}._ops"]
     ops._takes_gpu_path = lambda device: True
@@ -256,6 +257,10 @@ def _run_attention(attention, full: bool = False) -> None:
             for queries in (q, torch.zeros(4, 40, 32, 128, dtype=dtype)):
                 attention.flash_attn_with_kvcache(queries, cache, cache, cache_seqlens=used,
                                                   cache_leftpad=leftpad, causal=True)  # fmt: skip
+                # A padding mask over the keys (transformers' 2-D mask).
+                attention.flash_attn_with_kvcache(queries, cache, cache, cache_seqlens=used,
+                                                  key_padding_mask=torch.ones(4, 4096, dtype=bool),
+                                                  causal=True)  # fmt: skip
             # A paged cache of 256-token pages: the decode step and a prefill of 40 queries.
             pages = torch.zeros(64, 256, 8, 128, dtype=dtype)
             table = torch.arange(64, dtype=torch.int32).reshape(4, 16)

@@ -446,3 +446,67 @@ def test_cache_leftpad_errors(attn):
         )
     with pytest.raises(ValueError, match="cache_leftpad must be"):
         attn.flash_attn_with_kvcache(q, cache, cache, cache_leftpad=torch.zeros(2))
+
+
+def _masked_reference(q, k, v, keep, end, **options):
+    """``(out, lse)`` of one sequence (batch 1) whose keys are the rows ``j < end`` with
+    ``keep[j]``, query ``i`` standing at row ``end - seqlen_q + i`` (causal: it sees the kept
+    rows up to its own)."""
+    seqlen_q = q.shape[1]
+    outs, lses = [], []
+    for i in range(seqlen_q):
+        rows = [j for j in range(end) if keep[j] and j <= end - seqlen_q + i]
+        index = torch.tensor(rows, dtype=torch.long)
+        out, lse = reference(q[:, i : i + 1], k[:, index], v[:, index], **options)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs, 1), torch.cat(lses, 2)
+
+
+@pytest.mark.parametrize(
+    "seqlen_q,paged,num_splits,sink",
+    [(1, False, 3, False), (1, True, 1, True), (3, False, 2, False), (20, False, 0, True)],
+    ids=["decode-split", "decode-paged-sinks", "three-queries", "forward-sinks"],
+)
+def test_key_padding_mask(attn, seqlen_q, paged, num_splits, sink):
+    # Left padding, holes (a right-padded prompt continued) and a sequence with no key kept
+    # before its last; the rows left out hold NaN.
+    batch, capacity, heads, kv_heads, dim = 4, 32, 4, 2, 64
+    used = [30, 21, 32, 25]
+    keep = torch.ones(batch, capacity, dtype=torch.bool)
+    keep[0, :5] = False
+    keep[1, 7:12] = False
+    keep[2, 3:31] = False
+    keep[3, ::3] = False
+    q = randn(batch, seqlen_q, heads, dim, dtype=torch.bfloat16)
+    k_cache = randn(batch, capacity, kv_heads, dim, dtype=torch.bfloat16)
+    v_cache = randn(batch, capacity, kv_heads, dim, dtype=torch.bfloat16)
+    k_cache[~keep.to(DEVICE)] = float("nan")
+    v_cache[~keep.to(DEVICE)] = float("nan")
+    s_aux = randn(heads) if sink else None
+    options = {"causal": True, "num_splits": num_splits, "softcap": 20.0, "s_aux": s_aux,
+               "cache_seqlens": torch.tensor(used, dtype=torch.int32, device=DEVICE),
+               "key_padding_mask": keep.to(DEVICE).int(), "return_softmax_lse": True}  # fmt: skip
+    if paged:
+        k_pages, table = _paged(k_cache, 8, torch.Generator().manual_seed(0))
+        v_pages, _ = _paged(v_cache, 8, torch.Generator().manual_seed(0))
+        out, lse = attn.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=table, **options)
+    else:
+        out, lse = attn.flash_attn_with_kvcache(q, k_cache, v_cache, **options)
+    for b, end in enumerate(used):
+        want, want_lse = _masked_reference(
+            q[b : b + 1].cpu(), k_cache[b : b + 1].cpu(), v_cache[b : b + 1].cpu(), keep[b], end,
+            causal=False, softcap=20.0, sink=s_aux.cpu() if sink else None,
+        )  # fmt: skip
+        assert_close(out[b : b + 1], want, torch.bfloat16, "out")
+        assert_close(lse[b].cpu(), want_lse[0], torch.float32, "lse", floor=1.0)
+
+
+def test_key_padding_mask_errors(attn):
+    q = randn(2, 1, 4, 64)
+    cache = randn(2, 16, 2, 64)
+    for bad in (torch.ones(2, 15, dtype=torch.bool), torch.ones(2, 16)):
+        with pytest.raises(
+            ValueError, match=r"key_padding_mask must be a \(batch=2, capacity=16\)"
+        ):
+            attn.flash_attn_with_kvcache(q, cache, cache, key_padding_mask=bad)

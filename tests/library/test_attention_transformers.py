@@ -33,7 +33,7 @@ def tiny_llama(tmp_path_factory):
 @pytest.fixture
 def calls(monkeypatch):
     """How many times each entry point of the kernel ran."""
-    counts = {"flash_attn_func": 0, "flash_attn_varlen_func": 0}
+    counts = {"flash_attn_func": 0, "flash_attn_varlen_func": 0, "flash_attn_with_kvcache": 0}
     kernel = attention_kernel()
     for name in counts:
         function = getattr(kernel, name)
@@ -75,7 +75,11 @@ def test_plain_and_padded_batches_match_sdpa(tiny_llama, calls):
     ours, sdpa = _load(tiny_llama, ATTENTION_IMPLEMENTATION), _load(tiny_llama, "sdpa")
     ids = torch.randint(0, 101, (2, 17), device=DEVICE)
     _assert_same(_logits_and_grads(ours, input_ids=ids), _logits_and_grads(sdpa, input_ids=ids))
-    assert calls == {"flash_attn_func": 2, "flash_attn_varlen_func": 0}  # one call a layer
+    assert calls == {
+        "flash_attn_func": 2,
+        "flash_attn_varlen_func": 0,
+        "flash_attn_with_kvcache": 0,
+    }  # one call a layer
     # Right padding: the second sequence has 11 tokens; only its real rows are compared.
     mask = torch.ones(2, 17, dtype=torch.long, device=DEVICE)
     mask[1, 11:] = 0
@@ -97,7 +101,11 @@ def test_packed_sequences_match_separate_sequences(tiny_llama, calls):
     with torch.no_grad():
         alone = torch.cat([sdpa(input_ids=first).logits, sdpa(input_ids=second).logits], dim=1)
     torch.testing.assert_close(packed.detach(), alone, rtol=1e-4, atol=1e-4)
-    assert calls == {"flash_attn_func": 0, "flash_attn_varlen_func": 2}
+    assert calls == {
+        "flash_attn_func": 0,
+        "flash_attn_varlen_func": 2,
+        "flash_attn_with_kvcache": 0,
+    }
     packed.sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in ours.parameters() if p.grad is not None)
 
@@ -140,6 +148,92 @@ def test_generate_with_a_static_cache(tiny_llama, padded, length):
     kwargs = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
     want = sdpa.generate(ids, **kwargs)
     assert torch.equal(ours.generate(ids, cache_implementation="static", **kwargs), want)
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_generate_a_padded_batch_decodes_without_unpadding(tiny_llama, calls, monkeypatch,
+                                                          padding):  # fmt: skip
+    # The prompt goes through the varlen path; each decode step through flash_attn_with_kvcache
+    # with the padding mask read on the device (no unpadding, no host synchronisation). Left
+    # padding gives SDPA's tokens. A right-padded prompt leaves holes in the mask between it
+    # and the generated tokens, and flash attention's prompt differs from SDPA's there (its
+    # padding rows are zeros, and generate() reads the last, a padding row): its decode steps
+    # give the tokens that unpadding them (transformers' flash-attention path) gives.
+    import kernels.library.attention as ours_module
+
+    ours = _load(tiny_llama, ATTENTION_IMPLEMENTATION)
+    ids = torch.randint(1, 101, (3, 7), device=DEVICE)
+    mask = torch.ones_like(ids)
+    pad = slice(0, 3) if padding == "left" else slice(4, 7)
+    mask[0, pad] = 0
+    mask[2, pad][:1] = 0
+    kwargs = {"attention_mask": mask, "max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    if padding == "left":
+        want = _load(tiny_llama, "sdpa").generate(ids, **kwargs)
+    else:
+        with monkeypatch.context() as unpadded:
+            unpadded.setattr(ours_module, "padded_decode_step", lambda *args: None)
+            want = ours.generate(ids, **kwargs)
+    calls.update(dict.fromkeys(calls, 0))
+    assert torch.equal(ours.generate(ids, **kwargs), want)
+    layers = ours.config.num_hidden_layers
+    assert calls == {"flash_attn_func": 0, "flash_attn_varlen_func": layers,
+                     "flash_attn_with_kvcache": 3 * layers}  # fmt: skip
+
+
+# What reads a tensor's values on the host (.item(), bool(), a data-dependent shape): on a GPU,
+# a synchronisation, which a CUDA graph cannot capture.
+HOST_READS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.item.default"}
+
+
+class _OpNames(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["decode-step", "unpadded-prompt"])
+def test_padded_decode_step_reads_nothing_on_the_host(padded):
+    # A padded batch's decode step runs no op that reads a tensor on the host, where
+    # unpadding would (nonzero, .item(): the second case, a prompt, shows the check sees them).
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    from kernels.library.attention import attention_forward
+
+    register_attention()
+    module = LlamaAttention(llama_config(hidden_size=64, num_attention_heads=4,
+                                         num_key_value_heads=2), layer_idx=0)  # fmt: skip
+    q = torch.randn(2, 4, 1 if padded else 9, 16, device=DEVICE)
+    k, v = (torch.randn(2, 2, 9, 16, device=DEVICE) for _ in range(2))
+    mask = torch.ones(2, 9, dtype=torch.bool, device=DEVICE)
+    mask[0, :4] = False
+    with torch.no_grad(), _OpNames() as ops:
+        out = attention_forward(module, q, k, v, mask, scaling=0.25)[0]
+    assert bool(ops.names & HOST_READS) is not padded, sorted(ops.names)
+    if padded:
+        # The keys the mask leaves out do not count: the same as attending to the kept ones.
+        alone = attention_forward(module, q[:1], k[:1, :, 4:], v[:1, :, 4:], None, scaling=0.25)
+        torch.testing.assert_close(out[:1], alone[0], rtol=2e-3, atol=2e-3)
+
+
+def test_padded_decode_step_is_taken_only_where_exact():
+    from kernels.library.attention import padded_decode_step
+
+    key = torch.zeros(2, 13, 2, 16)
+    mask = torch.tensor([[0] * 3 + [1] * 8, [1] * 9 + [0, 1]])  # 11 columns: a static cache
+    assert padded_decode_step(key, mask, 1, {}).tolist() == [11, 11]
+    assert padded_decode_step(key, mask[:, :9], 1, {}).tolist() == [9, 9]
+    assert padded_decode_step(key, torch.zeros(2, 5, dtype=torch.bool), 1, {}).tolist() == [0, 0]
+    assert padded_decode_step(key, mask, 2, {}) is None  # a prompt, or several new tokens
+    assert padded_decode_step(key, mask, 1, {"window_size": (3, 3)}) is None
+    assert padded_decode_step(key, mask, 1, {"dropout_p": 0.1}) is None
+    assert padded_decode_step(key, torch.ones(2, 14), 1, {}) is None  # longer than the keys
+    with torch.enable_grad():
+        assert padded_decode_step(key.requires_grad_(), mask, 1, {}) is None
 
 
 def test_static_cache_fill_is_read_only_where_keys_outnumber_queries():

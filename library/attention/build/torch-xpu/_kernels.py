@@ -157,25 +157,28 @@ def _dropout_mask_kernel(KEEP, SEED, n_rows, n_heads, rng_cols, dropout_p,
 def _fwd_steps(
     q, m_i, l_i, acc, K, V, BLOCK_TABLE, start, end, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
     dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-    len_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first,
+    len_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first, KEY_MASK_ROW,
     seed, rows_g, h, n_heads, rng_cols, dropout_p, dropout_scale,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr, DROPOUT: tl.constexpr,
-    LEFTPAD: tl.constexpr, K_DESC, V_DESC, TMA: tl.constexpr,
+    LEFTPAD: tl.constexpr, KEY_PADDING: tl.constexpr, K_DESC, V_DESC, TMA: tl.constexpr,
 ):  # fmt: skip
     # The online softmax over key blocks [start, end). Unless MASKED, every key of these blocks
     # exists and every query sees it: no mask is computed or applied. With TMA, k and v come
     # through tensor descriptors (never PAGED): their blocks are read by the copy engine, zeros
     # past the tensor's edges (the head dimension's padding included), so only keys past len_k
     # inside the tensor (another packed sequence, or a cache's unfilled rows) need a mask.
-    # LEFTPAD: a left-padded cache's keys start at k_first; the rows before it are neither
-    # attended to nor read (they may hold anything), and only MASKED blocks reach below it.
+    # LEFTPAD: a left-padded cache's keys start at k_first; KEY_PADDING: this sequence's keys
+    # are those whose byte of KEY_MASK_ROW is nonzero. Other rows are neither attended to nor
+    # read (they may hold anything); only MASKED blocks have any.
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < len_k
         if LEFTPAD:
             n_mask = n_mask & (offs_n >= k_first)
+        if KEY_PADDING:
+            n_mask = n_mask & (tl.load(KEY_MASK_ROW + offs_n, mask=n_mask, other=0) != 0)
         if TMA:
             kt = tl.trans(tl.reshape(K_DESC.load([bk, tl.cast(k_start + start_n, tl.int32), hk, 0]),
                                      [BLOCK_N, K_DESC.block_shape[3]]))  # fmt: skip
@@ -198,7 +201,7 @@ def _fwd_steps(
         if MASKED:
             mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
                          WINDOW_RIGHT)  # fmt: skip
-            if LEFTPAD:
+            if LEFTPAD or KEY_PADDING:
                 mask = mask & n_mask[None, :]
             s = tl.where(mask, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -230,12 +233,12 @@ def _fwd_steps(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, OUT, LSE, SINK, CU_Q, CU_K, SEQUSED_K, BLOCK_TABLE, SEED, CACHE_LEFTPAD,
+    Q, K, V, OUT, LSE, SINK, CU_Q, CU_K, SEQUSED_K, BLOCK_TABLE, SEED, CACHE_LEFTPAD, KEY_MASK,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
-    stride_lb, stride_lh, stride_bt,
+    stride_lb, stride_lh, stride_bt, stride_km,
     seqlen_q, seqlen_k, n_heads, group,
     logit_scale, cap_log2, window_left, window_right, rng_cols, dropout_p, dropout_scale,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -244,7 +247,7 @@ def _fwd_kernel(
     VARLEN_Q: tl.constexpr, K_LEN: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr, DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr,
-    LEFTPAD: tl.constexpr, Q_DESC, K_DESC, V_DESC, TMA: tl.constexpr,
+    LEFTPAD: tl.constexpr, KEY_PADDING: tl.constexpr, Q_DESC, K_DESC, V_DESC, TMA: tl.constexpr,
 ):  # fmt: skip
     # TMA: q, k and v read through tensor descriptors over their 4-D shapes (`_fwd_steps`).
     pid_m = tl.program_id(0)
@@ -300,6 +303,9 @@ def _fwd_kernel(
         k_first = tl.load(CACHE_LEFTPAD + b).to(tl.int32)
         lo = tl.maximum(lo, (k_first // BLOCK_N) * BLOCK_N)
         first = tl.maximum(first, k_first)
+    key_mask_row = KEY_MASK + b.to(tl.int64) * stride_km
+    if KEY_PADDING:  # any key may be padding: every block is masked
+        first = len_k
     u_lo, u_hi = _unmasked(lo, hi, first, end, BLOCK_N)
     seed = 0
     if DROPOUT:
@@ -308,26 +314,26 @@ def _fwd_kernel(
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, lo, u_lo, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first, seed,
-        rows_g, h, n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
+        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first,
+        key_mask_row, seed, rows_g, h, n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
         PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT, LEFTPAD,
-        K_DESC, V_DESC, TMA,
+        KEY_PADDING, K_DESC, V_DESC, TMA,
     )  # fmt: skip
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, u_lo, u_hi, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first, seed,
-        rows_g, h, n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
+        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first,
+        key_mask_row, seed, rows_g, h, n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
         PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False, DROPOUT, LEFTPAD,
-        K_DESC, V_DESC, TMA,
+        KEY_PADDING, K_DESC, V_DESC, TMA,
     )  # fmt: skip
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, u_hi, hi, b, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first, seed,
-        rows_g, h, n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
+        stride_bt, len_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first,
+        key_mask_row, seed, rows_g, h, n_heads, rng_cols, dropout_p, dropout_scale, BLOCK_N, PAGED,
         PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT, LEFTPAD,
-        K_DESC, V_DESC, TMA,
+        KEY_PADDING, K_DESC, V_DESC, TMA,
     )  # fmt: skip
 
     has_mass = l_i > 0.0
@@ -716,9 +722,10 @@ def _decode_combine(
 @triton.jit
 def _decode_split_kernel(
     Q, K, V, OUT_P, LSE_P, SEQUSED_K, BLOCK_TABLE, SINK, OUT, LSE, COUNTERS, CACHE_LEFTPAD,
+    KEY_MASK,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh, stride_bt,
+    stride_vb, stride_vs, stride_vh, stride_bt, stride_km,
     stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
     seqlen_q, n_kv_heads, group, num_splits,
     logit_scale, cap_log2, window_left, window_right,
@@ -727,7 +734,7 @@ def _decode_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr, DOT_PRECISION: tl.constexpr, COMBINE: tl.constexpr,
-    LEFTPAD: tl.constexpr,
+    LEFTPAD: tl.constexpr, KEY_PADDING: tl.constexpr,
 ):  # fmt: skip
     # Flash-decoding: one program per (split of the keys, tile of rows, batch x kv head).
     # Its rows are every query of every query head of one kv head (row r: query r // group,
@@ -775,9 +782,10 @@ def _decode_split_kernel(
     m_i, l_i, acc = _fwd_steps(
         q, m_i, l_i, acc, K, V, BLOCK_TABLE, start, end, b, b, 0, hk, offs_i, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_bt, seqlen_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first, 0,
-        offs_i, 0, 1, 1, 0.0, 1.0, BLOCK_N, PAGED, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
-        DOT_PRECISION, True, False, LEFTPAD, K, V, False,
+        stride_bt, seqlen_q, len_k, logit_scale, cap_log2, window_left, window_right, k_first,
+        KEY_MASK + b.to(tl.int64) * stride_km, 0, offs_i, 0, 1, 1, 0.0, 1.0, BLOCK_N, PAGED,
+        PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, False, LEFTPAD,
+        KEY_PADDING, K, V, False,
     )  # fmt: skip
     has_mass = l_i > 0.0
     out = acc / tl.where(has_mass, l_i, 1.0)[:, None]

@@ -278,7 +278,8 @@ def _current_decode_counters(device: torch.device) -> torch.Tensor | None:
 
 
 def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logit_scale,
-            cap_log2, window_left, window_right, softcap, num_splits, cache_leftpad) -> None:  # fmt: skip
+            cap_log2, window_left, window_right, softcap, num_splits, cache_leftpad,
+            key_mask) -> None:  # fmt: skip
     device = q.device
     batch, seqlen_q, n_heads, d_qk = q.shape
     n_kv_heads, d_v = k.shape[2], v.shape[3]
@@ -317,16 +318,19 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
         q, k, v, part_out, part_lse, seqused_k,
         block_table if block_table is not None else null, sink, out, lse, counters,
         cache_leftpad if cache_leftpad is not None else null,
+        key_mask if key_mask is not None else null,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         block_table.stride(0) if block_table is not None else 0,
+        key_mask.stride(0) if key_mask is not None else 0,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         seqlen_q, n_kv_heads, group, num_splits,
         logit_scale, cap_log2, max(window_left, 0), max(window_right, 0),
         d_qk, d_v, next_power_of_2(d_qk), next_power_of_2(d_v), block_m, cfg.block_n,
         block_table is not None, page_size, window_left >= 0, window_right >= 0, softcap > 0.0,
         s_aux is not None, _dot_precision(q.dtype, device), combine, cache_leftpad is not None,
+        key_mask is not None,
     )  # fmt: skip
     _run(K._decode_split_kernel, (num_splits, tiles, batch * n_kv_heads), args, cfg, device)
     if combine != K.DECODE_PARTIAL:
@@ -360,12 +364,15 @@ def forward(
     dropout_seed: torch.Tensor | None = None,
     num_splits: int = 0,
     cache_leftpad: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of 4-D ``q`` over ``k``/``v``: ``(out, lse)``, ``lse`` as ``(q.shape[0], heads,
     q.shape[1])`` fp32. ``window_*`` below 0 are unbounded; ``softcap`` 0 is none; dropout as
     the module's docstring says. ``num_splits``: the split-KV path's chunk count, 0 for
     ``decode_splits``' choice. ``cache_leftpad``: ``(batch,)`` int32, the first key of each
-    sequence of a left-padded cache (with ``seqused_k``; the keys before it are not attended)."""
+    sequence of a left-padded cache (with ``seqused_k``; the keys before it are not attended).
+    ``key_padding_mask``: ``(batch, >= max_seqlen_k)`` uint8, nonzero for the keys attended to
+    (with ``seqused_k``)."""
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     device = q.device
     n_heads, d_qk, d_v = q.shape[2], q.shape[3], v.shape[3]
@@ -394,7 +401,8 @@ def forward(
         if seqused_k is None:
             seqused_k = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=device)
         _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logit_scale,
-                cap_log2, window_left, window_right, softcap, num_splits, cache_leftpad)  # fmt: skip
+                cap_log2, window_left, window_right, softcap, num_splits, cache_leftpad,
+                key_padding_mask)  # fmt: skip
         return out, lse
     cfg = config(
         FORWARD, next_power_of_2(max(d_qk, d_v)), not _takes_gpu_path(device),
@@ -413,12 +421,14 @@ def forward(
         seqused_k if seqused_k is not None else null,
         block_table if block_table is not None else null, seed,
         cache_leftpad if cache_leftpad is not None else null,
+        key_padding_mask if key_padding_mask is not None else null,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1),
         block_table.stride(0) if block_table is not None else 0,
+        key_padding_mask.stride(0) if key_padding_mask is not None else 0,
         q.shape[1], k.shape[1], n_heads, n_heads // k.shape[2],
         logit_scale, cap_log2, max(window_left, 0), max(window_right, 0),
         rng_cols, dropout_p, dropout_scale,
@@ -427,6 +437,7 @@ def forward(
         block_table is not None, page_size,
         window_left >= 0, window_right >= 0, softcap > 0.0, s_aux is not None,
         _dot_precision(q.dtype, device), dropout, cache_leftpad is not None,
+        key_padding_mask is not None,
     )  # fmt: skip
     if _forward_tma(q, k, v, block_table, device):
         args += (*_descriptors(q, k, v, cfg.block_m, cfg.block_n), True)
@@ -440,7 +451,7 @@ def forward(
 @forward.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, s_aux, max_seqlen_q,
       max_seqlen_k, softmax_scale, window_left, window_right, softcap, dropout_p=0.0,
-      dropout_seed=None, num_splits=0, cache_leftpad=None):  # fmt: skip
+      dropout_seed=None, num_splits=0, cache_leftpad=None, key_padding_mask=None):  # fmt: skip
     out = q.new_empty((*q.shape[:3], v.shape[3]))
     return out, q.new_empty(_lse_shape(q), dtype=torch.float32)
 
@@ -545,12 +556,15 @@ def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, seqused_k, block_table, s_aux, max_q, max_k, scale, left, right,
      softcap, *rest) = inputs  # fmt: skip
-    defaults = [0.0, None, 0, None]  # dropout_p, dropout_seed, num_splits, cache_leftpad
-    dropout_p, dropout_seed, _, cache_leftpad = rest + defaults[len(rest) :]
+    # dropout_p, dropout_seed, num_splits, cache_leftpad, key_padding_mask
+    defaults = [0.0, None, 0, None, None]
+    dropout_p, dropout_seed, _, cache_leftpad, key_mask = rest + defaults[len(rest) :]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, s_aux, dropout_seed)
     ctx.params = (max_q, max_k, scale, left, right, softcap, dropout_p)
-    ctx.paged_or_cache = any(t is not None for t in (seqused_k, block_table, cache_leftpad))
+    ctx.paged_or_cache = any(
+        t is not None for t in (seqused_k, block_table, cache_leftpad, key_mask)
+    )
 
 
 def _backward(ctx, dout, _dlse):
@@ -566,8 +580,8 @@ def _backward(ctx, dout, _dlse):
         # d lse / d sink is the sink's probability; d out / d sink is -p_sink * out.
         p_sink = torch.exp(s_aux.float()[None, :, None] - lse)
         ds_aux = (-(p_sink * delta).sum(dim=(0, 2))).to(s_aux.dtype)
-    # One gradient per input of forward (7 tensors/options before s_aux, 10 after it).
-    return dq, dk, dv, None, None, None, None, ds_aux, *([None] * 10)
+    # One gradient per input of forward (7 tensors/options before s_aux, 11 after it).
+    return dq, dk, dv, None, None, None, None, ds_aux, *([None] * 11)
 
 
 forward.register_autograd(_backward, setup_context=_setup_context)

@@ -294,6 +294,26 @@ def _check_index(where: str, name: str, t, batch: int, device) -> None:
         _fail(f"{where}: {name} must be a (batch={batch},) int32 tensor on {device}, got {t!r}.")
 
 
+def _key_mask_bytes(where: str, mask, batch: int, capacity: int, device) -> torch.Tensor:
+    # The mask as the kernels read it: one byte a key, nonzero where attended, rows contiguous.
+    if (
+        not isinstance(mask, torch.Tensor)
+        or mask.shape != (batch, capacity)
+        or mask.is_floating_point()
+        or mask.is_complex()
+        or mask.device != device
+    ):
+        _fail(
+            f"{where}: key_padding_mask must be a (batch={batch}, capacity={capacity}) bool "
+            f"tensor on {device}, got {mask!r}."
+        )
+    if mask.dtype != torch.bool:
+        mask = mask != 0
+    if mask.stride(-1) != 1:
+        mask = mask.contiguous()
+    return mask.view(torch.uint8)
+
+
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -315,6 +335,7 @@ def flash_attn_with_kvcache(
     num_splits: int = 0,
     return_softmax_lse: bool = False,
     s_aux: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
 ):
     """Attention of a few new queries over a KV cache (flash-attn 2's ``flash_attn_with_kvcache``),
     for decoding. No backward.
@@ -341,6 +362,11 @@ def flash_attn_with_kvcache(
             kv heads, cache capacity and the GPU's SM count (no autotuning: CUDA graphs).
         rotary_interleaved: accepted and ignored.
         return_softmax_lse: also return the log-sum-exp ``(batch, heads, seqlen_q)``.
+        key_padding_mask: not in flash-attn: ``(batch, capacity)`` (bool, or integers read as
+            nonzero), which cache rows hold keys; the others are neither attended to nor read.
+            For a padded batch's decode step without unpadding it (transformers' 2-D padding
+            mask, with ``cache_seqlens`` one past each sequence's last key): no host
+            synchronisation, so a CUDA graph can capture it.
 
     Returns:
         ``out`` ``(batch, seqlen_q, heads, head_dim_v)``, or ``(out, softmax_lse)``.
@@ -371,6 +397,8 @@ def flash_attn_with_kvcache(
     if cache_leftpad is not None:
         _check_index(where, "cache_leftpad", cache_leftpad, batch, q.device)
         cache_leftpad = cache_leftpad.to(torch.int32)
+    if key_padding_mask is not None:
+        key_padding_mask = _key_mask_bytes(where, key_padding_mask, batch, capacity, q.device)
     if cache_seqlens is None:
         if k is not None:
             _fail(f"{where}: new k and v need cache_seqlens, the rows at which to write them.")
@@ -399,6 +427,7 @@ def flash_attn_with_kvcache(
             q, k_cache, v_cache, None, None, used.to(torch.int32), block_table, s_aux,
             q.shape[1], capacity, _scale(softmax_scale, q.shape[-1]), left, right,
             _softcap(where, softcap), 0.0, None, max(int(num_splits), 0), cache_leftpad,
+            key_padding_mask,
         )  # fmt: skip
     return (out, lse) if return_softmax_lse else out
 
