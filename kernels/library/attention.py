@@ -217,19 +217,38 @@ def attention_forward(
     return out.view(batch, -1, *out.shape[-2:]), None
 
 
+def padding_mask(**kwargs: Any) -> torch.Tensor | None:
+    """transformers' flash-attention mask function (``AttentionMaskInterface``), the 2-D
+    padding mask or None, except that a decode step (one query) keeps its mask.
+
+    Flash attention's returns None for a mask of ones as long as the keys, which it learns by
+    reading the mask on the host (``mask.all()``) in every forward: a synchronisation, and one
+    a CUDA graph cannot capture. A decode step's mask goes to `padded_decode_step`, which reads
+    it on the device and gives the same result for a mask of ones, so it is kept whole. Called
+    with keywords by both transformers lines (``q_length`` on 5.x, ``cache_position`` on 4.57)."""
+    from transformers.masking_utils import flash_attention_mask
+
+    mask = kwargs.get("attention_mask")
+    positions = kwargs.get("cache_position")
+    queries = kwargs.get("q_length", positions.shape[0] if positions is not None else None)
+    if mask is None or queries != 1:
+        return flash_attention_mask(**kwargs)
+    return mask[:, -kwargs["kv_length"] :]
+
+
 def register_attention(name: str = ATTENTION_IMPLEMENTATION) -> None:
     """Register our attention with transformers under ``name``, with flash attention's padding
-    masks, and load the kernel (about 0.3 s), so that a model compiled with ``fullgraph=True``
+    masks (`padding_mask`), and load the kernel (about 0.3 s), so that a model compiled with ``fullgraph=True``
     before its first call does not trace the loading. Does nothing without transformers (there
     is nothing to register with then)."""
     try:
         from transformers import AttentionInterface
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+        from transformers.masking_utils import AttentionMaskInterface
     except ImportError:
         return
     attention_kernel()
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
+    AttentionMaskInterface.register(name, padding_mask)
 
 
 __all__ = [
@@ -238,5 +257,6 @@ __all__ = [
     "attention_forward",
     "attention_kernel",
     "padded_decode_step",
+    "padding_mask",
     "register_attention",
 ]

@@ -236,6 +236,28 @@ def test_padded_decode_step_is_taken_only_where_exact():
         assert padded_decode_step(key.requires_grad_(), mask, 1, {}) is None
 
 
+def test_padding_mask_keeps_a_decode_steps_mask_of_ones():
+    # Flash attention's mask function drops a mask of ones after reading it on the host; ours
+    # keeps a decode step's (read on the device later), whichever line's keywords it gets.
+    import inspect
+
+    from transformers.masking_utils import flash_attention_mask
+
+    from kernels.library.attention import padding_mask
+
+    ones = torch.ones(2, 6, dtype=torch.bool)
+    if "q_length" in inspect.signature(flash_attention_mask).parameters:  # 5.x
+        step, prompt = {"q_length": 1}, {"q_length": 6}
+    else:  # 4.57
+        step, prompt = {"cache_position": torch.tensor([5])}, {"cache_position": torch.arange(6)}
+    common = {"batch_size": 2, "kv_length": 6, "kv_offset": 0, "attention_mask": ones}
+    assert torch.equal(padding_mask(**common, **step), ones)
+    assert padding_mask(**common, **prompt) is None
+    assert padding_mask(**common | {"attention_mask": None}, **step) is None
+    # A sliding window's layers see the last kv_length columns.
+    assert padding_mask(**common | {"kv_length": 4}, **step).shape == (2, 4)
+
+
 def test_static_cache_fill_is_read_only_where_keys_outnumber_queries():
     from kernels.library.attention import static_cache_fill
 
