@@ -44,6 +44,7 @@ from .errors import UnsupportedGenerationError
 from .graph import EagerBackend, GraphBackend, default_backend
 from .greedy_loop import DEFAULT_FUSED_STEPS, FusedGreedyLoop
 from .greedy_rule import GenerateSetup, StopSettings, greedy_blocker, recording_setup, stop_settings
+from .greedy_steps import widen_padding_mask
 from .projections import grouped_projections
 
 logger = logging.getLogger(__name__)
@@ -58,12 +59,14 @@ _GENERATOR_ATTRIBUTE = "_kernels_cuda_graph_generator"
 @dataclass(frozen=True)
 class _FusedPlan:
     """How the fused loop finishes a call: its prompt, when it stops, where its first decode step
-    feeds and how many tokens are left after that one."""
+    feeds, how many tokens are left after that one, and that step's arguments as the loop takes
+    them (a 2D padding mask widened: `widen_padding_mask`)."""
 
     prompt: torch.Tensor
     stop: StopSettings
     position: int
     new_tokens: int
+    step: dict[str, Any]
 
 
 class _HandOver(Exception):
@@ -233,7 +236,7 @@ class CudaGraphGenerator:
         def first_decode_step(kwargs: dict[str, Any]) -> None:
             plan = self._fused_plan(setup, inputs, user_kwargs, kwargs, cache)
             if plan is not None:
-                raise _HandOver(kwargs, plan)
+                raise _HandOver(plan.step, plan)
 
         with self._grouped_projections(), self._kernel_cache_writes(cache):
             with (
@@ -323,13 +326,15 @@ class CudaGraphGenerator:
             if reason is None:
                 stop = stop_settings(setup)
                 position = prompt.shape[1]  # the first generated token's place in the cache
-                plan = _FusedPlan(prompt, stop, position, stop.max_length - position - 1)
+                capacity = self._caches[step["input_ids"].shape[0]][1]
+                step = widen_padding_mask(step, position, capacity)
+                plan = _FusedPlan(prompt, stop, position, stop.max_length - position - 1, step)
                 reason = self._fused.blocker(
                     step,
                     cache,
                     position=position,
                     new_tokens=plan.new_tokens,
-                    capacity=self._caches[step["input_ids"].shape[0]][1],
+                    capacity=capacity,
                     stop=stop,
                 )
         if reason is not None:

@@ -21,8 +21,12 @@ eager attention); 5.x passes ``input_ids``, ``position_ids`` and the same 4D mas
 counts positions itself (a device tensor its forward increments). In that mask the column of the
 token being fed is open for every sequence (padding stays closed) and later columns are closed,
 so the next step's mask is this one with the next column opened: `advance_blocker` checks that
-before a call is handed over, and anything else it does not know (another tensor argument, a 2D
-mask) keeps the call on generate()'s own loop.
+before a call is handed over, and anything else it does not know (another tensor argument)
+keeps the call on generate()'s own loop. An attention implementation with flash attention's
+mask function (ours, ``kernels_attention``) gets generate()'s 2D padding mask instead, one
+column a token so far, a column longer each step: `widen_padding_mask` gives it the cache's
+length (later columns closed), so that it advances as the 4D mask does, in a buffer of one
+shape.
 
 Example:
     ```python
@@ -46,6 +50,24 @@ from .inputs import StaticInputs
 #: Tensor arguments of a decode step that the block knows how to advance.
 ADVANCED = ("input_ids", "cache_position", "position_ids", "attention_mask")
 _PLAIN_TYPES = (type(None), bool, int, float, str)
+
+
+def widen_padding_mask(kwargs: dict[str, Any], position: int, capacity: int) -> dict[str, Any]:
+    """``kwargs`` with a 2D padding mask ``[batch, position + 1]`` (generate()'s, a column for each
+    token so far) widened to the cache's ``capacity`` columns, the new ones closed; other
+    arguments as they are. The step's attention sees the same keys either way (the closed
+    columns are cache rows not yet written)."""
+    mask = kwargs.get("attention_mask")
+    if (
+        not isinstance(mask, torch.Tensor)
+        or mask.dim() != 2
+        or mask.shape[1] != position + 1
+        or capacity <= position + 1
+    ):
+        return kwargs
+    wide = torch.zeros(mask.shape[0], capacity, dtype=mask.dtype, device=mask.device)
+    wide[:, : position + 1] = mask
+    return {**kwargs, "attention_mask": wide}
 
 
 def advance_blocker(
@@ -83,10 +105,13 @@ def advance_blocker(
 def _mask_blocker(mask: torch.Tensor | None, batch: int, position: int) -> str | None:
     if mask is None:  # the model makes its causal mask itself from the cache
         return None
-    if mask.dim() != 4 or tuple(mask.shape[:3]) != (batch, 1, 1) or mask.shape[3] <= position:
+    four_d = mask.dim() == 4 and tuple(mask.shape[:3]) == (batch, 1, 1)
+    two_d = mask.dim() == 2 and mask.shape[0] == batch
+    if not (four_d or two_d) or mask.shape[-1] <= position:
         return (
             f"the decode step's attention mask has shape {tuple(mask.shape)}, not "
-            f"[{batch}, 1, 1, cache length] (the static cache's 4D mask)"
+            f"[{batch}, 1, 1, cache length] (the static cache's 4D mask) or [{batch}, cache "
+            "length] (a 2D padding mask, widened)"
         )
     current = mask[..., position]
     if not bool((current == current.flatten()[0]).all()):
@@ -166,7 +191,7 @@ class GreedySteps:
         self.position.fill_(position)
         mask = self.inputs.buffers.get("attention_mask")
         if mask is not None:
-            self.open_value.copy_(mask[0, 0, 0, position])
+            self.open_value.copy_(mask.flatten(1)[0, position])
         self.unfinished.fill_(1)
         if self.eos is not None:
             # Built with end tokens, so the caller has them (the same count) and a pad token.

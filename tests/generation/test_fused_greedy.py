@@ -43,6 +43,10 @@ def test_with_our_kernels_tokens_are_the_kernelized_models_own(untagged):
     checks.check_kernelized(tiny_llama(num_hidden_layers=1))
 
 
+def test_our_attention_pads_on_the_device():
+    checks.check_our_attention_pads_on_the_device()
+
+
 def test_a_second_call_replays_its_blocks(model):
     ids, mask = checks.padded_prompt()
     eos = checks.early_end_token(model, ids, mask)

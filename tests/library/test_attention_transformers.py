@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kernels.library.attention import ATTENTION_IMPLEMENTATION, attention_kernel, register_attention
+from tests.support.host_reads import OpNames
 from tests.support.library import DEVICE
 from tests.support.models import llama_config
 
@@ -181,21 +182,6 @@ def test_generate_a_padded_batch_decodes_without_unpadding(tiny_llama, calls, mo
                      "flash_attn_with_kvcache": 3 * layers}  # fmt: skip
 
 
-# What reads a tensor's values on the host (.item(), bool(), a data-dependent shape): on a GPU,
-# a synchronisation, which a CUDA graph cannot capture.
-HOST_READS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.item.default"}
-
-
-class _OpNames(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.add(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("padded", [True, False], ids=["decode-step", "unpadded-prompt"])
 def test_padded_decode_step_reads_nothing_on_the_host(padded):
     # A padded batch's decode step runs no op that reads a tensor on the host, where
@@ -211,9 +197,9 @@ def test_padded_decode_step_reads_nothing_on_the_host(padded):
     k, v = (torch.randn(2, 2, 9, 16, device=DEVICE) for _ in range(2))
     mask = torch.ones(2, 9, dtype=torch.bool, device=DEVICE)
     mask[0, :4] = False
-    with torch.no_grad(), _OpNames() as ops:
+    with torch.no_grad(), OpNames() as ops:
         out = attention_forward(module, q, k, v, mask, scaling=0.25)[0]
-    assert bool(ops.names & HOST_READS) is not padded, sorted(ops.names)
+    assert bool(ops.host_reads) is not padded, sorted(ops.names)
     if padded:
         # The keys the mask leaves out do not count: the same as attending to the kept ones.
         alone = attention_forward(module, q[:1], k[:1, :, 4:], v[:1, :, 4:], None, scaling=0.25)

@@ -154,6 +154,43 @@ def check_kernelized(model) -> None:
     assert generator.kernelized
 
 
+def check_our_attention_pads_on_the_device() -> None:
+    """With our attention (``kernels_attention``) generate() hands the loop a 2D padding mask a
+    column longer each step; widened to the cache's length it advances in place as the 4D mask
+    does. The tokens are SDPA's, and a block's steps read nothing on the host (a CUDA graph
+    can capture them)."""
+    from kernels.generation import CudaGraphGenerator
+    from kernels.generation.greedy_steps import GreedySteps
+    from kernels.library.attention import ATTENTION_IMPLEMENTATION, register_attention
+    from tests.support.generation import tiny_llama
+    from tests.support.host_reads import OpNames
+
+    register_attention()
+    model = tiny_llama(num_hidden_layers=1)
+    ids, mask = padded_prompt()
+    new_tokens = FUSED_STEPS + 3
+    expected = eager_greedy(model, ids, mask, new_tokens)
+    model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
+    reads: list[set[str]] = []
+    original = GreedySteps.__call__
+
+    def watched(self) -> None:
+        with OpNames() as ops:
+            original(self)
+        reads.append(ops.host_reads)
+
+    GreedySteps.__call__ = watched
+    try:
+        generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
+        got = generator.generate(ids, attention_mask=mask, max_new_tokens=new_tokens)
+    finally:
+        GreedySteps.__call__ = original
+    assert torch.equal(got, expected), f"{got.tolist()} != {expected.tolist()}"
+    stats = generator.stats
+    assert stats.fused_calls == 1 and stats.fused_tokens == new_tokens - 1, stats
+    assert reads and not any(reads), reads
+
+
 def check_second_call_replays_its_blocks(model, ids, mask, eos: int | None = None):
     """A second call of the same batch size replays its captured block for every block, and
     gives generate()'s tokens for another prompt."""

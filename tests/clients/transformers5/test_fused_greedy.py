@@ -28,6 +28,10 @@ def test_with_our_kernels_tokens_are_the_kernelized_models_own(model, clean_kern
     checks.check_kernelized(model)
 
 
+def test_our_attention_pads_on_the_device():
+    checks.check_our_attention_pads_on_the_device()
+
+
 def test_a_second_call_replays_its_blocks(model):
     """The cache's position counter ran past the last token in the first call's last block;
     the second call starts from a reset cache all the same."""
