@@ -46,7 +46,7 @@ import torch
 
 from .cache import capture_blocker, fingerprint
 from .graph import CapturedCall, GraphBackend
-from .inputs import CallKey, NotCapturable, StaticInputs, call_key
+from .inputs import CallKey, NotCapturable, StaticInputs, call_key, widen_padding_mask
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ class DecodeGraphs:
         self.warmup_steps = warmup_steps
         self.stats = DecodeStats()
         self._caches: dict[int, Any] = {}  # id -> cache
+        self._capacities: dict[int, int] = {}  # id -> tokens the cache holds, where given
         self._graphs: dict[CallKey, _Graph] = {}
         self._warm: dict[CallKey, int] = {}  # key -> eager warm-up steps run
         self._failed: dict[CallKey, str] = {}
@@ -117,18 +118,25 @@ class DecodeGraphs:
 
     # ---- caches and graphs ---------------------------------------------------------------------
 
-    def add_cache(self, cache: Any) -> None:
-        """Treat calls that pass ``cache`` with one token per sequence as decode steps."""
+    def add_cache(self, cache: Any, capacity: int | None = None) -> None:
+        """Treat calls that pass ``cache`` with one token per sequence as decode steps. With its
+        ``capacity`` (tokens it holds), a step's 2D padding mask, a column a token so far, is
+        widened to that many columns (`widen_padding_mask`), so that every step of a call has
+        the same shapes and one graph replays them all."""
         self._caches[id(cache)] = cache
+        if capacity is not None:
+            self._capacities[id(cache)] = capacity
 
     def remove_cache(self, cache: Any) -> None:
         """Forget ``cache`` and drop the graphs captured on it."""
         self._caches.pop(id(cache), None)
+        self._capacities.pop(id(cache), None)
         self._forget(lambda key: key_cache_id(key) == id(cache))
 
     def clear(self) -> None:
         """Drop every graph and cache (their memory goes when nothing else holds it)."""
         self._caches.clear()
+        self._capacities.clear()
         self._forget(lambda key: True)
 
     @property
@@ -155,6 +163,10 @@ class DecodeGraphs:
             self.stats.other_calls += 1
             return forward(*args, **kwargs)
         cache = kwargs[self.cache_argument]
+        capacity = self._capacities.get(id(cache))
+        mask = kwargs.get("attention_mask")
+        if capacity is not None and isinstance(mask, torch.Tensor) and mask.dim() == 2:
+            kwargs = widen_padding_mask(kwargs, mask.shape[1] - 1, capacity)
         key, reason = self._key(cache, kwargs)
         if key is None:
             self._log_once(f"decode steps run eagerly: {reason}")

@@ -44,7 +44,7 @@ from .errors import UnsupportedGenerationError
 from .graph import EagerBackend, GraphBackend, default_backend
 from .greedy_loop import DEFAULT_FUSED_STEPS, FusedGreedyLoop
 from .greedy_rule import GenerateSetup, StopSettings, greedy_blocker, recording_setup, stop_settings
-from .greedy_steps import widen_padding_mask
+from .inputs import widen_padding_mask
 from .projections import grouped_projections
 
 logger = logging.getLogger(__name__)
@@ -301,7 +301,7 @@ class CudaGraphGenerator:
             )
         cache = new_static_cache(self.model, length)
         self._caches[batch] = (cache, length)
-        self._graphs.add_cache(cache)
+        self._graphs.add_cache(cache, length)
         return cache
 
     def _fused_plan(

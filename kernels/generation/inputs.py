@@ -31,6 +31,24 @@ import torch
 _PLAIN_TYPES = (type(None), bool, int, float, str)
 
 
+def widen_padding_mask(kwargs: dict[str, Any], position: int, capacity: int) -> dict[str, Any]:
+    """``kwargs`` with a 2D padding mask ``[batch, position + 1]`` (generate()'s, a column for each
+    token so far) widened to the cache's ``capacity`` columns, the new ones closed; other
+    arguments as they are. The step's attention sees the same keys either way (the closed
+    columns are cache rows not yet written)."""
+    mask = kwargs.get("attention_mask")
+    if (
+        not isinstance(mask, torch.Tensor)
+        or mask.dim() != 2
+        or mask.shape[1] != position + 1
+        or capacity <= position + 1
+    ):
+        return kwargs
+    wide = torch.zeros(mask.shape[0], capacity, dtype=mask.dtype, device=mask.device)
+    wide[:, : position + 1] = mask
+    return {**kwargs, "attention_mask": wide}
+
+
 class NotCapturable(Exception):
     """A call a graph cannot replay; the message says which argument and why."""
 

@@ -155,6 +155,29 @@ def check_second_call_replays(model, device="cpu", **generator_options):
     assert after.replays == before.replays + NEW_TOKENS - 1
 
 
+def check_our_attention_replays_padded_steps() -> None:
+    """Step by step (the fused loop off), with our attention, a left-padded batch's decode
+    steps share one graph: generate() hands them a 2D padding mask a column longer each step,
+    widened to the cache's length before the step is keyed, so the steps have one shape. The
+    tokens are SDPA's."""
+    from kernels.generation import CudaGraphGenerator
+    from kernels.library.attention import ATTENTION_IMPLEMENTATION, register_attention
+    from tests.support.fused_greedy import padded_prompt
+
+    register_attention()
+    model = tiny_llama(num_hidden_layers=1)
+    ids, mask = padded_prompt()
+    expected = eager_greedy(model, ids, mask)
+    model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
+    generator = CudaGraphGenerator(model, fused_steps=0)
+    got = generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    assert torch.equal(got, expected), f"{got.tolist()} != {expected.tolist()}"
+    stats = generator.stats
+    # One prefill and NEW_TOKENS - 1 decode steps: one warm-up, one capture, then replays.
+    assert stats.captures == 1 and stats.eager_steps == 1, stats
+    assert stats.replays == NEW_TOKENS - 2, stats
+
+
 def check_sampling_matches_eager(model, device="cpu"):
     """Sampling runs outside the graph: with the same seed, the generator draws the tokens
     transformers draws with a static cache."""

@@ -14,6 +14,7 @@ from tests.support.generation import (
     NEW_TOKENS,
     check_greedy_matches_eager,
     check_kernelized_matches_its_own_eager,
+    check_our_attention_replays_padded_steps,
     check_sampling_matches_eager,
     check_second_call_replays,
     prompt,
@@ -36,6 +37,10 @@ def test_greedy_tokens_are_transformers_tokens(model):
 
 def test_a_second_call_replays_every_decode_step(model):
     check_second_call_replays(model)
+
+
+def test_our_attention_replays_padded_decode_steps():
+    check_our_attention_replays_padded_steps()
 
 
 def test_sampling_draws_the_tokens_transformers_draws(model):
