@@ -122,28 +122,35 @@ def padded_decode_step(
     attention_mask: torch.Tensor,
     query_length: int,
     options: dict[str, Any],
-) -> torch.Tensor | None:
-    """Each sequence's key count, ``(batch,)`` int32 on the device (one past its last key), when
-    this call is a padded batch's decode step that ``flash_attn_with_kvcache`` can take with
-    the 2-D ``attention_mask`` as its ``key_padding_mask``; else None.
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(key counts, key mask)`` when this call is a padded batch's decode step that
+    ``flash_attn_with_kvcache`` can take without unpadding: each sequence's key count,
+    ``(batch,)`` int32 on the device (one past its last key), for ``cache_seqlens``, and the
+    ``(batch, mask length)`` bool mask of the keys its query sees, for ``key_padding_mask``
+    (``options``' sliding window applied); else None.
 
     Unpadding reads the mask on the host (its nonzero rows, the longest sequence): a host
     synchronisation in every attention layer of every decode step, which keeps the host from
     running ahead of the GPU and which a CUDA graph cannot capture. A decode step has one
-    query a sequence, the newest key, which sees every key its mask keeps: the kernel skips
-    the others itself. Only without a sliding window (with holes in the mask, as a continued
-    right-padded prompt has, a window would count the padding), dropout or a gradient. The
-    mask may be shorter than ``key`` (a static cache's unfilled rows): those rows are no key."""
+    query a sequence, the newest key, which sees every key its mask keeps; with a sliding
+    window of ``w`` keys to its left, the last ``w + 1`` kept keys, counted among the kept ones
+    as unpadding counts them (so holes in the mask, as a continued right-padded prompt leaves,
+    are not counted). All of it on the device. Not with dropout or a gradient. The mask may be
+    shorter than ``key`` (a static cache's unfilled rows): those rows are no key."""
     if (
         query_length != 1
         or attention_mask.shape[1] > key.shape[1]
-        or "window_size" in options
         or options.get("dropout_p")
         or (torch.is_grad_enabled() and key.requires_grad)
     ):
         return None
-    rows = torch.arange(1, attention_mask.shape[1] + 1, device=attention_mask.device)
-    return (rows * (attention_mask != 0)).amax(-1).to(torch.int32)
+    kept = attention_mask != 0
+    window = options.get("window_size")
+    if window is not None:
+        kept_from_here = kept.flip(-1).cumsum(-1).flip(-1)  # kept keys at or after each row
+        kept = kept & (kept_from_here <= window[0] + 1)
+    rows = torch.arange(1, kept.shape[1] + 1, device=kept.device)
+    return (rows * kept).amax(-1).to(torch.int32), kept
 
 
 def attention_forward(
@@ -187,13 +194,15 @@ def attention_forward(
                 f"attention does, got one of shape {tuple(attention_mask.shape)}. Use "
                 "attn_implementation='sdpa' for arbitrary 4-D masks."
             )
-        filled = padded_decode_step(k, attention_mask, query_length, options)
-        if filled is not None:
+        decode = padded_decode_step(k, attention_mask, query_length, options)
+        if decode is not None:
+            filled, kept = decode
             del options["dropout_p"]  # inference only (no backward over a cache)
-            keys = attention_mask.shape[1]
+            options.pop("window_size", None)  # in the key mask
+            keys = kept.shape[1]
             out = kernel.flash_attn_with_kvcache(
-                q, k[:, :keys], v[:, :keys], cache_seqlens=filled,
-                key_padding_mask=attention_mask, **options,
+                q, k[:, :keys], v[:, :keys], cache_seqlens=filled, key_padding_mask=kept,
+                **options,
             )  # fmt: skip
             return out, None
         q, k, v, indices, (cu_q, cu_k), (max_q, max_k) = fa._upad_input(

@@ -182,6 +182,57 @@ def test_generate_a_padded_batch_decodes_without_unpadding(tiny_llama, calls, mo
                      "flash_attn_with_kvcache": 3 * layers}  # fmt: skip
 
 
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_a_sliding_window_counts_kept_keys_in_a_padded_decode_step(calls, monkeypatch, padding):
+    # A Mistral whose window (4 tokens) is shorter than its prompts: its decode steps take
+    # flash_attn_with_kvcache too, the window in the key mask, and give the unpadded path's
+    # tokens (left-padded, SDPA's too). test_a_padded_decode_step_equals_unpadding checks the
+    # window's arithmetic on the outputs, which a tiny model's tokens barely depend on.
+    import kernels.library.attention as ours_module
+    from tests.support.generation import tiny_sliding_window_mistral
+
+    register_attention()
+    model = tiny_sliding_window_mistral().to(DEVICE)
+    ids = torch.randint(1, 50, (2, 8), device=DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, slice(0, 3) if padding == "left" else slice(5, 8)] = 0
+    kwargs = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    sdpa = model.generate(ids, **kwargs)
+    model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
+    with monkeypatch.context() as unpadded:
+        unpadded.setattr(ours_module, "padded_decode_step", lambda *args: None)
+        want = model.generate(ids, **kwargs)
+    if padding == "left":
+        assert torch.equal(want, sdpa)
+    calls.update(dict.fromkeys(calls, 0))
+    assert torch.equal(model.generate(ids, **kwargs), want)
+    assert calls["flash_attn_with_kvcache"] == 4 * model.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("window", [None, 3], ids=["no-window", "window-3"])
+def test_a_padded_decode_step_equals_unpadding(monkeypatch, window):
+    # The decode step's output against the unpadded path's, with left padding, a hole (a
+    # continued right-padded prompt) and a sliding window counted among the kept keys.
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    import kernels.library.attention as ours_module
+
+    register_attention()
+    module = LlamaAttention(llama_config(hidden_size=64, num_attention_heads=4,
+                                         num_key_value_heads=2), layer_idx=0)  # fmt: skip
+    q = torch.randn(3, 4, 1, 16, device=DEVICE)
+    k, v = (torch.randn(3, 2, 12, 16, device=DEVICE) for _ in range(2))
+    mask = torch.ones(3, 12, dtype=torch.bool, device=DEVICE)
+    mask[0, :5] = False
+    mask[1, 6:10] = False
+    sliding = {} if window is None else {"sliding_window": window + 1}
+    with torch.no_grad():
+        got = ours_module.attention_forward(module, q, k, v, mask, scaling=0.25, **sliding)[0]
+        monkeypatch.setattr(ours_module, "padded_decode_step", lambda *args: None)
+        want = ours_module.attention_forward(module, q, k, v, mask, scaling=0.25, **sliding)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("padded", [True, False], ids=["decode-step", "unpadded-prompt"])
 def test_padded_decode_step_reads_nothing_on_the_host(padded):
     # A padded batch's decode step runs no op that reads a tensor on the host, where
@@ -211,11 +262,16 @@ def test_padded_decode_step_is_taken_only_where_exact():
 
     key = torch.zeros(2, 13, 2, 16)
     mask = torch.tensor([[0] * 3 + [1] * 8, [1] * 9 + [0, 1]])  # 11 columns: a static cache
-    assert padded_decode_step(key, mask, 1, {}).tolist() == [11, 11]
-    assert padded_decode_step(key, mask[:, :9], 1, {}).tolist() == [9, 9]
-    assert padded_decode_step(key, torch.zeros(2, 5, dtype=torch.bool), 1, {}).tolist() == [0, 0]
+    filled, kept = padded_decode_step(key, mask, 1, {})
+    assert filled.tolist() == [11, 11] and torch.equal(kept, mask.bool())
+    assert padded_decode_step(key, mask[:, :9], 1, {})[0].tolist() == [9, 9]
+    assert padded_decode_step(key, torch.zeros(2, 5, dtype=torch.bool), 1, {})[0].tolist() == [0, 0]
+    # A window of 3 keys to the left: the query's own and the 3 kept before it, the hole at
+    # row 9 of the second sequence not counted.
+    filled, kept = padded_decode_step(key, mask, 1, {"window_size": (3, 3)})
+    assert filled.tolist() == [11, 11]
+    assert kept.int().tolist() == [[0] * 7 + [1] * 4, [0] * 6 + [1] * 3 + [0, 1]]
     assert padded_decode_step(key, mask, 2, {}) is None  # a prompt, or several new tokens
-    assert padded_decode_step(key, mask, 1, {"window_size": (3, 3)}) is None
     assert padded_decode_step(key, mask, 1, {"dropout_p": 0.1}) is None
     assert padded_decode_step(key, torch.ones(2, 14), 1, {}) is None  # longer than the keys
     with torch.enable_grad():
