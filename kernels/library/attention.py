@@ -217,9 +217,9 @@ def attention_forward(
         q, k, v = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
     elif position_ids is not None and is_packed_sequence(position_ids, batch):
         q, k, v, (cu_q, cu_k), (max_q, max_k) = fa._prepare_from_posids(q, k, v, position_ids)
-    elif (filled := static_cache_fill(k, query_length, position_ids, options)) is not None:
+    elif (cache_fill := static_cache_fill(k, query_length, position_ids, options)) is not None:
         del options["dropout_p"]  # inference only (no backward over a cache)
-        return kernel.flash_attn_with_kvcache(q, k, v, cache_seqlens=filled, **options), None
+        return kernel.flash_attn_with_kvcache(q, k, v, cache_seqlens=cache_fill, **options), None
     else:
         return kernel.flash_attn_func(q, k, v, **options), None
     out = kernel.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **options)
