@@ -196,3 +196,30 @@ def test_the_fused_loop_with_a_left_padded_batch(model):
     got = generator.generate(ids, attention_mask=mask, max_new_tokens=FUSED_NEW_TOKENS)
     assert torch.equal(got, fused_reference(model, ids, mask))
     assert generator.stats.fused_replays == 3 and generator.stats.failed_captures == 0
+
+
+@pytest.mark.parametrize(
+    "fused_steps", [DEFAULT_FUSED_STEPS, 0], ids=["fused-loop", "step-by-step"]
+)
+def test_our_attention_captures_a_padded_batch(fused_steps):
+    """With our attention a padded batch's decode steps read the padding mask on the device
+    (kernels.library.attention.padded_decode_step) and the generator widens transformers' 2D
+    mask to the cache's length, so they are captured and replayed: no failed capture, tokens of
+    the same model decoded eagerly with a static cache."""
+    pytest.importorskip("transformers")
+    from kernels.library.attention import ATTENTION_IMPLEMENTATION, register_attention
+
+    register_attention()
+    model = tiny_llama("cuda", **SMALL)
+    model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
+    ids, mask = padded_prompt(lengths=(7, 3, 5, 6, 2, 7, 4, 1), device="cuda")
+    generator = CudaGraphGenerator(model, fused_steps=fused_steps)
+    got = generator.generate(ids, attention_mask=mask, max_new_tokens=FUSED_NEW_TOKENS)
+    assert torch.equal(got, fused_reference(model, ids, mask))
+    stats = generator.stats
+    assert stats.failed_captures == 0, stats
+    if fused_steps:
+        assert stats.fused_captures == 1 and stats.fused_replays == 3, stats
+    else:
+        decode_steps = FUSED_NEW_TOKENS - 1
+        assert stats.captures == 1 and stats.replays == decode_steps - 1, stats
