@@ -384,6 +384,15 @@ def test_decode_counters_made_during_capture(attn, ops):
     assert not counters.any()
 
 
+def _with_kvcache(attn, q, k_cache, v_cache, paged: bool, **options):
+    """``flash_attn_with_kvcache`` over the cache as it is, or cut into shuffled pages of 8 rows."""
+    if not paged:
+        return attn.flash_attn_with_kvcache(q, k_cache, v_cache, **options)
+    k_pages, table = _paged(k_cache, 8, torch.Generator().manual_seed(0))
+    v_pages, _ = _paged(v_cache, 8, torch.Generator().manual_seed(0))
+    return attn.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=table, **options)
+
+
 # A left-padded cache (flash-attn's cache_leftpad): (leftpad, cache_seqlens) a sequence. The
 # padding rows hold NaN: read, or attended to, they would show. Sequence 2 starts past its
 # filled length and so sees no key (output 0, lse +inf); sequence 0 starts inside a block.
@@ -415,12 +424,7 @@ def test_cache_leftpad(attn, ops, monkeypatch, seqlen_q, paged, num_splits, wind
     used = torch.tensor(USED, dtype=torch.int32, device=DEVICE)
     options = {"causal": True, "window_size": window, "num_splits": num_splits,
                "cache_seqlens": used, "cache_leftpad": leftpad, "return_softmax_lse": True}  # fmt: skip
-    if paged:
-        k_pages, table = _paged(k_cache, 8, torch.Generator().manual_seed(0))
-        v_pages, _ = _paged(v_cache, 8, torch.Generator().manual_seed(0))
-        out, lse = attn.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=table, **options)
-    else:
-        out, lse = attn.flash_attn_with_kvcache(q, k_cache, v_cache, **options)
+    out, lse = _with_kvcache(attn, q, k_cache, v_cache, paged, **options)
     for b, (start, end) in enumerate(zip(LEFTPAD, USED, strict=True)):
         # The queries are the newest rows, end - seqlen_q .. end - 1, of an unpadded cache.
         if start >= end:
@@ -487,12 +491,7 @@ def test_key_padding_mask(attn, seqlen_q, paged, num_splits, sink):
     options = {"causal": True, "num_splits": num_splits, "softcap": 20.0, "s_aux": s_aux,
                "cache_seqlens": torch.tensor(used, dtype=torch.int32, device=DEVICE),
                "key_padding_mask": keep.to(DEVICE).int(), "return_softmax_lse": True}  # fmt: skip
-    if paged:
-        k_pages, table = _paged(k_cache, 8, torch.Generator().manual_seed(0))
-        v_pages, _ = _paged(v_cache, 8, torch.Generator().manual_seed(0))
-        out, lse = attn.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=table, **options)
-    else:
-        out, lse = attn.flash_attn_with_kvcache(q, k_cache, v_cache, **options)
+    out, lse = _with_kvcache(attn, q, k_cache, v_cache, paged, **options)
     for b, end in enumerate(used):
         want, want_lse = _masked_reference(
             q[b : b + 1].cpu(), k_cache[b : b + 1].cpu(), v_cache[b : b + 1].cpu(), keep[b], end,
