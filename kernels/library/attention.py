@@ -247,9 +247,9 @@ def padding_mask(**kwargs: Any) -> torch.Tensor | None:
 
 def register_attention(name: str = ATTENTION_IMPLEMENTATION) -> None:
     """Register our attention with transformers under ``name``, with flash attention's padding
-    masks (`padding_mask`), and load the kernel (about 0.3 s), so that a model compiled with ``fullgraph=True``
-    before its first call does not trace the loading. Does nothing without transformers (there
-    is nothing to register with then)."""
+    masks (`padding_mask`), and load the kernel (about 0.3 s), so that a model compiled with
+    ``fullgraph=True`` before its first call does not trace the loading. Does nothing without
+    transformers (there is nothing to register with then)."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface

@@ -212,8 +212,8 @@ def _run_attention(attention, full: bool = False) -> None:
     # The attention launcher takes the GPU's tiles, dot precision and split counts for these CPU
     # tensors (``_takes_gpu_path``), on an H100's 132 SMs, and its launches are recorded with
     # their stages. The dense calls of `_attention_cases`; packed batches, dropout, a paged
-    # cache, a left-padded one, a padding mask; the decode path in one launch (several splits), its direct
-    # form (one split) and its two launches; and the backward where asked.
+    # cache, a left-padded one, a padding mask; the decode path in one launch (several
+    # splits), its direct form (one split) and its two launches; and the backward where asked.
     ops = sys.modules[f"{attention.__name__}._ops"]
     ops._takes_gpu_path = lambda device: True
     ops.multiprocessors = lambda device: 132
@@ -247,8 +247,9 @@ def _run_attention(attention, full: bool = False) -> None:
             for splits in (0, 1):
                 attention.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=used,
                                                   num_splits=splits)  # fmt: skip
+            every_option = everything | {"s_aux": torch.zeros(32)}
             attention.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=used, causal=True,
-                                              **everything | {"s_aux": torch.zeros(32)})  # fmt: skip
+                                              **every_option)  # fmt: skip
             ops._DECODE_FUSED = False
             attention.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=used)
             ops._DECODE_FUSED = True

@@ -423,7 +423,8 @@ def test_cache_leftpad(attn, ops, monkeypatch, seqlen_q, paged, num_splits, wind
     leftpad = torch.tensor(LEFTPAD, dtype=torch.int32, device=DEVICE)
     used = torch.tensor(USED, dtype=torch.int32, device=DEVICE)
     options = {"causal": True, "window_size": window, "num_splits": num_splits,
-               "cache_seqlens": used, "cache_leftpad": leftpad, "return_softmax_lse": True}  # fmt: skip
+               "cache_seqlens": used, "cache_leftpad": leftpad,
+               "return_softmax_lse": True}  # fmt: skip
     out, lse = _with_kvcache(attn, q, k_cache, v_cache, paged, **options)
     for b, (start, end) in enumerate(zip(LEFTPAD, USED, strict=True)):
         # The queries are the newest rows, end - seqlen_q .. end - 1, of an unpadded cache.
@@ -468,11 +469,18 @@ def _masked_reference(q, k, v, keep, end, **options):
 
 
 @pytest.mark.parametrize(
-    "seqlen_q,paged,num_splits,sink",
-    [(1, False, 3, False), (1, True, 1, True), (3, False, 2, False), (20, False, 0, True)],
-    ids=["decode-split", "decode-paged-sinks", "three-queries", "forward-sinks"],
+    "seqlen_q,paged,num_splits,sink,tma",
+    [
+        (1, False, 3, False, False),
+        (1, True, 1, True, False),
+        (3, False, 2, False, False),
+        (20, False, 0, True, False),
+        (20, False, 0, False, True),
+    ],
+    ids=["decode-split", "decode-paged-sinks", "three-queries", "forward-sinks", "forward-tma"],
 )
-def test_key_padding_mask(attn, seqlen_q, paged, num_splits, sink):
+def test_key_padding_mask(attn, ops, monkeypatch, seqlen_q, paged, num_splits, sink, tma):
+    monkeypatch.setattr(ops, "_FORWARD_TMA", tma)
     # Left padding, holes (a right-padded prompt continued) and a sequence with no key kept
     # before its last; the rows left out hold NaN.
     batch, capacity, heads, kv_heads, dim = 4, 32, 4, 2, 64
