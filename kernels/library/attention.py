@@ -226,21 +226,29 @@ def attention_forward(
     return out.view(batch, -1, *out.shape[-2:]), None
 
 
-def padding_mask(**kwargs: Any) -> torch.Tensor | None:
-    """transformers' flash-attention mask function (``AttentionMaskInterface``), the 2-D
-    padding mask or None, except that a decode step (one query) keeps its mask.
+def capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream (never without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
-    Flash attention's returns None for a mask of ones as long as the keys, which it learns by
-    reading the mask on the host (``mask.all()``) in every forward: a synchronisation, and one
-    a CUDA graph cannot capture. A decode step's mask goes to `padded_decode_step`, which reads
-    it on the device and gives the same result for a mask of ones, so it is kept whole. Called
-    with keywords by both transformers lines (``q_length`` on 5.x, ``cache_position`` on 4.57)."""
+
+def padding_mask(**kwargs: Any) -> torch.Tensor | None:
+    """transformers' flash-attention mask function (``AttentionMaskInterface``): the 2-D padding
+    mask, or None for a mask of ones; except that a decode step (one query) being captured in
+    a CUDA graph keeps its mask whole.
+
+    Flash attention's function learns whether the mask is all ones by reading it on the host
+    (``mask.all()``) in every forward: a synchronisation a CUDA graph cannot capture. A decode
+    step's mask goes to `padded_decode_step`, which reads it on the device and gives the same
+    result for a mask of ones. Outside a capture the host read stays: it costs one
+    synchronisation a forward, and spares an unpadded batch the key mask's few small kernels
+    in every layer. Called with keywords by both transformers lines (``q_length`` on 5.x,
+    ``cache_position`` on 4.57)."""
     from transformers.masking_utils import flash_attention_mask
 
     mask = kwargs.get("attention_mask")
     positions = kwargs.get("cache_position")
     queries = kwargs.get("q_length", positions.shape[0] if positions is not None else None)
-    if mask is None or queries != 1:
+    if mask is None or queries != 1 or not capturing():
         return flash_attention_mask(**kwargs)
     return mask[:, -kwargs["kv_length"] :]
 
@@ -265,6 +273,7 @@ __all__ = [
     "ATTENTION_REPO",
     "attention_forward",
     "attention_kernel",
+    "capturing",
     "padded_decode_step",
     "padding_mask",
     "register_attention",

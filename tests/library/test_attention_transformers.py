@@ -278,13 +278,15 @@ def test_padded_decode_step_is_taken_only_where_exact():
         assert padded_decode_step(key.requires_grad_(), mask, 1, {}) is None
 
 
-def test_padding_mask_keeps_a_decode_steps_mask_of_ones():
+def test_padding_mask_keeps_a_captured_decode_steps_mask_of_ones(monkeypatch):
     # Flash attention's mask function drops a mask of ones after reading it on the host; ours
-    # keeps a decode step's (read on the device later), whichever line's keywords it gets.
+    # keeps a decode step's while a CUDA graph captures it (read on the device later),
+    # whichever line's keywords it gets, and is flash attention's otherwise.
     import inspect
 
     from transformers.masking_utils import flash_attention_mask
 
+    import kernels.library.attention as ours_module
     from kernels.library.attention import padding_mask
 
     ones = torch.ones(2, 6, dtype=torch.bool)
@@ -293,6 +295,8 @@ def test_padding_mask_keeps_a_decode_steps_mask_of_ones():
     else:  # 4.57
         step, prompt = {"cache_position": torch.tensor([5])}, {"cache_position": torch.arange(6)}
     common = {"batch_size": 2, "kv_length": 6, "kv_offset": 0, "attention_mask": ones}
+    assert padding_mask(**common, **step) is None  # not capturing: the host read
+    monkeypatch.setattr(ours_module, "capturing", lambda: True)
     assert torch.equal(padding_mask(**common, **step), ones)
     assert padding_mask(**common, **prompt) is None
     assert padding_mask(**common | {"attention_mask": None}, **step) is None

@@ -157,8 +157,10 @@ def check_kernelized(model) -> None:
 def check_our_attention_pads_on_the_device() -> None:
     """With our attention (``kernels_attention``) generate() hands the loop a 2D padding mask a
     column longer each step; widened to the cache's length it advances in place as the 4D mask
-    does. The tokens are SDPA's, and a block's steps read nothing on the host (a CUDA graph
-    can capture them)."""
+    does. The tokens are SDPA's, and a block's steps read nothing on the host while being
+    captured (a CUDA graph can capture them; here the capture is only announced, through
+    ``kernels.library.attention.capturing``, to the mask function that asks)."""
+    import kernels.library.attention as attention_module
     from kernels.generation import CudaGraphGenerator
     from kernels.generation.greedy_steps import GreedySteps
     from kernels.library.attention import ATTENTION_IMPLEMENTATION, register_attention
@@ -175,8 +177,13 @@ def check_our_attention_pads_on_the_device() -> None:
     original = GreedySteps.__call__
 
     def watched(self) -> None:
-        with OpNames() as ops:
-            original(self)
+        capturing = attention_module.capturing
+        attention_module.capturing = lambda: True
+        try:
+            with OpNames() as ops:
+                original(self)
+        finally:
+            attention_module.capturing = capturing
         reads.append(ops.host_reads)
 
     GreedySteps.__call__ = watched
