@@ -29,7 +29,10 @@ Three sections, bf16, 32 query heads and 8 key/value heads (issue 39's measured 
   forced, beside the one its rule picks; and ours as two launches (``TWO_LAUNCHES``: the split
   kernel, then a kernel that combines the splits, the path that the one-launch kernel replaced,
   through the library's private switch ``_ops._DECODE_FUSED``) at the rule's split count, in a
-  table of its own beside the one launch.
+  table of its own beside the one launch. At batch 8 also a padded batch's step (sequence b
+  left-padded by ``b / 8 x PADDING_SHARE`` of the context): ours with the padding mask read in
+  the kernel (``key_padding_mask``, as our transformers attention's decode step passes it)
+  against each SDPA backend with it as a boolean ``attn_mask``.
 
 Timing: ``timing.interleaved_samples`` (rounds that run every contender in rotating order, a
 block of calls each, L2 cleared before each call, CUDA events); the ratio's quartiles are over
@@ -73,6 +76,12 @@ SWEEP_SPLITS = [1, 2, 4, 8, 16, 32, 64]
 SWEEP = "ours-splits-"
 #: Ours with the splits combined by a second launch (what the one-launch kernel replaced).
 TWO_LAUNCHES = "ours-two-launches"
+#: A padded batch's decode step: ours with the padding mask read in the kernel
+#: (``key_padding_mask``), each SDPA backend with it as a boolean mask (``PADDED`` + backend).
+OURS_PADDED = "ours-padded"
+PADDED = "masked-"
+#: The padded batch's left padding: sequence b of B has ``b * PADDING_SHARE / B`` of the context.
+PADDING_SHARE = 0.5
 #: Ours with the forward reading q, k and v through tensor descriptors (TMA; the library's
 #: ``_FORWARD_TMA``, off until this row has measured it).
 OURS_TMA = "ours-tma"
@@ -152,10 +161,13 @@ def _backend(name: str):
     }[name]
 
 
-def sdpa_function(backend: str | None, gqa: str, causal: bool) -> Callable:
+def sdpa_function(
+    backend: str | None, gqa: str, causal: bool, mask: torch.Tensor | None = None
+) -> Callable:
     """SDPA on ``(batch, heads, seq, dim)`` q and ``(batch, kv_heads, seq, dim)`` k, v, through
     ``backend`` alone (None: SDPA's own choice), grouped-query attention by ``gqa``
-    (``"enable_gqa"`` or ``"repeat"``: k and v repeated to every query head in the call)."""
+    (``"enable_gqa"`` or ``"repeat"``: k and v repeated to every query head in the call), with
+    ``mask`` as its ``attn_mask``."""
     import contextlib
 
     from torch.nn.attention import sdpa_kernel
@@ -167,7 +179,7 @@ def sdpa_function(backend: str | None, gqa: str, causal: bool) -> Callable:
         scope = sdpa_kernel(_backend(backend)) if backend else contextlib.nullcontext()
         with scope:
             return F.scaled_dot_product_attention(
-                q, k, v, is_causal=causal, enable_gqa=gqa == "enable_gqa"
+                q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa == "enable_gqa"
             )
 
     return call
@@ -400,6 +412,51 @@ def switched(attn, switch: str, value, call: Callable, *args, **kwargs):
         setattr(ops, switch, kept)
 
 
+def left_padding_mask(batch: int, context: int, device) -> torch.Tensor:
+    """``(batch, context)`` bool: sequence ``b`` left-padded by ``b * PADDING_SHARE / batch`` of
+    the context, as generate() pads a batch of prompts of different lengths."""
+    starts = [int(b * PADDING_SHARE * context / batch) for b in range(batch)]
+    rows = torch.arange(context, device=device)
+    return rows[None, :] >= torch.tensor(starts, device=device)[:, None]
+
+
+def padded_decode_calls(attn, q, k_cache, v_cache, keep, peers: dict) -> dict:
+    """{name: call} for a padded decode step: ours with ``keep`` as its key mask (the cache full
+    to ``keep``'s length), and each of ``peers`` ({backend: gqa mode}) with it as SDPA's
+    boolean mask, in SDPA's layout."""
+    used = torch.full((q.shape[0],), keep.shape[1], dtype=torch.int32, device=q.device)
+    calls = {
+        OURS_PADDED: lambda: attn.flash_attn_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=used, key_padding_mask=keep, causal=True
+        )
+    }
+    sdpa_q = q.transpose(1, 2).contiguous()
+    sdpa_k, sdpa_v = (t.transpose(1, 2).contiguous() for t in (k_cache, v_cache))
+    mask = keep[:, None, None, :]
+    for peer, gqa in peers.items():
+        fn = sdpa_function(peer, gqa, False, mask)
+        calls[f"{PADDED}{peer}"] = lambda fn=fn: fn(sdpa_q, sdpa_k, sdpa_v).transpose(1, 2)
+    return calls
+
+
+def _check_padded(padded: dict, fns: dict, failed: dict) -> float | None:
+    """Ours' relative error against the first masked SDPA backend that runs; a backend that
+    takes no mask (flash) is marked failed and left out of the timing."""
+    ours = padded[OURS_PADDED]()
+    rel = None
+    for name, call in padded.items():
+        if name == OURS_PADDED:
+            continue
+        try:
+            error = relative_error(ours, call())
+        except RuntimeError as exc:
+            failed[name] = _error(exc)
+            del fns[name]
+            continue
+        rel = error if rel is None else rel
+    return rel
+
+
 def run_decode(attn, batch, rep_ms, block) -> list[dict]:
     dim, context = DECODE_DIM, DECODE_CONTEXT
     torch.manual_seed(0)
@@ -430,7 +487,13 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
             continue
         fn = sdpa_function(peer, modes[peer][0], False)
         fns[peer] = lambda fn=fn: fn(sdpa_q, sdpa_k, sdpa_v)
-    rel, same = None, None
+    padded: dict = {}
+    if batch > 1:
+        keep = left_padding_mask(batch, context, "cuda")
+        runnable = {peer: mode[0] for peer, mode in modes.items() if mode[0] is not None}
+        padded = padded_decode_calls(attn, q, k_cache, v_cache, keep, runnable)
+        fns.update(padded)
+    rel, same, padded_rel = None, None, None
     with torch.no_grad():
         ours_out = ours()
         same = torch.equal(two_launches(), ours_out)
@@ -443,6 +506,8 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
             except RuntimeError as exc:  # a backend that takes no single-query shape
                 failed[peer] = _error(exc)
                 del fns[peer]
+        if padded:
+            padded_rel = _check_padded(padded, fns, failed)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     replays = {}
@@ -456,7 +521,7 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
         times = _timed_rows(replays, rep_ms, block, "step")
     torch.cuda.current_stream().wait_stream(stream)
     rows = []
-    for name in [OURS, TWO_LAUNCHES, *PEERS, *(f"{SWEEP}{n}" for n in SWEEP_SPLITS)]:
+    for name in [OURS, TWO_LAUNCHES, *PEERS, *(f"{SWEEP}{n}" for n in SWEEP_SPLITS), *padded]:
         row = {"section": "decode", "batch": batch, "context": context, "dim": dim, "impl": name}
         if name.startswith(SWEEP):
             row["num_splits"] = int(name[len(SWEEP) :])
@@ -468,6 +533,9 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
             row.update(times[name])
         if name == OURS:
             row["rel_err_vs_sdpa"] = rel
+        if name == OURS_PADDED:
+            row["rel_err_vs_sdpa"] = padded_rel
+            row["padding_share"] = PADDING_SHARE
         if name in (OURS, TWO_LAUNCHES):
             row["num_splits"] = decode_splits(attn, batch, context)
         if name == TWO_LAUNCHES:
@@ -533,10 +601,11 @@ def tflops(row: dict, key: str) -> float | None:
     return row[f"{key}_flops"] / (row[f"{key}_ms"] * 1e-3) / 1e12
 
 
-def best_peer(rows: dict, key: str) -> str | None:
-    """The fastest peer (an SDPA backend) of a group of rows ``{impl: row}``."""
-    timed = [p for p in PEERS if p in rows and f"{key}_ms" in rows[p]]
-    return min(timed, key=lambda p: rows[p][f"{key}_ms"]) if timed else None
+def best_peer(rows: dict, key: str, prefix: str = "") -> str | None:
+    """The fastest peer (an SDPA backend, its row named ``prefix`` + backend) of a group of rows
+    ``{impl: row}``: the backend's name."""
+    timed = [p for p in PEERS if f"{key}_ms" in rows.get(prefix + p, {})]
+    return min(timed, key=lambda p: rows[prefix + p][f"{key}_ms"]) if timed else None
 
 
 def ratio(peer: dict | None, ours: dict | None, key: str) -> str:
@@ -731,6 +800,37 @@ def decode_table(results: list) -> list[str]:
                 ratio(two, ours, "step"),
             ]
             lines.append("| " + " | ".join(cells) + " |")
+    return lines + padded_decode_table(groups)
+
+
+def padded_decode_table(groups: list[tuple[tuple, dict]]) -> list[str]:
+    """The padded batch's decode step, from the decode section's groups: ours with the padding
+    mask read in the kernel against each SDPA backend with it as a boolean mask."""
+    padded = [(key, rows) for key, rows in groups if OURS_PADDED in rows]
+    if not padded:
+        return []
+    lines = [
+        "",
+        f"A padded batch's decode step (sequence b of B left-padded by b/B x {PADDING_SHARE:.0%} "
+        "of the context): ours reading the padding mask in the kernel (`key_padding_mask`), "
+        "each SDPA backend with it as a boolean mask; us per step (CUDA graphs).",
+        "",
+        "| batch | context | ours us | "
+        + " | ".join(f"{p} us" for p in PEERS)
+        + " | ours vs best peer |",
+        "|---|---|---|" + "---|" * len(PEERS) + "---|",
+    ]
+    for (batch, context), rows in padded:
+        ours = rows[OURS_PADDED]
+        best = best_peer(rows, "step", PADDED)
+        cells = [
+            str(batch),
+            str(context),
+            _ms(ours, "step", 1e3, "{:.1f}") + _flag(ours),
+            *(_ms(rows.get(PADDED + p), "step", 1e3, "{:.1f}") for p in PEERS),
+            f"{ratio(rows[PADDED + best], ours, 'step')} ({best})" if best else "—",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 

@@ -53,6 +53,23 @@ def test_sdpa_contenders_compute_what_ours_does(gqa):
     assert bench.relative_error(packed, bench.unpad_documents(padded, lengths)) < 1e-5
 
 
+def test_padded_decode_contenders_compute_the_same_step():
+    # Ours with the padding mask in the kernel and SDPA with it as a boolean mask (SDPA's own
+    # backend choice on the CPU): one decode step of a left-padded batch.
+    attn = load("attention")
+    keep = bench.left_padding_mask(4, 40, "cpu")
+    assert keep.sum(1).tolist() == [40, 35, 30, 25]  # b/4 x half the context padded
+    q = torch.randn(4, 1, 4, 16)
+    k_cache, v_cache = torch.randn(4, 40, 2, 16), torch.randn(4, 40, 2, 16)
+    calls = bench.padded_decode_calls(attn, q, k_cache, v_cache, keep, {None: "enable_gqa"})
+    assert list(calls) == [bench.OURS_PADDED, f"{bench.PADDED}None"]
+    ours, sdpa = calls[bench.OURS_PADDED](), calls[f"{bench.PADDED}None"]()
+    assert ours.shape == sdpa.shape == (4, 1, 4, 16)
+    assert bench.relative_error(ours, sdpa) < 1e-5
+    # The padding counts: the same step over the whole cache differs.
+    assert bench.relative_error(attn.flash_attn_with_kvcache(q, k_cache, v_cache), sdpa) > 1e-2
+
+
 def test_gqa_mode_reports_what_runs():
     assert bench.gqa_mode("flash", 64, True, device="cpu") == ("enable_gqa", "")
     mode, why = bench.gqa_mode("cudnn", 64, True, device="cpu")  # no cuDNN attention on a CPU
@@ -89,6 +106,11 @@ def _rows():
          "step_rounds": [0.013] * 4},
         {**decode, "impl": "ours-splits-8", "num_splits": 8, "step_ms": 0.025,
          "step_rounds": [0.025] * 4},
+        {**decode, "batch": 8, "impl": "ours-padded", "step_ms": 0.04, "step_rounds": [0.04] * 4,
+         "rel_err_vs_sdpa": 0.003, "padding_share": 0.5},
+        {**decode, "batch": 8, "impl": "masked-flash", "error": "RuntimeError: No kernel"},
+        {**decode, "batch": 8, "impl": "masked-efficient", "step_ms": 0.06,
+         "step_rounds": [0.06] * 4},
     ]  # fmt: skip
 
 
@@ -113,6 +135,8 @@ def test_report_tables(tmp_path):
     assert decode.endswith("| 0.65x [0.65-0.65] (flash) |")
     # The split sweep: the rule chose 16; 8 forced took 25 us; the other counts did not run.
     assert "| 1 | 16 | — | — | — | 25.0 | — | — | — |" in text
+    # The padded batch: ours 40 us against the masked efficient backend's 60 (flash failed).
+    assert "| 8 | 4096 | 40.0 | failed | — | 60.0 | 1.50x [1.50-1.50] (efficient) |" in text
 
 
 def test_rows_of_a_later_run_replace_their_own(tmp_path, monkeypatch):
