@@ -7,14 +7,16 @@ this process instead (where it runs Triton's interpreter: `cpu_rank_context`), w
 environment torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), and each runs the script as ``__main__``.
 
-About one run in thirty here (2026-11-24, torch 2.13), a rank aborts after its training step,
-in ``destroy_process_group`` or the interpreter's teardown ("terminate called without an active
-exception", no Python frame left); once (CI, 2026-11-27) a rank hung there instead. Ranks forked
-from a pytest-xdist worker inherit a process with threads, which torchrun's fresh interpreters do
-not. Once both ranks have printed their loss the step is done, so such an exit, or a rank still
-running `TEARDOWN_GRACE` seconds later, is reported as a warning, not a failure. A rank killed
-for time first writes every thread's Python stack to its log (faulthandler, SIGUSR1), so the
-report says where it was.
+About one run in thirty here (2026-11-24, torch 2.13), a rank aborted after its training step,
+in the teardown ("terminate called without an active exception", no Python frame left); about
+one DDP run in ten (and once in CI, 2026-11-27) rank 0 hung there instead. gdb showed where
+(torch 2.13): freeing the script's DDP model frees its reducer, the last owner of the gloo
+process group, whose destructor joins gloo's worker threads while holding the GIL; a worker
+still destroying the last allreduce's work drops a Python object there and waits for the GIL.
+So each rank ends with ``os._exit`` while the script's objects are still held, as its step is
+done. Should a rank still die or hang after both ranks have printed their loss, it is reported
+as a warning, not a failure (a hung rank is stopped `TEARDOWN_GRACE` seconds later, after
+writing every thread's Python stack to its log: faulthandler, SIGUSR1).
 """
 
 from __future__ import annotations
@@ -78,13 +80,19 @@ def _rank(script: Path, rank: int, world_size: int, port: int, log: Path) -> Non
     faulthandler.register(signal.SIGUSR1, file=sys.stdout, all_threads=True)
     torch.set_num_threads(1)  # two ranks share the cores
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        # Held until os._exit, which runs no destructor: freeing the script's objects could
+        # deadlock in torch's gloo teardown (module docstring).
+        _SCRIPT_GLOBALS.append(runpy.run_path(str(script), run_name="__main__"))
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()
         os._exit(1)
     sys.stdout.flush()
     os._exit(0)
+
+
+#: In a rank, the globals its script left (`_rank`): never freed.
+_SCRIPT_GLOBALS: list[dict] = []
 
 
 def _free_port() -> int:
