@@ -744,14 +744,21 @@ def varlen_table(results: list) -> list[str]:
     return lines
 
 
+def _peers_header(leading: str) -> list[str]:
+    """A decode table's header and rule: the ``leading`` columns ("a | b"), a column of us per
+    step for each peer, then ours against the best peer."""
+    columns = leading.count("|") + 1 + len(PEERS) + 1
+    return [
+        f"| {leading} | " + " | ".join(f"{p} us" for p in PEERS) + " | ours vs best peer |",
+        "|" + "---|" * columns,
+    ]
+
+
 def decode_table(results: list) -> list[str]:
     lines = [
         "### Decode: one query per sequence over a KV cache, us per step (CUDA graphs)",
         "",
-        "| batch | context | ours us (splits) | "
-        + " | ".join(f"{p} us" for p in PEERS)
-        + " | ours vs best peer |",
-        "|---|---|---|" + "---|" * len(PEERS) + "---|",
+        *_peers_header("batch | context | ours us (splits)"),
     ]
     groups = _groups(results, "decode", ("batch", "context"))
     for (batch, context), rows in groups:
@@ -815,10 +822,7 @@ def padded_decode_table(groups: list[tuple[tuple, dict]]) -> list[str]:
         "of the context): ours reading the padding mask in the kernel (`key_padding_mask`), "
         "each SDPA backend with it as a boolean mask; us per step (CUDA graphs).",
         "",
-        "| batch | context | ours us | "
-        + " | ".join(f"{p} us" for p in PEERS)
-        + " | ours vs best peer |",
-        "|---|---|---|" + "---|" * len(PEERS) + "---|",
+        *_peers_header("batch | context | ours us"),
     ]
     for (batch, context), rows in padded:
         ours = rows[OURS_PADDED]
