@@ -44,8 +44,8 @@ TYPES = {
 
 
 def _recording_launch(launches: list):
-    def launch(kernel, grid, args, num_warps, device):
-        launches.append((kernel, tuple(args), num_warps, None))  # Triton's default stages
+    def launch(kernel, grid, args, num_warps, device, num_stages=None):
+        launches.append((kernel, tuple(args), num_warps, num_stages))  # None: Triton's default
 
     return launch
 
@@ -217,8 +217,9 @@ def _run_attention(attention, full: bool = False) -> None:
     ops = sys.modules[f"{attention.__name__}._ops"]
     ops._takes_gpu_path = lambda device: True
     ops.multiprocessors = lambda device: 132
-    ops._run = lambda kernel, grid, args, cfg, device: _RUN_LAUNCHES.append(
-        (kernel, tuple(args), cfg.num_warps, cfg.num_stages)
+    # ops.launch is the recording one (_patch_launch); _run's GPU branch also passes stages.
+    ops._run = lambda kernel, grid, args, cfg, device: ops.launch(
+        kernel, grid, args, cfg.num_warps, device, num_stages=cfg.num_stages
     )
     f = attention.flash_attn_func
     everything = {"window_size": (64, 0), "softcap": 30.0, "s_aux": torch.zeros(8)}
@@ -270,10 +271,6 @@ def _run_attention(attention, full: bool = False) -> None:
             prefill = torch.zeros(4, 40, 32, 128, dtype=dtype)
             attention.flash_attn_with_kvcache(prefill, pages, pages, cache_seqlens=used,
                                               block_table=table, causal=True)  # fmt: skip
-
-
-# The attention launcher's launches (it calls ``_run``, with stages, not the shared ``launch``).
-_RUN_LAUNCHES: list = []
 
 
 def _signature(kernel, args) -> tuple[dict, dict]:
@@ -330,8 +327,6 @@ def main() -> int:
         package = load(name)
         _patch_launch(package, launches)
         run(package)
-        launches += _RUN_LAUNCHES
-        _RUN_LAUNCHES.clear()
         for module_name, module in list(sys.modules.items()):
             if module_name.startswith(package.__name__):
                 kernels |= {value.fn for key, value in vars(module).items()
