@@ -217,6 +217,7 @@ def _run_attention(attention, full: bool = False) -> None:
     ops = sys.modules[f"{attention.__name__}._ops"]
     ops._takes_gpu_path = lambda device: True
     ops.multiprocessors = lambda device: 132
+    ops._has_tma = lambda device: True
     # ops.launch is the recording one (_patch_launch); _run's GPU branch also passes stages.
     ops._run = lambda kernel, grid, args, cfg, device: ops.launch(
         kernel, grid, args, cfg.num_warps, device, num_stages=cfg.num_stages
@@ -230,7 +231,7 @@ def _run_attention(attention, full: bool = False) -> None:
         out = f(q, k, v, causal=causal, **(everything if options else {}))
         if backward:
             _grad(out, (q, k, v))
-    ops._FORWARD_TMA = False
+    ops._FORWARD_TMA = None  # the rest as an H100 would run them (descriptors by head dim)
     packed = [torch.zeros(96, heads, 128, dtype=torch.bfloat16, requires_grad=True)
               for heads in (8, 2, 2)]  # fmt: skip
     cu = torch.tensor([0, 40, 96], dtype=torch.int32)
@@ -240,6 +241,15 @@ def _run_attention(attention, full: bool = False) -> None:
         q, k, v = (t.unflatten(0, (1, 96)) for t in packed)
         _grad(f(q, k, v, dropout_p=0.1, causal=True), packed)
     ops.dropout_keep_mask(torch.zeros(1, dtype=torch.int64), 80, 8, 96, 0.1)
+    # A head dimension under 16 (tests' tiny models, fp32): Triton 3.6 compiles no tl.dot that
+    # reduces over fewer than 16 (Triton 3.9 does), so the blocks are padded to 16.
+    tiny = [torch.zeros(13, heads, 8, requires_grad=True) for heads in (4, 2, 2)]
+    cu = torch.tensor([0, 8, 13], dtype=torch.int32)
+    _grad(attention.flash_attn_varlen_func(*tiny, cu, cu, 8, 8, causal=True, window_size=(3, 3)),
+          tiny)  # fmt: skip
+    with torch.no_grad():
+        attention.flash_attn_with_kvcache(tiny[0][None, :1], tiny[1][None], tiny[2][None],
+                                          cache_seqlens=cu[1:2])  # fmt: skip
     with torch.no_grad():
         for dtype in (torch.bfloat16, torch.float16) if full else (torch.bfloat16,):
             q = torch.zeros(4, 1, 32, 128, dtype=dtype)
@@ -259,10 +269,13 @@ def _run_attention(attention, full: bool = False) -> None:
             for queries in (q, torch.zeros(4, 40, 32, 128, dtype=dtype)):
                 attention.flash_attn_with_kvcache(queries, cache, cache, cache_seqlens=used,
                                                   cache_leftpad=leftpad, causal=True)  # fmt: skip
-                # A padding mask over the keys (transformers' 2-D mask).
+                # A padding mask over the keys (transformers' 2-D mask), alone and, as our
+                # transformers attention's decode step passes it, with the first kept keys.
+                keep = torch.ones(4, 4096, dtype=torch.bool)
                 attention.flash_attn_with_kvcache(queries, cache, cache, cache_seqlens=used,
-                                                  key_padding_mask=torch.ones(4, 4096, dtype=bool),
-                                                  causal=True)  # fmt: skip
+                                                  key_padding_mask=keep, causal=True)  # fmt: skip
+            attention.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=used, causal=True,
+                                              cache_leftpad=leftpad, key_padding_mask=keep)  # fmt: skip
             # A paged cache of 256-token pages: the decode step and a prefill of 40 queries.
             pages = torch.zeros(64, 256, 8, 128, dtype=dtype)
             table = torch.arange(64, dtype=torch.int32).reshape(4, 16)

@@ -427,12 +427,15 @@ def test_which_inputs_go_through_tensor_descriptors(attn, monkeypatch):
     ops = _ops(attn)
     q, k, v = (randn(1, 17, 2, 64) for _ in range(3))
     device = q.device
-    # Off by default (until measured on a GPU), and on request only where the GPU has TMA.
-    assert ops._FORWARD_TMA is False and not ops._forward_tma(q, k, v, None, device)
-    monkeypatch.setattr(ops, "_FORWARD_TMA", None)
-    assert ops._forward_tma(q, k, v, None, device) == (
-        ON_GPU and torch.cuda.get_device_capability(device)[0] >= 9
-    )
+    # By default only where the GPU has TMA, and for head dims of 128 and more.
+    assert ops._FORWARD_TMA is None and not ops._forward_tma(q, k, v, None, device)
+    wide = [randn(1, 17, 2, 128) for _ in range(3)]
+    has_tma = ON_GPU and torch.cuda.get_device_capability(device)[0] >= 9
+    assert ops._forward_tma(*wide, None, device) == has_tma
+    monkeypatch.setattr(ops, "_has_tma", lambda device: True)
+    assert ops._forward_tma(*wide, None, device) and not ops._forward_tma(q, k, v, None, device)
+    monkeypatch.setattr(ops, "_FORWARD_TMA", False)
+    assert not ops._forward_tma(*wide, None, device)
     monkeypatch.setattr(ops, "_FORWARD_TMA", True)
     assert ops._forward_tma(q, k, v, None, device)
     # A paged cache's blocks are gathered page by page.

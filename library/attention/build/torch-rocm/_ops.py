@@ -26,8 +26,9 @@ writes the output itself. The counters are kept per device and CUDA stream
 second combining the chunks: kept for benchmarks.
 
 The forward can read q, k and v through tensor descriptors (Hopper's copy engine, TMA) instead
-of pointer arithmetic (``_forward_tma``); off until a GPU run has measured it
-(``_FORWARD_TMA``, benchmarks/attention.py's ``ours-tma`` row).
+of pointer arithmetic (``_forward_tma``): by default on GPUs with TMA for head dimensions of 128
+and more, where an H100 measured it faster (``_FORWARD_TMA``, benchmarks/attention.py's
+``ours-tma`` rows).
 """
 
 import math
@@ -99,11 +100,22 @@ def _dot_precision(dtype: torch.dtype, device: torch.device) -> str:
 
 
 #: Whether the forward reads q, k and v through tensor descriptors (`_forward_tma`): False
-#: never, None where the GPU has TMA (compute capability 9.0 and newer), True wherever
-#: descriptors can describe the inputs, the CPU's interpreter included (tests). False until a
-#: GPU run measures it against the pointer loads: a probe of the same loads in a kernel of the
-#: tutorial's form gained 3-15% on an H100's forward (benchmarks/results/h100/NOTES.md).
-_FORWARD_TMA: bool | None = False
+#: never, True wherever descriptors can describe the inputs, the CPU's interpreter included
+#: (tests), None (the default) where the GPU has TMA (compute capability 9.0 and newer) and the
+#: head dimension is at least ``_TMA_MIN_HEAD_DIM``. On an H100 (2026-11-27, Triton 3.6,
+#: benchmarks/results/h100/attention) descriptors ran the dense forward 0.97-1.13x the pointer
+#: loads' speed at head dimension 128 (1.05x or more at four of six shapes) but 0.86-1.06x at
+#: 64, where a block's rows are 128 bytes and the pointer loads already coalesce.
+_FORWARD_TMA: bool | None = None
+_TMA_MIN_HEAD_DIM = 128
+
+
+def _block_dim(head_dim: int) -> int:
+    """A head dimension's block width in the kernels: the next power of two, and at least 16,
+    the least reduction length Triton 3.6's ``tl.dot`` takes on a GPU (an H100 machine's tiny
+    test model, head dim 8, failed to compile; Triton 3.9 and the interpreter take less). The
+    padding columns are masked like any past the head dimension."""
+    return max(16, next_power_of_2(head_dim))
 
 
 def _describable(t: torch.Tensor) -> bool:
@@ -123,20 +135,23 @@ def _forward_tma(q, k, v, block_table, device: torch.device) -> bool:
     descriptor cannot describe."""
     if _FORWARD_TMA is False or TensorDescriptor is None or block_table is not None:
         return False
-    if _FORWARD_TMA is None and (
-        device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9
-    ):
+    if _FORWARD_TMA is None and (not _has_tma(device) or q.shape[-1] < _TMA_MIN_HEAD_DIM):
         return False
     return all(_describable(t) for t in (q, k, v))
+
+
+def _has_tma(device: torch.device) -> bool:
+    # Hopper (compute capability 9.0) brought the tensor memory accelerator.
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _descriptors(q, k, v, block_m: int, block_n: int) -> tuple:
     # Blocks of one head's rows: (1, rows, 1, head dimension padded to a power of two); the
     # padding columns and rows past each tensor's end read as zeros.
     return (
-        TensorDescriptor.from_tensor(q, [1, block_m, 1, next_power_of_2(q.shape[3])]),
-        TensorDescriptor.from_tensor(k, [1, block_n, 1, next_power_of_2(k.shape[3])]),
-        TensorDescriptor.from_tensor(v, [1, block_n, 1, next_power_of_2(v.shape[3])]),
+        TensorDescriptor.from_tensor(q, [1, block_m, 1, _block_dim(q.shape[3])]),
+        TensorDescriptor.from_tensor(k, [1, block_n, 1, _block_dim(k.shape[3])]),
+        TensorDescriptor.from_tensor(v, [1, block_n, 1, _block_dim(v.shape[3])]),
     )
 
 
@@ -327,7 +342,7 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         seqlen_q, n_kv_heads, group, num_splits,
         logit_scale, cap_log2, max(window_left, 0), max(window_right, 0),
-        d_qk, d_v, next_power_of_2(d_qk), next_power_of_2(d_v), block_m, cfg.block_n,
+        d_qk, d_v, _block_dim(d_qk), _block_dim(d_v), block_m, cfg.block_n,
         block_table is not None, page_size, window_left >= 0, window_right >= 0, softcap > 0.0,
         s_aux is not None, _dot_precision(q.dtype, device), combine, cache_leftpad is not None,
         key_mask is not None,
@@ -339,7 +354,7 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
         part_out, part_lse, sink, out, lse,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         seqlen_q, n_kv_heads, group, num_splits,
-        d_v, next_power_of_2(d_v), block_m, s_aux is not None,
+        d_v, _block_dim(d_v), block_m, s_aux is not None,
     )  # fmt: skip
     _run(K._decode_reduce_kernel, (tiles, batch * n_kv_heads), args, cfg, device)
 
@@ -432,7 +447,7 @@ def forward(
         q.shape[1], k.shape[1], n_heads, n_heads // k.shape[2],
         logit_scale, cap_log2, max(window_left, 0), max(window_right, 0),
         rng_cols, dropout_p, dropout_scale,
-        d_qk, d_v, next_power_of_2(d_qk), next_power_of_2(d_v), cfg.block_m, cfg.block_n,
+        d_qk, d_v, _block_dim(d_qk), _block_dim(d_v), cfg.block_m, cfg.block_n,
         cu_seqlens_q is not None, _k_len_mode(cu_seqlens_k, seqused_k),
         block_table is not None, page_size,
         window_left >= 0, window_right >= 0, softcap > 0.0, s_aux is not None,
@@ -499,7 +514,7 @@ def backward(
              dropout[-1])  # fmt: skip
     logit_scale, cap_log2 = _scales(softmax_scale, softcap)
     windows = (max(window_left, 0), max(window_right, 0), *dropout[:-1])
-    dims = (d_qk, d_v, next_power_of_2(d_qk), next_power_of_2(d_v))
+    dims = (d_qk, d_v, _block_dim(d_qk), _block_dim(d_v))
 
     fp32 = q.dtype == torch.float32
     delta_cfg = config(BACKWARD, block_d, on_cpu, fp32)
