@@ -14,8 +14,9 @@ Three sections, bf16, 32 query heads and 8 key/value heads (issue 39's measured 
   (half the pairs, plus the diagonal, when causal), forward+backward 3.5 times the forward
   (flash-attn's convention: the backward's five products against the forward's two); % of the
   GPU's dense bf16 peak (``PEAK_TFLOPS``).
-  Ours also with its forward reading q, k and v through tensor descriptors (``ours-tma``, the
-  library's ``_FORWARD_TMA`` forced on), in a table of its own against the pointer loads.
+  Ours is the library's default, whose forward reads q, k and v through tensor descriptors
+  (TMA) for head dims of 128 and more on Hopper (``_FORWARD_TMA``); ours with the descriptors
+  forced on (``ours-tma``) and off (``ours-pointer``) in a table of their own.
 - ``varlen``: 64 documents of 128-4096 tokens (seeded), packed through
   ``flash_attn_varlen_func`` (causal), against the same documents right-padded to the longest
   and run through each SDPA backend with ``is_causal=True`` (with right padding the causal mask
@@ -31,8 +32,9 @@ Three sections, bf16, 32 query heads and 8 key/value heads (issue 39's measured 
   through the library's private switch ``_ops._DECODE_FUSED``) at the rule's split count, in a
   table of its own beside the one launch. At batch 8 also a padded batch's step (sequence b
   left-padded by ``b / 8 x PADDING_SHARE`` of the context): ours with the padding mask read in
-  the kernel (``key_padding_mask``, as our transformers attention's decode step passes it)
-  against each SDPA backend with it as a boolean ``attn_mask``.
+  the kernel (``key_padding_mask``), alone and as our transformers attention runs it
+  (``padded_decode_step``'s small kernels count each sequence's keys first), against each SDPA
+  backend with the mask as a boolean ``attn_mask``.
 
 Timing: ``timing.interleaved_samples`` (rounds that run every contender in rotating order, a
 block of calls each, L2 cleared before each call, CUDA events); the ratio's quartiles are over
@@ -60,6 +62,7 @@ import torch.nn.functional as F
 
 from benchmarks import cases, timing
 from benchmarks.results_io import default_out, save_results
+from kernels.library.attention import padded_decode_step
 
 HEADS, KV_HEADS = 32, 8
 SHAPES = [(16, 1024), (4, 4096), (1, 16384)]
@@ -79,12 +82,15 @@ TWO_LAUNCHES = "ours-two-launches"
 #: A padded batch's decode step: ours with the padding mask read in the kernel
 #: (``key_padding_mask``), each SDPA backend with it as a boolean mask (``PADDED`` + backend).
 OURS_PADDED = "ours-padded"
+#: The same step as ``kernels_attention`` runs it: the mask's preparation, then the kernel.
+OURS_PADDED_STEP = "ours-padded-step"
 PADDED = "masked-"
 #: The padded batch's left padding: sequence b of B has ``b * PADDING_SHARE / B`` of the context.
 PADDING_SHARE = 0.5
-#: Ours with the forward reading q, k and v through tensor descriptors (TMA; the library's
-#: ``_FORWARD_TMA``, off until this row has measured it).
+#: Ours with the forward reading q, k and v through tensor descriptors (TMA) forced on, and
+#: forced off (pointer loads): the measurement behind the library's ``_FORWARD_TMA`` rule.
 OURS_TMA = "ours-tma"
+OURS_POINTER = "ours-pointer"
 #: Dense bf16 tensor-core peaks (TFLOP/s, without sparsity) from NVIDIA's datasheets, matched
 #: against torch.cuda.get_device_name() in order (the first name contained wins).
 PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200", 989.4), ("H100", 989.4)]
@@ -266,13 +272,17 @@ def run_dense(attn, batch, seqlen, dim, causal, rep_ms, block) -> list[dict]:
     # (batch, heads, seq, dim).
     sdpa_inputs = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
 
-    def through_descriptors(q, k, v):
+    def forced(tma: bool) -> Callable:
         # The backward is the same kernels either way; only the forward reads differently.
-        return switched(attn, "_FORWARD_TMA", True, attn.flash_attn_func, q, k, v, causal=causal)
+        return lambda q, k, v: switched(
+            attn, "_FORWARD_TMA", tma, attn.flash_attn_func, q, k, v, causal=causal
+        )
 
+    through_descriptors = forced(True)
     contenders = {
         OURS: (lambda q, k, v: attn.flash_attn_func(q, k, v, causal=causal), [q, k, v]),
         OURS_TMA: (through_descriptors, [t.clone() for t in (q, k, v)]),
+        OURS_POINTER: (forced(False), [t.clone() for t in (q, k, v)]),
     }
     modes = {}
     for peer in PEERS:
@@ -298,7 +308,7 @@ def run_dense(attn, batch, seqlen, dim, causal, rep_ms, block) -> list[dict]:
     flops = attention_flops(batch, seqlen, seqlen, dim, causal)
     key = {"section": "dense", "batch": batch, "seqlen": seqlen, "dim": dim, "causal": causal}
     rows = []
-    for name in [OURS, OURS_TMA, *PEERS]:
+    for name in [OURS, OURS_TMA, OURS_POINTER, *PEERS]:
         row = {**key, "impl": name, "fwd_flops": flops, "fwd_bwd_flops": FWD_BWD_FACTOR * flops}
         if name in modes:
             row["gqa"] = modes[name][0]
@@ -422,13 +432,22 @@ def left_padding_mask(batch: int, context: int, device) -> torch.Tensor:
 
 def padded_decode_calls(attn, q, k_cache, v_cache, keep, peers: dict) -> dict:
     """{name: call} for a padded decode step: ours with ``keep`` as its key mask (the cache full
-    to ``keep``'s length), and each of ``peers`` ({backend: gqa mode}) with it as SDPA's
-    boolean mask, in SDPA's layout."""
+    to ``keep``'s length), the kernel alone and as ``kernels_attention`` runs it (with
+    `padded_decode_step`'s small kernels that turn the mask into key counts first), and each of
+    ``peers`` ({backend: gqa mode}) with it as SDPA's boolean mask, in SDPA's layout."""
     used = torch.full((q.shape[0],), keep.shape[1], dtype=torch.int32, device=q.device)
+
+    def step():
+        ends, kept = padded_decode_step(k_cache, keep, 1, {})
+        return attn.flash_attn_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=ends, key_padding_mask=kept, causal=True
+        )
+
     calls = {
         OURS_PADDED: lambda: attn.flash_attn_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=used, key_padding_mask=keep, causal=True
-        )
+        ),
+        OURS_PADDED_STEP: step,
     }
     sdpa_q = q.transpose(1, 2).contiguous()
     sdpa_k, sdpa_v = (t.transpose(1, 2).contiguous() for t in (k_cache, v_cache))
@@ -441,11 +460,15 @@ def padded_decode_calls(attn, q, k_cache, v_cache, keep, peers: dict) -> dict:
 
 def _check_padded(padded: dict, fns: dict, failed: dict) -> float | None:
     """Ours' relative error against the first masked SDPA backend that runs; a backend that
-    takes no mask (flash) is marked failed and left out of the timing."""
+    takes no mask (flash) is marked failed and left out of the timing, and so is ours with the
+    mask's preparation if it does not give the kernel's output alone."""
     ours = padded[OURS_PADDED]()
+    if not torch.equal(padded[OURS_PADDED_STEP](), ours):
+        failed[OURS_PADDED_STEP] = "its output differs from the kernel's alone"
+        del fns[OURS_PADDED_STEP]
     rel = None
     for name, call in padded.items():
-        if name == OURS_PADDED:
+        if not name.startswith(PADDED):
             continue
         try:
             error = relative_error(ours, call())
@@ -681,15 +704,16 @@ def tma_table(results: list) -> list[str]:
     lines = [
         "### Dense, ours with q, k and v read through tensor descriptors (TMA)",
         "",
-        "Against the pointer loads (ours above), ms; ratios pointer ms / TMA ms (> 1: TMA "
-        "faster). The backward is the same kernels.",
+        "Ours forced to read through descriptors against ours forced to pointer loads, ms; "
+        "ratios pointer ms / TMA ms (> 1: TMA faster). The backward is the same kernels. The "
+        "default (ours above) takes the descriptors on Hopper for head dims of 128 and more.",
         "",
         "| batch x seq | dim | causal | fwd ms | TMA fwd ms | TMA vs pointer (fwd) | "
         "fwd+bwd ms | TMA fwd+bwd ms | TMA vs pointer (fwd+bwd) | TMA vs pointer output |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (batch, seqlen, dim, causal), rows in groups:
-        ours, tma = rows.get(OURS), rows[OURS_TMA]
+        ours, tma = rows.get(OURS_POINTER, rows.get(OURS)), rows[OURS_TMA]
         err = tma.get("rel_err_vs_ours")
         cells = [
             f"{batch}x{seqlen}",
@@ -820,17 +844,21 @@ def padded_decode_table(groups: list[tuple[tuple, dict]]) -> list[str]:
         "",
         f"A padded batch's decode step (sequence b of B left-padded by b/B x {PADDING_SHARE:.0%} "
         "of the context): ours reading the padding mask in the kernel (`key_padding_mask`), "
-        "each SDPA backend with it as a boolean mask; us per step (CUDA graphs).",
+        "alone and as `kernels_attention` runs it (with `padded_decode_step`'s small kernels "
+        "that count each sequence's keys first), each SDPA backend with the mask as a boolean "
+        "mask; us per step (CUDA graphs).",
         "",
-        *_peers_header("batch | context | ours us"),
+        *_peers_header("batch | context | ours us | ours with preparation us"),
     ]
     for (batch, context), rows in padded:
         ours = rows[OURS_PADDED]
         best = best_peer(rows, "step", PADDED)
+        step = rows.get(OURS_PADDED_STEP)
         cells = [
             str(batch),
             str(context),
             _ms(ours, "step", 1e3, "{:.1f}") + _flag(ours),
+            _ms(step, "step", 1e3, "{:.1f}"),
             *(_ms(rows.get(PADDED + p), "step", 1e3, "{:.1f}") for p in PEERS),
             f"{ratio(rows[PADDED + best], ours, 'step')} ({best})" if best else "—",
         ]

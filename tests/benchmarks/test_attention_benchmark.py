@@ -62,8 +62,10 @@ def test_padded_decode_contenders_compute_the_same_step():
     q = torch.randn(4, 1, 4, 16)
     k_cache, v_cache = torch.randn(4, 40, 2, 16), torch.randn(4, 40, 2, 16)
     calls = bench.padded_decode_calls(attn, q, k_cache, v_cache, keep, {None: "enable_gqa"})
-    assert list(calls) == [bench.OURS_PADDED, f"{bench.PADDED}None"]
+    assert list(calls) == [bench.OURS_PADDED, bench.OURS_PADDED_STEP, f"{bench.PADDED}None"]
     ours, sdpa = calls[bench.OURS_PADDED](), calls[f"{bench.PADDED}None"]()
+    # As kernels_attention runs it, the key counts taken from the mask: the same output.
+    assert torch.equal(calls[bench.OURS_PADDED_STEP](), ours)
     assert ours.shape == sdpa.shape == (4, 1, 4, 16)
     assert bench.relative_error(ours, sdpa) < 1e-5
     # The padding counts: the same step over the whole cache differs.
@@ -108,6 +110,8 @@ def _rows():
          "step_rounds": [0.025] * 4},
         {**decode, "batch": 8, "impl": "ours-padded", "step_ms": 0.04, "step_rounds": [0.04] * 4,
          "rel_err_vs_sdpa": 0.003, "padding_share": 0.5},
+        {**decode, "batch": 8, "impl": "ours-padded-step", "step_ms": 0.05,
+         "step_rounds": [0.05] * 4},
         {**decode, "batch": 8, "impl": "masked-flash", "error": "RuntimeError: No kernel"},
         {**decode, "batch": 8, "impl": "masked-efficient", "step_ms": 0.06,
          "step_rounds": [0.06] * 4},
@@ -135,8 +139,9 @@ def test_report_tables(tmp_path):
     assert decode.endswith("| 0.65x [0.65-0.65] (flash) |")
     # The split sweep: the rule chose 16; 8 forced took 25 us; the other counts did not run.
     assert "| 1 | 16 | — | — | — | 25.0 | — | — | — |" in text
-    # The padded batch: ours 40 us against the masked efficient backend's 60 (flash failed).
-    assert "| 8 | 4096 | 40.0 | failed | — | 60.0 | 1.50x [1.50-1.50] (efficient) |" in text
+    # The padded batch: ours 40 us (50 with the mask's preparation) against the masked
+    # efficient backend's 60 (flash failed).
+    assert "| 8 | 4096 | 40.0 | 50.0 | failed | — | 60.0 | 1.50x [1.50-1.50] (efficient) |" in text
 
 
 def test_rows_of_a_later_run_replace_their_own(tmp_path, monkeypatch):
@@ -171,6 +176,15 @@ def test_tma_rows_get_a_table_of_their_own(tmp_path):
         "| 1.20x [1.20-1.20] | 3.0e-03 |"
     ), line
     # The dense tables still compare ours (the pointer loads) with the SDPA backends alone.
+    dense = next(x for x in text.splitlines() if x.startswith("| 4x4096 | 128 | yes | 1.000 |"))
+    assert dense.endswith("| 0.90x [0.90-0.90] |"), dense
+    # With ours forced to pointer loads timed too (1.1 ms), the table compares the two forced
+    # ways (1.375x), and the dense table keeps ours, the library's default, alone.
+    pointer = {**tma, "impl": bench.OURS_POINTER, "fwd_ms": 1.1, "fwd_rounds": [1.1] * 4}
+    del pointer["rel_err_vs_ours"]
+    bench.write_markdown(meta, [*rows, tma, pointer], tmp_path / "results.md")
+    text = (tmp_path / "results.md").read_text()
+    assert "| 4x4096 | 128 | yes | 1.100 | 0.800 | 1.38x [1.38-1.38] | 2.500 | 2.500 " in text
     dense = next(x for x in text.splitlines() if x.startswith("| 4x4096 | 128 | yes | 1.000 |"))
     assert dense.endswith("| 0.90x [0.90-0.90] |"), dense
 
