@@ -117,6 +117,44 @@ def static_cache_fill(
     return (last + 1).clamp(max=key.shape[1]).to(torch.int32)
 
 
+class _ForwardMasks:
+    """The padding masks `padding_mask` made for the forward running now, each with the decode
+    step's key counts and key mask that `padded_decode_step` computed from it, per window.
+
+    A mask function call replaces its mask's entry, so that nothing outlives the forward it was
+    computed in: every forward asks the mask function for its masks before its first layer, also
+    the one a CUDA graph captures (whose replays run no Python), and a mask changed in place
+    since (its version counter) is computed anew. A mask no mask function made (attention
+    called directly) is never kept; nor under torch.compile, which traces the computation and
+    lets inductor share it."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, int | None, dict]] = {}
+
+    @staticmethod
+    def _version(mask: torch.Tensor) -> int | None:
+        # Inference tensors keep no version counter; nothing changes them outside inference mode.
+        return None if mask.is_inference() else mask._version
+
+    def made(self, mask: torch.Tensor | None) -> None:
+        """Note ``mask`` as made by the mask function for the forward about to run."""
+        self._entries = {k: e for k, e in self._entries.items() if e[0]() is not None}
+        if mask is not None and not torch.compiler.is_compiling():
+            self._entries[id(mask)] = (weakref.ref(mask), self._version(mask), {})
+
+    def results(self, mask: torch.Tensor) -> dict | None:
+        """``mask``'s results by window, to read and fill; None where it is not to be kept."""
+        if torch.compiler.is_compiling():
+            return None
+        entry = self._entries.get(id(mask))
+        if entry is None or entry[0]() is not mask or entry[1] != self._version(mask):
+            return None
+        return entry[2]
+
+
+_forward_masks = _ForwardMasks()
+
+
 def padded_decode_step(
     key: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -136,7 +174,11 @@ def padded_decode_step(
     window of ``w`` keys to its left, the last ``w + 1`` kept keys, counted among the kept ones
     as unpadding counts them (so holes in the mask, as a continued right-padded prompt leaves,
     are not counted). All of it on the device. Not with dropout or a gradient. The mask may be
-    shorter than ``key`` (a static cache's unfilled rows): those rows are no key."""
+    shorter than ``key`` (a static cache's unfilled rows): those rows are no key.
+
+    Every layer of a forward gets the same mask, so for a mask that `padding_mask` made in this
+    forward the result is computed once per window and kept for the layers after
+    (`_forward_masks`): a few small kernels once a step instead of once a layer."""
     if (
         query_length != 1
         or attention_mask.shape[1] > key.shape[1]
@@ -144,8 +186,19 @@ def padded_decode_step(
         or (torch.is_grad_enabled() and key.requires_grad)
     ):
         return None
-    kept = attention_mask != 0
     window = options.get("window_size")
+    kept_for = _forward_masks.results(attention_mask)
+    if kept_for is None:
+        return _decode_keys(attention_mask, window)
+    if window not in kept_for:
+        kept_for[window] = _decode_keys(attention_mask, window)
+    return kept_for[window]
+
+
+def _decode_keys(
+    attention_mask: torch.Tensor, window: tuple[int, int] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    kept = attention_mask != 0
     if window is not None:
         kept_from_here = kept.flip(-1).cumsum(-1).flip(-1)  # kept keys at or after each row
         kept = kept & (kept_from_here <= window[0] + 1)
@@ -249,8 +302,11 @@ def padding_mask(**kwargs: Any) -> torch.Tensor | None:
     positions = kwargs.get("cache_position")
     queries = kwargs.get("q_length", positions.shape[0] if positions is not None else None)
     if mask is None or queries != 1 or not capturing():
-        return flash_attention_mask(**kwargs)
-    return mask[:, -kwargs["kv_length"] :]
+        made = flash_attention_mask(**kwargs)
+    else:
+        made = mask[:, -kwargs["kv_length"] :]
+    _forward_masks.made(made)
+    return made
 
 
 def register_attention(name: str = ATTENTION_IMPLEMENTATION) -> None:

@@ -176,10 +176,16 @@ def test_generate_a_padded_batch_decodes_without_unpadding(tiny_llama, calls, mo
             unpadded.setattr(ours_module, "padded_decode_step", lambda *args: None)
             want = ours.generate(ids, **kwargs)
     calls.update(dict.fromkeys(calls, 0))
+    prepared = []
+    decode_keys = ours_module._decode_keys
+    monkeypatch.setattr(ours_module, "_decode_keys",
+                        lambda *args: prepared.append(1) or decode_keys(*args))  # fmt: skip
     assert torch.equal(ours.generate(ids, **kwargs), want)
     layers = ours.config.num_hidden_layers
     assert calls == {"flash_attn_func": 0, "flash_attn_varlen_func": layers,
                      "flash_attn_with_kvcache": 3 * layers}  # fmt: skip
+    # The key counts are taken from the mask once a decode step, not once a layer.
+    assert len(prepared) == 3 < 3 * layers
 
 
 @pytest.mark.parametrize("padding", ["left", "right"])
@@ -276,6 +282,39 @@ def test_padded_decode_step_is_taken_only_where_exact():
     assert padded_decode_step(key, torch.ones(2, 14), 1, {}) is None  # longer than the keys
     with torch.enable_grad():
         assert padded_decode_step(key.requires_grad_(), mask, 1, {}) is None
+
+
+def test_a_forwards_masks_keep_their_decode_keys_for_that_forward_only(monkeypatch):
+    # A mask the mask function made keeps padded_decode_step's result per window until the
+    # mask function runs again or the mask changes in place; any other mask is computed anew.
+    import kernels.library.attention as ours_module
+    from kernels.library.attention import padded_decode_step
+
+    prepared = []
+    decode_keys = ours_module._decode_keys
+    monkeypatch.setattr(ours_module, "_decode_keys",
+                        lambda *args: prepared.append(1) or decode_keys(*args))  # fmt: skip
+    key = torch.zeros(2, 6, 2, 16)
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1] * 6])
+    masks = ours_module._ForwardMasks()
+    monkeypatch.setattr(ours_module, "_forward_masks", masks)
+    padded_decode_step(key, mask, 1, {})
+    padded_decode_step(key, mask, 1, {})
+    assert len(prepared) == 2  # not made by the mask function: every call computes
+    masks.made(mask)
+    first = padded_decode_step(key, mask, 1, {})
+    assert padded_decode_step(key, mask, 1, {}) is first and len(prepared) == 3
+    windowed = padded_decode_step(key, mask, 1, {"window_size": (2, 2)})
+    assert windowed is not first and len(prepared) == 4
+    assert padded_decode_step(key, mask, 1, {"window_size": (2, 2)}) is windowed
+    assert padded_decode_step(key, mask.clone(), 1, {}) is not first and len(prepared) == 5
+    masks.made(mask)  # the next forward's, the same mask unchanged: nothing is reused
+    assert padded_decode_step(key, mask, 1, {}) is not first and len(prepared) == 6
+    mask[0, 0] = 1  # changed in place: computed anew, with the new key
+    assert padded_decode_step(key, mask, 1, {})[1].all() and len(prepared) == 7
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    padded_decode_step(key, mask, 1, {})
+    assert len(prepared) == 8  # traced under torch.compile, where inductor shares it
 
 
 def test_padding_mask_keeps_a_captured_decode_steps_mask_of_ones(monkeypatch):
