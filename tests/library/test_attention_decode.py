@@ -267,6 +267,36 @@ def test_kvcache_under_compile(attn):
     assert torch.equal(k_cache, eager_k) and torch.equal(v_cache, eager_v)
 
 
+def test_key_padding_mask_under_compile(attn):
+    # A padded batch's decode step as transformers' generate() compiles it: the key mask made
+    # in the graph from an integer mask. The traced graph hands the op the bool mask: the
+    # op reads its bytes itself, since torch 2.11's inductor could not lower a bool tensor's
+    # view as uint8 (an H100 run of test_generate_with_a_static_cache, 2026-11-27).
+    q = randn(2, 1, 4, 64)
+    k_cache, v_cache = (randn(2, 16, 2, 64) for _ in range(2))
+    mask = torch.tensor([[0] * 5 + [1] * 11, [1] * 16], device=DEVICE)
+    used = torch.tensor([16, 16], dtype=torch.int32, device=DEVICE)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(q, k_cache, v_cache, mask, used):
+        return attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=used,
+                                            key_padding_mask=mask != 0, causal=True)  # fmt: skip
+
+    want = step(q, k_cache, v_cache, mask, used)
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True, backend=backend)(q, k_cache, v_cache, mask, used)
+    assert torch.equal(got, want)
+    (graph,) = graphs
+    views = [n for n in graph.graph.nodes if n.target in ("view", torch.Tensor.view)]
+    assert not [n for n in views if any(isinstance(a, torch.dtype) for a in n.args)], graph.code
+    # The rows left out do count: the same step with every key kept differs.
+    assert not torch.allclose(got, step(q, k_cache, v_cache, torch.ones_like(mask), used))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch,used", [(1, [4001]), (8, [4096, 1, 3000, 17, 2048, 4095, 0, 999])])
 def test_split_decode_at_size(attn, batch, used):

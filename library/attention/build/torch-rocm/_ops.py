@@ -386,9 +386,14 @@ def forward(
     the module's docstring says. ``num_splits``: the split-KV path's chunk count, 0 for
     ``decode_splits``' choice. ``cache_leftpad``: ``(batch,)`` int32, the first key of each
     sequence of a left-padded cache (with ``seqused_k``; the keys before it are not attended).
-    ``key_padding_mask``: ``(batch, >= max_seqlen_k)`` uint8, nonzero for the keys attended to
-    (with ``seqused_k``)."""
+    ``key_padding_mask``: ``(batch, >= max_seqlen_k)`` bool, rows contiguous, true for the keys
+    attended to (with ``seqused_k``)."""
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    if key_padding_mask is not None:
+        # The kernels read its bytes. Viewed here, inside the op, rather than by the caller:
+        # torch 2.11's inductor fails to lower a bool tensor's view as uint8 (a padded batch's
+        # decode step under generate()'s compile, on an H100 machine).
+        key_padding_mask = key_padding_mask.view(torch.uint8)
     device = q.device
     n_heads, d_qk, d_v = q.shape[2], q.shape[3], v.shape[3]
     alloc = torch.empty if cu_seqlens_q is None else torch.zeros

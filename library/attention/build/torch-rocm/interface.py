@@ -294,8 +294,8 @@ def _check_index(where: str, name: str, t, batch: int, device) -> None:
         _fail(f"{where}: {name} must be a (batch={batch},) int32 tensor on {device}, got {t!r}.")
 
 
-def _key_mask_bytes(where: str, mask, batch: int, capacity: int, device) -> torch.Tensor:
-    # The mask as the kernels read it: one byte a key, nonzero where attended, rows contiguous.
+def _key_mask(where: str, mask, batch: int, capacity: int, device) -> torch.Tensor:
+    # The mask as the op takes it: bool, rows contiguous (the op reads its bytes).
     if (
         not isinstance(mask, torch.Tensor)
         or mask.shape != (batch, capacity)
@@ -311,7 +311,7 @@ def _key_mask_bytes(where: str, mask, batch: int, capacity: int, device) -> torc
         mask = mask != 0
     if mask.stride(-1) != 1:
         mask = mask.contiguous()
-    return mask.view(torch.uint8)
+    return mask
 
 
 def flash_attn_with_kvcache(
@@ -398,7 +398,7 @@ def flash_attn_with_kvcache(
         _check_index(where, "cache_leftpad", cache_leftpad, batch, q.device)
         cache_leftpad = cache_leftpad.to(torch.int32)
     if key_padding_mask is not None:
-        key_padding_mask = _key_mask_bytes(where, key_padding_mask, batch, capacity, q.device)
+        key_padding_mask = _key_mask(where, key_padding_mask, batch, capacity, q.device)
     if cache_seqlens is None:
         if k is not None:
             _fail(f"{where}: new k and v need cache_seqlens, the rows at which to write them.")
