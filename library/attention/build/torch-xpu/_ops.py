@@ -103,9 +103,10 @@ def _dot_precision(dtype: torch.dtype, device: torch.device) -> str:
 #: never, True wherever descriptors can describe the inputs, the CPU's interpreter included
 #: (tests), None (the default) where the GPU has TMA (compute capability 9.0 and newer) and the
 #: head dimension is at least ``_TMA_MIN_HEAD_DIM``. On an H100 (2026-11-27, Triton 3.6,
-#: benchmarks/results/h100/attention) descriptors ran the dense forward 0.97-1.13x the pointer
-#: loads' speed at head dimension 128 (1.05x or more at four of six shapes) but 0.86-1.06x at
-#: 64, where a block's rows are 128 bytes and the pointer loads already coalesce.
+#: benchmarks/results/h100/attention, two runs) descriptors ran the dense forward 0.97-1.13x
+#: the pointer loads' speed at head dimension 128 (1.08x or more at three or four of six
+#: shapes) but 0.80-1.06x at 64, where a block's rows are 128 bytes and the pointer loads
+#: already coalesce.
 _FORWARD_TMA: bool | None = None
 _TMA_MIN_HEAD_DIM = 128
 
