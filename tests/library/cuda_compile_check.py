@@ -258,6 +258,8 @@ def _run_attention(attention, full: bool = False) -> None:
             for splits in (0, 1):
                 attention.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=used,
                                                   num_splits=splits)  # fmt: skip
+            # Batch 1: few programs, the wide decode tile (_tuning.DECODE_WIDE).
+            attention.flash_attn_with_kvcache(q[:1], cache[:1], cache[:1], cache_seqlens=used[:1])
             every_option = everything | {"s_aux": torch.zeros(32)}
             attention.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=used, causal=True,
                                               **every_option)  # fmt: skip

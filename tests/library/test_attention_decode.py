@@ -211,6 +211,24 @@ def test_decode_split_rule(attn):
     # No chunk under 256 keys, and no more than 64 chunks.
     assert splits(8, 300, 132) == 2
     assert splits(1, 1 << 20, 132) == 64
+    # The wide tile's chunks are at least 4 of its 128-key blocks: batch 1 gets 8.
+    assert splits(1 * 8, 4096, 132, 128) == 8
+
+
+def test_decode_tile_rule(attn):
+    from importlib import import_module
+
+    tuning = import_module(attn.__name__ + "._tuning")
+    table = tuning.DECODE[128]
+    # Few programs (batch 1, 8 kv heads) at head dim 128 in 16 bits: the wide tile, measured
+    # faster there; a batch of 8, float32, another head dim or the CPU keep the table's.
+    assert tuning.decode_config(128, 8, False, False) == tuning.DECODE_WIDE != table
+    assert tuning.decode_config(128, 64, False, False) == table
+    assert tuning.decode_config(128, 8, False, True) == tuning.config(
+        tuning.DECODE, 128, False, True
+    )
+    assert tuning.decode_config(64, 8, False, False) == tuning.DECODE[64]
+    assert tuning.decode_config(128, 8, True, False) == tuning.CPU
 
 
 def test_kvcache_errors(attn):

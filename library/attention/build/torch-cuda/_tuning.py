@@ -35,12 +35,21 @@ DECODE = {
     128: Config(16, 64, 4, 3),
     256: Config(16, 32, 4, 2),
 }
+#: The decode tile of a call with few programs (batch x kv heads x row tiles, at most
+#: DECODE_WIDE_MAX_PROGRAMS) at head dim 128 in 16-bit: twice the keys a step and twice the
+#: warps, so that each of the few programs keeps more loads in flight. A sweep of 24 tiles and
+#: split counts on an H100 (batch 1, 8 kv heads, 4k cache, bf16; benchmarks/results/h100/
+#: NOTES.md) put it first at 16.6 us with 8 splits, against 17.5 for the table's tile at its
+#: 16; at batch 8 (64 programs) it was 2% slower than the table's, which keeps that.
+DECODE_WIDE = Config(16, 128, 8, 3)
+DECODE_WIDE_MAX_PROGRAMS = 8
 DECODE_MAX_QUERIES = 16
 #: Rows (queries x query heads of one kv head) of one decode program; more make several tiles.
 DECODE_MAX_ROWS = 64
-#: Keys a decode split should at least cover: below that, the split's fixed cost (its loads of
-#: q, its partial output written and read back) outweighs the parallelism it adds.
-DECODE_MIN_KEYS_PER_SPLIT = 256
+#: Key blocks a decode split should at least cover (256 keys with the table's tiles, 512 with
+#: DECODE_WIDE): below that, the split's fixed cost (its loads of q, its partial output written
+#: and read back) outweighs the parallelism it adds.
+DECODE_MIN_BLOCKS_PER_SPLIT = 4
 #: The most splits of a decode call (its partial outputs grow with the count).
 DECODE_MAX_SPLITS = 64
 #: Decode programs an SM should get: one wave of one program an SM. Measured with
@@ -87,13 +96,21 @@ def config(table: dict, block_d: int, on_cpu: bool, fp32: bool = False) -> Confi
     )
 
 
-def decode_splits(programs: int, max_seqlen_k: int, sm_count: int) -> int:
+def decode_config(block_d: int, programs: int, on_cpu: bool, fp32: bool) -> Config:
+    """The decode path's tile for a head dimension padded to ``block_d`` and ``programs``
+    programs before splitting: DECODE_WIDE where it was measured faster, else the table's."""
+    if not on_cpu and not fp32 and block_d == 128 and programs <= DECODE_WIDE_MAX_PROGRAMS:
+        return DECODE_WIDE
+    return config(DECODE, block_d, on_cpu, fp32)
+
+
+def decode_splits(programs: int, max_seqlen_k: int, sm_count: int, block_n: int = 64) -> int:
     """How many chunks the decode path cuts the keys into, from its programs without splitting
-    (batch x kv heads x row tiles), the cache's capacity and the GPU's SM count: enough to give
-    every SM DECODE_PROGRAMS_PER_SM program(s) (one wave, no tail), but no chunk under
-    DECODE_MIN_KEYS_PER_SPLIT keys.
+    (batch x kv heads x row tiles), the cache's capacity, the GPU's SM count and the tile's
+    keys a step: enough to give every SM DECODE_PROGRAMS_PER_SM program(s) (one wave, no
+    tail), but no chunk under DECODE_MIN_BLOCKS_PER_SPLIT blocks of keys.
     A rule, not an autotune: a decode step is captured in CUDA graphs, where nothing may be
     timed, and the choice reads no lengths from the device."""
     by_fill = max(1, DECODE_PROGRAMS_PER_SM * sm_count // max(programs, 1))
-    by_work = max(1, -(-max_seqlen_k // DECODE_MIN_KEYS_PER_SPLIT))
+    by_work = max(1, -(-max_seqlen_k // (DECODE_MIN_BLOCKS_PER_SPLIT * block_n)))
     return min(by_fill, by_work, DECODE_MAX_SPLITS)

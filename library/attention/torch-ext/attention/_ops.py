@@ -47,12 +47,13 @@ from ._library import (
 )
 from ._tuning import (
     BACKWARD,
-    DECODE,
+    CPU,
     DECODE_MAX_QUERIES,
     DECODE_MAX_ROWS,
     DELTA_ROWS,
     FORWARD,
     config,
+    decode_config,
     decode_splits,
 )
 
@@ -301,14 +302,15 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
     n_kv_heads, d_v = k.shape[2], v.shape[3]
     group = n_heads // n_kv_heads
     on_cpu = not _takes_gpu_path(device)
-    cfg = config(DECODE, next_power_of_2(max(d_qk, d_v)), on_cpu, q.dtype == torch.float32)
     rows = seqlen_q * group
     # tl.dot wants at least 16 rows; a larger group is cut into tiles of DECODE_MAX_ROWS.
-    block_m = cfg.block_m if on_cpu else min(max(16, next_power_of_2(rows)), DECODE_MAX_ROWS)
+    block_m = CPU.block_m if on_cpu else min(max(16, next_power_of_2(rows)), DECODE_MAX_ROWS)
     tiles = -(-rows // block_m)
+    programs = batch * n_kv_heads * tiles
+    cfg = decode_config(next_power_of_2(max(d_qk, d_v)), programs, on_cpu, q.dtype == torch.float32)
     if num_splits <= 0:
         sms = 1 if on_cpu else multiprocessors(device)
-        num_splits = decode_splits(batch * n_kv_heads * tiles, max_seqlen_k, sms)
+        num_splits = decode_splits(programs, max_seqlen_k, sms, cfg.block_n)
     if not _DECODE_FUSED:
         combine = K.DECODE_PARTIAL
     elif num_splits == 1:
