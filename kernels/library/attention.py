@@ -294,7 +294,9 @@ def padding_mask(**kwargs: Any) -> torch.Tensor | None:
     step's mask goes to `padded_decode_step`, which reads it on the device and gives the same
     result for a mask of ones. Outside a capture the host read stays: it costs one
     synchronisation a forward, and spares an unpadded batch the key mask's few small kernels
-    in every layer. Called with keywords by both transformers lines (``q_length`` on 5.x,
+    in every layer. The mask it returns is noted for the forward about to run
+    (`_ForwardMasks`), so that the decode step's key counts are computed once for all its
+    layers. Called with keywords by both transformers lines (``q_length`` on 5.x,
     ``cache_position`` on 4.57)."""
     from transformers.masking_utils import flash_attention_mask
 
