@@ -571,14 +571,12 @@ def run_decode(attn, batch, rep_ms, block) -> list[dict]:
 
 
 def decode_splits(attn, batch: int, context: int) -> int:
-    """The split count our decode path picks here (its rules, ``_tuning.decode_config`` and
-    ``decode_splits``): one query per sequence packs a group's 4 query heads into one row
-    tile, so a program a sequence and kv head."""
-    tuning = import_module(attn.__name__ + "._tuning")
-    programs = batch * KV_HEADS
-    tile = tuning.decode_config(DECODE_DIM, programs, False, False)
+    """The split count our decode path picks here (its rule, ``_tuning.decode_plan``): one
+    query per sequence packs a group's 4 query heads into one row tile, so a program a
+    sequence and kv head."""
+    plan = import_module(attn.__name__ + "._tuning").decode_plan
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return tuning.decode_splits(programs, context, sms, tile.block_n)
+    return plan(DECODE_DIM, batch * KV_HEADS, context, sms, False, False)[1]
 
 
 def _print(rows: list[dict]) -> None:

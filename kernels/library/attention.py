@@ -62,6 +62,11 @@ def attention_kernel() -> ModuleType:
 _last_packed: tuple[weakref.ref, int | None, bool] | None = None
 
 
+def _version(t: torch.Tensor) -> int | None:
+    # Inference tensors keep no version counter; nothing changes them outside inference mode.
+    return None if t.is_inference() else t._version
+
+
 def is_packed_sequence(position_ids: torch.Tensor, batch: int) -> bool:
     """transformers' ``_is_packed_sequence``: whether ``position_ids`` of a batch of one row
     restart (several documents packed in the row), read once per tensor.
@@ -77,8 +82,7 @@ def is_packed_sequence(position_ids: torch.Tensor, batch: int) -> bool:
 
     if batch != 1 or position_ids.shape[-1] == 1 or torch.compiler.is_compiling():
         return bool(fa._is_packed_sequence(position_ids, batch))
-    # Inference tensors keep no version counter; nothing changes them outside inference mode.
-    version = None if position_ids.is_inference() else position_ids._version
+    version = _version(position_ids)
     last = _last_packed
     if last is not None and last[0]() is position_ids and last[1] == version:
         return last[2]
@@ -131,23 +135,18 @@ class _ForwardMasks:
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref, int | None, dict]] = {}
 
-    @staticmethod
-    def _version(mask: torch.Tensor) -> int | None:
-        # Inference tensors keep no version counter; nothing changes them outside inference mode.
-        return None if mask.is_inference() else mask._version
-
     def made(self, mask: torch.Tensor | None) -> None:
         """Note ``mask`` as made by the mask function for the forward about to run."""
         self._entries = {k: e for k, e in self._entries.items() if e[0]() is not None}
         if mask is not None and not torch.compiler.is_compiling():
-            self._entries[id(mask)] = (weakref.ref(mask), self._version(mask), {})
+            self._entries[id(mask)] = (weakref.ref(mask), _version(mask), {})
 
     def results(self, mask: torch.Tensor) -> dict | None:
         """``mask``'s results by window, to read and fill; None where it is not to be kept."""
         if torch.compiler.is_compiling():
             return None
         entry = self._entries.get(id(mask))
-        if entry is None or entry[0]() is not mask or entry[1] != self._version(mask):
+        if entry is None or entry[0]() is not mask or entry[1] != _version(mask):
             return None
         return entry[2]
 

@@ -229,6 +229,9 @@ def test_decode_tile_rule(attn):
     )
     assert tuning.decode_config(64, 8, False, False) == tuning.DECODE[64]
     assert tuning.decode_config(128, 8, True, False) == tuning.CPU
+    # The plan pairs each tile with its split count (an H100's 132 SMs, a 4k cache).
+    assert tuning.decode_plan(128, 8, 4096, 132, False, False) == (tuning.DECODE_WIDE, 8)
+    assert tuning.decode_plan(128, 64, 4096, 132, False, False) == (table, 2)
 
 
 def test_kvcache_errors(attn):

@@ -104,6 +104,15 @@ def decode_config(block_d: int, programs: int, on_cpu: bool, fp32: bool) -> Conf
     return config(DECODE, block_d, on_cpu, fp32)
 
 
+def decode_plan(
+    block_d: int, programs: int, max_seqlen_k: int, sm_count: int, on_cpu: bool, fp32: bool
+) -> tuple[Config, int]:
+    """The decode path's tile (`decode_config`) and the split count its rule picks for it
+    (`decode_splits`)."""
+    cfg = decode_config(block_d, programs, on_cpu, fp32)
+    return cfg, decode_splits(programs, max_seqlen_k, sm_count, cfg.block_n)
+
+
 def decode_splits(programs: int, max_seqlen_k: int, sm_count: int, block_n: int = 64) -> int:
     """How many chunks the decode path cuts the keys into, from its programs without splitting
     (batch x kv heads x row tiles), the cache's capacity, the GPU's SM count and the tile's

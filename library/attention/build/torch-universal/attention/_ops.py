@@ -53,8 +53,7 @@ from ._tuning import (
     DELTA_ROWS,
     FORWARD,
     config,
-    decode_config,
-    decode_splits,
+    decode_plan,
 )
 
 try:  # Triton 3.4 and newer
@@ -306,11 +305,12 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
     # tl.dot wants at least 16 rows; a larger group is cut into tiles of DECODE_MAX_ROWS.
     block_m = CPU.block_m if on_cpu else min(max(16, next_power_of_2(rows)), DECODE_MAX_ROWS)
     tiles = -(-rows // block_m)
-    programs = batch * n_kv_heads * tiles
-    cfg = decode_config(next_power_of_2(max(d_qk, d_v)), programs, on_cpu, q.dtype == torch.float32)
+    cfg, rule_splits = decode_plan(
+        next_power_of_2(max(d_qk, d_v)), batch * n_kv_heads * tiles, max_seqlen_k,
+        1 if on_cpu else multiprocessors(device), on_cpu, q.dtype == torch.float32,
+    )  # fmt: skip
     if num_splits <= 0:
-        sms = 1 if on_cpu else multiprocessors(device)
-        num_splits = decode_splits(programs, max_seqlen_k, sms, cfg.block_n)
+        num_splits = rule_splits
     if not _DECODE_FUSED:
         combine = K.DECODE_PARTIAL
     elif num_splits == 1:
