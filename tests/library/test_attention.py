@@ -339,7 +339,7 @@ def test_float32_inputs_take_tiles_of_half_the_rows_and_columns(attn):
     from importlib import import_module
 
     tuning = import_module(attn.__name__ + "._tuning")
-    for table in (tuning.FORWARD, tuning.BACKWARD, tuning.DECODE):
+    for table in (tuning.FORWARD, tuning.BACKWARD_DKDV, tuning.BACKWARD_DQ, tuning.DECODE):
         for block_d, cfg in table.items():
             assert tuning.config(table, block_d, on_cpu=False) == cfg
             wide = tuning.config(table, block_d, on_cpu=False, fp32=True)
@@ -347,11 +347,12 @@ def test_float32_inputs_take_tiles_of_half_the_rows_and_columns(attn):
                 max(16, cfg.block_m // 2), max(16, cfg.block_n // 2), cfg.num_warps,
             )  # fmt: skip
             assert wide.num_stages == min(cfg.num_stages, 2)
-    assert tuning.config(tuning.BACKWARD, 128, on_cpu=True, fp32=True) == tuning.CPU
+    assert tuning.config(tuning.BACKWARD_DQ, 128, on_cpu=True, fp32=True) == tuning.CPU
 
 
-# The forward through tensor descriptors (_ops._FORWARD_TMA), forced on (the interpreter reads
-# descriptors too): (batch, seqlen_q, seqlen_k, heads, kv_heads, dim, dim_v, causal, window,
+# The forward and the backward through tensor descriptors (_ops._FORWARD_TMA and
+# _BACKWARD_TMA), forced on (the interpreter reads descriptors too): (batch, seqlen_q, seqlen_k,
+# heads, kv_heads, dim, dim_v, causal, window,
 # softcap, sink, dtype, layout). Odd lengths (blocks past each tensor's end read as zeros), a
 # head dimension padded from 80, unequal q/k lengths and v dimension, every option, and the
 # transposed layout transformers passes (its strides are 16-byte multiples too).
@@ -370,38 +371,75 @@ TMA_CASES = [
     "batch,seqlen_q,seqlen_k,heads,kv_heads,dim,dim_v,causal,window,softcap,sink,dtype,layout",
     TMA_CASES,
 )
-def test_forward_through_tensor_descriptors(attn, monkeypatch, batch, seqlen_q, seqlen_k, heads,
-                                            kv_heads, dim, dim_v, causal, window, softcap, sink,
-                                            dtype, layout):  # fmt: skip
+def test_through_tensor_descriptors(attn, monkeypatch, batch, seqlen_q, seqlen_k, heads,
+                                    kv_heads, dim, dim_v, causal, window, softcap, sink, dtype,
+                                    layout):  # fmt: skip
     ops = _ops(attn)
     q, k, v = _inputs(batch, seqlen_q, seqlen_k, heads, kv_heads, dim, dim_v, dtype, layout)
     s_aux = randn(heads, scale=2.0).requires_grad_() if sink else None
     options = {"causal": causal, "window_size": window, "softcap": softcap, "s_aux": s_aux,
                "return_attn_probs": True}  # fmt: skip
+    inputs = [q, k, v] + ([s_aux] if sink else [])
+    monkeypatch.setattr(ops, "_BACKWARD_TMA", False)
     pointer_out, pointer_lse, _ = attn.flash_attn_func(q, k, v, **options)
+    dout = randn(*pointer_out.shape, dtype=dtype)
+    pointer_grads = grads(pointer_out, inputs, dout)
     monkeypatch.setattr(ops, "_FORWARD_TMA", True)
+    monkeypatch.setattr(ops, "_BACKWARD_TMA", True)
     assert ops._forward_tma(q, k, v, None, q.device)
+    assert ops._backward_tma(q, k, v, dout, q.device)
     out, lse, _ = attn.flash_attn_func(q, k, v, **options)
     # The same arithmetic on the same values as the pointer loads: equal up to the order the
     # interpreter's fp32 products sum in (a transposed operand), a few ulp.
     torch.testing.assert_close(out, pointer_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse, pointer_lse, rtol=1e-6, atol=1e-6)
+    tma_grads = torch.autograd.grad(out, inputs, dout, retain_graph=True)  # _check_dense's too
+    for got, want in zip(tma_grads, pointer_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     _check_dense(out, lse, q, k, v, s_aux, dtype, causal=causal, window=window, softcap=softcap)
 
 
-def test_packed_forward_through_tensor_descriptors(attn, monkeypatch):
-    # Packed sequences: a descriptor block runs on into the next sequence's rows (of q past a
-    # sequence's queries, of k and v past its keys), which masks must keep out; two rows past
-    # the last sequence.
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "descriptors"])
+@pytest.mark.parametrize("keys_down", [False, True], ids=["queries-down", "keys-down"])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_dkdv_tile_layouts(attn, monkeypatch, keys_down, tma, dtype):
+    # The dk/dv kernel's two layouts (_ops._DKDV_KEYS_DOWN: keys x queries or queries x keys),
+    # whichever the head dimension would pick, with every mask option and a sink.
+    ops = _ops(attn)
+    monkeypatch.setattr(ops, "_DKDV_KEYS_DOWN", keys_down)
+    monkeypatch.setattr(ops, "_BACKWARD_TMA", tma)
+    q, k, v = _inputs(1, 33, 37, 4, 2, 64, 64, dtype, None)
+    s_aux = randn(4, scale=2.0).requires_grad_()
+    out, lse, _ = attn.flash_attn_func(q, k, v, causal=True, window_size=(9, -1), softcap=5.0,
+                                       s_aux=s_aux, return_attn_probs=True)  # fmt: skip
+    _check_dense(out, lse, q, k, v, s_aux, dtype, causal=True, window=(9, -1), softcap=5.0)
+
+
+def test_packed_through_tensor_descriptors(attn, monkeypatch):
+    # Packed sequences: a descriptor block runs on into the next sequence's rows (of q and dout
+    # past a sequence's queries, of k and v past its keys), which masks must keep out; two rows
+    # past the last sequence, NaN in q, k, v and dout, must reach no gradient (a probability
+    # of 0 times NaN is NaN).
     monkeypatch.setattr(_ops(attn), "_FORWARD_TMA", True)
+    monkeypatch.setattr(_ops(attn), "_BACKWARD_TMA", True)
     lengths = [17, 0, 5, 33]
     cu = torch.tensor([0, *lengths], device=DEVICE).cumsum(0).to(torch.int32)
-    q, k, v = (randn(sum(lengths) + 2, 2, 64).requires_grad_() for _ in range(3))
+    total = sum(lengths)
+    q, k, v = (randn(total + 2, 2, 64) for _ in range(3))
+    for t in (q, k, v):
+        t[total:] = float("nan")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
     out, lse, _ = attn.flash_attn_varlen_func(q, k, v, cu, cu, 33, 33, causal=True,
                                               return_attn_probs=True)  # fmt: skip
-    ref_inputs = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    dout = randn(*out.shape)
+    dout[total:] = float("nan")
+    got = grads(out, [q, k, v], dout)
+    ref_inputs = [t.detach()[:total].double().cpu().requires_grad_() for t in (q, k, v)]
     ref_out, ref_lse = varlen_reference(*ref_inputs, cu.cpu(), cu.cpu(), causal=True)
-    _check_against_reference(out, lse, [q, k, v], ref_out, ref_lse, ref_inputs, torch.float32)
+    assert_close(out[:total], ref_out, torch.float32, "out")
+    want = grads(ref_out, ref_inputs, dout[:total].double().cpu())
+    for g, w, name in zip(got, want, ("dq", "dk", "dv"), strict=True):
+        assert_close(g[:total], w, torch.float32, name)
 
 
 def test_cache_rows_past_the_filled_length_stay_out_through_tensor_descriptors(attn, monkeypatch):
@@ -446,6 +484,29 @@ def test_which_inputs_go_through_tensor_descriptors(attn, monkeypatch):
     assert shifted.is_contiguous() and not ops._forward_tma(shifted, k, v, None, device)
     odd = randn(1, 17, 3, 3)
     assert not ops._forward_tma(q, odd, v, None, device)
+
+
+def test_which_backwards_go_through_tensor_descriptors(attn, monkeypatch):
+    ops = _ops(attn)
+    q, k, v, dout = (randn(1, 17, 2, 64) for _ in range(4))
+    device = q.device
+    # By default as the forward: where the GPU has TMA, for head dims of 128 and more.
+    wide = [randn(1, 17, 2, 128) for _ in range(4)]
+    has_tma = ON_GPU and torch.cuda.get_device_capability(device)[0] >= 9
+    assert ops._BACKWARD_TMA is None and not ops._backward_tma(q, k, v, dout, device)
+    assert ops._backward_tma(*wide, device) == has_tma
+    monkeypatch.setattr(ops, "_has_tma", lambda device: True)
+    assert ops._backward_tma(*wide, device) and not ops._backward_tma(q, k, v, dout, device)
+    monkeypatch.setattr(ops, "_BACKWARD_TMA", False)
+    assert not ops._backward_tma(*wide, device)
+    monkeypatch.setattr(ops, "_BACKWARD_TMA", True)
+    assert ops._backward_tma(q, k, v, dout, device)
+    # An output gradient whose rows are 3 x 4 bytes apart is not describable.
+    assert not ops._backward_tma(q, k, v, randn(1, 17, 3, 3)[..., :3], device)
+    # One query, or one key (a length compiled as a constant, on which ptxas crashed).
+    one = randn(1, 1, 2, 64)
+    assert not ops._backward_tma(one, k, v, one, device)
+    assert not ops._backward_tma(q, one, one, dout, device)
 
 
 def _ops(attn):

@@ -58,12 +58,17 @@ DENSE = [
 ]  # fmt: skip
 
 
+# The dk/dv kernel's two tile layouts (_ops._DKDV_KEYS_DOWN), each with the dropout mask laid
+# its way.
+@pytest.mark.parametrize("keys_down", [False, True], ids=["queries-down", "keys-down"])
 @pytest.mark.parametrize(
     "batch,seqlen_q,seqlen_k,heads,kv_heads,dim,causal,window,softcap,sink,p,dtype", DENSE
 )
-def test_dropout_matches_reference_with_the_kernels_mask(attn, ops, batch, seqlen_q, seqlen_k,
-                                                          heads, kv_heads, dim, causal, window,
-                                                          softcap, sink, p, dtype):  # fmt: skip
+def test_dropout_matches_reference_with_the_kernels_mask(attn, ops, monkeypatch, keys_down, batch,
+                                                          seqlen_q, seqlen_k, heads, kv_heads,
+                                                          dim, causal, window, softcap, sink, p,
+                                                          dtype):  # fmt: skip
+    monkeypatch.setattr(ops, "_DKDV_KEYS_DOWN", keys_down)
     q = randn(batch, seqlen_q, heads, dim, dtype=dtype).requires_grad_()
     k = randn(batch, seqlen_k, kv_heads, dim, dtype=dtype).requires_grad_()
     v = randn(batch, seqlen_k, kv_heads, dim, dtype=dtype).requires_grad_()
@@ -82,7 +87,9 @@ def test_dropout_matches_reference_with_the_kernels_mask(attn, ops, batch, seqle
     _check(out, ref_out, inputs, ref_inputs, dtype)
 
 
-def test_varlen_dropout_matches_reference(attn, ops):
+@pytest.mark.parametrize("keys_down", [False, True], ids=["queries-down", "keys-down"])
+def test_varlen_dropout_matches_reference(attn, ops, monkeypatch, keys_down):
+    monkeypatch.setattr(ops, "_DKDV_KEYS_DOWN", keys_down)
     lengths_q, lengths_k, heads, kv_heads, p = [17, 0, 5, 20], [17, 3, 9, 20], 2, 1, 0.25
     cu_q = torch.tensor([0, *lengths_q], device=DEVICE).cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0, *lengths_k], device=DEVICE).cumsum(0).to(torch.int32)

@@ -91,14 +91,16 @@ def _logits(qk, logit_scale, cap_log2, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT: tl.constexpr,
+def _mask(rows, cols, len_q, len_k, window_left, window_right, WINDOW_LEFT: tl.constexpr,
           WINDOW_RIGHT: tl.constexpr):  # fmt: skip
+    # Which (query, key) pairs are visible: rows and cols are the query and key indices as
+    # broadcastable 2-D tensors (queries down and keys across, or transposed for _dkdv_steps).
     shift = len_k - len_q
-    mask = (offs_m[:, None] < len_q) & (offs_n[None, :] < len_k)
+    mask = (rows < len_q) & (cols < len_k)
     if WINDOW_RIGHT:
-        mask = mask & (offs_n[None, :] <= offs_m[:, None] + shift + window_right)
+        mask = mask & (cols <= rows + shift + window_right)
     if WINDOW_LEFT:
-        mask = mask & (offs_n[None, :] >= offs_m[:, None] + shift - window_left)
+        mask = mask & (cols >= rows + shift - window_left)
     return mask
 
 
@@ -128,12 +130,13 @@ def _unmasked(lo, hi, first, end, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _dropout_keep(seed, rows, h, offs_n, n_heads, rng_cols, dropout_p):
+def _dropout_keep(seed, rows, h, cols, n_heads, rng_cols, dropout_p):
     # Which probabilities of rows x keys survive dropout: Philox numbers keyed by (seed, query
     # row, head, key), so that the backward (and _dropout_mask_kernel) regenerate the same mask
-    # from the seed alone. rows index q's (batch x seqlen) or packed rows, keys a sequence's own
-    # keys; rng_cols (>= every sequence's key count) keeps the offsets distinct.
-    offsets = (rows.to(tl.int64)[:, None] * n_heads + h) * rng_cols + offs_n[None, :]
+    # from the seed alone. rows index q's (batch x seqlen) or packed rows, cols a sequence's own
+    # keys, as broadcastable 2-D tensors (as for _mask); rng_cols (>= every sequence's key
+    # count) keeps the offsets distinct.
+    offsets = (rows.to(tl.int64) * n_heads + h) * rng_cols + cols
     return tl.rand(seed, offsets) >= dropout_p
 
 
@@ -147,7 +150,8 @@ def _dropout_mask_kernel(KEEP, SEED, n_rows, n_heads, rng_cols, dropout_p,
     seed = tl.load(SEED)
     for start_n in range(0, rng_cols, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        keep = _dropout_keep(seed, rows, h, offs_n, n_heads, rng_cols, dropout_p)
+        keep = _dropout_keep(seed, rows[:, None], h, offs_n[None, :], n_heads, rng_cols,
+                             dropout_p)  # fmt: skip
         offsets = (rows.to(tl.int64)[:, None] * n_heads + h) * rng_cols + offs_n[None, :]
         tl.store(KEEP + offsets, keep.to(tl.int8),
                  mask=(rows < n_rows)[:, None] & (offs_n < rng_cols)[None, :])  # fmt: skip
@@ -199,8 +203,8 @@ def _fwd_steps(
                              mask=dq_mask[:, None], other=0.0)  # fmt: skip
         s = _logits(_dot(q, kt, DOT_PRECISION), logit_scale, cap_log2, SOFTCAP)
         if MASKED:
-            mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
-                         WINDOW_RIGHT)  # fmt: skip
+            mask = _mask(offs_m[:, None], offs_n[None, :], len_q, len_k, window_left, window_right,
+                         WINDOW_LEFT, WINDOW_RIGHT)  # fmt: skip
             if LEFTPAD or KEY_PADDING:
                 mask = mask & n_mask[None, :]
             s = tl.where(mask, s, float("-inf"))
@@ -212,7 +216,8 @@ def _fwd_steps(
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
             # The denominator sums every probability; only the output sees the dropped ones.
-            keep = _dropout_keep(seed, rows_g, h, offs_n, n_heads, rng_cols, dropout_p)
+            keep = _dropout_keep(seed, rows_g[:, None], h, offs_n[None, :], n_heads, rng_cols,
+                                 dropout_p)  # fmt: skip
             p = tl.where(keep, p * dropout_scale, 0.0)
         if TMA:
             v = tl.reshape(V_DESC.load([bk, tl.cast(k_start + start_n, tl.int32), hk, 0]),
@@ -385,45 +390,76 @@ def _dkdv_steps(
     seed, row0, n_heads, rng_cols, dropout_p, dropout_scale,
     BLOCK_M: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
-    DROPOUT: tl.constexpr,
+    DROPOUT: tl.constexpr, Q_DESC, DO_DESC, TMA: tl.constexpr, KEYS_DOWN: tl.constexpr,
 ):  # fmt: skip
     # dk and dv of one key block over query blocks [start, end) of head h; unless MASKED, no
-    # mask is computed (none applies there).
+    # mask is computed (none applies there). With TMA, q and dout come through tensor
+    # descriptors, as k and v do in _fwd_steps: no tile of pointers held in registers beside
+    # the dk and dv accumulators.
+    # KEYS_DOWN keeps every tile keys x queries, so that the probabilities and their gradient
+    # enter the dv and dk products as they are; else queries x keys, transposed for those
+    # products (through shared memory). Which is faster depends on the head dimension (the
+    # launcher's rule, measured on an H100).
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_mask = offs_m < len_q
         rows = q_start + offs_m
-        q = tl.load(Q + bq.to(tl.int64) * stride_qb + rows[:, None] * stride_qs
-                    + h * stride_qh + offs_dq[None, :],
-                    mask=m_mask[:, None] & dq_mask[None, :], other=0.0)  # fmt: skip
-        do = tl.load(DO + bq.to(tl.int64) * stride_dob + rows[:, None] * stride_dos
-                     + h * stride_doh + offs_dv[None, :],
-                     mask=m_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
+        if TMA:
+            row = tl.cast(q_start + start_m, tl.int32)
+            q = tl.reshape(Q_DESC.load([bq, row, h, 0]), [BLOCK_M, Q_DESC.block_shape[3]])
+            do = tl.reshape(DO_DESC.load([bq, row, h, 0]), [BLOCK_M, DO_DESC.block_shape[3]])
+            if MASKED:
+                # Rows past len_q inside the tensor (another packed sequence) have p = 0, but
+                # 0 x a non-finite value read there would not be 0.
+                q = tl.where(m_mask[:, None], q, 0.0)
+                do = tl.where(m_mask[:, None], do, 0.0)
+        else:
+            q = tl.load(Q + bq.to(tl.int64) * stride_qb + rows[:, None] * stride_qs
+                        + h * stride_qh + offs_dq[None, :],
+                        mask=m_mask[:, None] & dq_mask[None, :], other=0.0)  # fmt: skip
+            do = tl.load(DO + bq.to(tl.int64) * stride_dob + rows[:, None] * stride_dos
+                         + h * stride_doh + offs_dv[None, :],
+                         mask=m_mask[:, None] & dv_mask[None, :], other=0.0)  # fmt: skip
         l_offs = bq.to(tl.int64) * stride_lb + h * stride_lh + rows
         lse = tl.load(LSE + l_offs, mask=m_mask, other=float("inf")) * LOG2E
         delta = tl.load(DELTA + l_offs, mask=m_mask, other=0.0)
-        qk = _dot(q, tl.trans(k), DOT_PRECISION)
-        s = _logits(qk, logit_scale, cap_log2, SOFTCAP)
-        p = tl.exp2(s - lse[:, None])
+        # The query and key index of every element, and the per-query rows, as the tiles lie.
+        if KEYS_DOWN:
+            queries = offs_m[None, :]
+            keys = offs_n[:, None]
+            lse = lse[None, :]
+            delta = delta[None, :]
+            qk = _dot(k, tl.trans(q), DOT_PRECISION)
+            dp = _dot(v, tl.trans(do), DOT_PRECISION)
+        else:
+            queries = offs_m[:, None]
+            keys = offs_n[None, :]
+            lse = lse[:, None]
+            delta = delta[:, None]
+            qk = _dot(q, tl.trans(k), DOT_PRECISION)
+            dp = _dot(do, tl.trans(v), DOT_PRECISION)
+        p = tl.exp2(_logits(qk, logit_scale, cap_log2, SOFTCAP) - lse)
         if MASKED:
-            mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
+            mask = _mask(queries, keys, len_q, len_k, window_left, window_right, WINDOW_LEFT,
                          WINDOW_RIGHT)  # fmt: skip
             p = tl.where(mask, p, 0.0)
-        dp = _dot(do, tl.trans(v), DOT_PRECISION)
+        p_out = p
         if DROPOUT:
             # out = (p * keep * scale) v: dv sees the dropped probabilities, and the gradient
             # of p the kept ones' dp; delta = rowsum(dout * out) is unchanged (flash-attn 2).
-            keep = _dropout_keep(seed, row0 + offs_m, h, offs_n, n_heads, rng_cols, dropout_p)
-            dv += _dot(tl.trans(tl.where(keep, p * dropout_scale, 0.0).to(do.dtype)), do,
-                       DOT_PRECISION)  # fmt: skip
+            keep = _dropout_keep(seed, row0 + queries, h, keys, n_heads, rng_cols, dropout_p)
+            p_out = tl.where(keep, p * dropout_scale, 0.0)
             dp = tl.where(keep, dp * dropout_scale, 0.0)
-        else:
-            dv += _dot(tl.trans(p.to(do.dtype)), do, DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
+        ds = p * (dp - delta)
         if SOFTCAP:
             t = _tanh(qk * logit_scale)
             ds = ds * (1.0 - t * t)
-        dk += _dot(tl.trans(ds.to(q.dtype)), q, DOT_PRECISION)
+        if KEYS_DOWN:
+            dv += _dot(p_out.to(do.dtype), do, DOT_PRECISION)
+            dk += _dot(ds.to(q.dtype), q, DOT_PRECISION)
+        else:
+            dv += _dot(tl.trans(p_out.to(do.dtype)), do, DOT_PRECISION)
+            dk += _dot(tl.trans(ds.to(q.dtype)), q, DOT_PRECISION)
     return dk, dv
 
 
@@ -435,27 +471,41 @@ def _dq_steps(
     dropout_p, dropout_scale, BLOCK_N: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr, DROPOUT: tl.constexpr,
+    K_DESC, V_DESC, TMA: tl.constexpr,
 ):  # fmt: skip
     # dq of one query block over key blocks [start, end); unless MASKED, no mask is computed.
+    # With TMA, k and v come through tensor descriptors (as in _dkdv_steps).
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < len_k
-        k_rows = bk.to(tl.int64) * stride_kb + (k_start + offs_n) * stride_ks + hk * stride_kh
-        v_rows = bk.to(tl.int64) * stride_vb + (k_start + offs_n) * stride_vs + hk * stride_vh
-        kt = tl.load(K + k_rows[None, :] + offs_dq[:, None],
-                     mask=n_mask[None, :] & dq_mask[:, None], other=0.0)  # fmt: skip
-        vt = tl.load(V + v_rows[None, :] + offs_dv[:, None],
-                     mask=n_mask[None, :] & dv_mask[:, None], other=0.0)  # fmt: skip
+        if TMA:
+            row = tl.cast(k_start + start_n, tl.int32)
+            kt = tl.trans(tl.reshape(K_DESC.load([bk, row, hk, 0]),
+                                     [BLOCK_N, K_DESC.block_shape[3]]))  # fmt: skip
+            vt = tl.trans(tl.reshape(V_DESC.load([bk, row, hk, 0]),
+                                     [BLOCK_N, V_DESC.block_shape[3]]))  # fmt: skip
+            if MASKED:
+                # Keys past len_k inside the tensor: p is 0 there, as in _dkdv_steps.
+                kt = tl.where(n_mask[None, :], kt, 0.0)
+                vt = tl.where(n_mask[None, :], vt, 0.0)
+        else:
+            k_rows = bk.to(tl.int64) * stride_kb + (k_start + offs_n) * stride_ks + hk * stride_kh
+            v_rows = bk.to(tl.int64) * stride_vb + (k_start + offs_n) * stride_vs + hk * stride_vh
+            kt = tl.load(K + k_rows[None, :] + offs_dq[:, None],
+                         mask=n_mask[None, :] & dq_mask[:, None], other=0.0)  # fmt: skip
+            vt = tl.load(V + v_rows[None, :] + offs_dv[:, None],
+                         mask=n_mask[None, :] & dv_mask[:, None], other=0.0)  # fmt: skip
         qk = _dot(q, kt, DOT_PRECISION)
         s = _logits(qk, logit_scale, cap_log2, SOFTCAP)
         p = tl.exp2(s - lse[:, None])
         if MASKED:
-            mask = _mask(offs_m, offs_n, len_q, len_k, window_left, window_right, WINDOW_LEFT,
-                         WINDOW_RIGHT)  # fmt: skip
+            mask = _mask(offs_m[:, None], offs_n[None, :], len_q, len_k, window_left, window_right,
+                         WINDOW_LEFT, WINDOW_RIGHT)  # fmt: skip
             p = tl.where(mask, p, 0.0)
         dp = _dot(do, vt, DOT_PRECISION)
         if DROPOUT:
-            keep = _dropout_keep(seed, rows_g, h, offs_n, n_heads, rng_cols, dropout_p)
+            keep = _dropout_keep(seed, rows_g[:, None], h, offs_n[None, :], n_heads, rng_cols,
+                                 dropout_p)  # fmt: skip
             dp = tl.where(keep, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
@@ -482,7 +532,8 @@ def _bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN_Q: tl.constexpr, K_LEN: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr, Q_DESC, DO_DESC, TMA: tl.constexpr,
+    KEYS_DOWN: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -538,21 +589,24 @@ def _bwd_dkdv_kernel(
             dq_mask, dv_mask, stride_qb, stride_qs, stride_qh, stride_dob, stride_dos,
             stride_doh, stride_lb, stride_lh, len_q, len_k, logit_scale, cap_log2, window_left,
             window_right, seed, row0, n_kv_heads * group, rng_cols, dropout_p, dropout_scale,
-            BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT,
+            BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT, Q_DESC,
+            DO_DESC, TMA, KEYS_DOWN,
         )  # fmt: skip
         dk, dv = _dkdv_steps(
             dk, dv, k, v, Q, DO, LSE, DELTA, u_lo, u_hi, h, bq, q_start, offs_n, offs_dq,
             offs_dv, dq_mask, dv_mask, stride_qb, stride_qs, stride_qh, stride_dob, stride_dos,
             stride_doh, stride_lb, stride_lh, len_q, len_k, logit_scale, cap_log2, window_left,
             window_right, seed, row0, n_kv_heads * group, rng_cols, dropout_p, dropout_scale,
-            BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False, DROPOUT,
+            BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, False, DROPOUT, Q_DESC,
+            DO_DESC, TMA, KEYS_DOWN,
         )  # fmt: skip
         dk, dv = _dkdv_steps(
             dk, dv, k, v, Q, DO, LSE, DELTA, u_hi, hi, h, bq, q_start, offs_n, offs_dq, offs_dv,
             dq_mask, dv_mask, stride_qb, stride_qs, stride_qh, stride_dob, stride_dos,
             stride_doh, stride_lb, stride_lh, len_q, len_k, logit_scale, cap_log2, window_left,
             window_right, seed, row0, n_kv_heads * group, rng_cols, dropout_p, dropout_scale,
-            BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT,
+            BLOCK_M, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, True, DROPOUT, Q_DESC,
+            DO_DESC, TMA, KEYS_DOWN,
         )  # fmt: skip
 
     dk_rows = bk.to(tl.int64) * stride_dkb + (k_start + offs_n) * stride_dks
@@ -579,7 +633,7 @@ def _bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN_Q: tl.constexpr, K_LEN: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr, K_DESC, V_DESC, TMA: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -628,21 +682,21 @@ def _bwd_dq_kernel(
         dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, len_q, len_k,
         logit_scale, cap_log2, window_left, window_right, seed, rows_g, h, n_heads, rng_cols,
         dropout_p, dropout_scale, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION,
-        True, DROPOUT,
+        True, DROPOUT, K_DESC, V_DESC, TMA,
     )  # fmt: skip
     dq = _dq_steps(
         dq, q, do, lse, delta, K, V, u_lo, u_hi, bk, k_start, hk, offs_m, offs_dq, offs_dv,
         dq_mask, dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         len_q, len_k, logit_scale, cap_log2, window_left, window_right, seed, rows_g, h, n_heads,
         rng_cols, dropout_p, dropout_scale, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
-        DOT_PRECISION, False, DROPOUT,
+        DOT_PRECISION, False, DROPOUT, K_DESC, V_DESC, TMA,
     )  # fmt: skip
     dq = _dq_steps(
         dq, q, do, lse, delta, K, V, u_hi, hi, bk, k_start, hk, offs_m, offs_dq, offs_dv, dq_mask,
         dv_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, len_q, len_k,
         logit_scale, cap_log2, window_left, window_right, seed, rows_g, h, n_heads, rng_cols,
         dropout_p, dropout_scale, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION,
-        True, DROPOUT,
+        True, DROPOUT, K_DESC, V_DESC, TMA,
     )  # fmt: skip
 
     tl.store(DQ + bq.to(tl.int64) * stride_dqb + rows[:, None] * stride_dqs + h * stride_dqh

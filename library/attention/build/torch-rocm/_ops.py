@@ -28,7 +28,9 @@ second combining the chunks: kept for benchmarks.
 The forward can read q, k and v through tensor descriptors (Hopper's copy engine, TMA) instead
 of pointer arithmetic (``_forward_tma``): by default on GPUs with TMA for head dimensions of 128
 and more, where an H100 measured it faster (``_FORWARD_TMA``, benchmarks/attention.py's
-``ours-tma`` rows).
+``ours-tma`` rows). The backward's kernels do the same by the same rule (``_backward_tma``,
+``_BACKWARD_TMA``), and its dk/dv kernel lays its tiles keys x queries from head dimension 128
+(``_DKDV_KEYS_DOWN``); ``python -m benchmarks.diagnose.attention_versions`` times each switch.
 """
 
 import math
@@ -46,7 +48,8 @@ from ._library import (
     op_name,
 )
 from ._tuning import (
-    BACKWARD,
+    BACKWARD_DKDV,
+    BACKWARD_DQ,
     CPU,
     DECODE_MAX_QUERIES,
     DECODE_MAX_ROWS,
@@ -109,6 +112,21 @@ def _dot_precision(dtype: torch.dtype, device: torch.device) -> str:
 #: already coalesce.
 _FORWARD_TMA: bool | None = None
 _TMA_MIN_HEAD_DIM = 128
+#: Whether the backward reads the tensors its kernels walk (q and dout for dk and dv, k and v
+#: for dq) through tensor descriptors (`_backward_tma`): False never, True wherever
+#: descriptors can describe them, the interpreter included, None (the default) as the forward:
+#: where the GPU has TMA and the head dimension is at least ``_TMA_MIN_HEAD_DIM``. On an H100
+#: (2026-11-27, Triton 3.6, bf16, 4x4096 and 1x16384) descriptors took the forward+backward
+#: 1.02-1.08x faster at head dimension 128; at 64, 1.01-1.05x without a mask but 0.93-0.97x
+#: causal (benchmarks/results/h100/NOTES.md).
+_BACKWARD_TMA: bool | None = None
+#: How the dk/dv kernel lays its tiles (``KEYS_DOWN`` of ``_kernels._dkdv_steps``): True keys x
+#: queries, False queries x keys, None (the default) by head dimension: keys x queries from
+#: ``_KEYS_DOWN_MIN_HEAD_DIM``. On an H100 (2026-11-27, Triton 3.6, bf16, 4x4096 and 1x16384),
+#: keys x queries with descriptors took the forward+backward 1.06-1.11x faster than queries x
+#: keys with pointers at head dimension 128, and 0.93-0.96x at 64 with either (NOTES.md).
+_DKDV_KEYS_DOWN: bool | None = None
+_KEYS_DOWN_MIN_HEAD_DIM = 128
 
 
 def _block_dim(head_dim: int) -> int:
@@ -141,19 +159,32 @@ def _forward_tma(q, k, v, block_table, device: torch.device) -> bool:
     return all(_describable(t) for t in (q, k, v))
 
 
+def _backward_tma(q, k, v, dout, device: torch.device) -> bool:
+    """Whether this backward reads through tensor descriptors (``_BACKWARD_TMA``): only where
+    a descriptor can describe q, k, v and dout, and never for one query or one key row.
+    Triton compiles a length of 1 as a constant, and ptxas (Triton 3.6's, sm_90a) crashed on
+    the backward kernels walking it through descriptors; a single row gains nothing from them
+    anyway."""
+    if _BACKWARD_TMA is False or TensorDescriptor is None or 1 in (q.shape[1], k.shape[1]):
+        return False
+    if _BACKWARD_TMA is None and (not _has_tma(device) or q.shape[-1] < _TMA_MIN_HEAD_DIM):
+        return False
+    return all(_describable(t) for t in (q, k, v, dout))
+
+
 def _has_tma(device: torch.device) -> bool:
     # Hopper (compute capability 9.0) brought the tensor memory accelerator.
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def _descriptors(q, k, v, block_m: int, block_n: int) -> tuple:
+def _descriptor(t: torch.Tensor, rows: int):
     # Blocks of one head's rows: (1, rows, 1, head dimension padded to a power of two); the
-    # padding columns and rows past each tensor's end read as zeros.
-    return (
-        TensorDescriptor.from_tensor(q, [1, block_m, 1, _block_dim(q.shape[3])]),
-        TensorDescriptor.from_tensor(k, [1, block_n, 1, _block_dim(k.shape[3])]),
-        TensorDescriptor.from_tensor(v, [1, block_n, 1, _block_dim(v.shape[3])]),
-    )
+    # padding columns and rows past the tensor's end read as zeros.
+    return TensorDescriptor.from_tensor(t, [1, rows, 1, _block_dim(t.shape[3])])
+
+
+def _descriptors(q, k, v, block_m: int, block_n: int) -> tuple:
+    return _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n)
 
 
 def _batches(q: torch.Tensor, cu_seqlens_q: torch.Tensor | None) -> int:
@@ -525,7 +556,7 @@ def backward(
     dims = (d_qk, d_v, _block_dim(d_qk), _block_dim(d_v))
 
     fp32 = q.dtype == torch.float32
-    delta_cfg = config(BACKWARD, block_d, on_cpu, fp32)
+    delta_cfg = config(BACKWARD_DQ, block_d, on_cpu, fp32)
     delta_rows = delta_cfg.block_m if on_cpu else DELTA_ROWS
     args = (
         out, dout, delta, cu_q,
@@ -537,7 +568,7 @@ def backward(
     grid = (-(-max_seqlen_q // delta_rows), batches * n_heads)
     _run(K._delta_kernel, grid, args, delta_cfg, device)
 
-    cfg = config(BACKWARD, block_d, on_cpu, fp32)
+    cfg = config(BACKWARD_DKDV, block_d, on_cpu, fp32)
     common = (
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
@@ -553,9 +584,16 @@ def backward(
         softmax_scale, logit_scale, cap_log2, *windows,
         *dims, cfg.block_m, cfg.block_n, varlen, k_len, *flags,
     )  # fmt: skip
+    tma = _backward_tma(q, k, v, dout, device)
+    # Without TMA, placeholders of the pointer type the kernels are otherwise compiled with.
+    args += (_descriptor(q, cfg.block_m), _descriptor(dout, cfg.block_m), True) if tma else (
+        null, null, False)  # fmt: skip
+    keys_down = _DKDV_KEYS_DOWN
+    args += (block_d >= _KEYS_DOWN_MIN_HEAD_DIM if keys_down is None else keys_down,)
     grid = (-(-max_seqlen_k // cfg.block_n), batches * n_kv_heads)
     _run(K._bwd_dkdv_kernel, grid, args, cfg, device)
 
+    cfg = config(BACKWARD_DQ, block_d, on_cpu, fp32)
     args = (
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, seed, *common,
         dq.stride(0), dq.stride(1), dq.stride(2),
@@ -564,6 +602,8 @@ def backward(
         softmax_scale, logit_scale, cap_log2, *windows,
         *dims, cfg.block_m, cfg.block_n, varlen, k_len, *flags,
     )  # fmt: skip
+    args += (_descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n), True) if tma else (
+        null, null, False)  # fmt: skip
     grid = (-(-max_seqlen_q // cfg.block_m), batches * n_heads)
     _run(K._bwd_dq_kernel, grid, args, cfg, device)
     return dq, dk, dv, delta

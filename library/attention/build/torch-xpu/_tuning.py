@@ -3,8 +3,10 @@
 Retune here: each entry is ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``, keyed by the head
 dimension padded to a power of two (the larger of the query/key and value dimensions). The rows
 for 64 and 128 are the fastest of a first sweep of ten configurations each, forward and backward
-apart (its numbers: benchmarks/results/h100/NOTES.md). The other rows are the usual Triton
-flash-attention starting points, not yet swept. The CPU row keeps blocks small so
+apart, and the backward's held against a second sweep of each of its two kernels
+(``python -m benchmarks.diagnose.attention_versions --dkdv ... --dq ...``; the numbers:
+benchmarks/results/h100/NOTES.md). The other rows are the usual Triton flash-attention starting
+points, not yet swept. The CPU row keeps blocks small so
 that the interpreter's tests cross block boundaries with tiny shapes.
 """
 
@@ -57,9 +59,17 @@ DECODE_MAX_SPLITS = 64
 #: NOTES.md): batch 8 is fastest at 2 splits (one program an SM), 4% slower at 4 (two); batch 1
 #: within 2% from 8 to 16 splits, where the 256-key floor caps it anyway.
 DECODE_PROGRAMS_PER_SM = 1
-#: Both backward kernels: dk/dv programs own BLOCK_N keys and walk BLOCK_M queries at a time;
-#: dq programs own BLOCK_M queries and walk BLOCK_N keys.
-BACKWARD = {
+#: The backward's dk/dv kernel: its programs own BLOCK_N keys and walk BLOCK_M queries at a time.
+BACKWARD_DKDV = {
+    16: Config(64, 64, 4, 3),
+    32: Config(64, 64, 4, 3),
+    64: Config(64, 64, 4, 3),
+    128: Config(64, 64, 4, 2),
+    256: Config(32, 32, 8, 1),
+}
+#: The backward's dq kernel (and the rowsum kernel's warps): its programs own BLOCK_M queries and
+#: walk BLOCK_N keys. A table apart from BACKWARD_DKDV since the two kernels' loops differ.
+BACKWARD_DQ = {
     16: Config(64, 64, 4, 3),
     32: Config(64, 64, 4, 3),
     64: Config(64, 64, 4, 3),
