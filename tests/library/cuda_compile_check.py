@@ -183,16 +183,17 @@ def _run_loss(loss) -> None:
 def _attention_cases(full: bool) -> list[tuple]:
     """The dense calls: (tensor descriptors, dtype, (q/k, v) head dims, causal, every mask option,
     backward). ``full``: every combination (about 120 variants, 6 to 10 minutes on two cores);
-    else one call a code path (about 25 variants, about a minute): pointers and descriptors,
+    else one call a code path (about 40 variants, about a minute): pointers and descriptors,
     the three dot precisions, a padded head dimension, the largest tile (256), unequal dims,
-    every option at once."""
+    every option at once, the backward's two dk/dv layouts (by head dim)."""
     if not full:
         bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
         return [
             (False, bf16, (128, 128), True, False, True),
-            (True, bf16, (128, 128), True, True, False),
+            (True, bf16, (128, 128), True, True, True),
             (True, bf16, (80, 80), False, False, False),
-            (False, fp32, (64, 64), True, False, False),
+            (False, fp32, (64, 64), True, False, True),
+            (True, bf16, (64, 64), True, False, True),
             (False, bf16, (256, 256), True, False, False),
             (True, fp16, (192, 128), False, False, False),
         ]
@@ -225,13 +226,20 @@ def _run_attention(attention, full: bool = False) -> None:
     f = attention.flash_attn_func
     everything = {"window_size": (64, 0), "softcap": 30.0, "s_aux": torch.zeros(8)}
     for tma, dtype, (dim, dim_v), causal, options, backward in _attention_cases(full):
-        ops._FORWARD_TMA = tma
+        ops._FORWARD_TMA = ops._BACKWARD_TMA = tma
         shapes = ((2, 80, 8, dim), (2, 80, 2, dim), (2, 80, 2, dim_v))
         q, k, v = (torch.zeros(shape, dtype=dtype, requires_grad=backward) for shape in shapes)
         out = f(q, k, v, causal=causal, **(everything if options else {}))
         if backward:
             _grad(out, (q, k, v))
-    ops._FORWARD_TMA = None  # the rest as an H100 would run them (descriptors by head dim)
+    # The rest as an H100 would run them (the forward's descriptors by head dim).
+    ops._FORWARD_TMA = ops._BACKWARD_TMA = None
+    # One query, or one key: the backward walks a length Triton compiles as the constant 1.
+    for seqlen_q, seqlen_k in ((1, 80), (80, 1)):
+        shapes = ((2, seqlen_q, 8, 128), (2, seqlen_k, 2, 128), (2, seqlen_k, 2, 128))
+        q, k, v = (torch.zeros(shape, dtype=torch.bfloat16, requires_grad=True)
+                   for shape in shapes)  # fmt: skip
+        _grad(f(q, k, v, causal=True), (q, k, v))
     packed = [torch.zeros(96, heads, 128, dtype=torch.bfloat16, requires_grad=True)
               for heads in (8, 2, 2)]  # fmt: skip
     cu = torch.tensor([0, 40, 96], dtype=torch.int32)
@@ -300,6 +308,11 @@ def _signature(kernel, args) -> tuple[dict, dict]:
             signature[name] = "*" + TYPES[value.dtype]
         elif isinstance(value, bool):
             signature[name] = "i1"
+        elif isinstance(value, int) and mangle_type(value, True) == "constexpr":
+            # As a launch does: Triton compiles an integer argument equal to 1 as that constant
+            # (ptxas has crashed on variants only this specialization makes).
+            signature[name] = "constexpr"
+            constexprs[name] = value
         elif isinstance(value, int):
             signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
         elif isinstance(value, float):
