@@ -219,10 +219,7 @@ def _run_attention(attention, full: bool = False) -> None:
     ops._takes_gpu_path = lambda device: True
     ops.multiprocessors = lambda device: 132
     ops._has_tma = lambda device: True
-    # ops.launch is the recording one (_patch_launch); _run's GPU branch also passes stages.
-    ops._run = lambda kernel, grid, args, cfg, device: ops.launch(
-        kernel, grid, args, cfg.num_warps, device, num_stages=cfg.num_stages
-    )
+    # ops.launch is the recording one (_patch_launch), which _run calls with warps and stages.
     f = attention.flash_attn_func
     everything = {"window_size": (64, 0), "softcap": 30.0, "s_aux": torch.zeros(8)}
     for tma, dtype, (dim, dim_v), causal, options, backward in _attention_cases(full):

@@ -399,6 +399,34 @@ def test_through_tensor_descriptors(attn, monkeypatch, batch, seqlen_q, seqlen_k
     _check_dense(out, lse, q, k, v, s_aux, dtype, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="launches run through Triton's interpreter on the CPU")
+def test_repeated_launches_skip_tritons_runner(attn, monkeypatch):
+    # After each kernel's first launch, the forward and backward (tensor descriptors at head
+    # dim 128 on Hopper) launch through the compiled kernels' launchers directly, to the bit.
+    import sys
+
+    library = sys.modules[f"{attn.__name__}._library"]
+    q, k, v = (randn(2, 77, 4, 128, dtype=BF16).requires_grad_() for _ in range(3))
+    dout = randn(2, 77, 4, 128, dtype=BF16)
+
+    def step():
+        out = attn.flash_attn_func(q, k, v, causal=True)
+        return (out, *grads(out, [q, k, v], dout))
+
+    first = step()
+    kernels = {compiled.name for compiled, _ in library._compiled.values()}
+    assert {"_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"} <= kernels, kernels
+    assert all(direct is not None for _, direct in library._compiled.values())
+    compiled_type = type(next(iter(library._compiled.values()))[0])
+
+    def no_runner(self, grid):
+        pytest.fail("a repeated launch went through Triton's runner")
+
+    monkeypatch.setattr(compiled_type, "__getitem__", no_runner)
+    for got, want in zip(step(), first, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "descriptors"])
 @pytest.mark.parametrize("keys_down", [False, True], ids=["queries-down", "keys-down"])
 @pytest.mark.parametrize("dtype", [F32, BF16])

@@ -454,6 +454,21 @@ def test_launch_cache_key_tells_specialisations_apart(repo, activation, norm, ro
     assert key(buf, 37, True, 256) != base
     assert key(buf, 37, True, 128, num_warps=8) != base
     assert key(buf, 37.0, True, 128) != base  # a float where an int was
+    # Stages, where a launch gives them (the attention kernels' tables do).
+    assert key(buf, 37, True, 128, num_warps=(4, 3)) != base
+    assert key(buf, 37, True, 128, num_warps=(4, 3)) != key(buf, 37, True, 128, num_warps=(4, 2))
+
+
+def test_launch_key_tells_tensor_descriptors_apart_by_dtype_and_block(norm):
+    """Triton compiles a kernel per tensor descriptor's dtype and block shape (its mangled type),
+    not per base address or tensor shape."""
+    descriptor = pytest.importorskip("triton.tools.tensor_descriptor").TensorDescriptor
+    library = sys.modules[f"{norm.__name__}._library"]
+    t = torch.zeros(2, 64, 4, 128, dtype=torch.bfloat16)
+    spec = library._spec(descriptor.from_tensor(t, [1, 64, 1, 128]))
+    assert library._spec(descriptor.from_tensor(t[1:], [1, 64, 1, 128])) == spec
+    assert library._spec(descriptor.from_tensor(t.half(), [1, 64, 1, 128])) != spec
+    assert library._spec(descriptor.from_tensor(t, [1, 32, 1, 128])) != spec
 
 
 @pytest.mark.parametrize("repo", ["activation", "norm", "rotary"])

@@ -76,11 +76,11 @@ def multiprocessors(device: torch.device) -> int:
 #
 # Triton's launcher (``kernel[grid](...)``) binds arguments and builds a cache key in Python on
 # every call, which costs more host time than the kernel takes at common sizes (4096 x 4096).
-# ``launch`` keeps the compiled kernel that a
-# first ordinary launch returned, under a key made of exactly what Triton specialises on (tensor
-# dtypes and 16-byte alignment; integers equal to 1, divisible by 16, or past int32; the value of
-# every constexpr; num_warps; the device), and afterwards calls the compiled kernel's launcher
-# itself, skipping the per-call closure, device and stream lookups and launch-metadata hooks of
+# ``launch`` keeps the compiled kernel that a first ordinary launch returned, under a key made
+# of exactly what Triton specialises on (tensor dtypes and 16-byte alignment; integers equal to
+# 1, divisible by 16, or past int32; a tensor descriptor's dtype and block shape; the value of
+# every constexpr; num_warps and num_stages; the device), and afterwards calls the compiled
+# kernel's launcher itself (which builds a descriptor's TMA copy on each launch), skipping the per-call closure, device and stream lookups and launch-metadata hooks of
 # ``CompiledKernel.__getitem__``. Tensors reach that launcher as their addresses (ints): given a
 # tensor, it calls ``data_ptr()`` and asks the driver whether the address is a device pointer
 # (``cuPointerGetAttribute``), per tensor and per launch; an int it takes as it is. That check
@@ -159,6 +159,9 @@ def _spec(arg) -> object:
         return arg == 1, not arg & 15, _INT32_MIN <= arg <= _INT32_MAX
     if type(arg) is bool:
         return bool, arg
+    block_shape = getattr(arg, "block_shape", None)
+    if block_shape is not None:  # a tensor descriptor: compiled per dtype and block shape
+        return type(arg), arg.base.dtype, tuple(block_shape)
     return type(arg)
 
 
@@ -219,16 +222,17 @@ def _kernel_shape(kernel) -> tuple[bool, ...]:
     return tuple(bool(p.is_constexpr) for p in kernel.params)
 
 
-def _key_and_args(kernel, index: int, num_warps: int, args: tuple) -> tuple[tuple, tuple]:
+def _key_and_args(kernel, index: int, num_warps: int | tuple, args: tuple) -> tuple[tuple, tuple]:
     """The launch cache's key (where it differs, Triton compiles another kernel), and ``args``
-    as the compiled kernel's launcher takes them, tensors as addresses."""
+    as the compiled kernel's launcher takes them, tensors as addresses. ``num_warps`` is the
+    launch's options: the warps, or (warps, stages)."""
     key_function = _key_functions.get(kernel)
     if key_function is None:
         key_function = _key_functions[kernel] = _key_function(kernel, args)
     return key_function(kernel, index, num_warps, args)
 
 
-def _key(kernel, index: int, num_warps: int, args: tuple) -> tuple:
+def _key(kernel, index: int, num_warps: int | tuple, args: tuple) -> tuple:
     """The launch cache's key alone."""
     return _key_and_args(kernel, index, num_warps, args)[0]
 
@@ -282,12 +286,27 @@ def _cpu_without_interpreter(kernel) -> str:
     )
 
 
-def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.device) -> None:
-    """``kernel[grid](*args, num_warps=num_warps)`` on ``device``, with all arguments (constexprs
-    included) positional in the kernel's parameter order."""
+def _options(num_warps: int, num_stages: int | None) -> dict:
+    # Triton's launch options; no num_stages unless given (Triton's default then).
+    if num_stages is None:
+        return {"num_warps": num_warps}
+    return {"num_warps": num_warps, "num_stages": num_stages}
+
+
+def launch(
+    kernel,
+    grid: tuple,
+    args: tuple,
+    num_warps: int,
+    device: torch.device,
+    num_stages: int | None = None,
+) -> None:
+    """``kernel[grid](*args, num_warps=num_warps)`` on ``device`` (and ``num_stages=``, given
+    one), with all arguments (constexprs included) positional in the kernel's parameter
+    order."""
     if device.type != "cuda":
         try:
-            kernel[grid](*args, num_warps=num_warps)
+            kernel[grid](*args, **_options(num_warps, num_stages))
         except (RuntimeError, ValueError) as exc:
             if device.type == "cpu" and not _interpreted(kernel):
                 raise RuntimeError(_cpu_without_interpreter(kernel)) from exc
@@ -299,12 +318,14 @@ def launch(kernel, grid: tuple, args: tuple, num_warps: int, device: torch.devic
         # A model split over GPUs calls layers with tensors on a device that is not the current
         # one; Triton launches on the current device.
         with torch.cuda.device(index):
-            launch(kernel, grid, args, num_warps, device)
+            launch(kernel, grid, args, num_warps, device, num_stages)
         return
-    key, addressed = _key_and_args(kernel, index, num_warps, args)
+    # The key's launch options: num_warps alone unless stages are given (no tuple made then).
+    launch_options = num_warps if num_stages is None else (num_warps, num_stages)
+    key, addressed = _key_and_args(kernel, index, launch_options, args)
     entry = _compiled.get(key)
     if entry is None:
-        compiled = kernel[grid](*args, num_warps=num_warps)
+        compiled = kernel[grid](*args, **_options(num_warps, num_stages))
         if callable(getattr(compiled, "__getitem__", None)):
             _compiled[key] = (compiled, _direct_launcher(compiled))
         return

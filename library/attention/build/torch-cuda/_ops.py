@@ -80,11 +80,9 @@ def _takes_gpu_path(device: torch.device) -> bool:
 
 
 def _run(kernel, grid, args, cfg, device: torch.device) -> None:
-    if device.type == "cuda":
-        kernel[grid](*args, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    else:
-        # The interpreter, or the shared launcher's error naming TRITON_INTERPRET.
-        launch(kernel, grid, args, cfg.num_warps, device)
+    # The shared launcher: after a kernel's first launch, its compiled launcher directly
+    # (Triton's runner binds this package's 60-odd arguments in Python on every call).
+    launch(kernel, grid, args, cfg.num_warps, device, cfg.num_stages)
 
 
 def _scales(softmax_scale: float, softcap: float) -> tuple[float, float]:
