@@ -277,6 +277,24 @@ def test_transformers_sees_every_option(attn):
     assert {"block_table", "cache_seqlens", "s_aux", "softcap", "window_size"} <= kvcache
 
 
+def test_eager_calls_skip_the_op_dispatcher(attn, monkeypatch):
+    # Eagerly the ops' implementations run through a plain autograd.Function (the dispatcher's
+    # round trip cost more host time than the launches); the ops are for graphs.
+    ops = _ops(attn)
+
+    def refused(*args, **kwargs):
+        pytest.fail("an eager call went through the op dispatcher")
+
+    monkeypatch.setattr(ops, "forward", refused)
+    monkeypatch.setattr(ops, "backward", refused)
+    q, k, v = _inputs(1, 17, 17, 4, 2, 64, 64, torch.float32, None)
+    s_aux = randn(4).requires_grad_()
+    out, lse, _ = attn.flash_attn_func(q, k, v, causal=True, s_aux=s_aux, return_attn_probs=True)
+    _check_dense(out, lse, q, k, v, s_aux, torch.float32, causal=True)
+    with torch.no_grad():
+        torch.testing.assert_close(attn.flash_attn_func(q, k, v, causal=True, s_aux=s_aux), out)
+
+
 def test_torch_compile_fullgraph(attn):
     # The op is one opaque node of the graph (aot_eager: no inductor on the CPU), forward and
     # backward match eager; with dropout, whose seed the graph draws from torch's generator.

@@ -89,7 +89,7 @@ def _check_options(where: str, dropout_p, alibi_slopes) -> float:
 
 
 def _dropout(p: float, device) -> tuple[float, torch.Tensor | None]:
-    # (dropout_p, seed) for _ops.forward: a seed only when something is dropped.
+    # (dropout_p, seed) for _ops.attention: a seed only when something is dropped.
     return (p, _ops.draw_dropout_seed(device)) if p > 0.0 else (0.0, None)
 
 
@@ -197,7 +197,7 @@ def flash_attn_func(
         )
     _check_sink(where, s_aux, q.shape[2], q.device)
     left, right = _window(where, window_size, causal)
-    out, lse = _ops.forward(
+    out, lse = _ops.attention(
         q, k, v, None, None, None, None, s_aux, q.shape[1], k.shape[1],
         _scale(softmax_scale, q.shape[-1]), left, right, _softcap(where, softcap), *dropout,
     )  # fmt: skip
@@ -260,7 +260,7 @@ def flash_attn_varlen_func(
     left, right = _window(where, window_size, causal)
     k4 = k if block_table is not None else k.unsqueeze(0)
     v4 = v if block_table is not None else v.unsqueeze(0)
-    out, lse = _ops.forward(
+    out, lse = _ops.attention(
         q.unsqueeze(0), k4, v4, cu_seqlens_q, cu_seqlens_k, None, block_table, s_aux,
         _as_int(max_seqlen_q), _as_int(max_seqlen_k), _scale(softmax_scale, q.shape[-1]),
         left, right, _softcap(where, softcap), *dropout,
@@ -423,7 +423,7 @@ def flash_attn_with_kvcache(
         used = used + k.shape[1]
     left, right = _window(where, window_size, causal)
     with torch.no_grad():
-        out, lse = _ops.forward(
+        out, lse = _ops.attention(
             q, k_cache, v_cache, None, None, used.to(torch.int32), block_table, s_aux,
             q.shape[1], capacity, _scale(softmax_scale, q.shape[-1]), left, right,
             _softcap(where, softcap), 0.0, None, max(int(num_splits), 0), cache_leftpad,

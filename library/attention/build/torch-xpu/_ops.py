@@ -46,6 +46,7 @@ from ._library import (
     multiprocessors,
     next_power_of_2,
     op_name,
+    use_autograd_function,
 )
 from ._tuning import (
     BACKWARD_DKDV,
@@ -391,8 +392,7 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
     _run(K._decode_reduce_kernel, (tiles, batch * n_kv_heads), args, cfg, device)
 
 
-@torch.library.custom_op(op_name("flash_attn_forward"), mutates_args=())
-def forward(
+def _forward_impl(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -500,6 +500,9 @@ def forward(
     return out, lse
 
 
+forward = torch.library.custom_op(op_name("flash_attn_forward"), mutates_args=())(_forward_impl)
+
+
 @forward.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, s_aux, max_seqlen_q,
       max_seqlen_k, softmax_scale, window_left, window_right, softcap, dropout_p=0.0,
@@ -508,8 +511,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, s_aux, max_se
     return out, q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
-@torch.library.custom_op(op_name("flash_attn_backward"), mutates_args=())
-def backward(
+def _backward_impl(
     dout: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -607,6 +609,9 @@ def backward(
     return dq, dk, dv, delta
 
 
+backward = torch.library.custom_op(op_name("flash_attn_backward"), mutates_args=())(_backward_impl)
+
+
 @backward.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
       softmax_scale, window_left, window_right, softcap, dropout_p=0.0,
@@ -628,14 +633,17 @@ def _setup_context(ctx, inputs, output):
     )
 
 
-def _backward(ctx, dout, _dlse):
+def _gradients(ctx, dout, run_backward):
+    # One gradient per input of forward, from the saved context; ``run_backward`` is the
+    # backward op (graphs) or its implementation (eager calls).
     if ctx.paged_or_cache:
         raise RuntimeError(
             "flash_attn_with_kvcache has no backward (as in flash-attn): call it under "
             "torch.no_grad(), or use flash_attn_func / flash_attn_varlen_func to train."
         )
     q, k, v, out, lse, cu_q, cu_k, s_aux, dropout_seed = ctx.saved_tensors
-    dq, dk, dv, delta = backward(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.params, dropout_seed)
+    dq, dk, dv, delta = run_backward(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.params,
+                                     dropout_seed)  # fmt: skip
     ds_aux = None
     if s_aux is not None and ctx.needs_input_grad[7]:
         # d lse / d sink is the sink's probability; d out / d sink is -p_sink * out.
@@ -645,7 +653,38 @@ def _backward(ctx, dout, _dlse):
     return dq, dk, dv, None, None, None, None, ds_aux, *([None] * 11)
 
 
+def _backward(ctx, dout, _dlse):
+    return _gradients(ctx, dout, backward)
+
+
 forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _FlashAttention(torch.autograd.Function):
+    """forward and its backward for eager calls: the implementations without the ops'
+    dispatcher, whose round trips cost more host time than the launches (an H100 machine,
+    2026-11-27: the backward op's dispatch alone about 0.4 ms)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward_impl(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        return _gradients(ctx, dout, _backward_impl)
+
+
+def attention(*inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``forward(*inputs)``'s ``(out, lse)``: under ``torch.compile`` the op (one node in the
+    graph), eagerly a plain ``autograd.Function`` where a backward must be recorded, else the
+    implementation itself."""
+    if torch.compiler.is_compiling():
+        return forward(*inputs)
+    if use_autograd_function(*inputs[:3], inputs[7]):
+        return _FlashAttention.apply(*inputs)
+    return _forward_impl(*inputs)
 
 
 def default_scale(head_dim: int) -> float:
