@@ -159,6 +159,8 @@ def _spec(arg) -> object:
         return arg == 1, not arg & 15, _INT32_MIN <= arg <= _INT32_MAX
     if type(arg) is bool:
         return bool, arg
+    if type(arg) is float:  # the usual other kind (an eps, a scale): no attribute lookup
+        return float
     block_shape = getattr(arg, "block_shape", None)
     if block_shape is not None:  # a tensor descriptor: compiled per dtype and block shape
         return type(arg), arg.base.dtype, tuple(block_shape)
