@@ -6,8 +6,8 @@ for 64 and 128 are the fastest of a first sweep of ten configurations each, forw
 apart, and the backward's held against a second sweep of each of its two kernels
 (``python -m benchmarks.diagnose.attention_versions --dkdv ... --dq ...``; the numbers:
 benchmarks/results/h100/NOTES.md). The other rows are the usual Triton flash-attention starting
-points, not yet swept. The CPU row keeps blocks small so
-that the interpreter's tests cross block boundaries with tiny shapes.
+points, not yet swept. The CPU row keeps blocks small so that the interpreter's tests cross
+block boundaries with tiny shapes.
 """
 
 from typing import NamedTuple

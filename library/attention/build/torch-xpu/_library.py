@@ -80,7 +80,8 @@ def multiprocessors(device: torch.device) -> int:
 # of exactly what Triton specialises on (tensor dtypes and 16-byte alignment; integers equal to
 # 1, divisible by 16, or past int32; a tensor descriptor's dtype and block shape; the value of
 # every constexpr; num_warps and num_stages; the device), and afterwards calls the compiled
-# kernel's launcher itself (which builds a descriptor's TMA copy on each launch), skipping the per-call closure, device and stream lookups and launch-metadata hooks of
+# kernel's launcher itself (which builds a descriptor's TMA copy on each launch), skipping the
+# per-call closure, device and stream lookups and launch-metadata hooks of
 # ``CompiledKernel.__getitem__``. Tensors reach that launcher as their addresses (ints): given a
 # tensor, it calls ``data_ptr()`` and asks the driver whether the address is a device pointer
 # (``cuPointerGetAttribute``), per tensor and per launch; an int it takes as it is. That check

@@ -130,14 +130,26 @@ def _unmasked(lo, hi, first, end, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _head_rows(DESC, b, row, h, ROWS: tl.constexpr):
+    # ROWS rows of head h from ``row`` on, through a tensor descriptor over a 4-D (batch, rows,
+    # heads, dim) tensor, as a [ROWS, padded dim] tile: zeros past the tensor's edges.
+    return tl.reshape(DESC.load([b, tl.cast(row, tl.int32), h, 0]), [ROWS, DESC.block_shape[3]])
+
+
+@triton.jit
+def _dropout_offsets(rows, h, cols, n_heads, rng_cols):
+    # Philox offsets of (query row, head, key), rows and cols as broadcastable 2-D tensors.
+    return (rows.to(tl.int64) * n_heads + h) * rng_cols + cols
+
+
+@triton.jit
 def _dropout_keep(seed, rows, h, cols, n_heads, rng_cols, dropout_p):
     # Which probabilities of rows x keys survive dropout: Philox numbers keyed by (seed, query
     # row, head, key), so that the backward (and _dropout_mask_kernel) regenerate the same mask
     # from the seed alone. rows index q's (batch x seqlen) or packed rows, cols a sequence's own
     # keys, as broadcastable 2-D tensors (as for _mask); rng_cols (>= every sequence's key
     # count) keeps the offsets distinct.
-    offsets = (rows.to(tl.int64) * n_heads + h) * rng_cols + cols
-    return tl.rand(seed, offsets) >= dropout_p
+    return tl.rand(seed, _dropout_offsets(rows, h, cols, n_heads, rng_cols)) >= dropout_p
 
 
 @triton.jit
@@ -152,7 +164,7 @@ def _dropout_mask_kernel(KEEP, SEED, n_rows, n_heads, rng_cols, dropout_p,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keep = _dropout_keep(seed, rows[:, None], h, offs_n[None, :], n_heads, rng_cols,
                              dropout_p)  # fmt: skip
-        offsets = (rows.to(tl.int64)[:, None] * n_heads + h) * rng_cols + offs_n[None, :]
+        offsets = _dropout_offsets(rows[:, None], h, offs_n[None, :], n_heads, rng_cols)
         tl.store(KEEP + offsets, keep.to(tl.int8),
                  mask=(rows < n_rows)[:, None] & (offs_n < rng_cols)[None, :])  # fmt: skip
 
@@ -184,8 +196,7 @@ def _fwd_steps(
         if KEY_PADDING:
             n_mask = n_mask & (tl.load(KEY_MASK_ROW + offs_n, mask=n_mask, other=0) != 0)
         if TMA:
-            kt = tl.trans(tl.reshape(K_DESC.load([bk, tl.cast(k_start + start_n, tl.int32), hk, 0]),
-                                     [BLOCK_N, K_DESC.block_shape[3]]))  # fmt: skip
+            kt = tl.trans(_head_rows(K_DESC, bk, k_start + start_n, hk, BLOCK_N))
         else:
             if PAGED:
                 page = tl.load(BLOCK_TABLE + b.to(tl.int64) * stride_bt + offs_n // PAGE_SIZE,
@@ -220,8 +231,7 @@ def _fwd_steps(
                                  dropout_p)  # fmt: skip
             p = tl.where(keep, p * dropout_scale, 0.0)
         if TMA:
-            v = tl.reshape(V_DESC.load([bk, tl.cast(k_start + start_n, tl.int32), hk, 0]),
-                           [BLOCK_N, V_DESC.block_shape[3]])  # fmt: skip
+            v = _head_rows(V_DESC, bk, k_start + start_n, hk, BLOCK_N)
             if MASKED:
                 # p is 0 past len_k, but 0 x a non-finite value read there would not be.
                 v = tl.where(n_mask[:, None], v, 0.0)
@@ -274,8 +284,7 @@ def _fwd_kernel(
     m_mask = offs_m < len_q
     if TMA:
         # Rows past len_q inside the tensor (the next packed sequence) are computed, not stored.
-        q = tl.reshape(Q_DESC.load([bq, tl.cast(q_start + start_m, tl.int32), h, 0]),
-                       [BLOCK_M, Q_DESC.block_shape[3]])  # fmt: skip
+        q = _head_rows(Q_DESC, bq, q_start + start_m, h, BLOCK_M)
     else:
         q_rows = bq.to(tl.int64) * stride_qb + (q_start + offs_m) * stride_qs + h * stride_qh
         q = tl.load(Q + q_rows[:, None] + offs_dq[None, :],
@@ -405,9 +414,8 @@ def _dkdv_steps(
         m_mask = offs_m < len_q
         rows = q_start + offs_m
         if TMA:
-            row = tl.cast(q_start + start_m, tl.int32)
-            q = tl.reshape(Q_DESC.load([bq, row, h, 0]), [BLOCK_M, Q_DESC.block_shape[3]])
-            do = tl.reshape(DO_DESC.load([bq, row, h, 0]), [BLOCK_M, DO_DESC.block_shape[3]])
+            q = _head_rows(Q_DESC, bq, q_start + start_m, h, BLOCK_M)
+            do = _head_rows(DO_DESC, bq, q_start + start_m, h, BLOCK_M)
             if MASKED:
                 # Rows past len_q inside the tensor (another packed sequence) have p = 0, but
                 # 0 x a non-finite value read there would not be 0.
@@ -479,11 +487,8 @@ def _dq_steps(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < len_k
         if TMA:
-            row = tl.cast(k_start + start_n, tl.int32)
-            kt = tl.trans(tl.reshape(K_DESC.load([bk, row, hk, 0]),
-                                     [BLOCK_N, K_DESC.block_shape[3]]))  # fmt: skip
-            vt = tl.trans(tl.reshape(V_DESC.load([bk, row, hk, 0]),
-                                     [BLOCK_N, V_DESC.block_shape[3]]))  # fmt: skip
+            kt = tl.trans(_head_rows(K_DESC, bk, k_start + start_n, hk, BLOCK_N))
+            vt = tl.trans(_head_rows(V_DESC, bk, k_start + start_n, hk, BLOCK_N))
             if MASKED:
                 # Keys past len_k inside the tensor: p is 0 there, as in _dkdv_steps.
                 kt = tl.where(n_mask[None, :], kt, 0.0)
