@@ -264,10 +264,19 @@ def _check(ours_out: torch.Tensor, peer_outs: dict) -> float | None:
     return None
 
 
-def run_dense(attn, batch, seqlen, dim, causal, rep_ms, block) -> list[dict]:
+def attention_inputs(batch: int, seqlen_q: int, seqlen_k: int, dim: int) -> tuple:
+    """Seeded q ``(batch, seqlen_q, HEADS, dim)`` and k, v ``(batch, seqlen_k, KV_HEADS, dim)``
+    on the GPU, in DTYPE: what the dense and decode sections (and the diagnose tools) time."""
     torch.manual_seed(0)
-    q = torch.randn(batch, seqlen, HEADS, dim, device="cuda", dtype=DTYPE)
-    k, v = (torch.randn(batch, seqlen, KV_HEADS, dim, device="cuda", dtype=DTYPE) for _ in range(2))
+    q = torch.randn(batch, seqlen_q, HEADS, dim, device="cuda", dtype=DTYPE)
+    k, v = (
+        torch.randn(batch, seqlen_k, KV_HEADS, dim, device="cuda", dtype=DTYPE) for _ in range(2)
+    )
+    return q, k, v
+
+
+def run_dense(attn, batch, seqlen, dim, causal, rep_ms, block) -> list[dict]:
+    q, k, v = attention_inputs(batch, seqlen, seqlen, dim)
     # Each contender gets its own layout, contiguous: ours (batch, seq, heads, dim), SDPA's
     # (batch, heads, seq, dim).
     sdpa_inputs = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
@@ -482,11 +491,7 @@ def _check_padded(padded: dict, fns: dict, failed: dict) -> float | None:
 
 def run_decode(attn, batch, rep_ms, block) -> list[dict]:
     dim, context = DECODE_DIM, DECODE_CONTEXT
-    torch.manual_seed(0)
-    q = torch.randn(batch, 1, HEADS, dim, device="cuda", dtype=DTYPE)
-    k_cache, v_cache = (
-        torch.randn(batch, context, KV_HEADS, dim, device="cuda", dtype=DTYPE) for _ in range(2)
-    )
+    q, k_cache, v_cache = attention_inputs(batch, 1, context, dim)
     used = torch.full((batch,), context, dtype=torch.int32, device="cuda")
     sdpa_q = q.transpose(1, 2).contiguous()
     sdpa_k, sdpa_v = (t.transpose(1, 2).contiguous() for t in (k_cache, v_cache))

@@ -26,12 +26,7 @@ from benchmarks import attention as bench
 
 def dense_calls(attn, batch: int, seqlen: int, dim: int) -> dict:
     """{label: call} for ours and cuDNN: the forward, then the backward of a kept forward."""
-    torch.manual_seed(0)
-    q = torch.randn(batch, seqlen, bench.HEADS, dim, device="cuda", dtype=bench.DTYPE)
-    k, v = (
-        torch.randn(batch, seqlen, bench.KV_HEADS, dim, device="cuda", dtype=bench.DTYPE)
-        for _ in range(2)
-    )
+    q, k, v = bench.attention_inputs(batch, seqlen, seqlen, dim)
     mode, why = bench.gqa_mode("cudnn", dim, True)
     contenders: dict[str, tuple[Callable, list]] = {
         "ours": (lambda q, k, v: attn.flash_attn_func(q, k, v, causal=True), [q, k, v])
@@ -63,12 +58,7 @@ def dense_calls(attn, batch: int, seqlen: int, dim: int) -> dict:
 def decode_calls(attn, batch: int) -> dict:
     """{label: call} for ours and cuDNN: one decode step over a full cache."""
     dim, context = bench.DECODE_DIM, bench.DECODE_CONTEXT
-    torch.manual_seed(0)
-    q = torch.randn(batch, 1, bench.HEADS, dim, device="cuda", dtype=bench.DTYPE)
-    k_cache, v_cache = (
-        torch.randn(batch, context, bench.KV_HEADS, dim, device="cuda", dtype=bench.DTYPE)
-        for _ in range(2)
-    )
+    q, k_cache, v_cache = bench.attention_inputs(batch, 1, context, dim)
     used = torch.full((batch,), context, dtype=torch.int32, device="cuda")
     label = f"batch {batch} context {context} decode"
     calls = {

@@ -158,12 +158,7 @@ def outputs_and_grads(fn, q, k, v, seed: torch.Tensor) -> tuple:
 
 
 def run_shape(contenders: dict, batch, seqlen, dim, causal, rep_ms, block) -> None:
-    torch.manual_seed(0)
-    q = torch.randn(batch, seqlen, bench.HEADS, dim, device="cuda", dtype=bench.DTYPE)
-    k, v = (
-        torch.randn(batch, seqlen, bench.KV_HEADS, dim, device="cuda", dtype=bench.DTYPE)
-        for _ in range(2)
-    )
+    q, k, v = bench.attention_inputs(batch, seqlen, seqlen, dim)
     calls = {
         name: (lambda q, k, v, make=make: make(causal)(q, k, v), [t.clone() for t in (q, k, v)])
         for name, make in contenders.items()
