@@ -7,7 +7,7 @@
 # The clients we support conflict, so each gets its own environment (docs/transformers.md):
 #   .venv      transformers 4.57 with huggingface_hub 0.x: the whole suite runs here (Hub tests
 #              that need the `kernel` repo type skip: huggingface_hub 0.x does not know it)
-#   .venv-tf5  transformers 5.24 with huggingface_hub 2.x and the olah test server: the Hub tests
+#   .venv-tf5  transformers 5.25 with huggingface_hub 2.x and the olah test server: the Hub tests
 #              and the transformers 5.x tests
 #   .venv-hf   Hugging Face's own `kernels` client (HF_KERNELS_VERSION), without this package: the
 #              interoperability tests (tests/interop) load our kernel repositories through it

@@ -18,7 +18,7 @@ def test_version_is_stated_once_and_installed():
 
 
 def test_version_is_the_kernels_api_level_we_implement():
-    """0.18.x: the layer API of Hugging Face's kernels 0.18, which transformers 5.24 pins
-    (0.18.2 <= version < 0.19.0); README.md, Versions."""
+    """0.19.x: the layer API of Hugging Face's kernels 0.19, which transformers 5.25 pins
+    (0.19.1 <= version < 0.20.0); README.md, Versions."""
     major, minor, *_ = (int(p) for p in kernels.__version__.split("."))
-    assert (major, minor) == (0, 18)
+    assert (major, minor) == (0, 19)
