@@ -1,5 +1,7 @@
 # Entry points, used by the README's Quickstart and by CI (.ci/run):
-#   make demo   installs the package into .venv and runs the main job
+#   make demo   installs the package into .venv-demo (the newest transformers line we serve,
+#               5.25, with huggingface_hub 2.x, which sees the Hub's `kernel` repositories) and
+#               runs the main job
 #   make test   installs the three test environments (at once) and the local Hub test server, then
 #               runs the tests, each run spread over the cores by pytest-xdist (PYTEST_WORKERS)
 #   make lint   installs the test environment, then runs ruff and the type checker (mypy)
@@ -34,6 +36,7 @@ PIP_INSTALL := -m pip install -q --no-compile
 # (some 15 CPU-seconds a process on the 2-core CI machine).
 WARM_IMPORTS := import torch, triton, numpy, transformers, huggingface_hub, pytest, xdist, hypothesis, kernels, kernels.library
 VENV ?= .venv
+DEMO_VENV ?= .venv-demo
 TF5_VENV ?= .venv-tf5
 HF_VENV ?= .venv-hf
 BASE_VENV ?= .venv-torch
@@ -56,6 +59,7 @@ XDIST := --dist worksteal
 TF5_TESTS ?= tests/repos/hub tests/clients/transformers5 tests/distributed
 
 BIN := $(VENV)/bin
+DEMO_BIN := $(DEMO_VENV)/bin
 TF5_BIN := $(TF5_VENV)/bin
 OLAH := $(abspath $(TF5_BIN))/olah-cli
 HF_BIN := $(HF_VENV)/bin
@@ -91,6 +95,10 @@ $(BIN)/python: | $(BASE)
 	@$(call new_venv,$(VENV))
 	@$(call share_base,$(BIN)/python)
 
+$(DEMO_BIN)/python: | $(BASE)
+	@$(call new_venv,$(DEMO_VENV))
+	@$(call share_base,$(DEMO_BIN)/python)
+
 $(TF5_BIN)/python: | $(BASE)
 	@$(call new_venv,$(TF5_VENV))
 	@$(call share_base,$(TF5_BIN)/python)
@@ -103,7 +111,7 @@ $(HF_BIN)/python: | $(BASE)
 # pyproject.toml (and this Makefile, which pins versions): a second `make test` or `make lint`
 # skips pip (the package itself is installed editable, so source changes need no install), and
 # an edit of the requirements installs again.
-install: $(VENV)/.installed-demo
+install: $(DEMO_VENV)/.installed-demo
 install-test: $(VENV)/.installed-test
 install-tf5: $(TF5_VENV)/.installed-test-tf5
 install-hf: $(HF_VENV)/.installed-hf
@@ -113,9 +121,9 @@ install-hf: $(HF_VENV)/.installed-hf
 install-all:
 	$(MAKE) -j3 --output-sync=target install-test install-tf5 install-hf
 
-$(VENV)/.installed-demo: $(BIN)/python pyproject.toml Makefile
-	@$(BIN)/python -c "$(HAS_TORCH)" || $(BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)"
-	$(BIN)/python $(PIP_INSTALL) -e ".[demo]"
+$(DEMO_VENV)/.installed-demo: $(DEMO_BIN)/python pyproject.toml Makefile
+	@$(DEMO_BIN)/python -c "$(HAS_TORCH)" || $(DEMO_BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)"
+	$(DEMO_BIN)/python $(PIP_INSTALL) -e ".[demo]"
 	@touch $@
 
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml Makefile
@@ -143,7 +151,7 @@ $(HF_VENV)/.installed-hf: $(HF_BIN)/python Makefile
 hub-server: install-tf5
 
 demo: install
-	$(BIN)/kernels demo
+	$(DEMO_BIN)/kernels demo
 
 # The three runs side by side, each spread over every core by its workers, their output kept
 # apart (--output-sync: each run's printed when it ends). Side by side, the CPU work of one fills
@@ -177,4 +185,4 @@ lint: install-test
 	$(BIN)/python -m mypy
 
 clean:
-	rm -rf $(VENV) $(TF5_VENV) $(HF_VENV) $(BASE_VENV) .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(DEMO_VENV) $(TF5_VENV) $(HF_VENV) $(BASE_VENV) .pytest_cache .mypy_cache

@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, device: str, torch) -> int:
+    import transformers
     from transformers import LlamaForCausalLM
 
     from . import Mode, explain, kernelize, library_mapping, use_kernel_mapping
@@ -138,7 +139,7 @@ def _run(args: argparse.Namespace, device: str, torch) -> int:
     try:
         tagged = tag_gated_mlps(model) + tag_rotary_embeddings(model)
         print(
-            f"\ntagged what transformers 4.57 leaves untagged: {', '.join(tagged)} "
+            f"\ntagged what transformers {transformers.__version__} leaves untagged: {', '.join(tagged)} "
             "(kernels.library.tag_gated_mlps, tag_rotary_embeddings)"
         )
         with use_kernel_mapping(library_mapping(devices=[device])):

@@ -1,4 +1,4 @@
-"""The fused lm_head + cross-entropy on transformers 5.24's DeepSeek-V3-style MoE models.
+"""The fused lm_head + cross-entropy on transformers 5.24 and 5.25's DeepSeek-V3-style MoE models.
 
 5.24's ``DeepseekV3ForCausalLM.forward``, shared word for word by 20 other classes (and by
 ``HYV3ForCausalLM`` but for an explicit ``aux_loss=None``), is Llama's forward over an MoE base
@@ -76,7 +76,8 @@ def tiny(family: str, **config):
     return build(config_name, model_name, {**TINY, **extra, **config})
 
 
-# 5.24's *ForCausalLM classes with DeepSeek-V3's forward, word for word (HYV3: aux_loss=None).
+# 5.25's *ForCausalLM classes with DeepSeek-V3's forward, word for word (HYV3: aux_loss=None;
+# 5.25 added Kolibri1_1 and MiniCPM5Moe to 5.24's 22).
 ROUTER_FORWARD_CLASSES = {
     "AXK1ForCausalLM",
     "AXK2ForCausalLM",
@@ -95,16 +96,18 @@ ROUTER_FORWARD_CLASSES = {
     "HunYuanMoEV1ForCausalLM",
     "KimiLinearForCausalLM",
     "Kolibri1ForCausalLM",
+    "Kolibri1_1ForCausalLM",
     "Lfm2MoeForCausalLM",
     "LongcatFlashForCausalLM",
     "MiMoV2FlashForCausalLM",
+    "MiniCPM5MoeForCausalLM",
     "Mistral4ForCausalLM",
     "SolarOpenForCausalLM",
 }
 
 
 def test_the_classes_tagged():
-    """Every class of transformers' modelling modules: exactly the 22 with DeepSeek-V3's
+    """Every class of transformers' modelling modules: exactly the 24 with DeepSeek-V3's
     forward are recognised as ``"MoeRouterCausalLMFusedLoss"``, and exactly the 20 with
     Mixtral's as ``"MoeCausalLMFusedLoss"`` (test_moe_causal_lm_loss.py's list). One test for
     both: reading the classes imports every modelling module that could define such a forward
@@ -112,7 +115,7 @@ def test_the_classes_tagged():
     two checks to two processes."""
     tagged = classes_tagged(LAYER, MOE_LAYER)
     assert tagged[LAYER] == ROUTER_FORWARD_CLASSES
-    assert len(ROUTER_FORWARD_CLASSES) == 22
+    assert len(ROUTER_FORWARD_CLASSES) == 24
     assert tagged[MOE_LAYER] == MIXTRAL_FORWARD_CLASSES
     assert len(MIXTRAL_FORWARD_CLASSES) == 20
 
