@@ -83,6 +83,11 @@ class UntrustedKernelError(KernelLoadError, PermissionError):
     """A kernel repository's organisation is not trusted to run code here (docs/hub.md#trust)."""
 
 
+class KernelArchError(KernelLoadError, RuntimeError):
+    """A kernel build does not support the GPU here: the architectures its ``metadata.json``
+    declares exclude this device's (pass ``check_arch=False`` to load it anyway)."""
+
+
 class KernelMetadataError(KernelLoadError, ValueError):
     """A kernel build describes itself wrongly: its ``metadata.json``, its repository's
     ``kernel-variants.json`` or a build variant's name is malformed, too large or too deeply

@@ -19,8 +19,9 @@ import os
 import re
 from pathlib import Path
 
-#: A full commit hash; shorter prefixes are not accepted by the Hub as revisions.
-COMMIT_PATTERN = re.compile(r"\A[0-9a-f]{40}\Z")  # \Z: "$" would accept a trailing newline
+#: A full commit hash: SHA-1 (40 hex) or, for repositories in git's SHA-256 object format,
+#: 64 hex (kernels 0.19 takes both); shorter prefixes are not accepted by the Hub as revisions.
+COMMIT_PATTERN = re.compile(r"\A(?:[0-9a-f]{40}|[0-9a-f]{64})\Z")  # \Z: "$" takes a "\n"
 
 #: The Hub's repository type for kernels (``huggingface_hub.constants.REPO_TYPE_KERNEL``).
 KERNEL_REPO_TYPE = "kernel"

@@ -1,51 +1,86 @@
 """Build variants: the ``build/<variant>/`` folders of a kernel repository, and which one runs here.
 
-Kernel builds on today's Hub come in five kinds of variant name:
+Names are read by `kernels.repos.variant_names` (both spellings: ``torch210-cxx11-cu128-
+x86_64-linux`` and ``torch-2.10-cxx11-cuda-12.8-cpython-3.9-abi3-x86_64-linux``). A build
+runs here when:
 
-* ``torch-stable-abi<X><Y>-<backend>-<cpu>-<os>``, e.g. ``torch-stable-abi29-cu128-x86_64-linux``:
-  built against torch's stable ABI, so one build serves every torch from X.Y on (X is one
-  digit);
-* ``torch<X><Y>[-cxx11|-cxx98]-<backend>-<cpu>-<os>``, e.g. ``torch28-cxx11-cu128-x86_64-linux``
-  or ``torch211-cu130-x86_64-linux``: built for one torch minor release; the C++ ABI tag is
-  absent on macOS and Windows and in newer Linux builds, and a name without it runs whatever
-  the ABI of torch here (Hugging Face's rule: only a tag is checked);
-* ``tvm-ffi<X><Y>-<backend>-<cpu>-<os>``: built against that tvm-ffi release, for any torch;
-* ``torch-<backend>`` (``torch-cuda``, ``torch-rocm``, ``torch-xpu``, ``torch-metal``,
-  ``torch-cpu``, ``torch-npu``, ``torch-neuron``): pure Python for one backend;
-* ``torch-universal``: pure Python (Triton, for instance) for any backend.
+* its CPU and OS are this machine's;
+* its Python tag fits: the interpreter is at least the tag's version; ``abi3`` builds do not
+  load in a free-threaded interpreter, ``abi3t`` ones need 3.15 (legacy names are
+  ``cpython-3.9-abi3``);
+* its framework fits: ``torch<XY>`` is the torch minor release here (and its C++ ABI tag, if
+  it has one, is this torch's); ``torch-stable-abi<XY>`` needs torch X.Y or later;
+  ``tvm-ffi<XY>`` is the installed tvm-ffi's minor release; ``mlx-<backend>`` needs MLX;
+* its backend is the selected one (the accelerator torch was built for, or ``cpu`` when
+  asked): a CUDA or ROCm build for X.Z runs on X.Y when Z <= Y (same major); XPU and CANN
+  need their exact version; Metal builds with compiled parts need macOS 26 (they are built
+  with ``-std=metal4.0``); ``torch-universal`` runs on any backend.
 
-``<backend>`` carries the runtime version: ``cu128`` (CUDA 12.8), ``rocm63``, ``xpu20251``
-(oneAPI 2025.1), ``cpu``, ``metal``, ``npu``. A CUDA build for ``cuX.Z`` runs where torch was
-built with CUDA X.Y for Z <= Y (same major): CUDA keeps its minor releases compatible. Other
-backends need their exact version.
+Among those that run, the best is, in order (Hugging Face's client's order): torch
+stable-ABI builds (newest ABI first), per-torch builds (a name without the C++ ABI tag before
+one with it), tvm-ffi builds, SDK builds with compiled parts (for this backend before
+backend-agnostic ones), then ``torch-<backend>`` / ``mlx-<backend>``, ``torch-universal``,
+``sdk-<backend>`` and ``sdk``. Within a kind the newest fitting backend release comes first,
+then ``abi3`` before ``abi3t``, then the newest Python tag; names that still tie are ordered
+by name. One deliberate difference: on a torch built with the old C++ ABI, a build tagged
+``cxx98`` comes before an untagged one (untagged builds are C++11 ones). A repository can put
+the pure-Python variants first with a ``kernel-variants.json`` at its root: ``{"prefer":
+"noarch"}``; ``{"prefer": "compiled"}`` states the default.
 
-When several fit, the best is chosen in this order: stable-ABI builds (newest ABI first),
-per-torch builds (without the ABI tag before with it), tvm-ffi builds, each with the highest
-fitting runtime version; then ``torch-<backend>``, then ``torch-universal``. A repository can
-put the pure-Python variants first with a ``kernel-variants.json`` at its root:
-``{"prefer": "noarch"}`` (e.g. a Triton kernel that ships compiled builds only as a fallback);
-``{"prefer": "compiled"}`` states the default.
-
-`decide_variants` says, for every folder, whether it runs here and, if not, why:
-``kernels check`` and the "no build variant" error list those reasons.
+`rank_variants` is the documented, stable entry point: names plus a described machine
+(`MachineBuild`) give every decision, accepted ones best first. `decide_variants` does the
+same for this machine; ``kernels check`` and the "no build variant" error list the reasons.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import logging
 import os
 import platform
 import re
+import sys
+import sysconfig
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from packaging.version import InvalidVersion, Version
 
 from ..errors import BuildVariantNotFoundError, KernelMappingError, KernelMetadataError
 from .bounded_json import MiB, json_type, load_json_file, parse_json, quoted
+from .variant_names import (
+    BACKEND,
+    MAX_VARIANT_NAME_LENGTH,
+    SDK,
+    STABLE_ABI,
+    TORCH,
+    TVM_FFI,
+    UNIVERSAL,
+    UNIVERSAL_VARIANT,
+    BuildVariant,
+)
 
-UNIVERSAL_VARIANT = "torch-universal"
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BACKEND",
+    "MAX_VARIANT_NAME_LENGTH",
+    "SDK",
+    "STABLE_ABI",
+    "TORCH",
+    "TVM_FFI",
+    "UNIVERSAL",
+    "UNIVERSAL_VARIANT",
+    "BuildVariant",
+    "MachineBuild",
+    "VariantAccepted",
+    "VariantRejected",
+    "choose_variant",
+    "decide_variants",
+    "rank_variants",
+]
 
 #: The optional file at a repository's root that states which kind of variant it prefers.
 PREFERENCE_FILE = "kernel-variants.json"
@@ -56,34 +91,28 @@ PREFERENCES = ("compiled", "noarch")
 #: The largest `PREFERENCE_FILE` read; the real ones are a few dozen bytes.
 MAX_PREFERENCE_FILE_SIZE = 1 * MiB
 
-#: The longest variant name read: a folder name (255 bytes on common file systems).
-MAX_VARIANT_NAME_LENGTH = 255
-
 #: Backends that have a pure-Python ``torch-<backend>`` variant.
-NOARCH_BACKENDS = ("cpu", "cuda", "metal", "neuron", "npu", "rocm", "xpu")
+NOARCH_BACKENDS = ("cann", "cpu", "cuda", "metal", "neuron", "rocm", "tpu", "xpu")
+
+#: Metal builds with compiled parts are built with ``-std=metal4.0``, which needs macOS 26.
+METAL_MIN_MACOS = Version("26.0")
 
 #: Folder names under ``build/`` that claim to be build variants. Names of this shape that
 #: `BuildVariant.parse` cannot read are reported as rejected, never silently skipped.
-VARIANT_PATTERN = re.compile(r"^(torch[0-9-][\w.-]*|tvm-ffi[\w.-]*)$")
+VARIANT_PATTERN = re.compile(r"^(torch[0-9-][\w.-]*|tvm-ffi[\w.-]*|mlx-[\w.-]+|sdk(-[\w.-]+)?)$")
 
 # What a variant name in a lock file may be: the shape above in ASCII, so that it is always
 # one safe path component (it names ``build/<variant>/`` to download and verify).
-_VARIANT_NAME = re.compile(r"(?:torch[0-9-]|tvm-ffi)[A-Za-z0-9_.-]*")
-_VARIANT_CHARS = re.compile(r"[A-Za-z0-9_.-]+")
+_VARIANT_NAME = re.compile(r"(?:torch[0-9-]|tvm-ffi|mlx-|sdk-|sdk$)[A-Za-z0-9_.-]*")
 
-# The kinds of variant, in the default order of preference.
-STABLE_ABI, TORCH, TVM_FFI, BACKEND, UNIVERSAL = (
-    "stable-abi",
-    "torch",
-    "tvm-ffi",
-    "backend",
-    "universal",
-)
-_COMPILED_KINDS = (STABLE_ABI, TORCH, TVM_FFI)
+# The kinds of variant, in the default order of preference; `rank` groups them so.
+_GROUPS = (STABLE_ABI, TORCH, TVM_FFI, "sdk-compiled", "noarch", "sdk-backend", "sdk-bare")
+_NOARCH_FIRST = ("noarch", STABLE_ABI, TORCH, TVM_FFI, "sdk-compiled", "sdk-backend", "sdk-bare")
 
-# Runtime prefixes as variant names spell them, by backend.
-_RUNTIME_PREFIX = {"cuda": "cu", "rocm": "rocm", "xpu": "xpu"}
-_RUNTIME = re.compile(r"(cu|rocm|xpu)([0-9]+)|(cpu|metal|npu|neuron)")
+# Runtime prefixes as legacy variant names spell them, by backend.
+_RUNTIME_PREFIX = {"cuda": "cu", "rocm": "rocm", "xpu": "xpu", "cann": "cann"}
+# Backends whose builds for X.Z run on X.Y when Z <= Y.
+_MINOR_COMPATIBLE = {"cuda": "CUDA", "rocm": "ROCm"}
 
 
 def is_variant_name(value: object) -> bool:
@@ -99,211 +128,225 @@ def is_variant_name(value: object) -> bool:
     )
 
 
-def _split_version(digits: str, *, major_digits: int) -> Version:
-    """``"211"`` -> 2.11 with one major digit; ``"128"`` (CUDA, two) -> 12.8."""
-    return Version(f"{int(digits[:major_digits])}.{int(digits[major_digits:])}")
+def _running_python() -> Version:
+    return Version(f"{sys.version_info.major}.{sys.version_info.minor}")
 
 
-def _parse_runtime(token: str) -> tuple[str, Version | None]:
-    """``cu128`` -> ("cuda", 12.8); ``rocm63`` -> ("rocm", 6.3); ``xpu20251`` -> ("xpu", 2025.1)."""
-    match = _RUNTIME.fullmatch(token)
-    if match is None:
-        raise ValueError(f"unknown backend {token!r}")
-    prefix, digits, plain = match.groups()
-    if plain:
-        return plain, None
-    backend = {"cu": "cuda", "rocm": "rocm", "xpu": "xpu"}[prefix]
-    # CUDA minors are one digit (cu118, cu128, cu130); ROCm majors are one digit (rocm63,
-    # rocm70); oneAPI's years are four (xpu20251).
-    major_digits = {"cuda": len(digits) - 1, "rocm": 1, "xpu": 4}[backend]
-    if len(digits) <= major_digits or major_digits < 1:
-        raise ValueError(f"backend {token!r} has no minor version")
-    return backend, _split_version(digits, major_digits=major_digits)
-
-
-@dataclass(frozen=True)
-class BuildVariant:
-    """A build variant's folder name, read into what it needs to run.
-
-    Example:
-        ```python
-        >>> BuildVariant.parse("torch-stable-abi29-cu128-x86_64-linux").kind
-        'stable-abi'
-        ```
-    """
-
-    variant_str: str
-    #: "stable-abi", "torch", "tvm-ffi", "backend" (``torch-<backend>``) or "universal".
-    kind: str
-    #: torch X.Y for "torch" (exact) and "stable-abi" (minimum); tvm-ffi X.Y for "tvm-ffi".
-    framework_version: Version | None = None
-    #: "cxx11" / "cxx98" when the name carries the C++ ABI tag.
-    cxx_abi: str | None = None
-    #: "cuda", "rocm", "xpu", "cpu", "metal", "npu", "neuron"; None for universal.
-    backend: str | None = None
-    backend_version: Version | None = None
-    cpu: str | None = None
-    os: str | None = None
-
-    @property
-    def compiled(self) -> bool:
-        return self.kind in _COMPILED_KINDS
-
-    @classmethod
-    def parse(cls, name: str) -> BuildVariant:
-        """Read a variant folder name.
-
-        Raises:
-            KernelMetadataError: the name is not one of the five kinds (a ``ValueError``; its
-                ``reason`` attribute says why, without the name).
-        """
-        if not isinstance(name, str):
-            raise _bad_variant(name, f"a variant name is a string, not {type(name).__name__}")
-        if len(name) > MAX_VARIANT_NAME_LENGTH:
-            raise _bad_variant(
-                name, f"longer than the {MAX_VARIANT_NAME_LENGTH} characters a folder name has"
-            )
-        if not _VARIANT_CHARS.fullmatch(name):
-            raise _bad_variant(
-                name, "variant names are made of ASCII letters, digits, '-', '_' and '.'"
-            )
-        try:
-            return cls._parse(name)
-        except ValueError as exc:  # our reasons, and packaging's InvalidVersion
-            raise _bad_variant(name, str(exc)) from None
-
-    @classmethod
-    def _parse(cls, name: str) -> BuildVariant:
-        parts = name.split("-")
-        if name == UNIVERSAL_VARIANT:
-            return cls(name, UNIVERSAL)
-        if len(parts) == 2 and parts[0] == "torch":
-            if parts[1] not in NOARCH_BACKENDS:
-                raise ValueError(f"unknown backend {parts[1]!r}")
-            return cls(name, BACKEND, backend=parts[1])
-        if parts[:2] == ["torch", "stable"] and len(parts) == 6:
-            abi = re.fullmatch(r"abi([0-9])([0-9]+)", parts[2])
-            if abi is None:
-                raise ValueError(f"{parts[2]!r} is not abi<X><Y>")
-            return cls._compiled(name, STABLE_ABI, Version(f"{abi[1]}.{abi[2]}"), None, parts[3:])
-        if parts[0] == "tvm" and len(parts) == 5:
-            ffi = re.fullmatch(r"ffi([0-9])([0-9]+)", parts[1])
-            if ffi is None:
-                raise ValueError(f"{parts[1]!r} is not ffi<X><Y>")
-            return cls._compiled(name, TVM_FFI, Version(f"{ffi[1]}.{ffi[2]}"), None, parts[2:])
-        torch = re.fullmatch(r"torch([0-9])([0-9]+)", parts[0])
-        if torch is not None and len(parts) in (4, 5):
-            cxx_abi = parts[1] if len(parts) == 5 else None
-            if cxx_abi not in (None, "cxx11", "cxx98"):
-                raise ValueError(f"{cxx_abi!r} is not a C++ ABI tag (cxx11, cxx98)")
-            rest = parts[2:] if cxx_abi else parts[1:]
-            return cls._compiled(name, TORCH, Version(f"{torch[1]}.{torch[2]}"), cxx_abi, rest)
-        raise ValueError(
-            "not a build variant name (torch<XY>[-cxx11]-<backend>-<cpu>-<os>, "
-            "torch-stable-abi<XY>-..., tvm-ffi<XY>-..., torch-<backend> or torch-universal)"
-        )
-
-    @classmethod
-    def _compiled(
-        cls, name: str, kind: str, version: Version, abi: str | None, rest: list[str]
-    ) -> BuildVariant:
-        runtime, cpu, os = rest
-        backend, backend_version = _parse_runtime(runtime)
-        return cls(name, kind, version, abi, backend, backend_version, cpu, os)
-
-
-def _bad_variant(name: object, reason: str) -> KernelMetadataError:
-    return KernelMetadataError(
-        f"{quoted(name)} is not a build variant name: {reason}.", reason=reason
-    )
+def _free_threaded() -> bool:
+    return bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 
 @dataclass(frozen=True)
 class MachineBuild:
-    """What a kernel build must match to run in this process."""
+    """What a kernel build must match to run in a process: the machine `rank_variants` and
+    `decide_variants` choose for.
 
-    torch: Version  # the torch minor release, e.g. 2.8
-    cxx_abi: str | None  # "cxx11" / "cxx98"; None on macOS and Windows, whose variants omit it
-    backend: str  # "cuda", "rocm", "xpu", "metal", "npu" or "cpu"
-    backend_version: Version | None  # 12.8 for CUDA 12.8; None for cpu, metal, npu
+    Example:
+        ```python
+        >>> from packaging.version import Version
+        >>> h100 = MachineBuild(Version("2.10"), "cxx11", "cuda", Version("12.8"), "x86_64", "linux")
+        >>> h100.runtime
+        'cu128'
+        ```
+    """
+
+    #: The torch minor release, e.g. 2.10; None where torch is not installed.
+    torch: Version | None
+    #: "cxx11" / "cxx98"; None on macOS and Windows (and without torch).
+    cxx_abi: str | None
+    #: "cuda", "rocm", "xpu", "cann", "metal", "neuron", "tpu" or "cpu".
+    backend: str
+    #: 12.8 for CUDA 12.8, 7.1 for ROCm 7.1, 2025.1 for oneAPI, 8.1 for CANN; None for the
+    #: unversioned backends (and a CANN whose version is unknown).
+    backend_version: Version | None
     cpu: str  # "x86_64", "aarch64"
     os: str  # "linux", "darwin", "windows"
-    tvm_ffi: Version | None = None  # the installed tvm-ffi minor release, if any
+    #: The installed tvm-ffi minor release, if any.
+    tvm_ffi: Version | None = None
+    #: The interpreter's minor release, e.g. 3.12.
+    python: Version = field(default_factory=_running_python)
+    #: Whether the interpreter is a free-threaded build (it loads only ``abi3t`` extensions).
+    free_threaded: bool = field(default_factory=_free_threaded)
+    #: The macOS release on macOS, e.g. 26.1; None elsewhere (or unknown).
+    macos: Version | None = None
+    #: Whether MLX is installed (``mlx-<backend>`` builds need it).
+    mlx: bool = False
 
     @property
     def runtime(self) -> str:
-        """The backend as variant names spell it: ``cu128``, ``rocm63``, ``cpu``."""
-        if self.backend_version is None:
+        """The backend as legacy variant names spell it: ``cu128``, ``rocm63``, ``cpu``."""
+        if self.backend_version is None or self.backend not in _RUNTIME_PREFIX:
             return self.backend
         v = self.backend_version
         return f"{_RUNTIME_PREFIX[self.backend]}{v.major}{v.minor}"
 
     @property
     def compiled_variant(self) -> str:
-        """The per-torch variant name built exactly for this machine (as kernel-builder names it)."""
-        parts = [f"torch{self.torch.major}{self.torch.minor}", self.cxx_abi, self.runtime]
+        """The per-torch variant name built exactly for this machine (legacy spelling)."""
+        torch = self.torch or Version("0.0")
+        parts = [f"torch{torch.major}{torch.minor}", self.cxx_abi, self.runtime]
         return "-".join(p for p in [*parts, self.cpu, self.os] if p)
 
     def rejection(self, variant: BuildVariant) -> str | None:
         """Why `variant` cannot run here, or None when it can."""
-        if variant.kind == UNIVERSAL:
+        if variant.kind in (UNIVERSAL, BACKEND):
+            return self._noarch_rejection(variant)
+        if variant.kind == SDK:
+            return self._sdk_rejection(variant)
+        return (
+            self._python_rejection(variant)
+            or self._system_rejection(variant)
+            or self._framework_rejection(variant)
+            or self._backend_rejection(variant)
+        )
+
+    def _noarch_rejection(self, variant: BuildVariant) -> str | None:
+        if variant.framework == "mlx" and not self.mlx:
+            return "MLX is not installed in the environment (pip install mlx)"
+        if variant.kind == UNIVERSAL or variant.backend == self.backend:
             return None
-        if variant.kind == BACKEND:
-            if variant.backend != self.backend:
-                return f"pure-Python build for {variant.backend}; this machine runs {self.backend}"
-            return None
+        hint = ""
+        if variant.backend == "npu" and self.backend == "cann":
+            hint = "; Ascend NPU builds are named torch-cann"
+        return (
+            f"pure-Python build for {variant.backend}, which does not match system backend "
+            f"({self.backend}){hint}"
+        )
+
+    def _sdk_rejection(self, variant: BuildVariant) -> str | None:
+        if variant.has_binaries:
+            reason = self._python_rejection(variant) or self._system_rejection(variant)
+            if reason is not None or variant.backend is None:
+                return reason
+            return self._backend_rejection(variant)
+        if variant.backend is not None and variant.backend != self.backend:
+            return (
+                f"SDK for {variant.backend}, which does not match system backend ({self.backend})"
+            )
+        return None
+
+    def _python_rejection(self, variant: BuildVariant) -> str | None:
+        needed, abi = variant.python_version, variant.python_abi
+        assert needed is not None and abi is not None, variant  # builds with binaries have both
+        if abi == "abi3" and self.free_threaded:
+            return (
+                "abi3 is not supported on free-threaded Python, abi3t is required: the build's "
+                "extension modules need the GIL"
+            )
+        if self.python < needed:
+            return (
+                f"Python {needed} or later is required, system Python version is {self.python} "
+                f"(the build is cpython-{needed}-{abi})"
+            )
+        return None
+
+    def _system_rejection(self, variant: BuildVariant) -> str | None:
         if variant.cpu != self.cpu:
-            return f"CPU {variant.cpu} does not match this machine's ({self.cpu})"
+            return f"built for CPU {variant.cpu}, which does not match system CPU ({self.cpu})"
         if variant.os != self.os:
-            return f"OS {variant.os} does not match this machine's ({self.os})"
+            return f"built for OS {variant.os}, which does not match system OS ({self.os})"
+        return None
+
+    def _framework_rejection(self, variant: BuildVariant) -> str | None:
         version = variant.framework_version
         assert version is not None, variant  # parse gives every compiled kind its version
-        if variant.kind == STABLE_ABI and self.torch < version:
-            return f"needs torch >= {version}; torch here is {self.torch}"
+        if variant.kind == STABLE_ABI:
+            if self.torch is None:
+                return f"needs torch >= {version} (torch's stable ABI); torch is not installed"
+            if self.torch < version:
+                return f"needs torch >= {version} (torch's stable ABI); torch here is {self.torch}"
+            return None
         if variant.kind == TORCH:
+            if self.torch is None:
+                return f"built for torch {version}; torch is not installed"
             if version != self.torch:
                 return f"built for torch {version}; torch here is {self.torch}"
             # A name without the ABI tag is accepted whatever this torch's ABI, as Hugging
             # Face's client does: builders dropped the tag once every torch used the C++11 ABI.
             if variant.cxx_abi is not None and variant.cxx_abi != self.cxx_abi:
-                return f"C++ ABI {variant.cxx_abi} does not match this torch's ({self.cxx_abi or 'none'})"
-        if variant.kind == TVM_FFI:
-            if self.tvm_ffi is None:
-                return f"built for tvm-ffi {version}, which is not installed"
-            if version != self.tvm_ffi:
-                return f"built for tvm-ffi {version}; tvm-ffi here is {self.tvm_ffi}"
-        return self._runtime_rejection(variant)
-
-    def _runtime_rejection(self, variant: BuildVariant) -> str | None:
-        if variant.backend != self.backend:
-            return f"backend {variant.backend} does not match this machine's ({self.backend})"
-        have, built = self.backend_version, variant.backend_version
-        if built == have:
+                how = {"cxx11": "with", "cxx98": "without"}.get(self.cxx_abi or "")
+                here = (
+                    f"torch here was built {how} the CXX11 ABI"
+                    if how
+                    else "torch here has no C++ ABI tag"
+                )
+                return f"C++ ABI {variant.cxx_abi} does not match: {here} (CXX11 ABI mismatch)"
             return None
-        if self.backend == "cuda" and built is not None and have is not None:
-            # CUDA minor-version compatibility: a cuX.Z build runs on cuX.Y for Z <= Y.
-            if built.major == have.major and built.minor <= have.minor:
-                return None
-            return f"built for CUDA {built}; torch here runs CUDA {have} (needs {have.major}.x, x <= {have.minor})"
-        return f"built for {variant.backend} {built}; this machine has {self.backend} {have}"
+        if self.tvm_ffi is None:
+            return f"built for tvm-ffi {version}, which is not installed"
+        if version != self.tvm_ffi:
+            return f"built for tvm-ffi {version}; tvm-ffi here is {self.tvm_ffi}"
+        return None
+
+    def _backend_rejection(self, variant: BuildVariant) -> str | None:
+        built, have = variant.backend_version, self.backend_version
+        if variant.backend != self.backend:
+            return (
+                f"built for backend {_spell(variant.backend, built)}, which does not match "
+                f"selected backend ({_spell(self.backend, have)})"
+            )
+        label = _MINOR_COMPATIBLE.get(self.backend)
+        if label is not None and built is not None:
+            if have is None or built.major != have.major or built.minor > have.minor:
+                need = f"{have.major}.x with x <= {have.minor}" if have else "a known version"
+                return (
+                    f"{label} version ({built}) is not compatible with system {label} version "
+                    f"({have}): a build for {label} X.Z runs on X.Y when Z <= Y, so this "
+                    f"machine needs {need}"
+                )
+        elif built != have:
+            return (
+                f"built for {self.backend} {built}; this machine has {self.backend} "
+                f"{have if have is not None else '(version unknown)'}"
+            )
+        if self.backend == "metal" and (self.macos is None or self.macos < METAL_MIN_MACOS):
+            return (
+                f"Metal kernels require macOS {METAL_MIN_MACOS} or later (they are built with "
+                f"-std=metal4.0), system macOS version is {self.macos or 'unknown'}"
+            )
+        return None
 
     def rank(self, variant: BuildVariant, prefer: str = "compiled") -> tuple:
         """Sort key of an accepted variant: lower is better (see the module docstring)."""
-        order = [STABLE_ABI, TORCH, TVM_FFI, BACKEND, UNIVERSAL]
-        if check_preference(prefer) == "noarch":
-            order = [BACKEND, UNIVERSAL, STABLE_ABI, TORCH, TVM_FFI]
-        newest_first = tuple(-n for n in (variant.backend_version or Version("0")).release)
-        if variant.kind == STABLE_ABI:
-            abi = variant.framework_version
-            assert abi is not None, variant  # parse gives every stable-ABI build its version
-            return (order.index(STABLE_ABI), -abi.major, -abi.minor, *newest_first)
-        if variant.kind == TORCH:
-            # Untagged names first, as Hugging Face's client orders them; but a torch with the
-            # old ABI takes a build tagged for it first, since untagged builds are C++11 ones.
-            old_abi = self.cxx_abi == "cxx98"
-            tag_rank = variant.cxx_abi != "cxx98" if old_abi else variant.cxx_abi is not None
-            return (order.index(TORCH), tag_rank, *newest_first)
-        return (order.index(variant.kind), *newest_first)
+        order = _NOARCH_FIRST if check_preference(prefer) == "noarch" else _GROUPS
+        group, detail = _group(variant, old_abi=self.cxx_abi == "cxx98")
+        newest = -variant.backend_version.minor if variant.backend_version is not None else 0
+        if group == "sdk-compiled" and variant.backend is None:
+            newest = 1  # backend-agnostic after any backend's
+        if group == "noarch":
+            newest = int(variant.kind == UNIVERSAL)
+        return (order.index(group), *detail, newest, *_python_order(variant))
+
+
+def _spell(backend: str | None, version: Version | None) -> str:
+    return f"{backend}-{version}" if version is not None else str(backend)
+
+
+def _group(variant: BuildVariant, *, old_abi: bool) -> tuple[str, tuple[int, int]]:
+    if variant.kind == STABLE_ABI:
+        abi = variant.framework_version
+        assert abi is not None, variant
+        return STABLE_ABI, (-abi.major, -abi.minor)
+    if variant.kind == TORCH:
+        # Untagged names first, as Hugging Face's client orders them; but a torch with the
+        # old ABI takes a build tagged for it first, since untagged builds are C++11 ones.
+        tagged = variant.cxx_abi != "cxx98" if old_abi else variant.cxx_abi is not None
+        return TORCH, (0, int(tagged))
+    if variant.kind == TVM_FFI:
+        return TVM_FFI, (0, 0)
+    if variant.kind == SDK:
+        if variant.has_binaries:
+            return "sdk-compiled", (0, 0)
+        return ("sdk-backend" if variant.backend else "sdk-bare"), (0, 0)
+    return "noarch", (0, 0)
+
+
+def _python_order(variant: BuildVariant) -> tuple[int, int, int]:
+    # abi3 before abi3t (a GIL interpreter prefers it), then the newest Python tag.
+    if variant.python_abi is None or variant.python_version is None:
+        return (0, 0, 0)
+    v = variant.python_version
+    return (int(variant.python_abi == "abi3t"), -v.major, -v.minor)
 
 
 @dataclass(frozen=True)
@@ -327,31 +370,51 @@ VariantDecision = VariantAccepted | VariantRejected
 
 @lru_cache(maxsize=1)
 def machine_build() -> MachineBuild:
-    """Describe the running torch, accelerator runtime, C++ ABI, CPU, OS and tvm-ffi."""
-    import torch
-
+    """Describe the running torch, accelerator runtime, C++ ABI, CPU, OS, Python, tvm-ffi,
+    macOS release and MLX."""
+    torch: object | None
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    macos = None
+    if platform.system() == "Darwin" and platform.mac_ver()[0]:
+        try:
+            macos = Version(platform.mac_ver()[0])
+        except InvalidVersion:
+            macos = None
     return describe_machine(
-        torch, system=platform.system(), machine=platform.machine(), tvm_ffi=_tvm_ffi_version()
+        torch,
+        system=platform.system(),
+        machine=platform.machine(),
+        tvm_ffi=_tvm_ffi_version(),
+        macos=macos,
+        mlx=importlib.util.find_spec("mlx") is not None,
     )
 
 
-def machine_for_backend(backend: object = None) -> MachineBuild:
-    """This machine, or this machine loading builds for `backend` instead of its accelerator.
+#: Other names accepted for a backend override.
+_BACKEND_ALIASES = {"npu": "cann"}
+
+
+def machine_for_backend(
+    backend: object = None, machine: MachineBuild | None = None
+) -> MachineBuild:
+    """This machine (or `machine`), loading builds for `backend` instead of its accelerator.
 
     As in Hugging Face's client, `backend` is None (the accelerator torch was built for),
     ``"cpu"``, or the name of that accelerator backend (``"cuda"``, ``"rocm"``, ``"xpu"``,
-    ``"metal"``, ``"npu"``, for which ``"cann"`` is accepted too).
+    ``"metal"``, ``"cann"`` (``"npu"`` is accepted too), ``"neuron"``, ``"tpu"``).
 
     Raises:
         KernelMappingError: any other value (any object may be given).
     """
-    machine = machine_build()
-    if backend is None or backend == machine.backend:
+    machine = machine or machine_build()
+    name = _BACKEND_ALIASES.get(backend, backend) if isinstance(backend, str) else backend
+    if name is None or name == machine.backend:
         return machine
-    if backend == "cpu":
+    if name == "cpu":
         return replace(machine, backend="cpu", backend_version=None)
-    if backend == "cann" and machine.backend == "npu":
-        return machine
     raise KernelMappingError(
         f"backend must be None, 'cpu' or {machine.backend!r} (the backend torch here was built "
         f"for), got {quoted(backend)}."
@@ -367,9 +430,18 @@ def _tvm_ffi_version() -> Version | None:
 
 
 def describe_machine(
-    torch, *, system: str, machine: str, tvm_ffi: Version | None = None
+    torch,
+    *,
+    system: str,
+    machine: str,
+    tvm_ffi: Version | None = None,
+    python: Version | None = None,
+    free_threaded: bool | None = None,
+    macos: Version | None = None,
+    mlx: bool = False,
 ) -> MachineBuild:
-    """The `MachineBuild` of a torch module on an OS and CPU as `platform` names them.
+    """The `MachineBuild` of a torch module (None: no torch) on an OS and CPU as `platform`
+    names them.
 
     Names follow the build variants that Hugging Face's kernel-builder publishes, so that
     their compiled kernels are found: ``torch28-cxx11-cu128-x86_64-linux``,
@@ -377,34 +449,57 @@ def describe_machine(
     ``torch28-metal-aarch64-darwin`` (``torch28-cpu-aarch64-darwin`` without MPS) and
     ``torch28-cu128-x86_64-windows``.
     """
-    version = Version(torch.__version__.split("+")[0])
-    backend, backend_version = _backend_and_version(torch)
     system = system.lower()
     cpu = machine.lower()
     cpu = {"arm64": "aarch64", "amd64": "x86_64"}.get(cpu, cpu)
-    cxx_abi = None
-    # Only Linux builds name their C++ ABI; macOS and Windows variants have no ABI part.
-    if system not in ("darwin", "windows"):
-        cxx_abi = "cxx11" if torch.compiled_with_cxx11_abi() else "cxx98"
+    torch_version = cxx_abi = None
+    backend, backend_version = "cpu", None
+    if torch is not None:
+        version = Version(torch.__version__.split("+")[0])
+        torch_version = Version(f"{version.major}.{version.minor}")
+        backend, backend_version = _backend_and_version(torch)
+        # Only Linux builds name their C++ ABI; macOS and Windows variants have no ABI part.
+        if system not in ("darwin", "windows"):
+            cxx_abi = "cxx11" if torch.compiled_with_cxx11_abi() else "cxx98"
     return MachineBuild(
-        torch=Version(f"{version.major}.{version.minor}"),
+        torch=torch_version,
         cxx_abi=cxx_abi,
         backend=backend,
         backend_version=backend_version,
         cpu=cpu,
         os=system,
         tvm_ffi=tvm_ffi,
+        python=python or _running_python(),
+        free_threaded=_free_threaded() if free_threaded is None else free_threaded,
+        macos=macos if system == "darwin" else None,
+        mlx=mlx,
     )
 
 
+def _minor(text: str) -> Version:
+    v = Version(text.split("-")[0])
+    return Version(f"{v.major}.{v.minor}")
+
+
 def _backend_and_version(torch) -> tuple[str, Version | None]:
-    # The order is kernel-builder's: a CUDA or ROCm build wins, then MPS, then XPU.
+    # Hugging Face's client's order: TPU, Neuron (its extension loads into CUDA builds of
+    # torch too), CUDA, ROCm, MPS, XPU, then an Ascend NPU.
+    accelerator = getattr(torch, "accelerator", None)
+    current = getattr(accelerator, "current_accelerator", None)
+    try:
+        device = current() if current is not None else None
+    except Exception:  # noqa: BLE001 - a broken accelerator query is "no accelerator"
+        device = None
+    if device is not None and getattr(device, "type", None) == "tpu":
+        return "tpu", None
+    if hasattr(torch, "neuron"):
+        return "neuron", None
     if torch.version.cuda is not None:
-        v = Version(torch.version.cuda)
-        return "cuda", Version(f"{v.major}.{v.minor}")
+        return "cuda", _minor(torch.version.cuda)
     if torch.version.hip is not None:
-        v = Version(torch.version.hip.split("-")[0])
-        return "rocm", Version(f"{v.major}.{v.minor}")
+        # The ROCm release, not HIP's (ROCm 10.0 ships HIP 7.15): torch.version.rocm exists
+        # from torch 2.10; older ones only have HIP's.
+        return "rocm", _minor(getattr(torch.version, "rocm", None) or torch.version.hip)
     mps = getattr(getattr(torch, "backends", None), "mps", None)
     if mps is not None and mps.is_available():
         # Metal only where MPS runs: an Intel Mac, or torch without MPS, loads CPU builds.
@@ -414,9 +509,29 @@ def _backend_and_version(torch) -> tuple[str, Version | None]:
         # torch.version.xpu is oneAPI's build date ("20250101" for 2025.1); variants carry
         # the year and the minor release: xpu20251.
         return "xpu", Version(f"{xpu_version[0:4]}.{int(xpu_version[5:6])}")
-    if hasattr(torch, "npu"):
-        return "npu", None
+    if _privateuse_backend(torch) == "npu" or hasattr(torch, "npu"):
+        return "cann", _cann_version()
     return "cpu", None
+
+
+def _privateuse_backend(torch) -> str | None:
+    get_name = getattr(getattr(torch, "_C", None), "_get_privateuse1_backend_name", None)
+    try:
+        return get_name() if get_name is not None else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _cann_version() -> Version | None:
+    """The CANN release torch_npu runs on (compiled CANN builds need it); None if unknown."""
+    try:
+        from torch_npu.utils.collect_env import get_cann_version  # type: ignore[import-not-found]
+
+        text = str(get_cann_version())
+        return Version(f"{int(text[0])}.{int(text[2])}")
+    except Exception:  # noqa: BLE001 - no torch_npu, or a version string we cannot read
+        logger.debug("cannot read the CANN version; compiled CANN builds will not be chosen")
+        return None
 
 
 def variants_in(names: Iterable[str]) -> list[str]:
@@ -424,14 +539,49 @@ def variants_in(names: Iterable[str]) -> list[str]:
     return sorted(n for n in names if VARIANT_PATTERN.match(n))
 
 
-def decide_variants(
-    available: Iterable[str], *, machine: MachineBuild | None = None, prefer: str = "compiled"
+def rank_variants(
+    names: Iterable[str],
+    machine: MachineBuild,
+    *,
+    backend: str | None = None,
+    prefer: str = "compiled",
 ) -> list[VariantDecision]:
-    """Every variant among `available`, accepted (best first) or rejected (with the reason)."""
-    machine = machine or machine_build()
+    """Every build variant among `names`, decided for a described machine.
+
+    This is the stable entry point for choosing a variant without this process's torch:
+    describe the machine (`MachineBuild`: torch, C++ ABI, backend and its version, CPU, OS,
+    Python, free-threading, tvm-ffi, macOS, MLX) and pass the folder names under ``build/``.
+
+    Args:
+        names: variant folder names; names not shaped like variants (``docs``) are ignored,
+            names shaped like one but unreadable are rejected with the reason.
+        machine: the machine to decide for.
+        backend: load builds for this backend instead of the machine's accelerator: None,
+            ``"cpu"`` or the machine's backend (as Hugging Face's ``backend=``).
+        prefer: "compiled" (default) or "noarch" (pure-Python builds first).
+
+    Returns:
+        Accepted variants first, best first (``rank`` 0 is the one to load), then the rejected
+        ones with the reason each does not run.
+
+    Raises:
+        KernelMappingError: `backend` is not one the machine runs.
+        BuildVariantNotFoundError: `prefer` is not "compiled" or "noarch".
+
+    Example:
+        ```python
+        >>> from packaging.version import Version
+        >>> h100 = MachineBuild(Version("2.10"), "cxx11", "cuda", Version("12.9"), "x86_64", "linux")
+        >>> names = ["torch210-cu128-x86_64-linux", "torch210-cu130-x86_64-linux", "torch-cuda"]
+        >>> [d.variant.variant_str for d in rank_variants(names, h100)][:2]
+        ['torch210-cu128-x86_64-linux', 'torch-cuda']
+        ```
+    """
+    machine = machine_for_backend(backend, machine)
+    check_preference(prefer)
     accepted: list[BuildVariant] = []
     rejected: list[VariantRejected] = []
-    for name in variants_in(available):
+    for name in variants_in(names):
         try:
             variant = BuildVariant.parse(name)
         except KernelMetadataError as exc:
@@ -444,6 +594,18 @@ def decide_variants(
             rejected.append(VariantRejected(variant, reason))
     accepted.sort(key=lambda v: (machine.rank(v, prefer), v.variant_str))
     return [*(VariantAccepted(v, i) for i, v in enumerate(accepted)), *rejected]
+
+
+def decide_variants(
+    available: Iterable[str],
+    *,
+    machine: MachineBuild | None = None,
+    prefer: str = "compiled",
+    backend: str | None = None,
+) -> list[VariantDecision]:
+    """Every variant among `available`, accepted (best first) or rejected (with the reason),
+    for this machine (or `machine`); see `rank_variants`."""
+    return rank_variants(available, machine or machine_build(), backend=backend, prefer=prefer)
 
 
 def check_preference(prefer: object, *, where: str = "prefer") -> str:
@@ -533,6 +695,7 @@ def choose_variant(
     where: str,
     machine: MachineBuild | None = None,
     prefer: str = "compiled",
+    backend: str | None = None,
 ) -> str:
     """The best variant among `available` for this machine.
 
@@ -541,13 +704,15 @@ def choose_variant(
         where: how to name the repository in errors.
         machine: the machine to choose for (this one by default).
         prefer: "compiled" (default) or "noarch", as the repository's `PREFERENCE_FILE` says.
+        backend: None, ``"cpu"`` or the machine's backend (see `machine_for_backend`).
 
     Raises:
         BuildVariantNotFoundError: none of them runs here; the message lists every variant
             with the reason it was rejected.
+        KernelMappingError: `backend` is not one this machine runs.
     """
-    machine = machine or machine_build()
-    decisions = decide_variants(available, machine=machine, prefer=prefer)
+    machine = machine_for_backend(backend, machine)
+    decisions = rank_variants(available, machine, prefer=prefer)
     for decision in decisions:
         if isinstance(decision, VariantAccepted):
             return decision.variant.variant_str
@@ -557,8 +722,10 @@ def choose_variant(
         if offered
         else " It offers no build variants at all (is there a build/ folder?)."
     )
+    torch = f"torch {machine.torch}" if machine.torch is not None else "no torch"
     raise BuildVariantNotFoundError(
         f"{where} has no build variant for this machine.{listing}"
-        f"This machine (torch {machine.torch}, {machine.runtime}, {machine.cpu}-{machine.os}) "
-        f"runs e.g. {machine.compiled_variant}, torch-{machine.backend} or {UNIVERSAL_VARIANT}."
+        f"This machine ({torch}, {machine.runtime}, {machine.cpu}-{machine.os}, Python "
+        f"{machine.python}{' free-threaded' if machine.free_threaded else ''}) runs e.g. "
+        f"{machine.compiled_variant}, torch-{machine.backend} or {UNIVERSAL_VARIANT}."
     )

@@ -79,7 +79,7 @@ def test_variant_names_are_read(name, kind, framework, abi, backend, backend_ver
 
 @pytest.mark.parametrize(
     "name",
-    ["torch-foo", "torch28-cxx14-cu128-x86_64-linux", "torch28-cu128", "tvm-ffi-cu128-x86_64-linux",
+    ["torch-2.10-cu128-cpython-3.9-abi3-x86_64-linux", "torch28-cxx14-cu128-x86_64-linux", "torch28-cu128", "tvm-ffi-cu128-x86_64-linux",
      "torch-stable-abi-cu128-x86_64-linux", "torch28-cxx11-cuda-x86_64-linux"],
 )  # fmt: skip
 def test_malformed_names_are_rejected_with_a_reason_not_ignored(name):
@@ -98,16 +98,29 @@ def test_cuda_builds_run_on_a_newer_minor_of_the_same_major():
         "torch29-cxx11-cu124-x86_64-linux",
     ]
     rejected = reasons(names)
-    assert "CUDA 12.9" in rejected["torch29-cxx11-cu129-x86_64-linux"]
-    assert "CUDA 11.8" in rejected["torch29-cxx11-cu118-x86_64-linux"]
-    assert "CUDA 13.0" in rejected["torch29-cxx11-cu130-x86_64-linux"]
+    assert "CUDA version (12.9)" in rejected["torch29-cxx11-cu129-x86_64-linux"]
+    assert "CUDA version (11.8)" in rejected["torch29-cxx11-cu118-x86_64-linux"]
+    assert "needs 12.x with x <= 8" in rejected["torch29-cxx11-cu130-x86_64-linux"]
 
 
-def test_rocm_and_xpu_need_their_exact_version():
+def test_rocm_builds_run_on_a_newer_minor_of_the_same_major():
+    # 0.19: ROCm follows CUDA's rule (0.18 wanted the exact release).
     rocm = MachineBuild(Version("2.8"), "cxx11", "rocm", Version("6.4"), "x86_64", "linux")
-    names = ["torch28-cxx11-rocm63-x86_64-linux", "torch28-cxx11-rocm64-x86_64-linux"]
-    assert accepted(names, on=rocm) == ["torch28-cxx11-rocm64-x86_64-linux"]
-    assert "rocm 6.3" in reasons(names, on=rocm)["torch28-cxx11-rocm63-x86_64-linux"]
+    names = [f"torch28-cxx11-rocm{v}-x86_64-linux" for v in ("63", "64", "70")]
+    assert accepted(names, on=rocm) == [
+        "torch28-cxx11-rocm64-x86_64-linux",
+        "torch28-cxx11-rocm63-x86_64-linux",
+    ]
+    assert "ROCm version (7.0)" in reasons(names, on=rocm)["torch28-cxx11-rocm70-x86_64-linux"]
+
+
+def test_xpu_builds_need_their_exact_version():
+    xpu = MachineBuild(Version("2.8"), "cxx11", "xpu", Version("2025.2"), "x86_64", "linux")
+    names = ["torch28-xpu20251-x86_64-linux", "torch28-xpu20252-x86_64-linux"]
+    assert accepted(names, on=xpu) == ["torch28-xpu20252-x86_64-linux"]
+    assert reasons(names, on=xpu)["torch28-xpu20251-x86_64-linux"] == (
+        "built for xpu 2025.1; this machine has xpu 2025.2"
+    )
 
 
 def test_the_order_of_preference_is_stable_abi_torch_tvm_ffi_backend_universal():
@@ -146,7 +159,7 @@ def test_stable_abi_builds_need_at_least_their_torch():
     names = ["torch-stable-abi210-cu128-x86_64-linux", "torch-stable-abi27-cu128-x86_64-linux"]
     assert accepted(names) == ["torch-stable-abi27-cu128-x86_64-linux"]
     assert reasons(names)["torch-stable-abi210-cu128-x86_64-linux"] == (
-        "needs torch >= 2.10; torch here is 2.9"
+        "needs torch >= 2.10 (torch's stable ABI); torch here is 2.9"
     )
 
 
@@ -203,7 +216,7 @@ def test_cpu_os_and_backend_must_match():
     ]
     rejected = reasons(names)
     assert rejected["torch29-cxx11-cu128-aarch64-linux"] == (
-        "CPU aarch64 does not match this machine's (x86_64)"
+        "built for CPU aarch64, which does not match system CPU (x86_64)"
     )
     assert "OS windows" in rejected["torch29-cu128-x86_64-windows"]
     assert "backend rocm" in rejected["torch29-cxx11-rocm63-x86_64-linux"]

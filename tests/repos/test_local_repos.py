@@ -1,6 +1,7 @@
 """Loading kernel packages from kernel repository folders in Hub layout."""
 
 import sys
+from dataclasses import replace
 
 import pytest
 from packaging.version import Version
@@ -130,11 +131,15 @@ def test_variant_names():
         backend_version=None,
         cpu="aarch64",
         os="darwin",
+        macos=Version("26.0"),
     )
     assert mac.compiled_variant == "torch27-metal-aarch64-darwin"
     offered = ["torch-universal", "torch-metal", "torch27-metal-aarch64-darwin", "torch-cuda"]
     assert choose_variant(offered, where="r", machine=mac) == "torch27-metal-aarch64-darwin"
     assert choose_variant(offered[:2], where="r", machine=mac) == "torch-metal"
+    # Compiled Metal builds need macOS 26 (0.19): an older macOS takes the pure-Python one.
+    old_mac = replace(mac, macos=Version("15.7"))
+    assert choose_variant(offered, where="r", machine=old_mac) == "torch-metal"
 
 
 @pytest.mark.parametrize(

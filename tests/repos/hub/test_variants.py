@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from packaging.version import Version
 
 from kernels.repos.variants import (
     VariantAccepted,
@@ -20,10 +21,10 @@ from kernels.repos.variants import (
 )
 
 
-def fake_torch(version="2.8.0", *, cuda=None, hip=None, xpu=None, mps=False, cxx11=True):
+def fake_torch(version="2.8.0", *, cuda=None, hip=None, rocm=None, xpu=None, mps=False, cxx11=True):
     return SimpleNamespace(
         __version__=version,
-        version=SimpleNamespace(cuda=cuda, hip=hip, xpu=xpu),
+        version=SimpleNamespace(cuda=cuda, hip=hip, rocm=rocm, xpu=xpu),
         backends=SimpleNamespace(mps=SimpleNamespace(is_available=lambda: mps)),
         compiled_with_cxx11_abi=lambda: cxx11,
     )
@@ -40,6 +41,9 @@ def fake_torch(version="2.8.0", *, cuda=None, hip=None, xpu=None, mps=False, cxx
          "torch29-cxx11-cu129-aarch64-linux", "torch-cuda"),
         (fake_torch("2.8.0+rocm6.3", hip="6.3.42131-fa1d09cbd"), "Linux", "x86_64",
          "torch28-cxx11-rocm63-x86_64-linux", "torch-rocm"),
+        # ROCm 10.0 ships HIP 7.15: torch.version.rocm (torch >= 2.10) names the release.
+        (fake_torch("2.15.0+rocm10.0", hip="7.15.1-abc", rocm="10.0.0"), "Linux", "x86_64",
+         "torch215-cxx11-rocm100-x86_64-linux", "torch-rocm"),
         (fake_torch("2.8.0+xpu", xpu="20250101"), "Linux", "x86_64",
          "torch28-cxx11-xpu20251-x86_64-linux", "torch-xpu"),
         (fake_torch("2.9.0+xpu", xpu="20250200"), "Linux", "x86_64",
@@ -59,7 +63,8 @@ def fake_torch(version="2.8.0", *, cuda=None, hip=None, xpu=None, mps=False, cxx
 def test_machine_names_the_variants_kernel_builder_publishes(
     torch, system, machine, compiled, noarch
 ):
-    described = describe_machine(torch, system=system, machine=machine)
+    # Compiled Metal builds need macOS 26 (the release is ignored on other systems).
+    described = describe_machine(torch, system=system, machine=machine, macos=Version("26.0"))
     assert described.compiled_variant == compiled
     offered = ["torch-universal", noarch, compiled, "torch27-cxx11-cu126-x86_64-linux"]
     decisions = decide_variants(offered, machine=described)
