@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 import logging
+import re
 import sys
 
 import pytest
@@ -153,8 +154,10 @@ def test_an_old_enough_minver_loads(kernel_repo, minver):
 
 
 def test_a_newer_minver_is_refused_with_both_versions_and_the_upgrade(kernel_repo):
-    path = _repo(kernel_repo, "new", **{"kernels-minver": "0.18.3"})
-    message = _refused(path, KernelLoadError, r"needs kernels>=0\.18\.3")
+    major, minor, patch = (int(part) for part in kernels.__version__.split(".")[:3])
+    newer = f"{major}.{minor}.{patch + 1}"  # the next release of ours
+    path = _repo(kernel_repo, "new", **{"kernels-minver": newer})
+    message = _refused(path, KernelLoadError, f"needs kernels>={re.escape(newer)}")
     assert f"kernels {kernels.__version__} is installed" in message
     assert message.endswith("Upgrade with: pip install --upgrade kernels")
     _refused(_repo(kernel_repo, "major", **{"kernels-minver": "1.0.0"}), KernelLoadError, "1.0.0")
