@@ -78,13 +78,16 @@ def hub_variant_file(repo_id: str, repo_type: str, revision: str, filename: str,
             local_files_only=hubclient.is_offline(),
         )
     except Exception as exc:
-        if hubclient.classify(exc) is hubclient.Failure.ENTRY_NOT_FOUND:
-            return VariantFile(None, variant, offered)
         if hubclient.is_offline():
             raise CommandError(
                 f"{filename} of {where} (variant: {variant}) is not in the cache, and "
                 "HF_HUB_OFFLINE is set: unset it to download it."
             ) from exc
+        # The listing above found the repository at this revision, so a 404 here is the
+        # file's (some servers, olah among them, do not say which is missing).
+        failure = hubclient.classify(exc)
+        if failure in (hubclient.Failure.ENTRY_NOT_FOUND, hubclient.Failure.NOT_FOUND):
+            return VariantFile(None, variant, offered)
         raise hub_error(exc, repo_id, f"download {filename} of {where}", repo_type) from exc
     return VariantFile(Path(path), variant, offered)
 

@@ -197,10 +197,11 @@ def signature_text(signature: object) -> str:
         if not isinstance(parameter, dict) or not isinstance(parameter.get("name"), str):
             return ""
         kind = parameter.get("kind")
-        if kind == "KEYWORD_ONLY" and "VAR_POSITIONAL" not in kinds and "*" not in parts:
-            parts.append("*")
+        # "/" closes the positional-only parameters, then a bare "*" opens keyword-only ones.
         if kinds and kinds[-1] == "POSITIONAL_ONLY" and kind != "POSITIONAL_ONLY":
             parts.append("/")
+        if kind == "KEYWORD_ONLY" and "VAR_POSITIONAL" not in kinds and "*" not in parts:
+            parts.append("*")
         text = _PREFIXES.get(str(kind), "") + parameter["name"]
         annotation, default = parameter.get("annotation"), parameter.get("default")
         if isinstance(annotation, str):
