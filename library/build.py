@@ -20,6 +20,13 @@ client imports the variant under, so it is unique per variant and per source: it
 digest of the package's files. The output depends only on the source: building twice changes
 nothing.
 
+Each variant also gets the ``symbols.json`` that kernel-builder writes and ``kernels
+describe-api`` reads (schema_version 1): the package's public functions and its ``layers``
+module's classes, with signatures, docstrings and the ``has_backward`` / ``can_torch_compile``
+flags. As kernel-builder does, it is made by importing the package (under the variant's ``id``,
+in a child Python, so the build's own process imports no kernel), which needs torch and triton
+in the Python that runs this script; no function is called and no layer instantiated.
+
 In the ``kernels`` project this file is ``library/build.py``: ``make library`` runs it for every
 repository under ``library/``, and the files of ``library/_shared/`` (the launch helper every
 one of them needs) are copied into each package, byte for byte; ``tests/library/test_layout.py``
@@ -37,10 +44,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
+import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +64,11 @@ CONFIG = "build.toml"
 SOURCE = "torch-ext"
 BUILD = "build"
 METADATA = "metadata.json"
+SYMBOLS = "symbols.json"
+#: The symbols.json format version kernel-builder writes and ``kernels describe-api`` reads.
+SYMBOLS_SCHEMA_VERSION = 1
+#: Layer attributes symbols.json records (True/False, or None when not a bool).
+LAYER_FLAGS = ("has_backward", "can_torch_compile")
 #: The legacy variant, kept for clients that predate noarch variants.
 UNIVERSAL = "torch-universal"
 #: Its backend in metadata.json, which must name one: Hugging Face's client rejects
@@ -250,15 +266,165 @@ def build_files(repo: Repository) -> dict[str, bytes]:
     """Every file of ``repo``'s ``build/`` folder, by path relative to it."""
     files = package_files(repo)
     digest = source_digest(files)
+    metas = {variant: metadata(repo, variant, digest) for variant in repo.variants}
+    described = symbols(files, [meta["id"] for meta in metas.values()], where=repo.name)
     out = {}
-    for variant in repo.variants:
+    for variant, meta in metas.items():
         # torch-universal keeps the package in a folder of its own name (the legacy layout);
         # noarch variants are the package.
         prefix = f"{variant}/{repo.package}/" if variant == UNIVERSAL else f"{variant}/"
         out.update({prefix + name: content for name, content in files.items()})
-        text = json.dumps(metadata(repo, variant, digest), indent=2) + "\n"
-        out[f"{variant}/{METADATA}"] = text.encode()
+        out[f"{variant}/{METADATA}"] = (json.dumps(meta, indent=2) + "\n").encode()
+        text = json.dumps(described[meta["id"]], indent=2, ensure_ascii=False) + "\n"
+        out[f"{variant}/{SYMBOLS}"] = text.encode()
     return out
+
+
+# Imports are what take the time (torch, triton), and a package's symbols depend only on its
+# files and the module name: one child Python per source, remembered for this process.
+_SYMBOLS_CACHE: dict[tuple[str, tuple[str, ...]], dict[str, dict]] = {}
+
+
+def symbols(files: Mapping[str, bytes], modules: Iterable[str], *, where: str) -> dict[str, dict]:
+    """The ``symbols.json`` of the package made of ``files`` when imported as each of
+    ``modules``, by module name.
+
+    The package is written to a temporary folder and imported there by a child Python (this
+    interpreter, running this script with ``--describe``), so no kernel is imported here and
+    each import registers its ops in a process that ends.
+
+    Raises:
+        LibraryBuildError: the package cannot be imported or its ``__all__`` is malformed.
+    """
+    modules = tuple(modules)
+    key = (source_digest(files), modules)
+    if key not in _SYMBOLS_CACHE:
+        with tempfile.TemporaryDirectory(prefix="kernels-symbols-") as tmp:
+            package = Path(tmp) / "package"
+            for name, content in files.items():
+                path = package / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(content)
+            command = [sys.executable, str(Path(__file__).resolve()), "--describe", str(package)]
+            result = subprocess.run(
+                [*command, *modules], capture_output=True, text=True, encoding="utf-8"
+            )
+        if result.returncode != 0:
+            lines = (result.stderr.strip() or result.stdout.strip()).splitlines()
+            raise LibraryBuildError(
+                f"{where}: cannot import the package to write {SYMBOLS} ("
+                + (lines[-1] if lines else f"exit status {result.returncode}")
+                + "). symbols.json is made by importing the package, as kernel-builder does: "
+                "run this script with a Python that has torch and triton."
+            )
+        _SYMBOLS_CACHE[key] = json.loads(result.stdout.splitlines()[-1])
+    return _SYMBOLS_CACHE[key]
+
+
+def describe_package(package_dir: Path, module_name: str) -> dict:
+    """Import the package in ``package_dir`` as ``module_name`` and describe its public API
+    in kernel-builder's ``symbols.json`` format (run in the child Python `symbols` starts)."""
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        module_name, package_dir / "__init__.py", submodule_search_locations=[str(package_dir)]
+    )
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {package_dir} as {module_name}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # relative imports look the package up there
+    try:
+        spec.loader.exec_module(module)
+        layers = getattr(module, "layers", None)
+        if not inspect.ismodule(layers):
+            # The package need not import its layers module itself.
+            try:
+                layers = importlib.import_module(f"{module_name}.layers")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{module_name}.layers":
+                    raise
+                layers = None
+        return {
+            "schema_version": SYMBOLS_SCHEMA_VERSION,
+            "module": module_name,
+            "functions": _exports(module, inspect.isfunction),
+            "layers": _exports(layers, inspect.isclass) if layers is not None else [],
+        }
+    finally:
+        for name in [n for n in sys.modules if n == module_name or n.startswith(f"{module_name}.")]:
+            del sys.modules[name]
+
+
+def _exports(module: types.ModuleType, predicate) -> list[dict]:
+    """The public names of ``module`` that satisfy ``predicate``, described, in ``__all__``
+    order; without ``__all__``, the public ones defined in the module itself (our layers
+    modules have none; kernel-builder would list nothing there)."""
+    exported = getattr(module, "__all__", None)
+    if exported is None:
+        exported = [
+            name
+            for name, value in vars(module).items()
+            if getattr(value, "__module__", None) == module.__name__
+        ]
+    elif not isinstance(exported, (list, tuple)) or not all(isinstance(n, str) for n in exported):
+        raise ValueError(f"{module.__name__}.__all__ must be a list or tuple of strings")
+    described = []
+    for name in dict.fromkeys(exported):
+        if name.startswith("_") or name == "layers":
+            continue
+        try:
+            value = getattr(module, name)
+        except AttributeError:
+            raise ValueError(f"{module.__name__}.__all__ names {name!r}, which it lacks") from None
+        if predicate(value):
+            described.append(_symbol(name, value))
+    return described
+
+
+def _symbol(name: str, value) -> dict:
+    # A class's own docstring only: inspect.getdoc would give a layer without one the
+    # docstring of torch.nn.Module, which changes with torch.
+    doc = value.__doc__ if inspect.isclass(value) else inspect.getdoc(value)
+    symbol = {
+        "name": name,
+        "qualname": value.__qualname__,
+        "module": value.__module__,
+        "kind": "class" if inspect.isclass(value) else "function",
+        "doc": inspect.cleandoc(doc) if isinstance(doc, str) else None,
+        "signature": _signature(value),
+    }
+    if inspect.isclass(value):
+        symbol["attributes"] = {
+            flag: flag_value if isinstance(flag_value := getattr(value, flag, None), bool) else None
+            for flag in LAYER_FLAGS
+        }
+    return symbol
+
+
+def _signature(value) -> dict | None:
+    try:
+        signature = inspect.signature(value, eval_str=False)
+    except (TypeError, ValueError):  # builtins and some callables have none
+        return None
+
+    def text(annotation) -> str | None:
+        return (
+            None if annotation is inspect.Parameter.empty else inspect.formatannotation(annotation)
+        )
+
+    return {
+        "parameters": [
+            {
+                "name": p.name,
+                "kind": p.kind.name,
+                "default": None if p.default is inspect.Parameter.empty else repr(p.default),
+                "annotation": text(p.annotation),
+            }
+            for p in signature.parameters.values()
+        ],
+        "return_annotation": text(signature.return_annotation),
+    }
 
 
 def repositories(names: Iterable[str] | None = None) -> list[Repository]:
@@ -319,7 +485,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check", action="store_true", help="compare the committed build/ folders, write nothing"
     )
+    parser.add_argument("--describe", metavar="PACKAGE_DIR", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.describe is not None:
+        # The child Python of `symbols`: one JSON line, {module name: symbols.json}, last.
+        described = {name: describe_package(args.describe, name) for name in args.repos}
+        print(json.dumps(described, ensure_ascii=False))
+        return 0
     try:
         repos = repositories(args.repos)
         if args.check:

@@ -22,7 +22,11 @@ from collections.abc import Iterator, Sequence
 COMMANDS: tuple[str, ...] = (
     "demo",
     "explain",
+    "variants",
     "versions",
+    "describe-api",
+    "info",
+    "cache",
     "lock",
     "download",
     "check",

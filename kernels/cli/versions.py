@@ -1,15 +1,30 @@
-"""``kernels versions REPO``: the versions and branches of a Hub kernel, and what each offers."""
+"""``kernels versions REPO``: the versions and branches of a Hub kernel, and what each offers.
+
+Deprecated, as in Hugging Face's kernels 0.19: ``kernels variants --all-versions`` replaces it.
+It still works until 0.20, after a warning on stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import logging
 
 from . import add_repo_type_argument
 
-HELP = "list a Hub kernel's versions and branches, with the build variants each offers"
+logger = logging.getLogger(__name__)
+
+#: Hugging Face's kernels 0.19 wording.
+DEPRECATION = (
+    "`kernels versions` is deprecated and will be removed in kernels 0.20. "
+    "Use `kernels variants --all-versions` instead."
+)
+
+HELP = "deprecated: use `kernels variants --all-versions`"
 DESCRIPTION = """\
+Deprecated (removed in kernels 0.20): use `kernels variants --all-versions`.
+
 List the version tags (v<major>.<minor>.<patch>, newest first) and branches of a kernel
 repository on the Hub, with each one's commit and build variants. The variant this machine
 would load is marked with *. Tags that are not versions are listed apart: version
@@ -36,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from ..repos.variants import PREFERENCE_FILE, choose_variant, read_preference_file, variants_in
     from ..repos.versions import hub_error, list_refs, parse_version_tag
 
+    logger.warning(DEPRECATION)
     repo_id, repo_type = check_repo_id(args.repo_id, where="REPO"), args.repo_type
     refs = list_refs(repo_id, repo_type)
     api = hubclient.hub_api()

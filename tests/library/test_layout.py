@@ -261,11 +261,13 @@ def test_a_repository_builds_its_backends_with_metadata(tmp_path):
         "torch-cuda/_library.py",
         "torch-cuda/metadata.json",
         "torch-cuda/op.py",
+        "torch-cuda/symbols.json",
         "torch-universal/demo/__init__.py",
         "torch-universal/demo/_compile_rule.py",
         "torch-universal/demo/_library.py",
         "torch-universal/demo/op.py",
         "torch-universal/metadata.json",
+        "torch-universal/symbols.json",
     ]
     meta = json.loads(files["torch-cuda/metadata.json"])
     assert meta["version"] == 2 and meta["backend"] == {"type": "cuda"}
