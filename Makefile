@@ -38,7 +38,7 @@ TF5_VENV ?= .venv-tf5
 HF_VENV ?= .venv-hf
 BASE_VENV ?= .venv-torch
 # The newest release of Hugging Face's client that our kernel repositories are checked against.
-HF_KERNELS_VERSION ?= 0.17.2
+HF_KERNELS_VERSION ?= 0.19.1
 TORCH_CPU_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
 # pytest-xdist's worker processes of the main run ("auto": one a CPU core; 0 runs in this process).
