@@ -8,8 +8,9 @@ Loaded with ``-p tests.hf_suite.plugin`` (tests/hf_suite/run.py does it). It
   would shadow theirs,
 - marks the tests of expected_failures.yaml: skipped (network) or xfail(strict=True), and
   turns an expected collection error of a listed module into a skip,
-- with ``--hf-suite-check-stale`` (a run of the whole suite) fails on a listed id that was
-  neither collected nor a module's collection error: the list must not name tests that are gone,
+- with ``--hf-suite-check-stale`` (a run of the whole suite) fails on a listed id that no
+  report named (neither a test nor a module's collection error): the list must not name tests
+  that are gone,
 - with ``--hf-suite-record=FILE`` applies no list and writes each test's outcome and the cause
   of its failure (JSON), for tests/hf_suite/update.py.
 """
@@ -25,9 +26,10 @@ from pathlib import Path
 import pytest
 
 from tests.hf_suite import expectations
+from tests.hf_suite.fetch import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-_FAILED = {"failed", "error", "collect-error"}
+#: The recorded outcomes that count as a failure.
+FAILED = {"failed", "error", "collect-error"}
 
 
 def pytest_addoption(parser):
@@ -73,7 +75,6 @@ class _Plugin:
         report = outcome.get_result()
         group = self.listed.get(report.nodeid)
         if report.failed and group is not None:
-            self.seen.add(report.nodeid)
             report.outcome = "skipped"
             report.longrepr = (
                 str(collector.path),
@@ -86,37 +87,30 @@ class _Plugin:
             group = self.listed.get(item.nodeid)
             if group is None:
                 continue
-            self.seen.add(item.nodeid)
             reason = f"{group.category}: {group.reason}"
             if group.action == "skip":
                 item.add_marker(pytest.mark.skip(reason=reason))
             else:
                 item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
 
-    def pytest_collection_finish(self, session):
-        if not self.check_stale or self.record_path:
-            return
-        # Collection errors are known by now, items too.
-        stale = sorted(set(self.listed) - self.seen)
-        if stale:
-            raise pytest.UsageError(
-                f"expected_failures.yaml lists {len(stale)} test ids this run did not collect "
-                f"(first: {stale[:5]}); refresh it with `python -m tests.hf_suite.update`"
-            )
-
     # -- recording outcomes -------------------------------------------------------------
 
     def pytest_collectreport(self, report):
+        # Seen here, in the one process that sees every report (pytest-xdist's controller
+        # collects nothing itself): an expected collection error arrives as a skip.
+        if not report.passed:
+            self.seen.add(report.nodeid)
         if self.record_path and report.failed:
             self.outcomes[report.nodeid] = {"outcome": "collect-error", "cause": cause_of(report)}
 
     def pytest_runtest_logreport(self, report):
+        self.seen.add(report.nodeid)
         if not self.record_path:
             return
         previous = self.outcomes.get(report.nodeid, {}).get("outcome")
         if report.failed:
             outcome = "failed" if report.when == "call" else "error"
-            if previous not in _FAILED:
+            if previous not in FAILED:
                 self.outcomes[report.nodeid] = {"outcome": outcome, "cause": cause_of(report)}
         elif report.skipped and previous is None:
             self.outcomes[report.nodeid] = {"outcome": "skipped"}
@@ -124,7 +118,16 @@ class _Plugin:
             self.outcomes[report.nodeid] = {"outcome": "passed"}
 
     def pytest_sessionfinish(self, session):
-        if self.record_path and not hasattr(self.config, "workerinput"):
+        if hasattr(self.config, "workerinput"):
+            return
+        stale = sorted(set(self.listed) - self.seen) if self.check_stale else []
+        if stale:
+            print(
+                f"\nerror: expected_failures.yaml lists {len(stale)} test ids this run did not "
+                f"see (first: {stale[:5]}); refresh it with `make test-hf-suite-update`"
+            )
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.record_path:
             with open(self.record_path, "w", encoding="utf-8") as out:
                 json.dump(self.outcomes, out, indent=0, sort_keys=True)
 

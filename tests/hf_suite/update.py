@@ -23,8 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tests.hf_suite import expectations, run
-
-FAILED = {"failed", "error", "collect-error"}
+from tests.hf_suite.plugin import FAILED
 
 
 def merge(
