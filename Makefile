@@ -41,7 +41,7 @@ TF5_VENV ?= .venv-tf5
 HF_VENV ?= .venv-hf
 BASE_VENV ?= .venv-torch
 # The newest release of Hugging Face's client that our kernel repositories are checked against.
-HF_KERNELS_VERSION ?= 0.17.2
+HF_KERNELS_VERSION ?= 0.19.1
 TORCH_CPU_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
 # pytest-xdist's worker processes of the main run ("auto": one a CPU core; 0 runs in this process).
@@ -78,7 +78,7 @@ new_venv = echo "new environment $(1)" && $(PYTHON) -m venv --without-pip $(1) &
 	{ $(PYTHON) -m pip --python $(1)/bin/python install -q --no-compile --upgrade pip 2>/dev/null || \
 	{ $(1)/bin/python -m ensurepip && $(1)/bin/python $(PIP_INSTALL) --upgrade pip; }; }
 
-.PHONY: install install-test install-tf5 install-hf install-all hub-server demo test test-4 test-5 test-hf library lint clean
+.PHONY: install install-test install-tf5 install-hf install-all hub-server demo test test-4 test-5 test-hf test-hf-suite test-hf-suite-update library lint clean
 
 # torch, and triton with numpy, by two pips at once: each is some 13 s of unpacking on one core
 # (nothing else runs yet), they share no package (the CPU build of torch does not require
@@ -140,10 +140,13 @@ $(TF5_VENV)/.installed-test-tf5: $(TF5_BIN)/python pyproject.toml Makefile
 
 # Hugging Face's client without this package (both are the `kernels` distribution), so the
 # interoperability tests import theirs; triton, which the CPU build of torch does not pull in,
-# runs our kernels through its interpreter (which needs numpy).
+# runs our kernels through its interpreter (which needs numpy). Their own test suite's extras
+# (sigstore, mktestdocs, pytest-xdist) let `make test-hf-suite-update` run it against their
+# client too, which shows which of their tests need the network.
 $(HF_VENV)/.installed-hf: $(HF_BIN)/python Makefile
 	@$(HF_BIN)/python -c "$(HAS_TORCH)" || $(HF_BIN)/python $(PIP_INSTALL) "torch==$(TORCH_CPU_VERSION)"
-	$(HF_BIN)/python $(PIP_INSTALL) "kernels==$(HF_KERNELS_VERSION)" "triton>=3.1" numpy "pytest>=8"
+	$(HF_BIN)/python $(PIP_INSTALL) "kernels[sigstore]==$(HF_KERNELS_VERSION)" "triton>=3.1" numpy \
+		"pytest>=8" "pytest-xdist>=3.2" "mktestdocs>=0.2.5"
 	@touch $@
 
 # The Hub-compatible test server (olah) lives in the transformers 5.x environment, whose
@@ -153,15 +156,15 @@ hub-server: install-tf5
 demo: install
 	$(DEMO_BIN)/kernels demo
 
-# The three runs side by side, each spread over every core by its workers, their output kept
+# The runs side by side, each spread over every core by its workers, their output kept
 # apart (--output-sync: each run's printed when it ends). Side by side, the CPU work of one fills
 # the time the other spends waiting (the Hub tests wait on the test server and on retries), which
 # one after the other left the cores idle. The interoperability tests (a few seconds) run in one
-# process. The environments install in the same make, so a run starts as soon as its own are
+# process; Hugging Face's own suite (test-hf-suite) is the fourth run. The environments install in the same make, so a run starts as soon as its own are
 # ready (test-4 needs the 4.57 one and the test server's): the installs leave a core partly idle,
 # which the first runs fill.
 test:
-	$(MAKE) -j3 --output-sync=target test-4 test-5 test-hf
+	$(MAKE) -j3 --output-sync=target test-4 test-5 test-hf test-hf-suite
 
 test-4: install-test hub-server
 	KERNELS_TEST_OLAH=$(OLAH) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(XDIST) $(PYTEST_ARGS)
@@ -171,6 +174,21 @@ test-5: install-tf5
 
 test-hf: install-hf
 	$(HF_BIN)/python -m pytest tests/interop $(PYTEST_ARGS)
+
+# Hugging Face's own test suite of their client (HF_KERNELS_VERSION), from its sdist (fetched
+# once into .cache/hf-suite/), run offline against this package in the transformers 5.x
+# environment; the tests of tests/hf_suite/expected_failures.yaml are skipped or strict xfails,
+# any other failure fails (docs/hub.md, "How the oracle runs"). HF_SUITE_ARGS: pytest's
+# arguments for this run only (a file or -k selection).
+HF_SUITE_WORKERS ?= $(PYTEST_WORKERS)
+HF_SUITE_ARGS ?=
+test-hf-suite: install-tf5
+	$(TF5_BIN)/python -m tests.hf_suite.run --workers $(HF_SUITE_WORKERS) $(HF_SUITE_ARGS)
+
+# Refreshes expected_failures.yaml: the suite against ours and against their client (.venv-hf),
+# listed reasons kept (tests/hf_suite/update.py).
+test-hf-suite-update: install-tf5 install-hf
+	$(TF5_BIN)/python -m tests.hf_suite.update --theirs-python $(HF_BIN)/python --workers $(HF_SUITE_WORKERS)
 
 # Each kernel repository's build/<variant>/ folders, from its torch-ext/ source and the shared
 # files in library/_shared/ (library/build.py). The output is committed, as on the Hub; a test

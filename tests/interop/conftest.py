@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 #: The client release these tests pin: the Makefile's HF_KERNELS_VERSION.
-HF_KERNELS_VERSION = "0.17.2"
+HF_KERNELS_VERSION = "0.19.1"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

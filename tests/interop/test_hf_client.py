@@ -12,8 +12,8 @@ from pathlib import Path
 
 import kernels
 
-assert kernels.__version__ == "0.17.2", (
-    f"tests/interop needs Hugging Face's kernels 0.17.2, got {kernels.__version__} from "
+assert kernels.__version__ == "0.19.1", (
+    f"tests/interop needs Hugging Face's kernels 0.19.1, got {kernels.__version__} from "
     f"{kernels.__file__}: run them with `make test-hf`"
 )
 
@@ -22,9 +22,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from kernels import (  # noqa: E402
+    KernelizeFallback,
     LocalLayerRepository,
     Metadata,
     Mode,
+    get_kernelized_layers,
     get_local_kernel,
     kernelize,
     use_kernel_forward_from_hub,
@@ -67,8 +69,9 @@ def test_their_client_loads_each_noarch_variant_flat(repo, variant):
 
 
 def test_their_client_prefers_the_noarch_variant_of_the_machines_backend():
-    from kernels.backends import CPU, CUDA, ROCm
-    from kernels.variants import _resolve_variant_for_system, get_variants_local
+    # Private in their client since 0.19 (kernels._internals), pinned by the version above.
+    from kernels._internals.backends import CPU, CUDA, ROCm
+    from kernels._internals.variants import _resolve_variant_for_system, get_variants_local
     from packaging.version import Version
 
     variants = get_variants_local(LIBRARY / "norm" / "build")
@@ -198,18 +201,22 @@ def _inputs(hidden=16, seq=5, vocab=40):
     return x, emb.cos(), emb.sin(), labels
 
 
+def _local_mapping():
+    return {
+        name: {"cpu": LocalLayerRepository(LIBRARY / repo, layer_name=layer)}
+        for name, (repo, layer) in MAPPING.items()
+    }
+
+
 @pytest.mark.parametrize("mode", [Mode.INFERENCE, Mode.TRAINING], ids=["inference", "training"])
 def test_their_kernelize_runs_a_layer_of_each_repository(mode):
     torch.manual_seed(0)
     plain = Tiny()
     fast = Tiny()
     fast.load_state_dict(plain.state_dict())
-    mapping = {
-        name: {"cpu": LocalLayerRepository(LIBRARY / repo, layer_name=layer)}
-        for name, (repo, layer) in MAPPING.items()
-    }
-    with use_kernel_mapping(mapping):
-        kernelize(fast, mode=mode, device="cpu", use_fallback=False)
+    with use_kernel_mapping(_local_mapping()):
+        # 0.19's flags: no fallback of any kind, so each layer must take our kernel.
+        kernelize(fast, mode=mode, device="cpu", use_fallback=KernelizeFallback.NONE)
     for module, (repo, layer) in zip(
         (fast.act, fast.norm, fast.rotary, fast.loss), MAPPING.values(), strict=True
     ):
@@ -231,3 +238,16 @@ def test_their_kernelize_runs_a_layer_of_each_repository(mode):
         torch.testing.assert_close(x_fast.grad, x_plain.grad, rtol=1e-4, atol=1e-5)
         for (name, p), q in zip(fast.named_parameters(), plain.parameters(), strict=True):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")  # fmt: skip
+
+
+def test_their_get_kernelized_layers_reports_our_repositories():
+    """0.19's inspection of a kernelized model names, for each swapped layer, the repository
+    (ours) its kernel came from."""
+    model = Tiny()
+    mapping = _local_mapping()
+    with use_kernel_mapping(mapping):
+        kernelize(model, mode=Mode.INFERENCE, device="cpu", use_fallback=KernelizeFallback.NONE)
+    layers = get_kernelized_layers(model).layers
+    for name, tag in (("act", "SiluAndMul"), ("norm", "RMSNorm")):
+        assert layers[name].module is getattr(model, name)
+        assert layers[name].repo is mapping[tag]["cpu"]
