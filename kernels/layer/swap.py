@@ -86,7 +86,9 @@ def use_kernel_forward(module: nn.Module, kernel: type, *, path: str) -> None:
 def use_original_forward(module: nn.Module) -> None:
     """Undo `use_kernel_forward`; a module kernelize never touched is left alone."""
     forward = module.__dict__.get("forward")
-    if forward is not None and kernel_layer_of(module) is not None:
+    if forward is not None and (kernel_layer_of(module) is not None or _is_function_module(module)):
+        # A function module's copy has no forward of anyone else's to keep: whatever was bound
+        # on it (by hand, or by another kernels package) goes, as in Hugging Face's kernels.
         del module.__dict__["forward"]
     original = _original_class(module)
     if original is None:
@@ -95,6 +97,14 @@ def use_original_forward(module: nn.Module) -> None:
         module.forward = MethodType(own_forward(module), module)
     elif original is not type(module):
         module.__class__ = original
+
+
+def _is_function_module(module: nn.Module) -> bool:
+    from .func import FUNCTION_ATTRIBUTE
+    from .tagging import tag_of
+
+    cls = own_class(module)
+    return tag_of(cls) is not None and hasattr(cls, FUNCTION_ATTRIBUTE)
 
 
 def _original_class(module: nn.Module) -> type | None:

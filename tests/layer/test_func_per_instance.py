@@ -220,3 +220,13 @@ def test_nested_routing_under_torch_compile():
         torch.testing.assert_close(compiled(X), ((X + 10) * 2 * 2) + 10)
     finally:
         torch._dynamo.reset()
+
+
+def test_falling_back_removes_a_forward_bound_on_a_copy_by_hand():
+    model = Wrapper()
+    fn = model._kernel_funcs["offset_fn"]
+    fn.forward = MethodType(PlusTen.forward, fn)
+    with use_kernel_mapping({}, inherit_mapping=False):
+        kernelize(model, mode=Mode.INFERENCE, device="cpu")
+    assert "forward" not in vars(fn)
+    torch.testing.assert_close(model(X), X)
