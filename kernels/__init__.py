@@ -38,6 +38,12 @@ from .layer.decorators import (
 from .layer.explain import explain
 from .layer.fallback import KernelizeFallback
 from .layer.kernelize import kernelize
+from .layer.kernelized import (
+    KernelizedFunc,
+    KernelizedLayer,
+    KernelizedLayers,
+    get_kernelized_layers,
+)
 from .layer.tagging import replace_kernel_forward_from_hub
 from .library import library_mapping
 from .mapping.device import CUDAProperties, Device, ROCMProperties
@@ -80,6 +86,9 @@ __all__ = [
     "KernelVerificationError",
     "KernelVersionSpecError",
     "KernelizeFallback",
+    "KernelizedFunc",
+    "KernelizedLayer",
+    "KernelizedLayers",
     "FuncRepository",
     "LayerRepository",
     "LoadedKernel",
@@ -100,6 +109,7 @@ __all__ = [
     "get_kernel",
     "get_kernel_dep",
     "get_kernel_variants",
+    "get_kernelized_layers",
     "get_loaded_kernels",
     "get_local_kernel",
     "get_locked_kernel",

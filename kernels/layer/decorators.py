@@ -6,17 +6,20 @@ tagged by `tagging`, functions become modules by `func`: these decorators sit ab
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import KernelTaggingError
 from .func import attach_functions, function_module
-from .tagging import Condition, replace_kernel_forward_from_hub, tag
+from .tagging import Condition, replace_kernel_forward_from_hub
 
 if TYPE_CHECKING:
     from torch import nn
 
 ModuleClass = TypeVar("ModuleClass", bound=type)
+
+logger = logging.getLogger(__name__)
 
 
 def use_kernel_forward_from_hub(
@@ -59,8 +62,7 @@ def use_kernel_forward_from_hub(
         if not isinstance(cls, type) and callable(cls):
             # Newer transformers decorate functions too; they become function kernels.
             return function_module(cls, layer_name, condition)
-        replace_kernel_forward_from_hub(cls, layer_name)  # checks the name and the class
-        tag(cls, layer_name, condition)
+        replace_kernel_forward_from_hub(cls, layer_name, condition)  # checks name and class
         return cls
 
     return decorator
@@ -68,6 +70,9 @@ def use_kernel_forward_from_hub(
 
 def use_kernel_func_from_hub(func_name: str) -> Callable[[Callable], nn.Module]:
     """Decorator: make a function kernelizable under the name `func_name`.
+
+    Deprecated (as in Hugging Face's kernels 0.19, which logs a warning): use
+    `use_kernel_forward_from_hub`, which does the same on a function.
 
     The decorated name becomes a module instance that behaves like the function (calling it
     calls the function). Store it as an attribute of a module in your model, so that
@@ -93,6 +98,12 @@ def use_kernel_func_from_hub(func_name: str) -> Callable[[Callable], nn.Module]:
     """
 
     _check_name("use_kernel_func_from_hub", func_name, "func_name")
+    # Hugging Face's words (kernels 0.19), on the logger as theirs, not a DeprecationWarning.
+    logger.warning(
+        "use_kernel_func_from_hub is deprecated and will be removed in kernels 0.17. Use "
+        "[`use_kernel_forward_from_hub`] instead.",
+        stacklevel=2,
+    )
 
     def decorator(func: Callable) -> nn.Module:
         return function_module(func, func_name)
@@ -121,15 +132,17 @@ def _check_name(decorator: str, name: object, parameter: str) -> None:
 def use_kernelized_func(*funcs: Callable | list[Callable] | tuple[Callable, ...]):
     """Class decorator (kernels 0.16): attach kernelizable functions to a layer class.
 
-    Each function should be one decorated with `use_kernel_forward_from_hub(name)` or
-    `use_kernel_func_from_hub(name)` (so it is a module instance standing for the function).
-    `kernelize` then finds it through every module of the decorated class, as if it were a
-    submodule, and swaps its forward like any tagged layer; the layer keeps calling the
-    function by its global name. The functions are not submodules and not instance
-    attributes: ``state_dict``, ``named_modules`` and ``repr`` of the layer are unchanged, and
-    the class's ``__init__`` is not wrapped. Functions may be passed as several arguments or as
-    one list (transformers uses both spellings); undecorated plain functions are accepted
-    and ignored, since there is nothing to kernelize. Subclasses inherit the attachments.
+    Each function must be one decorated with `use_kernel_forward_from_hub(name)` (or the
+    deprecated `use_kernel_func_from_hub(name)`), so that it is a module instance standing for
+    the function; any other raises `ValueError`, as in Hugging Face's kernels 0.19. Each
+    instance of the class gets a private copy of each function module
+    (``instance._kernel_funcs``, layer name -> module, made on first use), which `kernelize`
+    finds as if it were a submodule and swaps like any tagged layer; while the layer's
+    forward runs, the function called by its global name runs the layer's copy. Kernelizing
+    one model therefore leaves other models of the same classes as they were. The copies are
+    not submodules: ``state_dict``, ``named_modules`` and ``repr`` of the layer are unchanged.
+    Functions may be passed as several arguments or as one list (transformers uses both
+    spellings). Subclasses inherit the attachments; decorating a subclass adds to them.
 
     Example:
         ```python
@@ -147,12 +160,21 @@ def use_kernelized_func(*funcs: Callable | list[Callable] | tuple[Callable, ...]
                 return apply_rotary_pos_emb(q, k, cos, sin)  # swapped by kernelize
         ```
     """
+    from .tagging import tag_of
+
     flat: list[Callable] = []
     for item in funcs:
         flat.extend(item if isinstance(item, (list, tuple)) else [item])
     for fn in flat:
         if not callable(fn):
             raise TypeError(f"use_kernelized_func takes functions, got {fn!r}.")
+        if tag_of(type(fn)) is None:
+            name = getattr(fn, "__name__", None) or repr(fn)
+            raise ValueError(
+                f"Function `{name}` is not decorated with @use_kernel_forward_from_hub and "
+                "cannot be used with @use_kernelized_func: decorate it with "
+                f'@use_kernel_forward_from_hub("{name}") first, or leave it out.'
+            )
 
     def decorator(cls: type) -> type:
         attach_functions(cls, flat)

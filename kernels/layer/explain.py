@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..mapping.mode import Mode
 from .decisions import DeviceSpec
+from .fallback import KernelizeFallback
 from .graphs import graph_safety
 from .kernelize import plan
 from .taggers import run_taggers
@@ -92,7 +93,9 @@ def explain(model: nn.Module, *, mode: Mode, device: DeviceSpec | None = None) -
         ```
     """
     run_taggers(model)
-    the_plan = plan(model, mode=mode, device=device, use_fallback=True, raise_invalid=False)
+    the_plan = plan(
+        model, mode=mode, device=device, use_fallback=KernelizeFallback.ALL, raise_invalid=False
+    )
     groups: dict[tuple, list] = {}
     for decision in the_plan.decisions:
         kernel: str | None

@@ -1,10 +1,10 @@
 """`KernelizeFallback`: when `kernelize` keeps a layer's original forward instead of raising.
 
-transformers 5.x passes ``use_fallback=KernelizeFallback.ALL`` ("keep the original forward
-instead of raising when a kernel can't be loaded, e.g. no compatible build"). Each member
-names one cause a layer can end up without a kernel; a flag set says for which causes the
-layer falls back (logged) and for which `kernelize` raises. ``True`` and ``False``, the
-older spelling, mean `ALL` and `NONE`.
+The members are those of Hugging Face's kernels 0.19, one per cause a layer can end up
+without a kernel, plus ours for ``kernelize(..., verify=...)``. A flag set says for which
+causes the layer falls back (logged) and for which `kernelize` raises. ``use_fallback=True``
+(the default) is `DEFAULT`: no kernel registered, or none usable in the mode, falls back,
+but a registered kernel that cannot be loaded raises. transformers 5.x passes `ALL`.
 """
 
 from __future__ import annotations
@@ -16,47 +16,62 @@ class KernelizeFallback(enum.Flag):
     """For which causes `kernelize` keeps a layer's original forward instead of raising.
 
     Combine members with ``|``; a cause not in the set raises the error named below.
-    ``use_fallback=True`` is `ALL` and ``use_fallback=False`` is `NONE`.
+    ``use_fallback=True`` is `DEFAULT` and ``use_fallback=False`` is `NONE`.
+
+    - `NONE`: raise for every cause.
+    - `NO_LAYER`: the mapping has no entry for the layer name (`NoKernelError`).
+    - `NO_DEVICE`: the layer name has no entry for the device type (`NoKernelError`).
+    - `NO_COMPATIBLE_PROPERTIES`: no entry's capability range admits the device
+      (`NoKernelError`).
+    - `NO_COMPATIBLE_MODE`: no repository is registered for a mode that serves the one asked
+      for, or the loaded kernel lacks what the mode needs: a backward for TRAINING,
+      ``can_torch_compile = True`` for TORCH_COMPILE (`NoKernelError`).
+    - `CANNOT_LOAD`: the chosen repository cannot be loaded: Hub unreachable or offline,
+      organisation not trusted, no build variant for this machine, import error, missing
+      layer (`KernelLoadError` or its subclass, or what a third-party repository's ``load()``
+      raised). Logged as a WARNING.
+    - `VERIFICATION_FAILURE` (ours): ``kernelize(..., verify=...)`` found the kernel's result
+      differs from the layer's (`KernelVerificationError`). Logged as a WARNING.
+    - `DEFAULT`: the four "no kernel" causes; a kernel that cannot be loaded or fails
+      verification raises. What ``use_fallback=True`` means.
+    - `ALL`: every cause above; what transformers 5.x passes.
+
+    Deprecated names of kernels 0.18 (ours), kept so older code runs: `NO_KERNEL` (the four
+    "no kernel" causes, i.e. `DEFAULT`), `UNSUPPORTED_MODE` (`NO_COMPATIBLE_MODE`) and
+    `LOAD_FAILURE` (`CANNOT_LOAD`).
 
     Example:
         ```python
         from kernels import KernelizeFallback, Mode, kernelize
 
-        # Fall back where no kernel is registered or a kernel lacks the mode, but fail loudly
-        # when a registered kernel cannot be loaded:
-        kernelize(
-            model,
-            mode=Mode.TRAINING,
-            use_fallback=KernelizeFallback.NO_KERNEL | KernelizeFallback.UNSUPPORTED_MODE,
-        )
+        # Also keep the original forward where a registered kernel cannot be loaded:
+        kernelize(model, mode=Mode.TRAINING, use_fallback=KernelizeFallback.ALL)
         ```
     """
 
-    #: Raise for every cause.
     NONE = 0
-    #: No kernel is registered for the layer name, device type, capability or mode
-    #: (otherwise `NoKernelError`).
-    NO_KERNEL = enum.auto()
-    #: The chosen kernel lacks what the mode needs: a backward for TRAINING, or
-    #: ``can_torch_compile = True`` for TORCH_COMPILE (otherwise `NoKernelError`).
-    UNSUPPORTED_MODE = enum.auto()
-    #: The chosen repository cannot be loaded: Hub unreachable or offline, organisation not
-    #: trusted, no build variant for this machine, import error, missing layer (otherwise
-    #: `KernelLoadError` or its subclass). Logged as a WARNING.
-    LOAD_FAILURE = enum.auto()
-    #: ``kernelize(..., verify=...)`` found the kernel's result differs from the layer's
-    #: (otherwise `KernelVerificationError`). Logged as a WARNING.
+    NO_LAYER = enum.auto()
+    NO_DEVICE = enum.auto()
+    NO_COMPATIBLE_PROPERTIES = enum.auto()
+    NO_COMPATIBLE_MODE = enum.auto()
+    CANNOT_LOAD = enum.auto()
     VERIFICATION_FAILURE = enum.auto()
-    #: Every cause above: what transformers 5.x passes, and what ``True`` means.
-    ALL = NO_KERNEL | UNSUPPORTED_MODE | LOAD_FAILURE | VERIFICATION_FAILURE
+
+    DEFAULT = NO_LAYER | NO_DEVICE | NO_COMPATIBLE_PROPERTIES | NO_COMPATIBLE_MODE
+    ALL = DEFAULT | CANNOT_LOAD | VERIFICATION_FAILURE
+
+    # Deprecated (kernels 0.18): aliases of the members above.
+    NO_KERNEL = DEFAULT
+    UNSUPPORTED_MODE = NO_COMPATIBLE_MODE
+    LOAD_FAILURE = CANNOT_LOAD
 
 
 def as_fallback(use_fallback: bool | KernelizeFallback) -> KernelizeFallback:
-    """`use_fallback` as a flag set: ``True`` is `ALL`, ``False`` is `NONE`."""
+    """`use_fallback` as a flag set: ``True`` is `DEFAULT`, ``False`` is `NONE`."""
     if isinstance(use_fallback, KernelizeFallback):
         return use_fallback
     if isinstance(use_fallback, bool):
-        return KernelizeFallback.ALL if use_fallback else KernelizeFallback.NONE
+        return KernelizeFallback.DEFAULT if use_fallback else KernelizeFallback.NONE
     raise TypeError(
         f"use_fallback must be True, False or a KernelizeFallback (e.g. KernelizeFallback.ALL), "
         f"got {use_fallback!r}."

@@ -17,11 +17,19 @@ from ..mapping.capability import read_capability
 from ..mapping.device import Device, validate_device_type
 from ..mapping.mode import Mode, validate_kernelize_mode
 from ..mapping.registry import current_mapping
-from ..mapping.resolve import Candidate, Resolution, resolve
+from ..mapping.resolve import (
+    NO_COMPATIBLE_MODE,
+    NO_COMPATIBLE_PROPERTIES,
+    NO_DEVICE,
+    Candidate,
+    Resolution,
+    resolve,
+)
 from .decisions import Decision, DeviceSpec, ExampleInputs, Plan, Target
 from .fallback import KernelizeFallback, as_fallback
 from .func import attached_functions
-from .loading import load_kernel_layer
+from .kernelized import forget_repository, remember_repository
+from .loading import load_kernel_layer, repository_error
 from .swap import use_kernel_forward, use_original_forward
 from .taggers import run_taggers
 from .tagging import condition_of, tag_of
@@ -65,15 +73,19 @@ def kernelize(
             ``torch.device``); by default the device of the model's first parameter or buffer.
             On ROCm builds of torch, ``cuda`` means ``rocm``.
         use_fallback: for which causes a layer keeps its original forward (logged) instead
-            of raising: a `KernelizeFallback` set, ``True`` (`KernelizeFallback.ALL`, the
-            default) or ``False`` (`KernelizeFallback.NONE`: raise `NoKernelError` where no
-            kernel fits, `KernelLoadError` where one cannot be loaded).
+            of raising: a `KernelizeFallback` set, ``True`` (`KernelizeFallback.DEFAULT`, the
+            default: fall back where no kernel fits, raise `KernelLoadError` where a
+            registered one cannot be loaded, as Hugging Face's kernels 0.19 does) or
+            ``False`` (`KernelizeFallback.NONE`: also raise `NoKernelError` where no kernel
+            fits). `KernelizeFallback.ALL` (what transformers 5.x passes) also falls back
+            where a kernel cannot be loaded or fails `verify`.
         verify: example inputs for the model (a tensor, a tuple of positional arguments or a
             dict of keyword arguments). The model is run once on them to capture each tagged
             layer's real input; every chosen kernel's output (and, for TRAINING, its
             gradients) is compared with the layer's own forward on that input, and a kernel
-            that disagrees, or raises, is not used (`KernelVerificationError` with
-            ``use_fallback=False``). The model is left exactly as it was whether verification
+            that disagrees, or raises, is not used, or raises `KernelVerificationError` where
+            ``KernelizeFallback.VERIFICATION_FAILURE`` is not in `use_fallback` (it is in
+            `ALL`, not in `DEFAULT`). The model is left exactly as it was whether verification
             passes, falls back or raises: buffers (BatchNorm statistics), parameters and
             their ``.grad``, ``training`` flags, hooks, the random generators and torch's grad,
             autocast and determinism flags are restored, the same tensor objects in place, so
@@ -115,6 +127,7 @@ def kernelize(
         label = _label(decision)
         if decision.kernel is None:
             use_original_forward(decision.module)
+            forget_repository(decision.module)
             logger.log(
                 decision.fallback_level,
                 "%s keeps its original forward: %s",
@@ -125,6 +138,7 @@ def kernelize(
             use_kernel_forward(decision.module, decision.kernel, path=decision.path)
             chosen = decision.resolution.chosen
             assert chosen is not None  # a decision with a kernel loaded it from the chosen one
+            remember_repository(decision.module, chosen.repository)
             logger.info(
                 "%s uses kernel layer %s from %s (%s)",
                 label,
@@ -173,7 +187,7 @@ def plan(
                 mode=mode,
             )
             resolutions[layer_name] = resolution
-        skip = _condition_skip(module, path)
+        skip = _condition_skip(module, layer_name)
         tensor_parallel = _tensor_parallel_forward(module)
         if tensor_parallel is not None:
             decisions.append(Decision(path, module, layer_name, resolution, None, tensor_parallel))
@@ -234,13 +248,17 @@ def _kernelizable_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module, st
                 yield f"{path or '<model>'}:{name}", fn, layer_name
 
 
-def _condition_skip(module: nn.Module, path: str) -> str | None:
+def _condition_skip(module: nn.Module, layer_name: str) -> str | None:
     """Why the layer's condition skips `module`, or None when it has none or it holds."""
     condition = condition_of(type(module))
     if condition is None or condition(module):
         return None
     name = getattr(condition, "__qualname__", None) or repr(condition)
-    return f"its condition {name} returned False for this instance, so kernelization is skipped"
+    # Hugging Face's sentence first (kernels 0.19 logs it at INFO), then which condition.
+    return (
+        f"Skipping kernelization for `{type(module).__name__}` using `{layer_name}` due to "
+        f"kernel_condition (its condition {name} returned False for this instance)"
+    )
 
 
 def _tensor_parallel_forward(module: nn.Module) -> str | None:
@@ -281,16 +299,20 @@ def _decide(
     def fallback(
         reason: str,
         cause: KernelizeFallback,
-        error: type[Exception] = NoKernelError,
+        headline: str,
         level=logging.INFO,
     ) -> Decision:
         if cause not in use_fallback:
-            raise error(f"{path or '<model>'} ({type(module).__name__}): {as_sentence(reason)}")
+            # Hugging Face's message first (code matches on it), then ours, which says why.
+            raise NoKernelError(
+                f"{headline}: {path or '<model>'} ({type(module).__name__}): {as_sentence(reason)}"
+            )
         return Decision(path, module, layer_name, resolution, None, reason, level)
 
     chosen: Candidate | None = resolution.chosen
     if chosen is None:
-        return fallback(resolution.reason, KernelizeFallback.NO_KERNEL)
+        cause, headline = _no_kernel_cause(resolution)
+        return fallback(resolution.reason, cause, headline)
     # Load each repository once per kernelize call, failures included, so a model with
     # many layers of one kind does not retry an unreachable repository for each of them.
     kernel = loaded.get(id(chosen.repository))
@@ -301,12 +323,14 @@ def _decide(
             kernel = exc
         loaded[id(chosen.repository)] = kernel
     if isinstance(kernel, KernelLoadError):
-        return fallback(
-            f"loading {chosen.repository} failed: {kernel}",
-            KernelizeFallback.LOAD_FAILURE,
-            KernelLoadError,
-            logging.WARNING,
+        if KernelizeFallback.CANNOT_LOAD not in use_fallback:
+            # As Hugging Face's: what a third-party repository's load() raised, as it raised it.
+            raise repository_error(kernel) or kernel
+        reason = (
+            f"Kernel for layer `{layer_name}` on {resolution.device_type} could not be loaded "
+            f"(loading {chosen.repository} failed: {kernel})"
         )
+        return Decision(path, module, layer_name, resolution, None, reason, logging.WARNING)
     try:
         validate_kernel_layer(
             kernel, type(module), kernel_source=str(chosen.repository), layer_name=layer_name
@@ -317,11 +341,35 @@ def _decide(
         return Decision(path, module, layer_name, resolution, None, str(exc), logging.ERROR)
     missing = _missing_support(kernel, mode)
     if missing:
+        lacks = "backward" if "backward" in missing else "torch.compile"
         return fallback(
             f"kernel layer {kernel.__name__} from {chosen.repository} {missing}",
-            KernelizeFallback.UNSUPPORTED_MODE,
+            KernelizeFallback.NO_COMPATIBLE_MODE,
+            f"Function/layer from repo {chosen.repository} does not support {lacks}, needed "
+            f"for mode `{mode}`",
         )
     return Decision(path, module, layer_name, resolution, kernel)
+
+
+def _no_kernel_cause(resolution: Resolution) -> tuple[KernelizeFallback, str]:
+    """The fallback cause of a resolution that chose nothing, and Hugging Face's headline."""
+    name, device_type = resolution.layer_name, resolution.device_type
+    if resolution.cause == NO_DEVICE:
+        return (
+            KernelizeFallback.NO_DEVICE,
+            f"No layer mapping for `{name}` with device type `{device_type}`",
+        )
+    if resolution.cause == NO_COMPATIBLE_PROPERTIES:
+        return (
+            KernelizeFallback.NO_COMPATIBLE_PROPERTIES,
+            f"No layer mapping for `{name}` device `{device_type}` with the right properties",
+        )
+    if resolution.cause == NO_COMPATIBLE_MODE:
+        return (
+            KernelizeFallback.NO_COMPATIBLE_MODE,
+            f"No repository for `{name}` for configuration mode={resolution.mode}",
+        )
+    return KernelizeFallback.NO_LAYER, f"No layer mapping for `{name}`"
 
 
 def _missing_support(kernel: type, mode: Mode) -> str | None:

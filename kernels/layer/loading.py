@@ -9,6 +9,19 @@ from ..repos.base import LayerRepositoryProtocol
 from ..repos.provides import provided_kernel
 from .func import function_layer
 
+#: Attribute of a `KernelLoadError` made here: the exception a repository's load() raised.
+_REPOSITORY_ERROR = "repository_error"
+
+
+def repository_error(error: KernelLoadError) -> Exception | None:
+    """What a third-party repository's ``load()`` raised, where `error` wraps it; else None.
+
+    `kernelize` raises it as it was raised (a ``FileNotFoundError`` stays one), as Hugging
+    Face's kernels does; our own repositories raise `KernelLoadError` subclasses themselves.
+    """
+    original = getattr(error, _REPOSITORY_ERROR, None)
+    return original if isinstance(original, Exception) else None
+
 
 def load_kernel_layer(repository: LayerRepositoryProtocol) -> type:
     """Load `repository` and return its kernel layer class (not yet validated).
@@ -26,7 +39,9 @@ def load_kernel_layer(repository: LayerRepositoryProtocol) -> type:
     except KernelLoadError:
         raise
     except Exception as exc:
-        raise KernelLoadError(f"{type(exc).__name__}: {exc}") from exc
+        error = KernelLoadError(f"{type(exc).__name__}: {exc}")
+        setattr(error, _REPOSITORY_ERROR, exc)
+        raise error from exc
 
     if inspect.ismodule(loaded):
         loaded = provided_kernel(loaded, repository.layer_name, repository)

@@ -86,7 +86,9 @@ def use_kernel_forward(module: nn.Module, kernel: type, *, path: str) -> None:
 def use_original_forward(module: nn.Module) -> None:
     """Undo `use_kernel_forward`; a module kernelize never touched is left alone."""
     forward = module.__dict__.get("forward")
-    if forward is not None and kernel_layer_of(module) is not None:
+    if forward is not None and (kernel_layer_of(module) is not None or _is_function_module(module)):
+        # A function module's copy has no forward of anyone else's to keep: whatever was bound
+        # on it (by hand, or by another kernels package) goes, as in Hugging Face's kernels.
         del module.__dict__["forward"]
     original = _original_class(module)
     if original is None:
@@ -95,6 +97,14 @@ def use_original_forward(module: nn.Module) -> None:
         module.forward = MethodType(own_forward(module), module)
     elif original is not type(module):
         module.__class__ = original
+
+
+def _is_function_module(module: nn.Module) -> bool:
+    from .func import FUNCTION_ATTRIBUTE
+    from .tagging import tag_of
+
+    cls = own_class(module)
+    return tag_of(cls) is not None and hasattr(cls, FUNCTION_ATTRIBUTE)
 
 
 def _original_class(module: nn.Module) -> type | None:
@@ -107,20 +117,101 @@ def _original_class(module: nn.Module) -> type | None:
 
 
 def _pickled_as_the_original(self: nn.Module, protocol: int):
-    """A kernelized module pickles as an instance of its original class: the class kernelize
-    made exists only in this process (it unpickles, as an instance-bound kernel did, running
-    its own forward until kernelized again)."""
-    import copyreg
-
+    """A kernelized module pickles as an instance of its original class (the class kernelize
+    made exists only in this process), with a reference to its kernel: unpickled where that
+    kernel is loaded (this process), it runs the kernel again; elsewhere it runs its own
+    forward until kernelized again, and does not claim a kernel (``_kernel_repo`` dropped)."""
     cls = type(self)
-    reduced = object.__reduce_ex__(self, protocol)
     if KERNEL_ATTRIBUTE not in cls.__dict__:  # a class made over ours: pickled by its own name
+        return object.__reduce_ex__(self, protocol)
+    base = cls.__dict__[BASE_ATTRIBUTE]
+    if "__reduce__" in vars(base):
+        # A class that pickles itself (function modules, by their function's name): it is
+        # given the instance as an instance of its own class, so that it sees its own forward.
+        self.__class__ = base
+        try:
+            reduced = base.__reduce__(self)
+        finally:
+            self.__class__ = cls
+        return _with_kernel(reduced, cls.__dict__[KERNEL_ATTRIBUTE])
+    reduced = object.__reduce_ex__(self, protocol)
+    state = reduced[2] if len(reduced) > 2 else None
+    repository = None
+    if isinstance(state, dict) and "_kernel_repo" in state:
+        state = dict(state)
+        repository = state.pop("_kernel_repo")
+    return (
+        _rebuild_kernelized,
+        (base, _kernel_reference(cls.__dict__[KERNEL_ATTRIBUTE]), repository),
+        state,
+        *reduced[3:],
+    )
+
+
+def _with_kernel(reduced, kernel: type):
+    """`reduced` (a class's own reduction) rebuilt with `kernel` bound again where it can be."""
+    if isinstance(reduced, str) or len(reduced) < 2:
         return reduced
-    # copyreg's reconstructor (what protocols 0 and 1 use) makes the instance without checking
-    # its class against the pickled object's, as pickle's __newobj__ would; being the standard
-    # library's, the pickle needs no `kernels` to load. typeshed leaves it out.
-    reconstructor = copyreg._reconstructor  # type: ignore[attr-defined]
-    return (reconstructor, (cls.__dict__[BASE_ATTRIBUTE], object, None), *reduced[2:])
+    rebuild, args, *rest = reduced
+    return (_rebuild_with_kernel, (rebuild, args, _kernel_reference(kernel)), *rest)
+
+
+def _rebuild_with_kernel(rebuild, args, reference) -> nn.Module:
+    module = rebuild(*args)
+    kernel = _resolve_kernel(reference)
+    if kernel is not None:
+        use_kernel_forward(module, kernel, path="")
+    return module
+
+
+def _kernel_reference(kernel: type) -> tuple[str, str, str]:
+    """How to find `kernel` again in this process: ("class" or "function", module, name)."""
+    function = getattr(kernel, "__kernels_function__", None)
+    target, kind = (function, "function") if function is not None else (kernel, "class")
+    return (
+        kind,
+        getattr(target, "__module__", "") or "",
+        getattr(target, "__qualname__", "") or "",
+    )
+
+
+def _resolve_kernel(reference: tuple[str, str, str]) -> type | None:
+    """The kernel `reference` names if its module is loaded here, else None (nothing imported:
+    a kernel is loaded by kernelize, never by unpickling)."""
+    import sys
+
+    from .func import function_layer
+
+    kind, module_name, qualname = reference
+    found: object = sys.modules.get(module_name)
+    for part in qualname.split(".") if found is not None and qualname else ():
+        found = getattr(found, part, None)
+    if found is None or found is sys.modules.get(module_name):
+        return None
+    if kind == "function":
+        return function_layer(found) if callable(found) else None
+    return found if isinstance(found, type) else None
+
+
+def _rebuild_kernelized(base: type, reference: tuple[str, str, str], repository) -> nn.Module:
+    """An instance of `base` (its state follows), running the kernel `reference` names where
+    that kernel is loaded in this process."""
+    module: nn.Module = object.__new__(base)
+    kernel = _resolve_kernel(reference)
+    if kernel is None:
+        if repository is not None:
+            logger.info(
+                "An unpickled %s ran kernel %s from %s, which is not loaded in this process; it "
+                "runs its own forward until kernelized again",
+                base.__qualname__,
+                reference[2],
+                repository,
+            )
+        return module
+    use_kernel_forward(module, kernel, path="")
+    if repository is not None:
+        module.__dict__["_kernel_repo"] = repository
+    return module
 
 
 def _deep_copied_kernelized(self: nn.Module, memo: dict) -> nn.Module:

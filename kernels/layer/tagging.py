@@ -10,19 +10,25 @@ from ..errors import KernelMappingError
 #: Face's `kernels`, so classes tagged by either package are recognised by both.
 TAG_ATTRIBUTE = "kernel_layer_name"
 #: The class attribute holding the per-instance condition of `use_kernel_forward_from_hub`
-#: (kernels 0.17), stored next to the name; None when the class has no condition.
-CONDITION_ATTRIBUTE = "kernel_layer_condition"
+#: (kernels 0.17), stored next to the name as a staticmethod; Hugging Face's name, and as in
+#: their kernels 0.19 a class tagged without a condition gets one that always holds.
+CONDITION_ATTRIBUTE = "kernel_condition"
 
 #: A per-instance condition: called with the module, False skips kernelization of it.
 Condition = Callable[[object], bool]
 
 
-def replace_kernel_forward_from_hub(cls: type, layer_name: str) -> None:
+def replace_kernel_forward_from_hub(
+    cls: type, layer_name: str, condition: Condition | None = None
+) -> None:
     """Make an existing layer class extensible with kernels registered as `layer_name`.
 
     Prefer the `use_kernel_forward_from_hub` decorator in code you maintain: it tells
     readers that the class keeps its `forward` signature compatible with kernels. This
     function is for classes you do not own. It only annotates the class.
+
+    `condition` (kernels 0.19), as for `use_kernel_forward_from_hub`: called with each
+    instance every time `kernelize` runs; where it returns False that instance is skipped.
 
     Example:
         ```python
@@ -41,7 +47,12 @@ def replace_kernel_forward_from_hub(cls: type, layer_name: str) -> None:
             f"Only torch.nn.Module subclasses can be kernelized, got {cls!r} for layer name "
             f"'{layer_name}'."
         )
-    tag(cls, layer_name, None)
+    tag(cls, layer_name, condition)
+
+
+def always(module: object) -> bool:
+    """The condition of a class tagged without one: every instance is kernelized."""
+    return True
 
 
 def tag(cls: type, layer_name: str, condition: Condition | None) -> None:
@@ -57,13 +68,13 @@ def tag(cls: type, layer_name: str, condition: Condition | None) -> None:
     setattr(cls, TAG_ATTRIBUTE, layer_name)
     # Set (or reset) the condition with the name, so a subclass tagged anew does not inherit
     # its parent's condition; staticmethod keeps a function from becoming a bound method.
-    setattr(cls, CONDITION_ATTRIBUTE, None if condition is None else staticmethod(condition))
+    setattr(cls, CONDITION_ATTRIBUTE, staticmethod(always if condition is None else condition))
 
 
 def condition_of(cls: type) -> Condition | None:
-    """The per-instance condition a tagged module class carries, or None."""
+    """The per-instance condition a tagged module class carries, or None (also for `always`)."""
     condition = getattr(cls, CONDITION_ATTRIBUTE, None)
-    return condition if callable(condition) else None
+    return condition if callable(condition) and condition is not always else None
 
 
 def tag_of(cls: type) -> str | None:

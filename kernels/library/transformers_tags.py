@@ -30,7 +30,7 @@ from ..layer.decorators import (
     use_kernel_func_from_hub,
     use_kernelized_func,
 )
-from ..layer.func import ATTACHED_ATTRIBUTE, attached_functions
+from ..layer.func import ATTACHED_ATTRIBUTE, is_attached
 from ..layer.own_forward import own_forward
 from ..layer.tagging import (
     CONDITION_ATTRIBUTE,
@@ -465,7 +465,7 @@ def tag_rotary_embeddings(model: nn.Module) -> list[str]:
                 ROTARY_FUNCTION_NAME,
             )
             continue
-        if any(fn is rotary for _, fn in attached_functions(module)):
+        if is_attached(module, rotary):
             continue
         previous = vars(cls).get(ATTACHED_ATTRIBUTE)
         use_kernelized_func(rotary)(cls)

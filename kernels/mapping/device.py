@@ -36,6 +36,14 @@ class CapabilityRange:
                 "capability give the same number twice."
             )
 
+    def validate_capability_range(self) -> None:
+        """Raise if the range is empty (Hugging Face's method; ours checks when constructed)."""
+        if self.min_capability > self.max_capability:
+            raise KernelMappingError(
+                f"min_capability ({self.min_capability}) must be <= max_capability "
+                f"({self.max_capability})"
+            )
+
     def __contains__(self, capability: int) -> bool:
         return self.min_capability <= capability <= self.max_capability
 
@@ -78,6 +86,9 @@ _PROPERTIES_OF_TYPE: dict[str, type[CapabilityRange] | None] = {
     "mps": None,
     "npu": None,
     "cpu": None,
+    # AWS Neuron, and Google TPUs through torch-tpu (Hugging Face's kernels 0.19 lists both).
+    "neuron": None,
+    "tpu": None,
 }
 
 # Names people reach for that torch does not use.

@@ -27,6 +27,15 @@ class Candidate:
         return f"{self.repository} [device {self.device}, mode {self.mode}]"
 
 
+#: Why a resolution found nothing, one value per ``KernelizeFallback`` cause of Hugging Face's
+#: kernels 0.19: no entry for the layer name, none for the device type, none whose capability
+#: range admits the device, or none registered for a mode that serves the one asked for.
+NO_LAYER = "no_layer"
+NO_DEVICE = "no_device"
+NO_COMPATIBLE_PROPERTIES = "no_compatible_properties"
+NO_COMPATIBLE_MODE = "no_compatible_mode"
+
+
 @dataclass(frozen=True)
 class Resolution:
     """The outcome of resolving one layer name, with the reasons behind it."""
@@ -41,6 +50,9 @@ class Resolution:
     reason: str
     #: Every other registered candidate for this layer and device type, with why it lost.
     passed_over: tuple[tuple[Candidate, str], ...] = ()
+    #: When `chosen` is None, which of NO_LAYER, NO_DEVICE, NO_COMPATIBLE_PROPERTIES or
+    #: NO_COMPATIBLE_MODE it was; None when a candidate was chosen.
+    cause: str | None = None
 
 
 def resolve(
@@ -60,9 +72,9 @@ def resolve(
     has no mode that fits, the next entry is tried.
     """
 
-    def nothing(reason: str, passed_over=()) -> Resolution:
+    def nothing(cause: str, reason: str, passed_over=()) -> Resolution:
         return Resolution(
-            layer_name, device_type, capability, mode, None, reason, tuple(passed_over)
+            layer_name, device_type, capability, mode, None, reason, tuple(passed_over), cause
         )
 
     if layer_name not in mapping.layer_names():
@@ -71,12 +83,13 @@ def resolve(
         if close:
             listed = ", ".join(f"'{name}'" for name in close)
             reason += f"; the mapping has {listed}: did you mean '{layer_name}'?"
-        return nothing(reason)
+        return nothing(NO_LAYER, reason)
     entries = mapping.entries(layer_name, device_type)
     if not entries:
         others = ", ".join(mapping.device_types(layer_name)) or "none"
         return nothing(
-            f"layer '{layer_name}' has kernels for device types {others}, not for {device_type}"
+            NO_DEVICE,
+            f"layer '{layer_name}' has kernels for device types {others}, not for {device_type}",
         )
 
     fitting: list[DeviceEntry] = []
@@ -106,6 +119,7 @@ def resolve(
                 )
 
     if chosen is None:
+        cause = NO_COMPATIBLE_MODE if fitting else NO_COMPATIBLE_PROPERTIES
         if not fitting:
             ranges = ", ".join(str(e.device.properties) for e in entries)
             shown = capability if capability is not None else "unknown"
@@ -119,7 +133,7 @@ def resolve(
                 f"the kernels for layer '{layer_name}' on {device_type} are registered for modes "
                 f"{modes}, none of which serves {mode}"
             )
-        return nothing(reason, passed_over)
+        return nothing(cause, reason, passed_over)
     return Resolution(
         layer_name,
         device_type,

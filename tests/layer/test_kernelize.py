@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from kernels import (
     CUDAProperties,
     Device,
+    KernelizeFallback,
     KernelLayerError,
     KernelLoadError,
     KernelMappingError,
@@ -273,20 +274,44 @@ def test_all_or_nothing_when_a_kernel_breaks_the_rules(kernel_repo, silu_repo):
     assert "forward" not in model.act.__dict__ and "forward" not in model.norm.__dict__
 
 
-def test_load_failure_falls_back_with_a_warning_or_raises(tmp_path, caplog):
+def test_load_failure_raises_by_default_and_falls_back_with_all(tmp_path, caplog):
+    """kernels 0.19: use_fallback=True (DEFAULT) no longer covers a kernel that cannot be
+    loaded; KernelizeFallback.ALL (what transformers 5.x passes) or CANNOT_LOAD does."""
     missing = LocalLayerRepository(tmp_path / "nowhere", layer_name="SiluAndMul")
     model = Block()
     with use_kernel_mapping({"SiluAndMul": {"cpu": missing}}):
-        with caplog.at_level(logging.INFO, logger="kernels"):
-            kernelize(model, mode=Mode.INFERENCE)
-        (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
-        assert (
-            "act (SiluAndMul, 'SiluAndMul') keeps its original forward: loading local repository"
-            in warning.getMessage()
-        )
-        assert "does not exist" in warning.getMessage()
-        with pytest.raises(KernelLoadError, match="does not exist"):
-            kernelize(model, mode=Mode.INFERENCE, use_fallback=False)
+        for use_fallback in (
+            KernelizeFallback.ALL,
+            KernelizeFallback.DEFAULT | KernelizeFallback.CANNOT_LOAD,
+        ):
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="kernels"):
+                kernelize(model, mode=Mode.INFERENCE, use_fallback=use_fallback)
+            (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+            assert (
+                "act (SiluAndMul, 'SiluAndMul') keeps its original forward: Kernel for layer "
+                "`SiluAndMul` on cpu could not be loaded (loading local repository"
+                in warning.getMessage()
+            )
+            assert "does not exist" in warning.getMessage()
+        for use_fallback in (True, False, KernelizeFallback.DEFAULT):
+            with pytest.raises(KernelLoadError, match="does not exist"):
+                kernelize(model, mode=Mode.INFERENCE, use_fallback=use_fallback)
+
+
+def test_a_third_party_load_error_is_raised_as_it_was_raised():
+    class MissingBuild:
+        layer_name = "SiluAndMul"
+
+        def load(self):
+            raise FileNotFoundError("Cannot find a build variant for this system")
+
+    with use_kernel_mapping({"SiluAndMul": {"cpu": MissingBuild()}}):
+        with pytest.raises(FileNotFoundError, match="Cannot find a build variant"):
+            kernelize(SiluAndMul(), mode=Mode.INFERENCE, device="cpu")
+        layer = SiluAndMul()
+        kernelize(layer, mode=Mode.INFERENCE, device="cpu", use_fallback=KernelizeFallback.ALL)
+        assert kernel_layer_of(layer) is None
 
 
 def test_a_failing_repository_is_loaded_once_per_call(tmp_path, caplog):
@@ -301,7 +326,7 @@ def test_a_failing_repository_is_loaded_once_per_call(tmp_path, caplog):
 
     model = nn.Sequential(*[SiluAndMul() for _ in range(5)])
     with use_kernel_mapping({"SiluAndMul": {"cpu": CountingRepository()}}):
-        kernelize(model, mode=Mode.INFERENCE, device="cpu")
+        kernelize(model, mode=Mode.INFERENCE, device="cpu", use_fallback=KernelizeFallback.ALL)
     assert len(calls) == 1
 
 

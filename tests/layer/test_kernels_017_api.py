@@ -48,7 +48,7 @@ class Block(nn.Module):
         return scale_add(self.proj(x), x)  # calls the function by its global name
 
 
-@use_kernelized_func([shift, plain_helper])  # the list spelling transformers also uses
+@use_kernelized_func([shift])  # the list spelling transformers also uses
 class ShiftBlock(Block):
     def forward(self, x):
         return shift(super().forward(x))
@@ -107,7 +107,9 @@ def test_attached_function_is_not_a_submodule():
     assert [name for name, _ in block.named_modules()] == ["", "proj"]
     assert set(block.state_dict()) == {"proj.weight", "proj.bias"}
     assert "scale_add" not in repr(block)
-    assert "scale_add" not in vars(block)  # attached to the class, not the instance
+    assert "scale_add" not in vars(block)
+    assert list(block._kernel_funcs) == ["scale_add_017"]  # a private copy, not a submodule
+    assert [name for name, _ in block.named_modules()] == ["", "proj"]
 
 
 def test_kernelize_swaps_an_attached_function_and_restores_it(func_repo):
@@ -116,7 +118,8 @@ def test_kernelize_swaps_an_attached_function_and_restores_it(func_repo):
     own = model(x)
     with use_kernel_mapping(func_mapping(func_repo)):
         kernelize(model, mode=Mode.INFERENCE)
-        assert kernel_layer_of(scale_add) is not None
+        assert all(kernel_layer_of(copy_of(block, "scale_add_017")) for block in model.blocks)
+        assert kernel_layer_of(scale_add) is None  # the global itself is untouched
         # Two blocks, each adding the kernel's +100 on top of the function.
         p0, p1 = model.blocks[0].proj, model.blocks[1].proj
         y0 = p0(x) * 2 + x + 100
@@ -124,13 +127,40 @@ def test_kernelize_swaps_an_attached_function_and_restores_it(func_repo):
         # Another mode the function kernel does not support (no can_torch_compile): back
         # to the function's own forward.
         kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE)
-        assert kernel_layer_of(scale_add) is None
+        assert kernel_layer_of(copy_of(model.blocks[0], "scale_add_017")) is None
         torch.testing.assert_close(model(x), own)
         kernelize(model, mode=Mode.INFERENCE)
-        assert kernel_layer_of(scale_add) is not None
+        assert kernel_layer_of(copy_of(model.blocks[0], "scale_add_017")) is not None
     kernelize(model, mode=Mode.INFERENCE)  # no mapping now: restored again
-    assert kernel_layer_of(scale_add) is None
+    assert kernel_layer_of(copy_of(model.blocks[0], "scale_add_017")) is None
     torch.testing.assert_close(model(x), own)
+
+
+def copy_of(module, layer_name):
+    """`module`'s private copy of the function module attached as `layer_name`."""
+    return module._kernel_funcs[layer_name]
+
+
+def test_kernelizing_one_model_leaves_another_of_the_same_classes_alone(func_repo):
+    kernelized, other = Model(), Model()
+    other.load_state_dict(kernelized.state_dict())
+    x = torch.randn(4, 3)
+    own = other(x)
+    with use_kernel_mapping(func_mapping(func_repo)):
+        kernelize(kernelized, mode=Mode.INFERENCE)
+    assert not torch.allclose(kernelized(x), own)
+    torch.testing.assert_close(other(x), own)  # built from the same classes: unchanged
+    assert kernel_layer_of(copy_of(other.blocks[0], "scale_add_017")) is None
+    assert scale_add(x, x) is not None and torch.equal(scale_add(x, x), x * 2 + x)
+
+
+def test_use_kernelized_func_refuses_an_undecorated_function():
+    with pytest.raises(ValueError, match="Function `plain_helper` is not decorated"):
+
+        @use_kernelized_func([shift, plain_helper])
+        class Broken(nn.Module):
+            def forward(self, x):
+                return plain_helper(shift(x))
 
 
 def test_attached_function_without_kernel_raises_with_use_fallback_false():
@@ -145,17 +175,19 @@ def test_subclass_inherits_attachments_and_plain_functions_are_ignored(func_repo
     x = torch.randn(2, 3)
     with use_kernel_mapping(func_mapping(func_repo)):
         kernelize(model, mode=Mode.INFERENCE)
-    assert kernel_layer_of(scale_add) is not None and kernel_layer_of(shift) is not None
+    block = model.blocks[0]
+    assert set(block._kernel_funcs) == {"scale_add_017", "shift_017"}
+    assert all(kernel_layer_of(fn) is not None for fn in block._kernel_funcs.values())
     p = model.blocks[0].proj
     torch.testing.assert_close(model(x), p(x) * 2 + x + 100 + 1000)
 
 
-def test_each_function_is_planned_once_however_many_layers_carry_it(func_repo):
+def test_each_layer_plans_its_own_copy_of_an_attached_function(func_repo):
     from kernels.layer.kernelize import plan
 
     with use_kernel_mapping(func_mapping(func_repo)):
         decisions = plan(Model(n=3), mode=Mode.INFERENCE, device="cpu").decisions
-    assert [d.path for d in decisions] == ["blocks.0:scale_add"]
+    assert [d.path for d in decisions] == [f"blocks.{i}:scale_add" for i in range(3)]
 
 
 def test_transformers_hidden_kernels_are_found(func_repo):
@@ -254,9 +286,10 @@ def test_explain_shows_the_condition_skip(cond_mapping):
     outcomes = {layer.paths: layer.outcome for layer in explanation.layers}
     assert outcomes == {("0",): "skipped", ("1",): "kernel"}
     report = str(explanation)
-    assert "- CondSiluAndMul (CondSiluAndMul) at 0\n    kernelization skipped: its condition " in (
-        report
-    )
+    assert (
+        "- CondSiluAndMul (CondSiluAndMul) at 0\n    kernelization skipped: Skipping "
+        "kernelization for `CondSiluAndMul` using `CondSiluAndMul` due to kernel_condition"
+    ) in report
     assert "wide_enough returned False for this instance" in report
 
 
@@ -277,10 +310,11 @@ def test_condition_is_passed_the_instance_and_works_on_functions(func_repo):
             super().__init__()
             self.proj = nn.Linear(3, 3)
 
+    block = B()
     with use_kernel_mapping(func_mapping(func_repo)):
-        kernelize(nn.Sequential(B()), mode=Mode.INFERENCE)
-    assert seen == [scale_add_cond]
-    assert kernel_layer_of(scale_add_cond) is None
+        kernelize(nn.Sequential(block), mode=Mode.INFERENCE)
+    assert seen == [block._kernel_funcs["scale_add_017"]]  # the block's copy
+    assert kernel_layer_of(block._kernel_funcs["scale_add_017"]) is None
 
 
 def test_a_subclass_tagged_anew_drops_the_condition(cond_mapping):

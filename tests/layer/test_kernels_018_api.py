@@ -7,7 +7,7 @@ import torch.nn as nn
 
 import kernels
 from kernels import LocalLayerRepository, use_kernel_forward_from_hub, use_kernelized_func
-from kernels.layer.func import ATTACHED_ATTRIBUTE
+from kernels.layer.func import INSTANCE_ATTRIBUTE
 
 # What transformers 5.24 imports from kernels (integrations/hub_kernels.py, modeling_utils.py).
 TRANSFORMERS_5_24_IMPORTS = (
@@ -44,20 +44,23 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return q, k
 
 
-def plain_helper(x):
-    return x
-
-
-@use_kernelized_func([apply_rotary_pos_emb, plain_helper])
+@use_kernelized_func([apply_rotary_pos_emb])
 class Attention(nn.Module):
     def forward(self, q, k):
         return apply_rotary_pos_emb(q, k, None, None)
 
 
 def test_kernel_funcs_map_layer_names_to_function_modules():
-    """transformers' KernelConfig reads the keys as layer names, its tests the values."""
-    assert getattr(Attention(), ATTACHED_ATTRIBUTE) == {"rotary_pos_emb": apply_rotary_pos_emb}
-    assert ATTACHED_ATTRIBUTE == "_kernel_funcs"
+    """transformers' KernelConfig reads the keys as layer names. Since 0.19 the values are
+    each instance's private copies of the function modules (Hugging Face's kernels 0.19)."""
+    attention = Attention()
+    copies = getattr(attention, INSTANCE_ATTRIBUTE)
+    assert INSTANCE_ATTRIBUTE == "_kernel_funcs" and list(copies) == ["rotary_pos_emb"]
+    assert type(copies["rotary_pos_emb"]) is type(apply_rotary_pos_emb)
+    assert copies["rotary_pos_emb"] is not apply_rotary_pos_emb
+    assert (
+        getattr(Attention(), INSTANCE_ATTRIBUTE)["rotary_pos_emb"] is not copies["rotary_pos_emb"]
+    )
     assert isinstance(apply_rotary_pos_emb, nn.Module)
     q = torch.ones(2)
     assert apply_rotary_pos_emb(q, q, None, None) == (q, q)

@@ -123,7 +123,7 @@ def test_a_class_made_over_ours_is_kept_when_the_kernel_goes():
     assert torch.equal(relu(X), torch.relu(X))
 
 
-def test_a_deep_copy_runs_the_kernel_and_a_pickle_the_original_class():
+def test_a_deep_copy_and_a_pickle_in_this_process_run_the_kernel():
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     use_kernel_forward(model[1], Doubling, path="1")
     duplicate = copy.deepcopy(model)
@@ -131,14 +131,33 @@ def test_a_deep_copy_runs_the_kernel_and_a_pickle_the_original_class():
     assert duplicate[0] is not model[0] and torch.equal(duplicate[0].weight, model[0].weight)
     assert kernel_layer_of(model[1]) is Doubling  # the original keeps its kernel
 
+    # Pickled as nn.ReLU with a reference to the kernel, which is loaded here (kernels 0.19:
+    # a pickled kernelized model still reports, and now also runs, its kernel).
     buffer = io.BytesIO()
     torch.save(model, buffer)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
-    assert type(loaded[1]) is nn.ReLU and torch.equal(loaded[1](X), torch.relu(X))
+    assert isinstance(loaded[1], nn.ReLU) and kernel_layer_of(loaded[1]) is Doubling
+    assert torch.equal(loaded[1](X), Doubling.forward(loaded[1], X))
     for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
         again = pickle.loads(pickle.dumps(model, protocol=protocol))
-        assert type(again[1]) is nn.ReLU and torch.equal(again[0].weight, model[0].weight)
+        assert isinstance(again[1], nn.ReLU) and kernel_layer_of(again[1]) is Doubling
+        assert torch.equal(again[0].weight, model[0].weight)
+
+
+def test_a_pickle_whose_kernel_is_not_loaded_runs_the_original_forward(caplog):
+    # A kernel from a package this process has not loaded (a Hub kernel, in a fresh process).
+    Elsewhere = type("Elsewhere", (nn.Module,), {"forward": Doubling.forward})
+    Elsewhere.__module__ = "kernels_test_package_that_is_not_loaded"
+    layer = nn.ReLU()
+    use_kernel_forward(layer, Elsewhere, path="")
+    layer.__dict__["_kernel_repo"] = "some repository"
+    with caplog.at_level(logging.INFO, logger="kernels"):
+        again = pickle.loads(pickle.dumps(layer))
+    assert type(again) is nn.ReLU and kernel_layer_of(again) is None
+    assert "_kernel_repo" not in vars(again)  # it does not claim a kernel it does not run
+    assert torch.equal(again(X), torch.relu(X))
+    assert "runs its own forward until kernelized again" in caplog.text
 
 
 def _guard_lines(model: nn.Module, caplog) -> str:

@@ -74,7 +74,9 @@ def test_tag_then_kernelize_matches_the_original(restore_rotary, family, monkeyp
 
     with use_kernel_mapping(library_mapping(devices=[DEVICE], layers=["rotary_pos_emb"])):
         kernelize(model, mode=Mode.TRAINING, device=DEVICE)
-    kernel = kernel_layer_of(global_fn)
+    # kernels 0.19: each attention layer's private copy is kernelized, not the global.
+    assert kernel_layer_of(global_fn) is None
+    kernel = kernel_layer_of(model.model.layers[0].self_attn._kernel_funcs["rotary_pos_emb"])
     assert kernel is not None and kernel.__name__ == "apply_rotary_pos_emb"
     launches = []
     module = importlib.import_module(kernel.forward.__wrapped__.__module__)

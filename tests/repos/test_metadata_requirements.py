@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import kernels
 from kernels import (
     KernelHashMismatchError,
+    KernelizeFallback,
     KernelLoadError,
     KernelMetadataError,
     LocalLayerRepository,
@@ -272,7 +273,7 @@ def test_kernelize_falls_back_from_a_refused_kernel(kernel_repo, caplog):
     with use_kernel_mapping(mapping, inherit_mapping=False):
         layer = SiluAndMul()
         with caplog.at_level(logging.WARNING, logger="kernels"):
-            kernelize(layer, mode=Mode.INFERENCE, device="cpu", use_fallback=True)
+            kernelize(layer, mode=Mode.INFERENCE, device="cpu", use_fallback=KernelizeFallback.ALL)
         assert kernel_layer_of(layer) is None
         assert any("kernels>=99.0.0" in r.getMessage() for r in caplog.records)
         with pytest.raises(KernelLoadError, match="kernels>=99.0.0"):

@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kernels import (
+    KernelizeFallback,
     KernelLoadError,
     LocalLayerRepository,
     Mode,
@@ -162,7 +163,7 @@ def test_a_kernel_that_exits_at_import_falls_back(kernel_repo, raised):
     mapping = {"SiluAndMul": {"cpu": LocalLayerRepository(repo, layer_name="SiluAndMul")}}
     with use_kernel_mapping(mapping, inherit_mapping=False):
         layer = SiluAndMul()
-        kernelize(layer, mode=Mode.INFERENCE, device="cpu", use_fallback=True)
+        kernelize(layer, mode=Mode.INFERENCE, device="cpu", use_fallback=KernelizeFallback.ALL)
         assert kernel_layer_of(layer) is None
         assert modules_of(package) == []  # the package and its layers submodule
         with pytest.raises(KernelLoadError, match="Importing kernel package 'activation'"):
