@@ -1,5 +1,5 @@
-"""Hugging Face's lock format (``kernels`` 0.17): read everywhere a lock is read, written by
-``kernels lock --format hf``, and checked against their own client (.venv-hf) both ways.
+"""Hugging Face's lock format (``kernels`` 0.17 to 0.19): read everywhere a lock is read, written by
+``kernels lock --format hf``, and checked against their own client (.venv-hf, 0.19.1) both ways.
 
 Their format records the dependency (``repo-id`` with an int ``version`` or a ``revision``)
 and the commit, nothing else: loads pin the commit, verify no file (said at INFO), and a
@@ -58,7 +58,7 @@ def run_hf_client(code: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run `code` with Hugging Face's client, isolated from our package (-I: no PYTHONPATH,
     no current folder on the path), with this session's Hub settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    # With telemetry off, kernels 0.17.2 sends the user agent "...; python/3.11.7; ", whose
+    # With telemetry off, kernels 0.17.2 sent the user agent "...; python/3.11.7; ", whose
     # trailing space httpx refuses as a header value. Telemetry only ever reaches HF_ENDPOINT,
     # the local test server here.
     env["HF_HUB_DISABLE_TELEMETRY"] = "0"
@@ -209,7 +209,7 @@ def test_their_client_reads_what_lock_format_hf_writes(hub, tmp_path, capsys):
         f"""
         from pathlib import Path
         from kernels._rust import KernelLocks
-        from kernels.locking import get_locked_kernel_revision
+        from kernels._internals.locking import get_locked_kernel_revision
 
         lockfile = Path({str(project / "kernels.lock")!r})
         locks, dependency = get_locked_kernel_revision({repo.repo_id!r}, lockfile)
