@@ -18,6 +18,7 @@ import errno
 import logging
 import os
 import re
+import stat
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -160,8 +161,12 @@ def cached_refs(repo_id: str, repo_type: str = KERNEL_REPO_TYPE) -> dict[str, st
 def _read_ref(path: Path) -> str | None:
     """The commit a ref file names; None (with a WARNING) when it is not a usable ref."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # Not through a link, and never blocking on a FIFO someone put there.
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        fd = os.open(path, flags)
         with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
             raw = f.read(_MAX_REF_BYTES + 1)
         text = raw.decode("ascii").strip()
     except OSError as exc:

@@ -30,12 +30,13 @@ def require_root() -> None:
 
 
 def _become_other_user() -> None:
+    # Imported first: the interpreter's own files may be out of the other user's reach.
+    from kernels.repos import receipt_key
+
     os.setgroups([])
     os.setresgid(OTHER_GID, OTHER_GID, OTHER_GID)
     os.setresuid(OTHER_UID, OTHER_UID, OTHER_UID)
     # Nothing the victim's process had in memory belongs to the attacker.
-    from kernels.repos import receipt_key
-
     receipt_key._keys.clear()
 
 
