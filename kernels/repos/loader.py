@@ -42,11 +42,13 @@ def _reset_locks_after_fork() -> None:
     resets its own.)
     """
     global _lock
-    from . import hashing, hub, loaded
+    from . import hashing, loaded
 
     _lock = threading.RLock()
     loaded._lock = threading.Lock()
-    hub._publish_lock = threading.Lock()
+    hub = sys.modules.get(f"{__package__}.hub")  # not imported here: hub imports this module
+    if hub is not None:
+        setattr(hub, "_publish_lock", threading.Lock())  # noqa: B010 (typed as a module)
     hashing._verified_lock = threading.Lock()
     source_import._install_lock = threading.Lock()
     source_import._finder._lock = threading.Lock()

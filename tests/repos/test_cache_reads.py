@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kernels.errors import KernelLoadError, KernelsError
 from kernels.repos import cache_records, hubclient
 from kernels.repos.loaded import read_metadata
-from tests.repos.other_user import as_other_user, shared_folder
+from tests.support.other_user import as_other_user, shared_folder
 
 REPO = "org/k"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

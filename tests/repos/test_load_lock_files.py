@@ -20,7 +20,7 @@ from packaging.requirements import Requirement
 from kernels.errors import KernelLoadError
 from kernels.repos import load_locks
 from kernels.repos.load_locks import LoadKey, hold
-from tests.repos.other_user import as_other_user, shared_folder
+from tests.support.other_user import as_other_user, shared_folder
 
 if sys.version_info >= (3, 11):
     import tomllib

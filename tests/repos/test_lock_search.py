@@ -17,7 +17,7 @@ import pytest
 from kernels.errors import KernelLockError
 from kernels.repos import project
 from kernels.repos.lock import lock_source
-from tests.repos.other_user import OTHER_UID, as_other_user, shared_folder
+from tests.support.other_user import OTHER_UID, as_other_user, shared_folder
 
 CALLER = "kernels_test_lock_search_caller"
 # A lock that would pin a commit and trust an organisation of the attacker's choice.

@@ -21,8 +21,8 @@ from kernels.errors import KernelHashMismatchError, KernelSignatureError
 from kernels.repos import digests, receipt_key, signatures
 from kernels.repos.hashing import list_variant_files
 from kernels.repos.info import Metadata
-from tests.repos.other_user import OTHER_UID, as_other_user, open_to_all, shared_folder
 from tests.support.digests import sha256_digests
+from tests.support.other_user import OTHER_UID, as_other_user, open_to_all, shared_folder
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 VARIANT = "torch-universal"
