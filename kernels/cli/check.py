@@ -213,6 +213,11 @@ def check_repository(
             continue
         packages[variant] = location
     if packages:
+        from ..repos.op_namespaces import fixed_op_namespaces
+
+        for variant, location in sorted(packages.items()):
+            for fixed in fixed_op_namespaces(location.package_dir):
+                report.warn(f"ops: {variant}: {fixed.describe(location.package_dir)}")
         names = {loc.package_name for loc in packages.values()}
         summary = ", ".join(f"{v} ({packages[v].package_name})" for v in sorted(packages))
         (report.ok if len(names) == 1 else report.warn)(f"layout: packages in {summary}")

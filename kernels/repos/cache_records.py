@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterable
@@ -49,6 +50,7 @@ _MAX_FILE_LIST_BYTES = 32 << 20
 _MAX_LISTING_BYTES = 1 << 20
 _MAX_RECORD_BYTES = 64 << 10
 _MAX_TEXT = 1000
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
 def record_files(folder: Path, commit: str, variant: str, files: Iterable[str]) -> None:
@@ -191,7 +193,12 @@ def write_json(path: Path, data: object) -> None:
 def read_json(path: Path, limit: int) -> object | None:
     """The JSON value in `path`, or None when it is missing, too large or not JSON."""
     try:
-        with path.open("rb") as file:
+        # Never through a link, never blocking on a FIFO: kernels writes plain files here.
+        fd = os.open(path, _READ_FLAGS)
+        with os.fdopen(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                logger.debug("ignoring %s: not a regular file", path)
+                return None
             raw = file.read(limit + 1)
     except OSError:
         return None
@@ -200,7 +207,7 @@ def read_json(path: Path, limit: int) -> object | None:
         return None
     try:
         return json.loads(raw)
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError, UnicodeDecodeError):
         logger.debug("ignoring %s: not JSON", path)
         return None
 

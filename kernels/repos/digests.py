@@ -10,12 +10,14 @@ Every file of the variant folder is covered except its own ``metadata.json`` and
 computes it. A file missing, extra or different refuses the load.
 
 Hashing a large build on every load would cost seconds, so a Hub snapshot's check leaves a
-receipt in the repository's cache folder, ``.kernels-files/<commit>/verified/<variant>.json``:
-the digests it matched and the listing of the files then (`kernels.repos.hashing`: path, link
-target, size, times and inode). A later load lists the folder again and hashes nothing when
-that listing is unchanged. Anyone who can write the cache can write a receipt, so it is read
-as hostile input: bounded, and trusted only when it equals what is on disk now; otherwise it
-is ignored and the files are hashed again. (Whoever can write the cache can rewrite
+receipt in the repository's cache folder, ``.kernels-files/<commit>/verified/<variant>.json``.
+It vouches for the variant folder, the digests it matched and the listing of the files then
+(`kernels.repos.hashing`: path, link target, size, times and inode), sealed with an HMAC
+keyed by a secret only this user can read (`kernels.repos.receipt_key`). A later load lists
+the folder again and hashes nothing when the seal holds for that listing. A receipt written
+by anyone else (another user of a shared cache, a process that can write the cache but not
+read the user's key) does not verify, so it is ignored and the files are hashed again: a file
+swapped behind a forged receipt is caught. (Whoever can write the cache can rewrite
 ``metadata.json`` itself too: the digests guard against corrupted or altered files, not a
 replaced build; locks and signatures do that.) Local folders change while they are developed,
 so they are checked on every load and keep no receipt.
@@ -39,6 +41,7 @@ from .cache_records import FOLDER, read_json, write_json
 from .hashing import Listing, list_variant_files
 from .hubclient import COMMIT_PATTERN
 from .info import METADATA_FILE, Metadata
+from .receipt_key import holds, seal
 from .requirements import describe_kernel
 from .variants import VARIANT_PATTERN
 
@@ -52,8 +55,8 @@ _UNHASHED = {METADATA_FILE, f"{METADATA_FILE}.sigstore"}
 
 _MAX_FILES = 100_000
 _MAX_PATH = 4096
-_MAX_RECEIPT_BYTES = 32 << 20
-_RECEIPT_FORMAT = 1
+_MAX_RECEIPT_BYTES = 4096
+_RECEIPT_FORMAT = 2
 _RECEIPTS = "verified"
 _CHUNK = 1 << 20
 
@@ -100,7 +103,11 @@ def check_digests(metadata: Metadata, variant_dir: Path, *, trust_receipt: bool 
         if entry[0] not in _UNHASHED and not entry[0].endswith(".pyc")
     )
     stamp = _stamp(algorithm, expected)
-    if trust_receipt and receipt is not None and _read_receipt(receipt, stamp) == listing:
+    if (
+        trust_receipt
+        and receipt is not None
+        and _receipt_holds(receipt, variant_dir, stamp, listing)
+    ):
         return
     on_disk = {entry[0] for entry in listing}
     for rel in sorted(on_disk | set(expected), key=str.encode):
@@ -117,7 +124,7 @@ def check_digests(metadata: Metadata, variant_dir: Path, *, trust_receipt: bool 
                 f"has {algorithm} {actual}, and metadata.json records {expected[rel]}",
             )
     if receipt is not None:
-        _write_receipt(receipt, stamp, listing)
+        _write_receipt(receipt, variant_dir, stamp, listing)
 
 
 def _parse_digest(raw: object, kernel: str) -> tuple[str, dict[str, str]]:
@@ -184,6 +191,22 @@ def _stamp(algorithm: str, files: Mapping[str, str]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def hub_variant_of(path: str | os.PathLike[str]) -> Path | None:
+    """The Hub snapshot's variant folder (``<repo>/snapshots/<commit>/build/<variant>``) that
+    the package folder `path` is (the flat layout) or lies directly in; None outside the
+    snapshot layout (a local folder).
+
+    This is how the checks of a load are keyed on the variant that was fetched, whatever the
+    layout inside it: where ``metadata.json`` sits (or whether there is one) does not decide
+    whether a folder is a Hub build.
+    """
+    path = Path(os.path.abspath(path))
+    for candidate in (path, path.parent):
+        if receipt_path(candidate) is not None:
+            return candidate
+    return None
+
+
 def receipt_path(variant_dir: Path, kind: str = _RECEIPTS) -> Path | None:
     """Where a Hub snapshot's variant keeps its receipt of ``kind`` (a folder name: these
     digests', or the signatures' in `kernels.repos.signatures`); None outside
@@ -198,23 +221,26 @@ def receipt_path(variant_dir: Path, kind: str = _RECEIPTS) -> Path | None:
     return variant_dir.parents[3] / FOLDER / commit / kind / f"{variant}.json"
 
 
-def _read_receipt(path: Path, stamp: str) -> Listing | None:
-    """The listing a receipt vouches for with `stamp`; None when absent or malformed."""
+def _sealed(variant_dir: Path, stamp: str, listing: Listing) -> str:
+    """What a digest receipt's seal covers: this folder, these digests, these files as listed."""
+    return json.dumps([str(variant_dir), stamp, [list(e) for e in listing]])
+
+
+def _receipt_holds(path: Path, variant_dir: Path, stamp: str, listing: Listing) -> bool:
+    """Whether the receipt at `path` is this user's, for these digests and this listing."""
     data = read_json(path, _MAX_RECEIPT_BYTES)
-    if not (
+    fine = (
         isinstance(data, dict)
         and data.get("format") == _RECEIPT_FORMAT
-        and data.get("stamp") == stamp
-        and isinstance(data.get("listing"), list)
-    ):
+        and holds("digests", _sealed(variant_dir, stamp, listing), data.get("seal"))
+    )
+    if not fine:
         logger.debug("no usable digest receipt at %s; hashing the files", path)
-        return None
-    # Compared, never interpreted: whatever shape it has, it only matters if it equals the
-    # listing taken now.
-    return tuple(tuple(e) if isinstance(e, list) else e for e in data["listing"])
+    return fine
 
 
-def _write_receipt(path: Path, stamp: str, listing: Listing) -> None:
-    """Write the receipt whole or not at all; a read-only cache only remembers less."""
-    data = {"format": _RECEIPT_FORMAT, "stamp": stamp, "listing": [list(e) for e in listing]}
-    write_json(path, data)
+def _write_receipt(path: Path, variant_dir: Path, stamp: str, listing: Listing) -> None:
+    """Write the receipt whole or not at all; a read-only cache (or no key) only remembers less."""
+    code = seal("digests", _sealed(variant_dir, stamp, listing))
+    if code is not None:
+        write_json(path, {"format": _RECEIPT_FORMAT, "seal": code})

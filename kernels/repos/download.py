@@ -219,24 +219,29 @@ def _resolve_and_fetch(request: Request, *, user_agent: str | dict | None) -> Fe
 
 
 def reuse_seconds() -> float:
-    """How old another process's resolution may be to be used (`REUSE_ENV`)."""
+    """How old another process's resolution may be to be used (`REUSE_ENV`).
+
+    Unset: `DEFAULT_REUSE_SECONDS`. ``0`` or any negative number (``-1``) turns reuse off:
+    every process asks the Hub itself. A value that is not a number turns it off too, with a
+    WARNING: a misspelt setting should err towards asking the Hub, not towards the default.
+    """
     raw = os.environ.get(REUSE_ENV)
     if raw is None or not raw.strip():
         return DEFAULT_REUSE_SECONDS
     try:
         seconds = float(raw)
     except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
+        seconds = float("nan")
+    if seconds != seconds or seconds == float("inf"):  # not a number, or no bound at all
         logger.warning(
-            "%s=%r is not a number of seconds (0 or more); using %g. Set it to 0 to make "
-            "every process ask the Hub itself.",
+            "%s=%r is not a number of seconds; reusing no other process's resolution (set it "
+            "to 0 or a negative number to turn reuse off, or unset it for %g s).",
             REUSE_ENV,
             raw,
             DEFAULT_REUSE_SECONDS,
         )
-        return DEFAULT_REUSE_SECONDS
-    return seconds
+        return 0.0
+    return max(seconds, 0.0)
 
 
 def _recorded(request: Request, key: load_locks.LoadKey, folder: Path) -> FetchedKernel | None:

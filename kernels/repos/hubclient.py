@@ -15,9 +15,17 @@ from __future__ import annotations
 
 import enum
 import errno
+import logging
 import os
 import re
+import stat
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# A ref file holds a commit hash of 40 or 64 characters (and maybe a newline): anything far
+# larger is not one.
+_MAX_REF_BYTES = 256
 
 #: A full commit hash: SHA-1 (40 hex) or, for repositories in git's SHA-256 object format,
 #: 64 hex (kernels 0.19 takes both); shorter prefixes are not accepted by the Hub as revisions.
@@ -122,26 +130,83 @@ def cached_refs(repo_id: str, repo_type: str = KERNEL_REPO_TYPE) -> dict[str, st
     """Branch and tag names the cache has resolved for `repo_id`, each with its commit.
 
     huggingface_hub writes ``refs/<name>`` whenever it downloads by a branch or tag name;
-    these files are how offline mode answers "which commit is v0.1.2?".
+    these files are how offline mode answers "which commit is v0.1.2?". The cache is hostile
+    input: a file that is not a ref huggingface_hub wrote (a link, larger than a commit hash,
+    not ASCII, not a commit hash, unreadable) is ignored with a WARNING naming it.
+
+    Raises:
+        KernelLoadError: the ``refs`` folder (or one under it) cannot be listed; the message
+            names it.
     """
+    from ..errors import KernelLoadError
+
     refs_dir = repo_cache_folder(repo_id, repo_type) / "refs"
     if not refs_dir.is_dir():
         return {}
     refs: dict[str, str] = {}
-    for path in refs_dir.rglob("*"):
-        if path.is_file():
-            commit = path.read_text().strip()
-            if COMMIT_PATTERN.match(commit):
+
+    def unlistable(exc: OSError) -> None:
+        raise KernelLoadError(
+            f"Cannot list {exc.filename or refs_dir} in the Hub cache ({exc.strerror or exc}). "
+            f"Fix its permissions, or delete {refs_dir} (the next online load writes it again)."
+        ) from None
+
+    for folder, _, files in os.walk(refs_dir, onerror=unlistable):
+        for name in files:
+            path = Path(folder) / name
+            commit = _read_ref(path)
+            if commit is not None:
                 refs[path.relative_to(refs_dir).as_posix()] = commit
     return refs
 
 
+def _read_ref(path: Path) -> str | None:
+    """The commit a ref file names; None (with a WARNING) when it is not a usable ref."""
+    try:
+        # Not through a link, and never blocking on a FIFO someone put there.
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        fd = os.open(path, flags)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            raw = f.read(_MAX_REF_BYTES + 1)
+        text = raw.decode("ascii").strip()
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror or exc})"
+    except UnicodeDecodeError:
+        problem = "is not ASCII text"
+    else:
+        if COMMIT_PATTERN.match(text):
+            return text
+        problem = "does not hold a commit hash"
+    logger.warning(
+        "Ignoring %s in the Hub cache: it %s, so it is not a ref huggingface_hub wrote. Delete "
+        "it (an online load by that name writes it again).",
+        path,
+        problem,
+    )
+    return None
+
+
 def cached_commits(repo_id: str, repo_type: str = KERNEL_REPO_TYPE) -> list[str]:
-    """Commits that have a snapshot folder in the cache."""
+    """Commits that have a snapshot folder in the cache.
+
+    Raises:
+        KernelLoadError: the ``snapshots`` folder cannot be listed; the message names it.
+    """
+    from ..errors import KernelLoadError
+
     snapshots = repo_cache_folder(repo_id, repo_type) / "snapshots"
     if not snapshots.is_dir():
         return []
-    return sorted(p.name for p in snapshots.iterdir() if COMMIT_PATTERN.match(p.name))
+    try:
+        names = os.listdir(snapshots)
+    except OSError as exc:
+        raise KernelLoadError(
+            f"Cannot list {snapshots} in the Hub cache ({exc.strerror or exc}). Fix its "
+            "permissions, or delete it (the next online load downloads again)."
+        ) from None
+    return sorted(name for name in names if COMMIT_PATTERN.match(name))
 
 
 class Failure(enum.Enum):

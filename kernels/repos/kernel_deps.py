@@ -37,6 +37,9 @@ KEY = "kernel-depends"
 
 #: The most dependencies one build may list (kernel-builder's list a handful at most).
 MAX_DEPENDENCIES = 64
+#: How deep a chain of kernel-depends may go (a kernel, its dependency, theirs...): far above
+#: any real kernel, far below Python's recursion limit, which a deeper chain would hit.
+MAX_DEPTH = 32
 
 #: The longest revision read (a branch or tag name, or a 40-hex commit).
 MAX_REVISION_LENGTH = 255
@@ -145,8 +148,15 @@ def dependencies_loaded(
         KernelMetadataError: ``kernel-depends`` is malformed; KernelLoadError: a dependency
             cannot be loaded, or the dependencies form a cycle.
     """
-    deps = dependencies_of(package_dir)
     chain = _loading.get()
+    if len(chain) >= MAX_DEPTH:
+        shown_chain = " -> ".join((*chain[:3], "...", *chain[-2:], what))
+        raise KernelLoadError(
+            f"{KEY} nest more than {MAX_DEPTH} kernels deep ({shown_chain}); kernels refuses "
+            "to load a chain this deep. Load fewer kernels through kernel-depends (a kernel "
+            "can load the rest itself, lazily, with get_kernel)."
+        )
+    deps = dependencies_of(package_dir)
     modules: dict[str, ModuleType] = {}
     if deps:
         chain_token = _loading.set((*chain, what))

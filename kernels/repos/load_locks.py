@@ -40,17 +40,32 @@ parent's holds, whose threads do not exist in it, and waits for the parent's fil
 like any other process.
 
 A lock is the place where ``kernels`` waits for another process: after 10 s the waiter
-logs, once, what it waits for and where the lock file is (the lock frees itself when its
-holder exits, however it exits). A lock file that cannot be created (a read-only cache)
+logs, once, what it waits for, the lock file and who holds it (the process and its user,
+from ``/proc/locks``, else the file's owner); the lock frees itself when its holder exits,
+however it exits. The wait is bounded: after ``KERNELS_LOCK_TIMEOUT`` seconds (default 300;
+0 waits not at all) the load goes on without coordinating with that process, with a WARNING
+naming the lock and its holder. Going on is safe (the lock saves duplicate Hub requests and
+downloads; huggingface_hub's own file locks keep each file whole), and it means that nobody
+who can open a lock file can stall a load for ever.
+
+Lock files are never held by other users: they are created 0600, or 0660 where the cache
+folder is group-shared (its ``.locks/kernels`` folder has the set-group-ID bit and is group
+writable, as a team's shared cache is set up; the group can then write the whole cache
+anyway); an older lock file of ours with a wider mode is narrowed. They are opened with
+``O_NOFOLLOW``, whatever the installed filelock does: a link planted where a lock file
+belongs (CVE-2025-68146) is never followed, and the load goes on uncoordinated with a
+WARNING. A lock file that cannot be created (a read-only cache) or that another user owns
 leaves loading uncoordinated, as it was before, with one DEBUG log.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -67,6 +82,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a process waits for another one's lock before it says so in the log.
 _PATIENCE_SECONDS = 10.0
+#: Seconds a process waits for another one's lock at most (then it goes on uncoordinated).
+ENV_LOCK_TIMEOUT = "KERNELS_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT = 300.0
 
 
 @dataclass(frozen=True)
@@ -103,7 +121,7 @@ class _Entry:
     users: int = 0
     #: How deep the holding thread has entered (re-entrant holds share one file lock).
     depth: int = 0
-    file_lock: FileLock | None = None
+    file_lock: _FileLock | FileLock | None = None
     #: The last result a holder published, with the monotonic time it was published.
     result: tuple[float, object] | None = None
 
@@ -121,6 +139,12 @@ def _forget_after_fork() -> None:
     and the child waits for them like any other process.
     """
     global _entries, _entries_lock
+    for entry in _entries.values():
+        # Our copy of the parent's lock file descriptor: closing it leaves the parent's lock
+        # held (a flock belongs to the open file, which the parent still has), and the
+        # parent's release then frees it even while this child lives on.
+        if isinstance(entry.file_lock, _FileLock):
+            entry.file_lock.forget()
     _entries = {}
     _entries_lock = threading.Lock()
 
@@ -193,34 +217,188 @@ def hold(key: LoadKey, lock_dir: Path | None) -> Iterator[Turn]:
                 del _entries[key]
 
 
-def _lock_file(key: LoadKey, lock_dir: Path | None) -> FileLock | None:
-    """Take the key's file lock (blocking), or None where it cannot be made."""
+def lock_timeout() -> float:
+    """The longest wait for another process's lock, in seconds (`ENV_LOCK_TIMEOUT`).
+
+    Raises:
+        KernelLoadError: the variable is not a number >= 0.
+    """
+    raw = os.environ.get(ENV_LOCK_TIMEOUT, "").strip()
+    if not raw:
+        return DEFAULT_LOCK_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise KernelLoadError(
+            f"{ENV_LOCK_TIMEOUT}={raw!r} is not a number of seconds >= 0; it bounds how long a "
+            f"kernel load waits for another process's lock (default {DEFAULT_LOCK_TIMEOUT:g})."
+        )
+    return value
+
+
+class _FileLock:
+    """A held ``flock`` on a lock file we opened ourselves (never through a link)."""
+
+    def __init__(self, fd: int):
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor releases the flock
+
+    def forget(self) -> None:
+        """In a forked child: drop the inherited descriptor (the lock stays the parent's)."""
+        with contextlib.suppress(OSError):
+            self.release()
+
+
+def _lock_file(key: LoadKey, lock_dir: Path | None) -> _FileLock | FileLock | None:
+    """Take the key's file lock (waiting at most `lock_timeout`), or None where it cannot be
+    made, is another user's, is a link, or stays held by another process past the bound."""
     if lock_dir is None:
         return None
-    from filelock import FileLock, Timeout
-
+    timeout = lock_timeout()
     path = lock_dir / f"{key.digest}.lock"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(path))
-        try:
-            lock.acquire(timeout=_PATIENCE_SECONDS)
-        except Timeout:
-            logger.info(
-                "Waiting for another process that resolves or downloads %s (lock file %s); "
-                "if no such process runs, the lock frees itself when it exits.",
-                key.describe(),
-                path,
-            )
-            lock.acquire()
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        if not _HAS_FLOCK:  # pragma: no cover - Windows
+            return _filelock(path, timeout)
+        fd = _open_lock_file(path)
     except OSError as exc:
-        logger.debug(
-            "cannot lock %s (%s: %s); loading %s without coordinating with other processes",
+        log = logger.warning if exc.errno == errno.ELOOP else logger.debug
+        log(
+            "cannot lock %s (%s); loading %s without coordinating with other processes",
             path,
-            type(exc).__name__,
-            exc,
+            "it is a symbolic link, which kernels never follows: remove it"
+            if exc.errno == errno.ELOOP
+            else f"{type(exc).__name__}: {exc}",
             key.describe(),
         )
+        return None
+    import fcntl
+
+    started = time.monotonic()
+    told = False
+    pause = 0.01
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return _FileLock(fd)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                os.close(fd)
+                logger.debug("cannot lock %s (%s); loading uncoordinated", path, exc)
+                return None
+        waited = time.monotonic() - started
+        if waited >= timeout:
+            logger.warning(
+                "Gave up waiting after %.0f s (%s) for the lock of %s: lock file %s, %s. "
+                "Loading it without coordinating with that process (it may make the same Hub "
+                "requests and download the same files). If that process is stuck, stop it.",
+                waited,
+                ENV_LOCK_TIMEOUT,
+                key.describe(),
+                path,
+                _holder(fd, path),
+            )
+            os.close(fd)
+            return None
+        if not told and waited >= min(_PATIENCE_SECONDS, timeout):
+            told = True
+            logger.info(
+                "Waiting for another process that resolves or downloads %s (lock file %s, %s); "
+                "the lock frees itself when that process exits, and this load goes on "
+                "uncoordinated after %g s (%s).",
+                key.describe(),
+                path,
+                _holder(fd, path),
+                timeout,
+                ENV_LOCK_TIMEOUT,
+            )
+        time.sleep(min(pause, max(timeout - waited, 0.0)))
+        pause = min(pause * 2, 0.25)
+
+
+_HAS_FLOCK = hasattr(os, "O_NOFOLLOW") and os.name == "posix"
+
+
+def _open_lock_file(path: Path) -> int:
+    """Open (creating) a lock file without following a link, with a mode only this user (or,
+    in a group-shared cache, its group) can open; refuse another user's file."""
+    shared = _group_shared(path.parent)
+    mode = 0o660 if shared else 0o600
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if info.st_uid == os.getuid():
+            if stat.S_IMODE(info.st_mode) != mode:
+                # An older, wider lock file; or a new one the umask narrowed below the group's.
+                os.fchmod(fd, mode)
+        elif not shared:
+            raise OSError(errno.EPERM, f"the lock file belongs to {_user(info.st_uid)}", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _group_shared(folder: Path) -> bool:
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return False
+    return bool(info.st_mode & stat.S_ISGID and info.st_mode & stat.S_IWGRP)
+
+
+def _holder(fd: int, path: Path) -> str:
+    """Who holds the lock on `fd`'s file, for messages: the process and its user when
+    ``/proc/locks`` says, else the file's owner."""
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return "held by another process"
+    wanted = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    try:
+        with open("/proc/locks") as locks:
+            for line in locks:
+                fields = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; "->" marks a waiter.
+                if "->" in fields or len(fields) < 6 or fields[5] != wanted:
+                    continue
+                pid = int(fields[4])
+                if pid == os.getpid():
+                    continue
+                uid = os.stat(f"/proc/{pid}").st_uid
+                return f"held by process {pid} of {_user(uid)}"
+    except (OSError, ValueError):
+        pass
+    return f"held by another process; the file belongs to {_user(info.st_uid)}"
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _filelock(path: Path, timeout: float):  # pragma: no cover - Windows
+    from filelock import FileLock, Timeout
+
+    if path.is_symlink():
+        raise OSError(errno.ELOOP, "a symbolic link", str(path))
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=timeout)
+    except Timeout:
+        logger.warning("Gave up waiting for %s; loading uncoordinated", path)
         return None
     return lock
 

@@ -40,9 +40,16 @@ _loaded: dict[Path, LoadedKernel] = {}
 
 
 def variant_folder(package_dir: Path) -> Path:
-    """The build variant folder a package folder belongs to: the package itself (the newer,
-    flat layout) when it holds ``metadata.json``, else its parent."""
+    """The build variant folder a package folder belongs to. In a Hub snapshot, the fetched
+    ``build/<variant>`` folder whatever the layout inside it (`hub_variant_of`: an unsigned
+    build must not pass for a local folder by moving its ``metadata.json``); elsewhere the
+    package itself (the newer, flat layout) when it holds ``metadata.json``, else its parent."""
+    from .digests import hub_variant_of
+
     package_dir = Path(package_dir)
+    hub = hub_variant_of(package_dir)
+    if hub is not None:
+        return hub
     return package_dir if (package_dir / METADATA_FILE).is_file() else package_dir.parent
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
+import os
 import re
 import sys
 import threading
@@ -28,6 +29,33 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.RLock()
 _loaded: dict[Path, ModuleType] = {}
+
+
+def _reset_locks_after_fork() -> None:
+    """In a forked child, make every lock of the loading path free again.
+
+    A thread of the parent may have held one at the fork (the import lock while it imported
+    a kernel, for as long as the kernel's import runs): that thread does not exist in the
+    child, so its lock would stay taken for ever and the child's next load would hang (a
+    dataloader worker forked while another thread imports a kernel). What they guarded is
+    kept: the modules already imported, the registered packages. (`kernels.repos.load_locks`
+    resets its own.)
+    """
+    global _lock
+    from . import hashing, loaded
+
+    _lock = threading.RLock()
+    loaded._lock = threading.Lock()
+    hub = sys.modules.get(f"{__package__}.hub")  # not imported here: hub imports this module
+    if hub is not None:
+        setattr(hub, "_publish_lock", threading.Lock())  # noqa: B010 (typed as a module)
+    hashing._verified_lock = threading.Lock()
+    source_import._install_lock = threading.Lock()
+    source_import._finder._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_reset_locks_after_fork)
 
 
 def unique_module_name(package_name: str, package_dir: Path) -> str:

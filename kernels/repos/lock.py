@@ -89,7 +89,7 @@ from .hubclient import KERNEL_REPO_TYPE, MODEL_REPO_TYPE
 from .info import METADATA_FILE, Metadata
 from .kernel_deps import KEY as KERNEL_DEPENDS
 from .kernel_deps import KernelDependency, dependencies_loaded, parse_kernel_depends
-from .project import Dependency, dependency_trust, read_dependencies
+from .project import Dependency, dependency_trust, read_dependencies, untrusted_folder
 from .provides import provided_kernel
 from .repo_id import fold, is_repo_id
 from .trust import TrustArgument, TrustDecision, decide_trust, normalize_trust, require_trust
@@ -788,10 +788,19 @@ def lock_source(lockfile: str | os.PathLike[str] | None, *, caller: str | None) 
         if text is not None:
             return LockSource(where, tuple(parse_lock(text, where=where)))
     source_file = getattr(module, "__file__", None)
+    stopped = ""
     if source_file:
         for folder in Path(source_file).resolve().parents:
+            # Only the user's own folders: a lock planted in /tmp or another user's folder
+            # would pin commits and grant trust (kernels.repos.project.untrusted_folder).
+            why = untrusted_folder(folder)
+            if why is not None:
+                stopped = f" (the search stopped at {folder}: {why})"
+                logger.info("Not searching %s for %s: %s", folder, LOCK_FILE, why)
+                break
             candidate = folder / LOCK_FILE
             if candidate.is_file():
+                logger.info("Locked kernels of %s come from %s", caller, candidate)
                 return LockSource(
                     f"lock file {candidate}",
                     tuple(read_lockfile(candidate)),
@@ -801,7 +810,7 @@ def lock_source(lockfile: str | os.PathLike[str] | None, *, caller: str | None) 
                 break
     raise KernelLockError(
         f"No {LOCK_FILE} found for {caller}: its distribution's metadata has none, and there is "
-        f"none beside the pyproject.toml above {source_file or 'it'}. Run `kernels lock "
+        f"none beside the pyproject.toml above {source_file or 'it'}{stopped}. Run `kernels lock "
         "PROJECT_DIR` (and reinstall the project), or pass lockfile=..."
     )
 

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +120,26 @@ def dependency_trust(project_dir: Path, repo_id: str) -> TrustArgument:
         if fold(dependency.repo_id) == wanted:
             return dependency.trust_remote_code
     return False
+
+
+def untrusted_folder(folder: Path) -> str | None:
+    """Why a folder's ``kernels.lock`` must not be read by a search, or None when it may be.
+
+    A lock found by searching (a locked load called without ``lockfile=``) pins commits and
+    grants trust, so it must be the user's own: the folder must belong to this user (or to
+    root, who can change anything anyway) and be writable by nobody else. A folder another
+    user owns, or one that is group- or world-writable (``/tmp``, a shared scratch folder),
+    is where anyone could plant a lock. A folder that cannot be inspected counts as foreign.
+    """
+    try:
+        info = os.stat(folder)
+    except OSError as exc:
+        return f"it cannot be inspected ({exc.strerror or exc})"
+    if hasattr(os, "getuid") and info.st_uid not in (os.getuid(), 0):
+        return f"it belongs to another user (uid {info.st_uid})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"other users can write it (mode {stat.filemode(info.st_mode)})"
+    return None
 
 
 def _read_toml(path: Path) -> dict:

@@ -29,16 +29,23 @@ rotated after the installed ``sigstore`` was released is unknown until ``sigstor
 upgraded; ``KERNELS_SIGSTORE_REFRESH=1`` lets sigstore refresh its trust root over TUF first
 (ignored while HF_HUB_OFFLINE is set).
 
-**Load-time checking** is opt-in: with ``KERNELS_REQUIRE_SIGNATURES=1`` every Hub variant must
-verify before any of its code is imported, else `KernelSignatureError`. Success leaves a
-receipt in the cache (``.kernels-files/<commit>/signed/<variant>.json``, the hashes of the
-signed metadata, of the bundle and of the policies), so a warm load re-reads two small files
-and verifies nothing; the files themselves are then checked against the digests through
-their own receipt (`kernels.repos.digests`). Anyone who can write the cache can forge a
-receipt (as they could replace any of its files): signatures guard against builds the
-publisher did not make, not against a local user with write access to your cache. Local
-folders (`LocalLayerRepository`, `get_local_kernel`, ``LOCAL_KERNELS``) are exempt: their
-code is your own, under development and unsigned.
+**Load-time checking**, as Hugging Face's client 0.19 does it: when ``sigstore`` is installed,
+every Hub variant's signature is checked before any of its code is imported, and one that is
+unsigned or does not verify is loaded with a WARNING saying so. With
+``KERNELS_REQUIRE_SIGNATURES=1`` such a variant is refused instead (`KernelSignatureError`),
+and ``sigstore`` must be installed. "Hub variant" means the variant folder the load fetched
+(``snapshots/<commit>/build/<variant>``), whatever the layout of the package inside it: a build
+whose package files sit directly in the variant folder without ``metadata.json``, or whose
+``metadata.json`` sits in the package folder, is still a Hub build, and unsigned.
+
+Success leaves a receipt in the cache (``.kernels-files/<commit>/signed/<variant>.json``)
+sealed with the user's secret key (`kernels.repos.receipt_key`) over the variant folder, the
+hashes of the signed metadata and of the bundle, and the policies; a warm load re-reads two
+small files and verifies no signature; the files themselves are then checked against the
+digests through their own sealed receipt (`kernels.repos.digests`). A receipt that another
+cache writer made does not verify without the user's key: it is ignored and the signature is
+verified again. Local folders (`LocalLayerRepository`, `get_local_kernel`,
+``LOCAL_KERNELS``) are exempt: their code is your own, under development and unsigned.
 
 ``sigstore`` is an optional dependency (``pip install 'kernels[signatures]'``); it is imported
 only when a signature is checked.
@@ -49,6 +56,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -64,6 +72,9 @@ from .bounded_json import parse_json, read_bounded
 from .cache_records import read_json, write_json
 from .digests import check_digests, receipt_path
 from .info import MAX_METADATA_SIZE, METADATA_FILE, Metadata
+from .receipt_key import holds, seal
+
+logger = logging.getLogger(__name__)
 
 #: The signature bundle beside each variant's metadata.json.
 BUNDLE_FILE = f"{METADATA_FILE}.sigstore"
@@ -84,7 +95,7 @@ INSTALL_HINT = "pip install 'kernels[signatures]'"
 # A real bundle is about 10 KiB; anything far larger is not one.
 _MAX_BUNDLE_SIZE = 1 << 20
 _RECEIPTS = "signed"
-_RECEIPT_FORMAT = 1
+_RECEIPT_FORMAT = 2
 _MAX_RECEIPT_BYTES = 4096
 _WORKFLOW_URI = re.compile(
     r"https://github\.com/(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)"
@@ -167,7 +178,8 @@ class GitHubWorkflowPolicy:
         )
 
 
-#: The publishers Hugging Face's client accepts: kernels-community's build workflows.
+#: The publishers Hugging Face's client (0.19) accepts: kernels-community's build workflows
+#: and kernels-community-rs's.
 DEFAULT_POLICIES: tuple[GitHubWorkflowPolicy, ...] = (
     GitHubWorkflowPolicy(
         "huggingface/kernels-community",
@@ -181,6 +193,13 @@ DEFAULT_POLICIES: tuple[GitHubWorkflowPolicy, ...] = (
                 # Signed existing builds around torch 2.10-2.12, as their client notes.
                 "sign-old-builds.yaml",
             )
+        ),
+    ),
+    GitHubWorkflowPolicy(
+        "huggingface/kernels-community-rs",
+        (
+            "https://github.com/huggingface/kernels-community-rs/.github/workflows/build.yaml"
+            "@refs/heads/main",
         ),
     ),
 )
@@ -456,19 +475,29 @@ def signatures_required() -> bool:
     )
 
 
-def check_signature(variant_dir: str | os.PathLike[str]) -> None:
-    """At load: when `ENV_REQUIRE` is set, refuse a Hub snapshot's variant that does not verify.
+def sigstore_installed() -> bool:
+    """Whether ``sigstore`` can be imported (without importing it)."""
+    return importlib.util.find_spec("sigstore") is not None
 
-    Called before anything of the variant is parsed or imported (by the loader, and before
-    a kernel's ``kernel-depends`` are read). Local folders (anything outside huggingface_hub's
-    snapshot layout) are exempt. A verified variant leaves a receipt, so its next load
-    verifies no signature; its files are still listed against the digest receipt.
+
+def check_signature(variant_dir: str | os.PathLike[str]) -> None:
+    """At load: check a Hub snapshot's variant's signature before any of it is parsed.
+
+    With `ENV_REQUIRE` set, a variant that does not verify is refused. Otherwise, when
+    ``sigstore`` is installed, it is loaded with a WARNING (once per variant and process), as
+    Hugging Face's client does; without ``sigstore`` nothing is checked. Called before
+    anything of the variant is parsed or imported (by the loader, and before a kernel's
+    ``kernel-depends`` are read), with the fetched variant folder. Local folders (anything
+    outside huggingface_hub's snapshot layout) are exempt. A verified variant leaves a sealed
+    receipt, so its next load verifies no signature; its files are still listed against the
+    digest receipt.
 
     Raises:
         KernelSignatureError: signatures are required and the variant does not verify, or
             ``sigstore`` is missing.
     """
-    if not signatures_required():
+    required = signatures_required()
+    if not required and not sigstore_installed():
         return
     variant_dir = Path(os.path.abspath(variant_dir))
     receipt = receipt_path(variant_dir, _RECEIPTS)
@@ -478,7 +507,9 @@ def check_signature(variant_dir: str | os.PathLike[str]) -> None:
     kernel = f"{repo} at commit {receipt.parents[1].name[:12]}, variant {variant_dir.name}"
     policies = policies_from_env()
     stamp = _stamp(variant_dir, policies)
-    if stamp is not None and _receipt_holds(receipt, stamp):
+    if stamp is not None and _receipt_holds(receipt, variant_dir, stamp):
+        if not required:
+            return  # the loader checks the files against the digests next
         # The signed metadata is unchanged: only the files remain to be checked, which the
         # digest receipt makes a listing rather than a hashing.
         metadata = Metadata.read_from_file(variant_dir / METADATA_FILE)
@@ -491,9 +522,27 @@ def check_signature(variant_dir: str | os.PathLike[str]) -> None:
         return
     result = verify_variant(variant_dir, policies, trust_receipt=True)
     if not result.ok:
-        raise result.error(kernel)
+        if required:
+            raise result.error(kernel)
+        _warn_unverified(kernel, result.status, result.reason)
+        return
     if stamp is not None:
-        write_json(receipt, {"format": _RECEIPT_FORMAT, "stamp": stamp})
+        code = seal("signature", _sealed(variant_dir, stamp))
+        if code is not None:
+            write_json(receipt, {"format": _RECEIPT_FORMAT, "seal": code})
+
+
+@functools.lru_cache(maxsize=256)
+def _warn_unverified(kernel: str, status: Status, reason: str) -> None:
+    detail = f" ({reason.rstrip('.')})" if reason else ""
+    logger.warning(
+        "Kernel %s: %s%s. It is loaded anyway; set %s=1 to refuse kernels whose signature "
+        "does not verify.",
+        kernel,
+        _SUMMARIES[status],
+        detail,
+        ENV_REQUIRE,
+    )
 
 
 def _stamp(variant_dir: Path, policies: Sequence[GitHubWorkflowPolicy]) -> str | None:
@@ -512,12 +561,16 @@ def _stamp(variant_dir: Path, policies: Sequence[GitHubWorkflowPolicy]) -> str |
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def _receipt_holds(path: Path, stamp: str) -> bool:
+def _sealed(variant_dir: Path, stamp: str) -> str:
+    return json.dumps([str(variant_dir), stamp])
+
+
+def _receipt_holds(path: Path, variant_dir: Path, stamp: str) -> bool:
     data = read_json(path, _MAX_RECEIPT_BYTES)
     return (
         isinstance(data, dict)
         and data.get("format") == _RECEIPT_FORMAT
-        and data.get("stamp") == stamp
+        and holds("signature", _sealed(variant_dir, stamp), data.get("seal"))
     )
 
 
@@ -534,5 +587,6 @@ __all__ = [
     "policies_from_env",
     "policies_with",
     "signatures_required",
+    "sigstore_installed",
     "verify_variant",
 ]

@@ -284,3 +284,14 @@ def test_test_data_is_what_the_readme_names():
     assert "27db13db157ecae5606eb22ec0be299ef348c370" in readme
     for name in ("bundle_v3_github.whl", "bundle_v3_github.whl.sigstore", "bundle_v3.txt"):
         assert name in readme
+
+
+def test_the_default_signers_are_those_of_their_client_0_19():
+    assert [p.repository for p in signatures.DEFAULT_POLICIES] == [
+        "huggingface/kernels-community",
+        "huggingface/kernels-community-rs",
+    ]
+    assert signatures.DEFAULT_POLICIES[1].workflows == (
+        "https://github.com/huggingface/kernels-community-rs/.github/workflows/build.yaml"
+        "@refs/heads/main",
+    )

@@ -58,6 +58,8 @@ _SESSION_ENV = {
     "HF_HUB_DOWNLOAD_TIMEOUT": "5",
     # The user's own kernels configuration must not change what the tests see.
     "KERNELS_CONFIG": str(SESSION_DIR / "no-config.yaml"),
+    # The receipt key of this session (kernels.repos.receipt_key), not the user's.
+    "KERNELS_STATE_DIR": str(SESSION_DIR / "state"),
 }
 (SESSION_DIR / "no-config.yaml").write_text("# the Hub tests' (empty) kernels configuration\n")
 for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "KERNELS_TRUSTED_ORGS"):

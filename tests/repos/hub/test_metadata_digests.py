@@ -44,7 +44,7 @@ def test_digests_are_checked_once_per_snapshot(hub, monkeypatch):
     assert kernels.get_kernel(repo.repo_id, version="==0.1.0").VERSION == "0.1.0"
     folder = repo_cache_folder(repo.repo_id)
     receipt = folder / ".kernels-files" / sha / "verified" / f"{VARIANT}.json"
-    assert json.loads(receipt.read_text())["format"] == 1
+    assert json.loads(receipt.read_text())["format"] == 2
     variant = folder / "snapshots" / sha / "build" / VARIANT
     meta = Metadata.load_from_variant(variant)
 
@@ -64,7 +64,7 @@ def test_digests_are_checked_once_per_snapshot(hub, monkeypatch):
         digests.check_digests(meta, variant)  # ignored: hashed again, and written anew
         assert sorted(hashed) == ["__init__.py", "layers.py"]
         hashed.clear()
-        assert json.loads(receipt.read_text())["format"] == 1
+        assert json.loads(receipt.read_text())["format"] == 2
 
     # A file altered in the cache after the receipt was written: its listing changed, so it
     # is hashed again and refused, named.

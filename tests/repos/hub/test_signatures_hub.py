@@ -117,13 +117,13 @@ def test_a_verified_kernel_is_not_verified_again(hub, require, monkeypatch):
     assert len(verified) == 1  # once, though both the loader and kernel-depends ask
     folder = repo_cache_folder(repo.repo_id)
     receipt = folder / ".kernels-files" / sha / "signed" / f"{VARIANT}.json"
-    assert json.loads(receipt.read_text())["format"] == 1
+    assert json.loads(receipt.read_text())["format"] == 2
 
     variant = folder / "snapshots" / sha / "build" / VARIANT
     signatures.check_signature(variant)  # what the next process's load does
     assert len(verified) == 1
 
-    receipt.write_text('{"format": 1, "stamp": "forged"}')
+    receipt.write_text('{"format": 2, "seal": "forged"}')
     signatures.check_signature(variant)  # a receipt that does not match: verified again
     assert len(verified) == 2
 
