@@ -39,6 +39,20 @@ def version_argument(value: str) -> int | Literal["latest"]:
     return int(value)
 
 
+def add_kernel_selection(parser: argparse.ArgumentParser) -> None:
+    """The arguments of the verbs that read one kernel: a Hub repository id or a local folder,
+    at most one of ``--version`` and ``--revision`` (Hub only), and ``--json``."""
+    parser.add_argument(
+        "kernel", metavar="KERNEL", help="Hub repository id, or a local kernel folder"
+    )
+    selection = parser.add_mutually_exclusive_group()
+    selection.add_argument(
+        "--version", type=version_argument, help="the kernel version (v<N> branch; Hub only)"
+    )
+    selection.add_argument("--revision", help="a branch, tag or commit (Hub only)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
 def kernel_versions(repo_id: str, repo_type: str) -> list[KernelVersion]:
     """The versions of `repo_id`, oldest first (none when it has no version branch or tag).
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from . import CommandError, add_repo_type_argument
-from ._kernel_refs import version_argument
+from ._kernel_refs import add_kernel_selection
 
 HELP = "list a kernel's public functions and layers (from its symbols.json; nothing is imported)"
 DESCRIPTION = """\
@@ -37,15 +37,7 @@ LAYER_FLAGS = ("has_backward", "can_torch_compile")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "kernel", metavar="KERNEL", help="Hub repository id, or a local kernel folder"
-    )
-    selection = parser.add_mutually_exclusive_group()
-    selection.add_argument(
-        "--version", type=version_argument, help="the kernel version (v<N> branch; Hub only)"
-    )
-    selection.add_argument("--revision", help="a branch, tag or commit (Hub only)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_kernel_selection(parser)
     parser.add_argument(
         "--trust-remote-code",
         action="store_true",

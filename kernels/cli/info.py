@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from . import CommandError, add_repo_type_argument
-from ._kernel_refs import version_argument
+from ._kernel_refs import add_kernel_selection
 
 HELP = "describe a kernel: name, version, license, backends and dependencies (nothing imported)"
 DESCRIPTION = """\
@@ -37,15 +37,7 @@ MAX_KERNELS = 256
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "kernel", metavar="KERNEL", help="Hub repository id, or a local kernel folder"
-    )
-    selection = parser.add_mutually_exclusive_group()
-    selection.add_argument(
-        "--version", type=version_argument, help="the kernel version (v<N> branch; Hub only)"
-    )
-    selection.add_argument("--revision", help="a branch, tag or commit (Hub only)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_kernel_selection(parser)
     parser.add_argument(
         "--dep-tree",
         action="store_true",
