@@ -25,6 +25,7 @@ never mix within one name.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from packaging.version import Version
@@ -70,6 +71,8 @@ _LEGACY_BACKEND = {
     "xpu": re.compile(r"xpu([0-9]+)([0-9])"),
     "cann": re.compile(r"cann([0-9]+)([0-9])"),
 }
+# Legacy names spell CUDA "cu"; the other versioned backends keep their name.
+_LEGACY_PREFIX = {"cuda": "cu"}
 _NOARCH_BACKEND = re.compile(r"[a-z0-9_.]+(?:-[a-z0-9_.]+)*")
 
 
@@ -255,13 +258,35 @@ def _split_python(rest: list[str]) -> tuple[list[str], Version, str]:
             f"the Python tag {'-'.join(tag)!r} is not cpython-<X.Y>-<abi3|abi3t> "
             "followed by the CPU and OS"
         )
-    python = _dotted(tag[1], "the Python version")
-    abi = tag[2]
+    python, abi = parse_python_tag(tag)
+    return rest[:i], python, abi
+
+
+def parse_python_tag(parts: Sequence[str]) -> tuple[Version, str]:
+    """A new-spelling name's Python tag, ``["cpython", "3.12", "abi3"]``: the oldest Python
+    the build's extension modules load in, and their stable ABI.
+
+    Raises:
+        ValueError: not ``cpython-<X.Y>-<abi3|abi3t>``, or an ABI the version lacks.
+    """
+    if len(parts) != 3 or parts[0] != _PYTHON_MARKER:
+        raise ValueError(f"the Python tag {'-'.join(parts)!r} is not cpython-<X.Y>-<abi3|abi3t>")
+    python = _dotted(parts[1], "the Python version")
+    check_python_tag(python, parts[2])
+    return python, parts[2]
+
+
+def check_python_tag(version: Version, abi: str) -> None:
+    """Check that a build can be for `abi` from Python `version` on.
+
+    Raises:
+        ValueError: `abi` is neither "abi3" nor "abi3t", or it is "abi3t" (PEP 803's
+            free-threaded stable ABI) before Python 3.15.
+    """
     if abi not in PYTHON_ABIS:
         raise ValueError(f"unknown Python ABI {abi!r} (abi3 or abi3t)")
-    if abi == "abi3t" and python < ABI3T_MIN_PYTHON:
-        raise ValueError(f"abi3t needs Python {ABI3T_MIN_PYTHON} or later, not {python}")
-    return rest[:i], python, abi
+    if abi == "abi3t" and version < ABI3T_MIN_PYTHON:
+        raise ValueError(f"abi3t needs Python {ABI3T_MIN_PYTHON} or later, not {version}")
 
 
 def _compiled(
@@ -341,6 +366,17 @@ def parse_backend(parts: list[str], *, legacy: bool) -> tuple[str, Version | Non
         f"unknown backend {'-'.join(parts)!r} (cuda-X.Y, rocm-X.Y, xpu-X.Y, cann-X.Y, cpu, "
         "metal, neuron, tpu)"
     )
+
+
+def spell_backend(backend: str, version: Version | None, *, legacy: bool) -> str:
+    """A backend as a variant name spells it, the inverse of `parse_backend`: ``cu128`` and
+    ``rocm63`` in legacy names, ``cuda-12.8`` and ``rocm-6.3`` in new ones; an unversioned
+    backend (``cpu``, ``metal``, ``neuron``, ``tpu``) is its name in both."""
+    if version is None:
+        return backend
+    if legacy:
+        return f"{_LEGACY_PREFIX.get(backend, backend)}{version.major}{version.minor}"
+    return f"{backend}-{version.major}.{version.minor}"
 
 
 def _parse_sdk(name: str, rest: list[str]) -> BuildVariant:

@@ -4,12 +4,18 @@ among them, through the documented entry point `rank_variants` with described ma
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 from packaging.version import Version
 
 from kernels import BuildVariant, KernelMetadataError
-from kernels.repos.variant_names import parse_backend
+from kernels.repos.variant_names import (
+    check_python_tag,
+    parse_backend,
+    parse_python_tag,
+    spell_backend,
+)
 from kernels.repos.variants import (
     MachineBuild,
     VariantAccepted,
@@ -101,6 +107,53 @@ def test_backends_in_both_spellings(legacy, new, backend, version):
         parse_backend(new.split("-"), legacy=True)
     with pytest.raises(ValueError):
         parse_backend([legacy], legacy=False)
+    # spell_backend is parse_backend's inverse, in either spelling.
+    assert spell_backend(backend, Version(version), legacy=True) == legacy
+    assert spell_backend(backend, Version(version), legacy=False) == new
+
+
+@pytest.mark.parametrize("backend", ["cpu", "metal", "neuron", "tpu"])
+def test_unversioned_backends_are_spelled_by_name(backend):
+    for legacy in (True, False):
+        assert spell_backend(backend, None, legacy=legacy) == backend
+        assert parse_backend([backend], legacy=legacy) == (backend, None)
+
+
+@pytest.mark.parametrize(
+    ("tag", "expected"),
+    [
+        ("cpython-3.9-abi3", (Version("3.9"), "abi3")),
+        ("cpython-3.10-abi3", (Version("3.10"), "abi3")),  # 3.10, not 3.1
+        ("cpython-3.16-abi3t", (Version("3.16"), "abi3t")),
+    ],
+)
+def test_python_tags_are_read(tag, expected):
+    assert parse_python_tag(tag.split("-")) == expected
+
+
+@pytest.mark.parametrize(
+    ("tag", "why"),
+    [
+        ("cpython-3.12", "is not cpython-<X.Y>-<abi3|abi3t>"),
+        ("cpython-3.12-abi3-x", "is not cpython-<X.Y>-<abi3|abi3t>"),
+        ("cp-3.12-abi3", "is not cpython-<X.Y>-<abi3|abi3t>"),
+        ("cpython-3.9.1-abi3", "not <major>.<minor>"),
+        ("cpython-3.9-abi4", "unknown Python ABI 'abi4'"),
+        ("cpython-3.14-abi3t", "abi3t needs Python 3.15 or later, not 3.14"),
+    ],
+)
+def test_malformed_python_tags_say_why(tag, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        parse_python_tag(tag.split("-"))
+
+
+def test_check_python_tag():
+    check_python_tag(Version("3.9"), "abi3")
+    check_python_tag(Version("3.15"), "abi3t")
+    with pytest.raises(ValueError, match="abi3t needs Python 3.15"):
+        check_python_tag(Version("3.12"), "abi3t")
+    with pytest.raises(ValueError, match="unknown Python ABI 'abi3.abi3t'"):
+        check_python_tag(Version("3.15"), "abi3.abi3t")
 
 
 @pytest.mark.parametrize(
