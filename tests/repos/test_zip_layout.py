@@ -7,8 +7,10 @@ import importlib
 import importlib.resources
 import inspect
 import json
+import os
 import pkgutil
 import stat
+import subprocess
 import sys
 import warnings
 import zipfile
@@ -26,6 +28,7 @@ from kernels import (
 )
 from kernels.errors import KernelArchiveError
 from kernels.repos import archive, loader
+from tests.support.paths import REPO_ROOT
 from tests.support.zip_layout import KERNEL_ID, MEMBERS, write_metadata, write_zip_variant
 
 VARIANT = "torch-universal"
@@ -288,3 +291,42 @@ def test_a_member_larger_than_declared_is_refused(zip_repo):
     write_metadata(variant)
     with pytest.raises(KernelArchiveError, match="data.bin"):
         get_local_kernel(root)
+
+
+# --- the same repository in Hugging Face's client -------------------------------------------
+
+HF_PYTHON = REPO_ROOT / ".venv-hf" / "bin" / "python"
+
+
+@pytest.mark.skipif(
+    not HF_PYTHON.exists(), reason="Hugging Face's kernels client (.venv-hf) is not installed"
+)
+def test_hugging_face_client_loads_the_same_repository(zip_repo):
+    """Our test repository is a ZIP-layout build as theirs reads it: they import it from the
+    archive, with its digests (which they check) and its module beside the archive."""
+    root = zip_repo()
+    code = (
+        "import json, sys, importlib.resources\n"
+        "from pathlib import Path\n"
+        "from kernels import get_local_kernel, get_loaded_kernels\n"
+        "m = get_local_kernel(Path(sys.argv[1]))\n"
+        "data = (importlib.resources.files(m.__name__) / 'configs' / 'device.json').read_text()\n"
+        "layout = str(get_loaded_kernels()[-1].metadata.build_layout)\n"
+        "print(json.dumps([m.OPS, m.LAYER, m._native.VALUE, json.loads(data), layout]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    result = subprocess.run(
+        [str(HF_PYTHON), "-I", "-c", code, str(root)],
+        capture_output=True,
+        text=True,
+        env={**env, "HF_HUB_OFFLINE": "1"},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == [
+        "ops",
+        "layer",
+        "native",
+        {"block_size": 1024},
+        "zip",
+    ]
