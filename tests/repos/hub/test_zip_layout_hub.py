@@ -11,8 +11,10 @@ import pytest
 
 import kernels
 from kernels import KernelHashMismatchError, get_loaded_kernels
+from kernels.cli import main
 from kernels.repos.download import install_kernel
 from kernels.repos.hubclient import repo_cache_folder
+from tests.repos.hub.test_cache_tampering import write_lock
 from tests.support.zip_layout import KERNEL_ID, write_zip_variant
 
 pytestmark = pytest.mark.hub
@@ -60,3 +62,24 @@ def test_an_archive_swapped_in_the_cache_never_runs(hub, tmp_path):
     with pytest.raises(KernelHashMismatchError, match=rf"{KERNEL_ID}\.zip has sha256"):
         kernels.get_kernel(repo.repo_id, revision=sha)
     assert not marker.exists()
+
+
+def test_a_locked_zip_layout_kernel_loads(hub, tmp_path, capsys):
+    repo, _ = _publish(hub)
+    lockfile = write_lock(repo, tmp_path)
+    assert main(["download", str(lockfile.parent)]) == 0, capsys.readouterr().err
+    module = kernels.load_kernel(repo.repo_id, lockfile=lockfile)
+    assert (module.OPS, module._native.VALUE) == ("ops", "native")
+
+
+def test_the_lock_covers_the_archive(hub, tmp_path, capsys):
+    repo, sha = _publish(hub)
+    lockfile = write_lock(repo, tmp_path)
+    assert main(["download", str(lockfile.parent)]) == 0, capsys.readouterr().err
+    variant = repo_cache_folder(repo.repo_id) / "snapshots" / sha / "build" / VARIANT
+    archive = (variant / f"{KERNEL_ID}.zip").resolve()
+    data = bytearray(archive.read_bytes())
+    data[-30] ^= 1
+    archive.write_bytes(bytes(data))
+    with pytest.raises(KernelHashMismatchError, match=rf"{KERNEL_ID}\.zip"):
+        kernels.load_kernel(repo.repo_id, lockfile=lockfile)
