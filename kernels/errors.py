@@ -103,6 +103,11 @@ class KernelMetadataError(KernelLoadError, ValueError):
         self.reason = message if reason is None else reason
 
 
+class KernelArchiveError(KernelLoadError, ValueError):
+    """A kernel in the zip build layout has a missing, broken or hostile package archive
+    (``build/<variant>/<id>.zip``); nothing was imported."""
+
+
 class KernelLockError(KernelLoadError):
     """A lock file is missing, malformed, or does not list the kernel asked for."""
 

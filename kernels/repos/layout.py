@@ -1,14 +1,17 @@
 """Where the kernel package sits inside a kernel repository folder (Hub layout).
 
-Two layouts are accepted under ``build/<variant>/``:
+Three layouts are accepted under ``build/<variant>/``:
 
 * ``build/<variant>/__init__.py``, the current layout where the variant folder is the
   package itself and `package_name` may be omitted;
-* ``build/<variant>/<package_name>/__init__.py``, the older layout.
+* ``build/<variant>/<package_name>/__init__.py``, the older layout;
+* ``build/<variant>/<id>.zip`` beside ``metadata.json`` saying ``"build-layout": "zip"``,
+  the package packed in one archive and imported from it (`kernels.repos.archive`).
 
-Some builds carry both (the older one as a compatibility module). The variant folder's own
-package is then imported, as Hugging Face's client does: importing the other one as well in
-the same process would register the kernel's ``TORCH_LIBRARY`` namespace twice.
+Some builds carry both of the first two (the older one as a compatibility module). The
+variant folder's own package is then imported, as Hugging Face's client does: importing the
+other one as well in the same process would register the kernel's ``TORCH_LIBRARY``
+namespace twice.
 
 A local folder (`locate_local`) may be the repository, its ``build/`` folder or one variant
 folder, the three forms Hugging Face's ``get_local_kernel`` and ``LOCAL_KERNELS`` accept.
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KernelLoadError
+from .archive import has_archive
+from .info import METADATA_FILE
 from .variants import (
     PREFERENCE_FILE,
     MachineBuild,
@@ -137,9 +142,17 @@ def _package_in_variant(
     if (variant_dir / "__init__.py").is_file():
         return PackageLocation(variant_dir, package_name or _fallback_name(fallback), variant)
     packages = _packages_in(variant_dir)
+    if package_name is not None and package_name in packages:
+        return PackageLocation(variant_dir / package_name, package_name, variant)
+    if (
+        (package_name is not None or not packages)
+        and has_archive(variant_dir)
+        or (not packages and (variant_dir / METADATA_FILE).is_file())
+    ):
+        # The zip layout (or a build without its package): the loader reads the archive's
+        # name from the metadata once the variant is verified, and says what is missing.
+        return PackageLocation(variant_dir, package_name or _fallback_name(fallback), variant)
     if package_name is not None:
-        if package_name in packages:
-            return PackageLocation(variant_dir / package_name, package_name, variant)
         raise KernelLoadError(
             f"{where} has no package '{package_name}' in build/{variant}/. "
             f"Packages there: {', '.join(packages) or 'none'}."

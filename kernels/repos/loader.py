@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import KernelLoadError
-from . import source_import
+from . import archive, source_import
 from .digests import check_digests
 from .loaded import read_metadata, record_import, variant_folder
 from .requirements import check_requirements
@@ -66,7 +66,8 @@ def unique_module_name(package_name: str, package_dir: Path) -> str:
 
 
 def import_package(package_dir: Path, package_name: str) -> ModuleType:
-    """Import the package in `package_dir` (a folder with ``__init__.py``), once per folder.
+    """Import the package in `package_dir` (a folder with ``__init__.py``, or a variant folder
+    in the zip build layout, `kernels.repos.archive`), once per folder.
 
     The package and every module under it are imported from source only
     (`kernels.repos.source_import`). Its variant's ``metadata.json`` is read first and what
@@ -89,17 +90,27 @@ def import_package(package_dir: Path, package_name: str) -> ModuleType:
         module = _loaded.get(package_dir)
         if module is not None:
             return module
-        init = package_dir / "__init__.py"
-        if not init.is_file():
-            raise KernelLoadError(f"{package_dir} is not a Python package: it has no __init__.py.")
         variant_dir = variant_folder(package_dir)
+        # A variant folder without __init__.py may be in the zip layout: its metadata says.
+        if package_dir != variant_dir and not (package_dir / "__init__.py").is_file():
+            raise KernelLoadError(f"{package_dir} is not a Python package: it has no __init__.py.")
         # Before the metadata is parsed: a forged file should meet no parser of ours.
         check_signature(variant_dir)
         metadata = read_metadata(package_dir)
         check_requirements(metadata, variant_dir)
         check_digests(metadata, variant_dir)
         name = unique_module_name(package_name, package_dir)
-        spec = source_import.register(name, str(package_dir))
+        if archive.build_layout(metadata, where=str(variant_dir / "metadata.json")) == archive.ZIP:
+            # Read, checked and unpacked in memory only now that the files are verified.
+            unpacked = archive.read_archive(archive.archive_path(metadata, variant_dir), metadata)
+            spec = source_import.register_archive(name, str(variant_dir), unpacked)
+        elif not (package_dir / "__init__.py").is_file():
+            raise KernelLoadError(
+                f"{package_dir} is not a Python package: it has no __init__.py, and its "
+                'metadata.json does not say "build-layout": "zip".'
+            )
+        else:
+            spec = source_import.register(name, str(package_dir))
         assert spec.loader is not None  # register gives its package a source loader
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module

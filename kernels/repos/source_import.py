@@ -11,6 +11,9 @@ lock hashes them like any other file. A module that exists only as bytecode is r
 and installs `SourceOnlyFinder` in ``sys.meta_path``, ahead of Python's own finders. It
 answers for the registered names and the modules under them, however they are imported:
 relative imports, ``importlib.import_module("<name>.sub")``, ``importlib.reload``.
+`register_archive` does the same for a package imported from its archive in memory
+(`kernels.repos.archive`): its modules come from the archive, and from the variant folder
+beside it (compiled modules), in the order of its ``__path__``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ import importlib.util
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
+from pathlib import Path
+
+from . import archive as _archive
 
 _LOADERS = (
     (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
@@ -52,28 +58,37 @@ class SourceOnlyFinder(importlib.abc.MetaPathFinder):
     """Finds the modules of registered kernel packages, with `SourceOnlyLoader` for source."""
 
     def __init__(self) -> None:
-        self._packages: dict[str, str] = {}
+        self._packages: dict[str, Callable[[], ModuleSpec]] = {}
+        self._archives: dict[str, _archive.KernelArchive] = {}
         self._lock = threading.Lock()
 
     def register(self, name: str, package_dir: str) -> None:
         with self._lock:
-            self._packages[name] = package_dir
+            self._packages[name] = lambda: package_spec(name, package_dir)
+
+    def register_archive(
+        self, name: str, variant_dir: str, archive: _archive.KernelArchive
+    ) -> None:
+        with self._lock:
+            self._archives[str(archive.path)] = archive
+            self._packages[name] = lambda: _archive.package_spec(name, Path(variant_dir), archive)
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target=None
     ) -> ModuleSpec | None:
         root, _, _ = fullname.partition(".")
         with self._lock:
-            package_dir = self._packages.get(root)
-        if package_dir is None:
+            root_spec = self._packages.get(root)
+            archives = dict(self._archives)
+        if root_spec is None:
             return None
         if fullname == root:
-            return package_spec(fullname, package_dir)
+            return root_spec()
         if path is None:
             # The import system passes the parent's __path__; without one there is no
             # parent package to look in, and no other finder may answer for our names.
             raise ImportError(f"No parent package to import {fullname} from.", name=fullname)
-        return _submodule_spec(fullname, path)
+        return _submodule_spec(fullname, path, archives)
 
 
 def package_spec(name: str, package_dir: str) -> ModuleSpec:
@@ -90,9 +105,17 @@ def package_spec(name: str, package_dir: str) -> ModuleSpec:
     return spec
 
 
-def _submodule_spec(fullname: str, path: Sequence[str]) -> ModuleSpec | None:
+def _submodule_spec(
+    fullname: str, path: Sequence[str], archives: dict[str, _archive.KernelArchive]
+) -> ModuleSpec | None:
     portions: list[str] = []
     for entry in path:
+        archive = _archive_of(str(entry), archives)
+        if archive is not None:
+            found = _archive.find_in_archive(archive, fullname, str(entry))
+            if found is not None:
+                return found
+            continue
         finder = importlib.machinery.FileFinder(str(entry), *_LOADERS)
         spec = finder.find_spec(fullname)
         if spec is None:
@@ -105,6 +128,17 @@ def _submodule_spec(fullname: str, path: Sequence[str]) -> ModuleSpec | None:
         spec = ModuleSpec(fullname, None, is_package=True)
         spec.submodule_search_locations = portions
         return spec
+    return None
+
+
+def _archive_of(
+    entry: str, archives: dict[str, _archive.KernelArchive]
+) -> _archive.KernelArchive | None:
+    """The registered archive a ``__path__`` entry lies in (``<archive>`` or
+    ``<archive>/<folder>``), if any."""
+    for root, archive in archives.items():
+        if entry == root or entry.startswith(root + "/"):
+            return archive
     return None
 
 
@@ -133,10 +167,22 @@ def register(name: str, package_dir: str) -> ModuleSpec:
     """Import the package in `package_dir` as `name` from source only, and every module
     under it; returns the package's spec."""
     _finder.register(name, package_dir)
+    _install()
+    return package_spec(name, package_dir)
+
+
+def register_archive(name: str, variant_dir: str, archive: _archive.KernelArchive) -> ModuleSpec:
+    """Import the package of `archive` (unpacked in memory, `kernels.repos.archive`) as
+    `name`, and every module under it, from source only; returns the package's spec."""
+    _finder.register_archive(name, variant_dir, archive)
+    _install()
+    return _archive.package_spec(name, Path(variant_dir), archive)
+
+
+def _install() -> None:
     with _install_lock:
         # Ahead of every finder, and back in place if something removed it.
         if not sys.meta_path or sys.meta_path[0] is not _finder:
             if _finder in sys.meta_path:
                 sys.meta_path.remove(_finder)
             sys.meta_path.insert(0, _finder)
-    return package_spec(name, package_dir)
