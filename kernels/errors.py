@@ -58,8 +58,11 @@ class KernelVersionSpecError(KernelLoadError, ValueError):
     """A `version` is neither a PEP 440 specifier string nor a non-negative int."""
 
 
-class KernelOfflineError(KernelLoadError, ConnectionError):
+class KernelOfflineError(KernelLoadError, ConnectionError, FileNotFoundError):
     """The Hub is off limits (HF_HUB_OFFLINE=1) or unreachable and the cache cannot answer.
+
+    Also a ``FileNotFoundError``: what is missing is a file of the cache, and callers written
+    for Hugging Face's client (transformers' ``lazy_load_kernel``) catch only that.
 
     Attributes:
         reason: why the Hub did not answer, without the advice on what to do; the whole
@@ -79,13 +82,10 @@ class KernelDownloadError(KernelLoadError):
     """Downloading a kernel repository failed for a reason other than the ones above."""
 
 
-class UntrustedKernelError(KernelLoadError, PermissionError):
-    """A kernel repository's organisation is not trusted to run code here (docs/hub.md#trust)."""
+class UntrustedKernelError(KernelLoadError, PermissionError, ValueError):
+    """A kernel repository's organisation is not trusted to run code here (docs/hub.md#trust).
 
-
-class KernelArchError(KernelLoadError, RuntimeError):
-    """A kernel build does not support the GPU here: the architectures its ``metadata.json``
-    declares exclude this device's (pass ``check_arch=False`` to load it anyway)."""
+    Also a ``ValueError``, which Hugging Face's client raises for an untrusted publisher."""
 
 
 class KernelMetadataError(KernelLoadError, ValueError):

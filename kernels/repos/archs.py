@@ -1,145 +1,125 @@
-"""Whether a kernel build supports the GPU here, from the architectures its metadata declares.
+"""Whether a kernel build supports this machine's GPU architecture (``check_arch=``).
 
-kernel-builder writes ``"backend": {"type": "cuda", "archs": ["8.0", "9.0a", "10.0f+PTX"]}``
-(or ``"rocm"`` with ``gfx`` names) in a build's ``metadata.json``. Loading a build whose
-archs exclude this device would fail later, or crash the process, so it is refused (Hugging
-Face's client does the same from 0.19); ``check_arch=False`` loads it anyway, for kernels
-whose declared list is incomplete (a Triton fallback, for instance).
+A build's ``metadata.json`` may list the architectures it was compiled for
+(``backend.archs``: CUDA compute capabilities such as ``"9.0"``, ``"9.0a"``, ``"10.0f"`` or
+``"8.0+PTX"``; ROCm ``gfx`` names). Loading refuses a build whose list leaves out the device
+in use, as Hugging Face's client does, unless the caller passes ``check_arch=False``
+(a kernel with a Triton fallback may run on more than it declares).
 
-CUDA archs are compute capabilities ``X.Y`` with optional suffixes:
+The rules for a CUDA arch ``X.Y``:
 
-* ``X.Y``: runs on X.Z for Z >= Y (same major);
-* ``X.Ya``: architecture-specific, only on X.Y;
-* ``X.Yf``: family-specific, on X.Z for Z >= Y;
-* ``+PTX``: without ``a``/``f``, also on any newer capability (the driver JIT-compiles it).
+* plain ``X.Y``: devices ``X.Y'`` of the same major with ``Y' >= Y``;
+* ``X.Ya`` (architecture-specific): exactly ``X.Y``;
+* ``X.Yf`` (family-specific): the same major, ``Y' >= Y``;
+* ``X.Y+PTX``: any device at least ``X.Y`` (the PTX is compiled for it when loaded).
 
-An entry in no known format matches nothing, but a list of only such entries (a newer
-kernel-builder's, say) cannot be judged and is accepted. ROCm archs must name this device's
-``gfx`` target exactly (its feature flags, ``:sramecc+:xnack-``, ignored).
+A list none of whose entries can be parsed (a newer kernel-builder's notation) is not held
+against the build.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from pathlib import Path
 
-from ..errors import KernelArchError
-from .bounded_json import quoted
+from ..errors import BuildVariantNotFoundError
+from .info import Backend, Metadata
+from .loaded import read_metadata, variant_folder
+from .signatures import check_signature
 
-_CUDA_ARCH = re.compile(r"([0-9]+)\.([0-9]+)([af]?)(\+PTX)?")
-
-
-@dataclass(frozen=True)
-class Device:
-    """The accelerator a build must support: ``("cuda", (9, 0))`` or ``("rocm", "gfx942")``."""
-
-    backend: str
-    #: (major, minor) for CUDA; the gfx target for ROCm.
-    arch: tuple[int, int] | str
+_CUDA_ARCH = re.compile(r"(\d+)\.(\d+)([af]?)(\+PTX)?")
 
 
-def cuda_arch_supports(arch: str, capability: tuple[int, int]) -> bool | None:
-    """Whether the CUDA arch `arch` (``"9.0a"``, ``"8.0+PTX"``) runs on `capability`; None when
-    `arch` is in no known format."""
-    match = _CUDA_ARCH.fullmatch(arch) if isinstance(arch, str) else None
+def cuda_arch_runs_on(arch: str, capability: tuple[int, int]) -> bool | None:
+    """Whether code built for the CUDA arch `arch` runs on a device of `capability`;
+    None when `arch` is not in a notation this module knows."""
+    match = _CUDA_ARCH.fullmatch(arch)
     if match is None:
         return None
-    built = (int(match[1]), int(match[2]))
-    suffix, ptx = match[3], match[4] is not None
+    built = (int(match.group(1)), int(match.group(2)))
+    suffix, ptx = match.group(3), match.group(4) is not None
     if suffix == "a":
         return capability == built
-    if ptx and not suffix:
+    if suffix != "f" and ptx:
         return capability >= built
     return capability[0] == built[0] and capability[1] >= built[1]
 
 
-def supports_cuda_capability(archs: Sequence[str], capability: tuple[int, int]) -> bool:
-    """Whether any of `archs` runs on `capability` (True when none can be read)."""
-    verdicts = [cuda_arch_supports(arch, capability) for arch in archs]
-    if all(v is None for v in verdicts):
-        return True
-    return any(verdicts)
+def cuda_archs_run_on(archs: list[str], capability: tuple[int, int]) -> bool:
+    """Whether any of `archs` runs on `capability` (True when none can be parsed)."""
+    verdicts = [cuda_arch_runs_on(arch, capability) for arch in archs]
+    return all(v is None for v in verdicts) or any(verdicts)
 
 
-def declared_archs(backend_info: Mapping[str, object] | None) -> list[str]:
-    """The archs a metadata ``backend`` object declares (only CUDA and ROCm ones count)."""
-    if not isinstance(backend_info, Mapping) or backend_info.get("type") not in ("cuda", "rocm"):
-        return []
-    archs = backend_info.get("archs")
-    if not isinstance(archs, list):
-        return []
-    return [a for a in archs if isinstance(a, str)]
+def device_arch(backend: Backend | None) -> tuple[int, int] | str | None:
+    """The architecture of the current device for `backend`: a CUDA capability, a ROCm
+    ``gfx`` name (feature flags removed), or None when torch has no such device here."""
+    import torch
 
-
-def current_device() -> Device | None:
-    """This process's GPU, or None when torch sees no CUDA or ROCm device."""
-    try:
-        import torch
-    except ImportError:
-        return None
     if not torch.cuda.is_available():
         return None
-    if torch.version.hip is not None:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return Device("rocm", str(props.gcnArchName).split(":")[0])
-    if torch.version.cuda is not None:
+    if backend is Backend.CUDA and torch.version.cuda is not None:
         major, minor = torch.cuda.get_device_capability()
-        return Device("cuda", (int(major), int(minor)))
+        return (major, minor)
+    if backend is Backend.ROCm and getattr(torch.version, "hip", None) is not None:
+        name = torch.cuda.get_device_properties(torch.cuda.current_device()).gcnArchName
+        return str(name).split(":")[0]
     return None
 
 
-def arch_rejection(backend_info: Mapping[str, object] | None, device: Device | None) -> str | None:
-    """Why a build with metadata ``backend`` `backend_info` cannot run on `device`, or None."""
-    archs = declared_archs(backend_info)
-    if not archs or device is None or device.backend != (backend_info or {}).get("type"):
+def unsupported_arch(metadata: Metadata) -> str | None:
+    """Why the build `metadata` describes cannot run on the current device, or None when it
+    can (or the build declares no archs, or the device is not of its backend)."""
+    info = metadata.backend
+    if info is None:
         return None
-    listed = ", ".join(archs)
-    if device.backend == "cuda":
-        assert isinstance(device.arch, tuple)
-        if supports_cuda_capability(archs, device.arch):
+    archs = info.archs
+    if not archs:
+        return None
+    backend = info.backend_type  # archs is None for an unknown backend: no ValueError here
+    arch = device_arch(backend)
+    if arch is None:
+        return None
+    if isinstance(arch, tuple):
+        if cuda_archs_run_on(archs, arch):
             return None
-        major, minor = device.arch
         return (
-            f"CUDA capability {major}.{minor} of the current device is not supported by the "
-            f"architectures of the build: {listed}"
+            f"CUDA capability {arch[0]}.{arch[1]} of the current device is not among the "
+            f"architectures of the build ({', '.join(archs)})"
         )
-    if device.arch in archs:
+    if arch in archs:
         return None
-    return (
-        f"ROCm arch {device.arch} of the current device is not supported by the architectures "
-        f"of the build: {listed}"
-    )
+    return f"ROCm arch {arch} of the current device is not among the architectures of the build ({', '.join(archs)})"
 
 
-def check_arch(
-    backend_info: Mapping[str, object] | None,
-    *,
-    kernel: str,
-    variant: str,
-    check: bool = True,
-    device: Device | None = None,
-) -> None:
-    """Refuse a build that does not support this device (see the module docstring).
-
-    Args:
-        backend_info: the ``backend`` object of the build's ``metadata.json``.
-        kernel: how to name the kernel in the message (its name or repository).
-        variant: the build variant it comes from.
-        check: False skips the check (``check_arch=False``).
-        device: the device to check for; this process's GPU when None.
+def check_arch(metadata: Metadata, *, where: str) -> None:
+    """Refuse a build that does not declare the current device's architecture.
 
     Raises:
-        KernelArchError: the declared archs exclude the device (a ``RuntimeError``).
+        BuildVariantNotFoundError: it does not; the message names the device, the build's
+            archs, and ``check_arch=False``.
     """
-    if not check or not declared_archs(backend_info):
-        return
-    reason = arch_rejection(backend_info, device or current_device())
+    reason = unsupported_arch(metadata)
     if reason is None:
         return
-    raise KernelArchError(
-        f"Kernel {quoted(kernel)} variant {quoted(variant)} does not support the current "
-        f"device: {reason}. Nothing was imported. The declared architectures can be "
-        "incomplete (e.g. when a kernel has a Triton fallback): pass check_arch=False to load "
-        "it anyway; the kernel may then fail or crash the process when it runs."
+    raise BuildVariantNotFoundError(
+        f"{where} does not support the current device: {reason}. Nothing was imported. The "
+        "declared architectures can be incomplete (e.g. a kernel with a Triton fallback): "
+        "pass check_arch=False to load it anyway, at the risk of it failing or crashing the "
+        "process when it runs."
     )
+
+
+def check_package_arch(package_dir: Path, *, where: str) -> None:
+    """`check_arch` for the build a package folder belongs to, before it is imported.
+
+    The signature (when required) is checked first: a forged ``metadata.json`` should meet
+    no parser of ours (`kernels.repos.signatures`).
+
+    Raises:
+        BuildVariantNotFoundError: as `check_arch`.
+        KernelLoadError: the metadata.json is malformed; KernelSignatureError as
+            `check_signature`.
+    """
+    check_signature(variant_folder(package_dir))
+    check_arch(read_metadata(package_dir), where=where)

@@ -38,36 +38,43 @@ from types import ModuleType
 from ..errors import (
     BuildVariantNotFoundError,
     KernelLoadError,
+    KernelMetadataError,
     KernelOfflineError,
     KernelRevisionError,
 )
-from . import cache_records, hubclient, load_locks
+from . import archs, cache_records, hubclient, load_locks
 from .hashing import verify_variant
 from .hubclient import COMMIT_PATTERN, KERNEL_REPO_TYPE, Failure
-from .info import RepoInfo
+from .info import METADATA_FILE, Metadata, RepoInfo
 from .kernel_deps import KernelDependency, dependencies_loaded
 from .layout import PackageLocation, locate_package, read_preference
-from .loaded import record_origin
+from .loaded import read_metadata, record_origin
 from .loader import import_package
 from .local_overrides import LocalOverride, find_local_override
 from .repo_id import check_repo_id
 from .trust import TrustArgument, TrustDecision, normalize_trust, require_trust
 from .variants import (
     PREFERENCE_FILE,
+    MachineBuild,
     VariantDecision,
     allow_patterns,
     choose_variant,
     decide_variants,
+    machine_for_backend,
     read_preference_file,
     variants_in,
 )
 from .versions import (
     Request,
     ResolvedRevision,
+    all_latest,
     cached_other_type_hint,
     check_request,
     hub_error,
     list_refs,
+    require_pin,
+    resolve_from_cache,
+    resolve_latest,
     resolve_request,
     resolve_revision,
 )
@@ -125,11 +132,13 @@ def package_name_for(repo_id: str) -> str:
 
 def get_kernel(
     repo_id: str,
+    *,
     revision: str | None = None,
     version: str | int | None = None,
-    *,
-    trust_remote_code: bool | list[str] = False,
+    backend: str | None = None,
     user_agent: str | dict | None = None,
+    trust_remote_code: bool | list[str] = False,
+    check_arch: bool = True,
     repo_type: str = KERNEL_REPO_TYPE,
 ) -> ModuleType:
     """Download (if needed) and import a kernel from the Hub.
@@ -141,35 +150,47 @@ def get_kernel(
     Args:
         repo_id: the Hub repository, e.g. ``"kernels-community/activation"``.
         revision: a branch, tag or full commit hash. Cannot be combined with `version`.
-        version: a PEP 440 specifier (the highest ``v<x.y.z>`` tag satisfying it) or an int N
-            (the branch ``vN``). With neither, ``main`` is loaded and a WARNING says so.
+        version: an int N (the branch ``vN``, the Hub's convention) or a PEP 440 specifier
+            (the highest ``v<x.y.z>`` tag satisfying it). One of `version` and `revision` must
+            be given (``revision="main"`` follows the main branch).
+        backend: load the build for this backend: ``"cpu"``, or the backend torch was built
+            for (the default).
+        user_agent: extra user-agent information sent with every Hub request of this load
+            (a ``"name/version"`` string or a dict of names to versions).
         trust_remote_code: allow code from organisations that are not trusted by default or
             configuration: True for any, or a list of organisations / repository ids.
-        user_agent: extra user-agent information for the download requests (as
-            huggingface_hub's ``snapshot_download`` takes it).
+        check_arch: refuse a build whose ``metadata.json`` lists architectures that leave
+            out the current GPU's (False loads it anyway, e.g. a kernel with a Triton
+            fallback).
         repo_type: ``"kernel"`` (the Hub's kernel repositories) or ``"model"`` for a kernel
             still published as a model repository (an old mirror or a private Hub).
 
     Raises:
-        UntrustedKernelError, KernelRepositoryNotFoundError, KernelRevisionError,
-        KernelVersionSpecError, BuildVariantNotFoundError, KernelOfflineError,
-        KernelHubUnsupportedError, KernelDownloadError: all `KernelLoadError` subclasses;
-        see docs/hub.md.
+        KernelVersionSpecError (a ValueError): neither `version` nor `revision`, both, or a
+            malformed `version`.
+        UntrustedKernelError (a ValueError), KernelRepositoryNotFoundError,
+        KernelRevisionError, BuildVariantNotFoundError, KernelOfflineError (a
+        FileNotFoundError), KernelHubUnsupportedError, KernelDownloadError: all
+        `KernelLoadError` subclasses; see docs/hub.md.
 
     Example:
         ```python
         from kernels import get_kernel
 
-        activation = get_kernel("kernels-community/activation", version=">=0.1,<0.2")
+        activation = get_kernel("kernels-community/activation", version=1)
         y = activation.silu_and_mul(x)
         ```
     """
+    _check_repo_id(repo_id, repo_type)  # first: an id that is not one is named as such
+    require_pin(repo_id, revision=revision, version=version)
     return load_hub_kernel(
         repo_id,
         revision=revision,
         version=version,
+        backend=backend,
         trust_remote_code=trust_remote_code,
         user_agent=user_agent,
+        check_arch=check_arch,
         repo_type=repo_type,
     ).module
 
@@ -179,40 +200,66 @@ def load_hub_kernel(
     *,
     revision: str | None = None,
     version: str | int | None = None,
+    backend: str | None = None,
     trust_remote_code: TrustArgument | list[str] = False,
     user_agent: str | dict | None = None,
+    check_arch: bool = True,
     repo_type: str = KERNEL_REPO_TYPE,
 ) -> LoadedHubKernel:
     """`get_kernel`, returning what was resolved, downloaded and trusted along with the module."""
     _check_repo_id(repo_id, repo_type)
+    hubclient.check_user_agent(user_agent)
+    machine = machine_for_backend(backend)
     if (local := find_local_override(repo_id)) is not None:
         return _load_local_override(local, repo_type)  # no Hub, no trust check
     trust = require_trust(repo_id, normalize_trust(trust_remote_code))
     request = check_request(repo_id, revision=revision, version=version, repo_type=repo_type)
-    fetched = _resolve_and_fetch(request, user_agent=user_agent)
-    # Outside every lock of ours: the kernel's code runs now, and may load other kernels.
-    load = dependency_loader(trust_remote_code)
-    with dependencies_loaded(fetched.location.package_dir, repo_id, load):
-        loaded = import_fetched(fetched, trust)
+    with hubclient.user_agent_for(user_agent):
+        if all_latest():
+            latest = resolve_latest(repo_id, asked=request.asked, repo_type=repo_type)
+            fetched = fetch_kernel(latest, machine=machine)
+        else:
+            fetched = _resolve_and_fetch(request, machine=machine, backend=backend)
+        if check_arch:
+            check_fetched_arch(fetched)
+        # Outside every lock of ours: the kernel's code runs now, and may load other kernels.
+        load = dependency_loader(trust_remote_code, backend=backend, check_arch=check_arch)
+        with dependencies_loaded(fetched.location.package_dir, repo_id, load):
+            loaded = import_fetched(fetched, trust)
     logger.info("Loaded kernel %s; %s", loaded.describe(), trust.reason)
     return loaded
 
 
-def _resolve_and_fetch(request: Request, *, user_agent: str | dict | None) -> FetchedKernel:
-    """Resolve `request` and make its variant present in the cache, once for all the
-    threads and processes of this machine that ask for it at the same time."""
+def check_fetched_arch(fetched: FetchedKernel) -> None:
+    """Refuse (before import) a fetched build that does not support the current device.
+
+    Raises:
+        BuildVariantNotFoundError: its metadata's archs leave out the current GPU's.
+        KernelLoadError: its metadata.json is malformed.
+    """
+    where = f"{fetched.repo_id} ({fetched.resolved.how}), variant {fetched.variant}"
+    archs.check_package_arch(fetched.location.package_dir, where=where)
+
+
+def _resolve_and_fetch(
+    request: Request, *, machine: MachineBuild | None = None, backend: str | None = None
+) -> FetchedKernel:
+    """Resolve `request` and make its variant for `machine` present in the cache, once for
+    all the threads and processes of this machine that ask for it at the same time."""
     if hubclient.is_offline():  # only the cache answers: nothing to share
-        return fetch_kernel(resolve_request(request), user_agent=user_agent)
-    key = load_locks.LoadKey(request.repo_type, request.repo_id, request.asked)
+        return fetch_kernel(resolve_request(request), machine=machine)
+    # Loads for another backend choose another variant: they share nothing with the others.
+    asked = request.asked if backend is None else f"{request.asked} backend={backend}"
+    key = load_locks.LoadKey(request.repo_type, request.repo_id, asked)
     folder = hubclient.repo_cache_folder(request.repo_id, request.repo_type)
     with load_locks.hold(key, _lock_folder(request.repo_id, request.repo_type)) as turn:
         shared = turn.in_flight()
         if isinstance(shared, FetchedKernel):
             logger.debug("%s: using what another thread resolved meanwhile", key.describe())
             return shared
-        fetched = _recorded(request, key, folder) if turn.across_processes else None
+        fetched = _recorded(request, key, folder, machine) if turn.across_processes else None
         if fetched is None:
-            fetched = fetch_kernel(resolve_request(request), user_agent=user_agent)
+            fetched = fetch_kernel(resolve_request(request), machine=machine)
             _note_resolution(key, folder, fetched)
         turn.publish(fetched)
         return fetched
@@ -244,7 +291,9 @@ def reuse_seconds() -> float:
     return max(seconds, 0.0)
 
 
-def _recorded(request: Request, key: load_locks.LoadKey, folder: Path) -> FetchedKernel | None:
+def _recorded(
+    request: Request, key: load_locks.LoadKey, folder: Path, machine: MachineBuild | None = None
+) -> FetchedKernel | None:
     """The answer another process found for `request` moments ago, if the cache holds it.
 
     The record is hostile input: it is used only when it answers this very request, is
@@ -270,7 +319,7 @@ def _recorded(request: Request, key: load_locks.LoadKey, folder: Path) -> Fetche
         f"{record.how}; resolved {age:.0f} s ago by process {record.pid}",
         repo_type=request.repo_type,
     )
-    fetched = _fetch_cached_commit(resolved)
+    fetched = _fetch_cached_commit(resolved, machine=machine)
     if fetched is None or fetched.variant != record.variant:
         return None
     logger.debug("%s: using the resolution of process %d", key.describe(), record.pid)
@@ -300,15 +349,21 @@ def _lock_folder(repo_id: str, repo_type: str) -> Path:
 
 def dependency_loader(
     trust_remote_code: TrustArgument | list[str] = False,
+    *,
+    backend: str | None = None,
+    check_arch: bool = True,
 ) -> Callable[[KernelDependency], ModuleType]:
-    """How a kernel's ``kernel-depends`` load: as Hub kernels, with the kernel's own trust."""
+    """How a kernel's ``kernel-depends`` load: as Hub kernels, with the kernel's own trust,
+    backend and arch check (and, inside its load, its user agent)."""
 
     def load(dependency: KernelDependency) -> ModuleType:
         return load_hub_kernel(
             dependency.repo_id,
             version=dependency.version,
             revision=dependency.revision,
+            backend=backend,
             trust_remote_code=trust_remote_code,
+            check_arch=check_arch,
         ).module
 
     return load
@@ -350,54 +405,114 @@ def import_fetched(fetched: FetchedKernel, trust: TrustDecision) -> LoadedHubKer
 
 def has_kernel(
     repo_id: str,
+    *,
     revision: str | None = None,
     version: str | int | None = None,
-    *,
+    backend: str | None = None,
+    trust_remote_code: bool | list[str] = False,
+    check_arch: bool = True,
     repo_type: str = KERNEL_REPO_TYPE,
 ) -> bool:
     """Whether `repo_id` has a build variant this machine can run, without downloading it.
 
-    Returns False only when the repository offers no variant for this machine; a missing
-    repository, revision or version raises as `get_kernel` does. Offline, the answer comes
-    from the cache. `repo_type` is as for `get_kernel`. A repository that ``LOCAL_KERNELS``
-    maps to a folder is answered from that folder, with no Hub request, as Hugging Face's
-    client does (a folder that does not exist raises, naming the variable).
+    Returns False when the repository offers no variant for this machine (for `backend`, as
+    for `get_kernel`) or, with `check_arch`, when the chosen variant's ``metadata.json``
+    lists architectures that leave out the current GPU's (only that file is downloaded). A
+    missing repository, revision or version raises as `get_kernel` does, and so does
+    neither `version` nor `revision` (a ValueError). Offline, the answer comes from the
+    cache. A repository that ``LOCAL_KERNELS`` maps to a folder is answered from that
+    folder, with no Hub request, as Hugging Face's client does (a folder that does not
+    exist raises, naming the variable). `trust_remote_code` is accepted as Hugging Face's
+    client accepts it; nothing is imported, so no code runs and nothing is trust-checked.
     """
     _check_repo_id(repo_id, repo_type)
+    require_pin(repo_id, revision=revision, version=version)
+    normalize_trust(trust_remote_code)  # a malformed argument fails here as in get_kernel
+    machine = machine_for_backend(backend)
     try:
         if find_local_override(repo_id) is not None:
             return True
     except BuildVariantNotFoundError:
         return False
-    resolved = resolve_revision(repo_id, revision=revision, version=version, repo_type=repo_type)
+    if all_latest():
+        request = check_request(repo_id, revision=revision, version=version, repo_type=repo_type)
+        resolved = resolve_latest(repo_id, asked=request.asked, repo_type=repo_type)
+    else:
+        resolved = resolve_revision(
+            repo_id, revision=revision, version=version, repo_type=repo_type
+        )
     try:
-        if hubclient.is_offline() or resolved.from_cache:
-            reason = (
-                "HF_HUB_OFFLINE is set" if hubclient.is_offline() else "the Hub cannot be reached"
-            )
-            _fetch_from_cache(resolved, reason=reason)
-        elif (recorded := _recorded_listing(resolved)) is not None:
-            offered, prefer = recorded
-            choose_variant(offered, where=f"{repo_id} ({resolved.how})", prefer=prefer)
-        else:
-            try:
-                _choose_remote_variant(resolved)
-            except KernelOfflineError as exc:
-                # As get_kernel does: an unreachable Hub is answered from the cache if it can.
-                _fetch_from_cache(resolved, reason=exc.reason)
+        metadata = _chosen_variant_metadata(resolved, machine)
     except BuildVariantNotFoundError:
         return False
+    if check_arch and metadata is not None:
+        return archs.unsupported_arch(metadata) is None
     return True
+
+
+def _chosen_variant_metadata(resolved: ResolvedRevision, machine: MachineBuild) -> Metadata | None:
+    """The metadata of the variant `get_kernel` would load for `machine` at `resolved`
+    (downloading only its ``metadata.json``); None when the variant has none.
+
+    Raises:
+        BuildVariantNotFoundError: no variant runs on `machine`.
+    """
+    if hubclient.is_offline() or resolved.from_cache:
+        reason = "HF_HUB_OFFLINE is set" if hubclient.is_offline() else "the Hub cannot be reached"
+        return _cached_metadata(_fetch_from_cache(resolved, reason=reason, machine=machine))
+    cached = _fetch_cached_commit(resolved, machine=machine)
+    if cached is not None:
+        return _cached_metadata(cached)
+    where = f"{resolved.repo_id} ({resolved.how})"
+    if (recorded := _recorded_listing(resolved)) is not None:
+        offered, prefer = recorded
+        variant = choose_variant(offered, where=where, prefer=prefer, machine=machine)
+        files: tuple[str, ...] | None = None
+    else:
+        try:
+            listing = _choose_remote_variant(resolved, machine=machine)
+        except KernelOfflineError as exc:
+            # As get_kernel does: an unreachable Hub is answered from the cache if it can.
+            fetched = _fetch_from_cache(resolved, reason=exc.reason, machine=machine)
+            return _cached_metadata(fetched)
+        variant, files = listing.variant, listing.files
+    if files is not None and METADATA_FILE not in files:
+        return None
+    filename = f"build/{variant}/{METADATA_FILE}"
+    try:
+        path = hubclient.hub_api().hf_hub_download(
+            resolved.repo_id,
+            filename,
+            revision=resolved.commit or resolved.revision,
+            repo_type=resolved.repo_type,
+        )
+    except Exception as exc:
+        if files is None and hubclient.classify(exc) is Failure.ENTRY_NOT_FOUND:
+            return None
+        raise hub_error(
+            exc, resolved.repo_id, f"download {filename} of {where}", resolved.repo_type
+        ) from exc
+    try:
+        return Metadata.read_from_file(path)
+    except KernelMetadataError as exc:
+        raise KernelLoadError(f"{where}: {filename} is malformed ({exc}).") from exc
+
+
+def _cached_metadata(fetched: FetchedKernel) -> Metadata:
+    return read_metadata(fetched.location.package_dir)
 
 
 def get_kernel_variants(
     repo_id: str,
+    *,
     revision: str | None = None,
     version: str | int | None = None,
-    *,
+    backend: str | None = None,
     repo_type: str = KERNEL_REPO_TYPE,
 ) -> list[VariantDecision]:
-    """Which build variants of a Hub kernel run on this machine, and why the others do not.
+    """Which build variants of a Hub kernel run on this machine (loading builds for
+    `backend`, as `get_kernel` does), and why the others do not. One of `version` and
+    `revision` must be given, as for `get_kernel`.
 
     Nothing is downloaded: the decision comes from the file listing at the resolved revision
     (offline, from the cached variants). Accepted variants come first, best first (their
@@ -416,60 +531,72 @@ def get_kernel_variants(
         ```
     """
     _check_repo_id(repo_id, repo_type)
+    require_pin(repo_id, revision=revision, version=version)
+    machine = machine_for_backend(backend)
     resolved = resolve_revision(repo_id, revision=revision, version=version, repo_type=repo_type)
     if not (hubclient.is_offline() or resolved.from_cache):
         if (recorded := _recorded_listing(resolved)) is not None:
             offered, prefer = recorded
-            return decide_variants(offered, prefer=prefer)
+            return decide_variants(offered, prefer=prefer, machine=machine)
         try:
             offered, prefer, _ = _remote_listing(resolved)
-            return decide_variants(offered, prefer=prefer)
+            return decide_variants(offered, prefer=prefer, machine=machine)
         except KernelOfflineError:
             pass  # as get_kernel does: an unreachable Hub is answered from the cache
     snapshot = _cached_snapshot(resolved, reason="the Hub cannot be asked")
     build = snapshot / "build"
     cached = [p.name for p in build.iterdir() if p.is_dir()] if build.is_dir() else []
     where = f"{repo_id} ({resolved.how})"
-    return decide_variants(cached, prefer=read_preference(snapshot, where=where))
+    return decide_variants(cached, prefer=read_preference(snapshot, where=where), machine=machine)
 
 
 def install_kernel(
     repo_id: str,
-    revision: str,
-    local_files_only: bool = False,
-    variant_locks: Mapping[str, object] | None = None,
     *,
+    revision: str | None = None,
+    version: str | int | None = None,
+    backend: str | None = None,
+    local_files_only: bool = False,
+    user_agent: str | dict | None = None,
     trust_remote_code: bool | list[str] = False,
+    variant_locks: Mapping[str, object] | None = None,
     repo_type: str = KERNEL_REPO_TYPE,
-) -> tuple[str, Path]:
+) -> Path:
     """Download a kernel's variant for this machine into the cache, without importing it.
 
     Args:
         repo_id: the Hub repository.
-        revision: a branch, tag or full commit hash.
-        local_files_only: only look in the cache.
+        revision: a branch, tag or full commit hash; or
+        version: as for `get_kernel` (one of the two must be given).
+        backend: download the build for this backend, as for `get_kernel`.
+        local_files_only: only look in the cache (a branch or tag is found by the name the
+            cache recorded when it was downloaded).
+        user_agent: as for `get_kernel`.
+        trust_remote_code: as for `get_kernel`.
         variant_locks: the ``variants`` of a lock entry (variant -> ``{"hash": ...}``); when
             given, the downloaded files are verified against it.
-        trust_remote_code: as for `get_kernel`.
         repo_type: as for `get_kernel`.
 
     Returns:
-        The package name and the variant folder (``.../build/<variant>``).
+        The variant folder, ``<snapshot>/build/<variant>`` (as Hugging Face's client returns
+        it; before 0.19 ours returned the package name with it).
     """
     _check_repo_id(repo_id, repo_type)
+    require_pin(repo_id, revision=revision, version=version)
+    machine = machine_for_backend(backend)
     require_trust(repo_id, normalize_trust(trust_remote_code))
-    if local_files_only:
-        hubclient.require_repo_type(repo_type, repo_id)
-        resolved = ResolvedRevision(
-            repo_id,
-            revision,
-            revision if COMMIT_PATTERN.match(revision) else None,
-            revision,
-            repo_type=repo_type,
-        )
-        fetched = _fetch_from_cache(resolved, reason="local_files_only=True")
-    else:
-        fetched = fetch_kernel(resolve_revision(repo_id, revision=revision, repo_type=repo_type))
+    with hubclient.user_agent_for(user_agent):
+        if local_files_only:
+            request = check_request(
+                repo_id, revision=revision, version=version, repo_type=repo_type
+            )
+            resolved = resolve_from_cache(request, reason="local_files_only=True.")
+            fetched = fetch_kernel(resolved, local_files_only=True, machine=machine)
+        else:
+            resolved = resolve_revision(
+                repo_id, revision=revision, version=version, repo_type=repo_type
+            )
+            fetched = fetch_kernel(resolved, machine=machine)
     if variant_locks is not None:
         verify_variant(
             fetched.variant_dir,
@@ -479,7 +606,7 @@ def install_kernel(
             variant=fetched.variant,
             files=None,
         )
-    return fetched.location.package_name, fetched.variant_dir
+    return fetched.variant_dir
 
 
 def fetch_kernel(
@@ -487,9 +614,12 @@ def fetch_kernel(
     *,
     variant: str | None = None,
     local_files_only: bool = False,
-    user_agent: str | dict | None = None,
+    machine: MachineBuild | None = None,
 ) -> FetchedKernel:
     """Make the variant of `resolved` for this machine (or `variant`) present in the cache.
+
+    `machine` is the machine to choose the variant for (this one by default;
+    `machine_for_backend` gives it for another backend).
 
     A commit whose variant an earlier download left complete in the cache is used without
     any Hub request: a commit never changes. Otherwise one thread of one process at a time
@@ -500,29 +630,32 @@ def fetch_kernel(
             resolved,
             variant=variant,
             reason="local_files_only=True" if local_files_only else "HF_HUB_OFFLINE is set",
+            machine=machine,
         )
     if resolved.from_cache:
-        return _fetch_from_cache(resolved, variant=variant, reason="the Hub cannot be reached")
-    cached = _fetch_cached_commit(resolved, variant=variant)
+        return _fetch_from_cache(
+            resolved, variant=variant, reason="the Hub cannot be reached", machine=machine
+        )
+    cached = _fetch_cached_commit(resolved, variant=variant, machine=machine)
     if cached is not None or resolved.commit is None:
-        return cached or _fetch_online(resolved, variant=variant, user_agent=user_agent)
+        return cached or _fetch_online(resolved, variant=variant, machine=machine)
     key = load_locks.LoadKey(resolved.repo_type, resolved.repo_id, f"commit={resolved.commit}")
     with load_locks.hold(key, _lock_folder(resolved.repo_id, resolved.repo_type)):
         # Another thread or process may have downloaded it while this one waited.
-        cached = _fetch_cached_commit(resolved, variant=variant)
-        return cached or _fetch_online(resolved, variant=variant, user_agent=user_agent)
+        cached = _fetch_cached_commit(resolved, variant=variant, machine=machine)
+        return cached or _fetch_online(resolved, variant=variant, machine=machine)
 
 
 def _fetch_online(
-    resolved: ResolvedRevision, *, variant: str | None, user_agent: str | dict | None
+    resolved: ResolvedRevision, *, variant: str | None, machine: MachineBuild | None = None
 ) -> FetchedKernel:
     try:
-        listing = _choose_remote_variant(resolved, variant=variant)
+        listing = _choose_remote_variant(resolved, variant=variant, machine=machine)
     except KernelOfflineError as exc:
         reason = exc.reason
         logger.warning("%s: %s Trying the cache.", resolved.repo_id, reason)
-        return _fetch_from_cache(resolved, variant=variant, reason=reason)
-    return _download(resolved, listing, user_agent=user_agent)
+        return _fetch_from_cache(resolved, variant=variant, reason=reason, machine=machine)
+    return _download(resolved, listing)
 
 
 def _recorded_listing(resolved: ResolvedRevision) -> tuple[list[str], str] | None:
@@ -545,7 +678,7 @@ def _recorded_listing(resolved: ResolvedRevision) -> tuple[list[str], str] | Non
 
 
 def _fetch_cached_commit(
-    resolved: ResolvedRevision, *, variant: str | None = None
+    resolved: ResolvedRevision, *, variant: str | None = None, machine: MachineBuild | None = None
 ) -> FetchedKernel | None:
     """The variant of the resolved commit, when the cache holds it complete; else None.
 
@@ -563,7 +696,9 @@ def _fetch_cached_commit(
     folder = hubclient.repo_cache_folder(resolved.repo_id, resolved.repo_type)
     if variant is None:
         try:
-            variant = choose_variant(offered, where=resolved.repo_id, prefer=prefer)
+            variant = choose_variant(
+                offered, where=resolved.repo_id, prefer=prefer, machine=machine
+            )
         except BuildVariantNotFoundError:
             return None  # the Hub's listing gives the error, with its own words
     elif variant not in offered:
@@ -612,10 +747,8 @@ def _remote_listing(resolved: ResolvedRevision) -> tuple[list[str], str, list[st
     )
     prefer = "compiled"
     if PREFERENCE_FILE in repo_files:
-        from huggingface_hub import hf_hub_download
-
         try:
-            path = hf_hub_download(
+            path = api.hf_hub_download(
                 repo_id, PREFERENCE_FILE, revision=revision, repo_type=resolved.repo_type
             )
         except Exception as exc:
@@ -626,12 +759,14 @@ def _remote_listing(resolved: ResolvedRevision) -> tuple[list[str], str, list[st
     return offered, prefer, repo_files
 
 
-def _choose_remote_variant(resolved: ResolvedRevision, *, variant: str | None = None) -> _Listing:
+def _choose_remote_variant(
+    resolved: ResolvedRevision, *, variant: str | None = None, machine: MachineBuild | None = None
+) -> _Listing:
     """List the files at the resolved revision and pick the variant (no download)."""
     where = f"{resolved.repo_id} ({resolved.how})"
     offered, prefer, repo_files = _remote_listing(resolved)
     if variant is None:
-        variant = choose_variant(offered, where=where, prefer=prefer)
+        variant = choose_variant(offered, where=where, prefer=prefer, machine=machine)
     elif variant not in offered:
         raise BuildVariantNotFoundError(
             f"{where} has no build variant {variant}. It offers: {', '.join(offered) or 'none'}."
@@ -664,10 +799,7 @@ def _revision_error(exc: BaseException, resolved: ResolvedRevision, doing: str) 
     return hub_error(exc, resolved.repo_id, doing, resolved.repo_type)
 
 
-def _download(
-    resolved: ResolvedRevision, listing: _Listing, *, user_agent: str | dict | None = None
-) -> FetchedKernel:
-    from huggingface_hub import snapshot_download
+def _download(resolved: ResolvedRevision, listing: _Listing) -> FetchedKernel:
 
     variant, files = listing.variant, listing.files
     repo_id = resolved.repo_id
@@ -679,12 +811,11 @@ def _download(
         _record_files(resolved, resolved.commit, variant, files)
     try:
         snapshot = Path(
-            snapshot_download(
+            hubclient.hub_api().snapshot_download(
                 repo_id,
                 revision=resolved.revision,
                 repo_type=resolved.repo_type,
                 allow_patterns=allow_patterns([variant]),
-                user_agent=user_agent,
             )
         )
     except Exception as exc:
@@ -736,7 +867,11 @@ def _fetched(
 
 
 def _fetch_from_cache(
-    resolved: ResolvedRevision, *, variant: str | None = None, reason: str
+    resolved: ResolvedRevision,
+    *,
+    variant: str | None = None,
+    reason: str,
+    machine: MachineBuild | None = None,
 ) -> FetchedKernel:
     """Find the variant of `resolved` in the cache, without any Hub call."""
 
@@ -750,7 +885,7 @@ def _fetch_from_cache(
     if variant is None:
         try:
             variant = choose_variant(
-                cached, where=where, prefer=read_preference(snapshot, where=where)
+                cached, where=where, prefer=read_preference(snapshot, where=where), machine=machine
             )
         except BuildVariantNotFoundError as exc:
             raise BuildVariantNotFoundError(
@@ -768,12 +903,11 @@ def _fetch_from_cache(
 
 def _cached_snapshot(resolved: ResolvedRevision, *, reason: str) -> Path:
     """The cached snapshot folder of the resolved revision, without any Hub call."""
-    from huggingface_hub import snapshot_download
 
     repo_id = resolved.repo_id
     try:
         return Path(
-            snapshot_download(
+            hubclient.hub_api().snapshot_download(
                 repo_id,
                 revision=resolved.commit or resolved.revision,
                 repo_type=resolved.repo_type,
@@ -804,7 +938,6 @@ def _read_marker(resolved: ResolvedRevision, commit: str, variant: str) -> tuple
 
 def _check_complete(resolved: ResolvedRevision, snapshot: Path, variant: str, reason: str) -> None:
     """Refuse a cached variant that an interrupted download left incomplete."""
-    from huggingface_hub import snapshot_download
 
     repo_id = resolved.repo_id
     where = f"{repo_id} ({resolved.how})"
@@ -815,7 +948,7 @@ def _check_complete(resolved: ResolvedRevision, snapshot: Path, variant: str, re
     )
     # huggingface_hub >= 1.x knows each commit's file list and raises when files are missing.
     try:
-        snapshot_download(
+        hubclient.hub_api().snapshot_download(
             repo_id,
             revision=snapshot.name,
             repo_type=resolved.repo_type,

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 from ..errors import KernelMappingError
 from .base import PackageFunction
-from .hubclient import KERNEL_REPO_TYPE, check_repo_type
+from .hubclient import KERNEL_REPO_TYPE, check_repo_type, check_user_agent
 from .provides import provided_kernel
 from .repo_id import check_repo_id
 from .trust import normalize_trust
-from .versions import check_version_argument
+from .versions import check_version_argument, require_pin
 
 if TYPE_CHECKING:
     from .download import LoadedHubKernel
@@ -35,12 +35,17 @@ class LayerRepository:
         repo_id: the Hub repository, e.g. ``"kernels-community/activation"``.
         layer_name: the class in the kernel package's ``layers`` module.
         revision: a branch, tag or full commit hash. Cannot be combined with `version`.
-        version: a PEP 440 specifier such as ``">=0.1,<0.2"`` (the highest ``v<x.y.z>`` tag
-            that satisfies it), or an int N for the branch ``vN``. With neither revision nor
-            version, ``main`` is loaded and a WARNING says the kernel is unpinned.
+        version: an int N for the branch ``vN`` (the Hub's convention), or a PEP 440
+            specifier such as ``">=0.1,<0.2"`` (the highest ``v<x.y.z>`` tag that satisfies
+            it). One of `revision` and `version` must be given (a ValueError otherwise;
+            ``revision="main"`` follows the main branch).
         trust_remote_code: run code from an organisation that is not trusted by default or
             by configuration: True for any, or a list of organisations / repository ids
             (docs/hub.md#trust).
+        user_agent: extra user-agent information for the Hub requests of its load, as for
+            `get_kernel` (not part of the repository's identity).
+        check_arch: refuse a build that does not support the current GPU, as for
+            `get_kernel`.
         repo_type: ``"kernel"`` (the Hub's kernel repositories, the default) or ``"model"``
             for a kernel still published as a model repository (docs/hub.md#repository-types).
 
@@ -48,9 +53,7 @@ class LayerRepository:
         ```python
         from kernels import LayerRepository
 
-        repo = LayerRepository(
-            "kernels-community/activation", layer_name="SiluAndMul", version=">=0.0.4,<0.1.0"
-        )
+        repo = LayerRepository("kernels-community/activation", layer_name="SiluAndMul", version=1)
         ```
     """
 
@@ -59,6 +62,8 @@ class LayerRepository:
     revision: str | None = field(default=None, kw_only=True)
     version: str | int | None = field(default=None, kw_only=True)
     trust_remote_code: bool | tuple[str, ...] = field(default=False, kw_only=True)
+    user_agent: str | dict | None = field(default=None, kw_only=True, compare=False)
+    check_arch: bool = field(default=True, kw_only=True)
     repo_type: str = field(default=KERNEL_REPO_TYPE, kw_only=True)
     # What the first load() resolved; not part of the repository's identity.
     _loaded: LoadedHubKernel | None = field(default=None, init=False, repr=False, compare=False)
@@ -73,7 +78,14 @@ class LayerRepository:
                 f"LayerRepository('{self.repo_id}') got both revision={self.revision!r} and "
                 f"version={self.version!r}; give one of them."
             )
+        require_pin(
+            f"LayerRepository('{self.repo_id}')",
+            revision=self.revision,
+            version=self.version,
+            error=KernelMappingError,
+        )
         check_version_argument(self.version, repo_id=self.repo_id)
+        check_user_agent(self.user_agent)
         object.__setattr__(
             self,
             "trust_remote_code",
@@ -105,6 +117,8 @@ class LayerRepository:
                 revision=self.revision,
                 version=self.version,
                 trust_remote_code=self.trust_remote_code,
+                user_agent=self.user_agent,
+                check_arch=self.check_arch,
                 repo_type=self.repo_type,
             )
             with _publish_lock:
@@ -128,6 +142,8 @@ class LayerRepository:
                 self.version,
                 self.trust_remote_code,
                 self.repo_type,
+                self.user_agent,
+                self.check_arch,
             ),
         )
 
@@ -156,7 +172,14 @@ class LayerRepository:
 
 
 def _rebuild(
-    repo_id, layer_name, revision, version, trust_remote_code, repo_type=KERNEL_REPO_TYPE
+    repo_id,
+    layer_name,
+    revision,
+    version,
+    trust_remote_code,
+    repo_type=KERNEL_REPO_TYPE,
+    user_agent=None,
+    check_arch=True,
 ) -> LayerRepository:
     return LayerRepository(
         repo_id,
@@ -164,6 +187,8 @@ def _rebuild(
         revision=revision,
         version=version,
         trust_remote_code=trust_remote_code,
+        user_agent=user_agent,
+        check_arch=check_arch,
         repo_type=repo_type,
     )
 
@@ -181,9 +206,7 @@ class FuncRepository(PackageFunction):
         ```python
         from kernels import FuncRepository
 
-        repo = FuncRepository(
-            "kernels-triton/rotary", func_name="apply_rotary_pos_emb", version=">=0.1,<0.2"
-        )
+        repo = FuncRepository("kernels-triton/rotary", func_name="apply_rotary_pos_emb", version=1)
         ```
     """
 
@@ -192,18 +215,28 @@ class FuncRepository(PackageFunction):
     revision: str | None = field(default=None, kw_only=True)
     version: str | int | None = field(default=None, kw_only=True)
     trust_remote_code: bool | tuple[str, ...] = field(default=False, kw_only=True)
+    user_agent: str | dict | None = field(default=None, kw_only=True, compare=False)
+    check_arch: bool = field(default=True, kw_only=True)
     repo_type: str = field(default=KERNEL_REPO_TYPE, kw_only=True)
     # The package source: resolution, download and import are LayerRepository's.
     _package: LayerRepository = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_repo_id(self.repo_id, where="FuncRepository repo_id", error=KernelMappingError)
+        require_pin(
+            f"FuncRepository('{self.repo_id}')",
+            revision=self.revision,
+            version=self.version,
+            error=KernelMappingError,
+        )
         package = LayerRepository(
             self.repo_id,
             layer_name=self.func_name,
             revision=self.revision,
             version=self.version,
             trust_remote_code=self.trust_remote_code,
+            user_agent=self.user_agent,
+            check_arch=self.check_arch,
             repo_type=self.repo_type,
         )
         object.__setattr__(self, "trust_remote_code", package.trust_remote_code)
@@ -224,12 +257,21 @@ class FuncRepository(PackageFunction):
                 self.version,
                 self.trust_remote_code,
                 self.repo_type,
+                self.user_agent,
+                self.check_arch,
             ),
         )
 
 
 def _rebuild_func(
-    repo_id, func_name, revision, version, trust_remote_code, repo_type=KERNEL_REPO_TYPE
+    repo_id,
+    func_name,
+    revision,
+    version,
+    trust_remote_code,
+    repo_type=KERNEL_REPO_TYPE,
+    user_agent=None,
+    check_arch=True,
 ) -> FuncRepository:
     return FuncRepository(
         repo_id,
@@ -237,5 +279,7 @@ def _rebuild_func(
         revision=revision,
         version=version,
         trust_remote_code=trust_remote_code,
+        user_agent=user_agent,
+        check_arch=check_arch,
         repo_type=repo_type,
     )

@@ -13,12 +13,16 @@ still published as models (an old mirror, a private Hub) are asked for with
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import errno
 import logging
 import os
+import platform
 import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -87,11 +91,100 @@ def require_repo_type(repo_type: str, repo_id: str) -> None:
     )
 
 
+#: The caller's `user_agent` for the Hub requests of the load in progress (`user_agent_for`).
+_extra_user_agent: contextvars.ContextVar[str | dict | None] = contextvars.ContextVar(
+    "kernels_user_agent", default=None
+)
+
+
+@contextlib.contextmanager
+def user_agent_for(user_agent: str | dict | None) -> Iterator[None]:
+    """Send `user_agent` (a ``"name/version"`` string, or a dict of names to versions) with
+    every Hub request made inside the block, by this thread and the loads it starts (the
+    kernels a kernel depends on). A context variable, not an argument of every function on
+    the way to a Hub call: it is telemetry, and changes nothing that is loaded."""
+    check_user_agent(user_agent)
+    token = _extra_user_agent.set(user_agent)
+    try:
+        yield
+    finally:
+        _extra_user_agent.reset(token)
+
+
+def check_user_agent(user_agent: object) -> None:
+    """Refuse a `user_agent` argument that is neither None, a string nor a dict.
+
+    Raises:
+        KernelMappingError (a ValueError): it is something else.
+    """
+    if user_agent is not None and not isinstance(user_agent, (str, dict)):
+        from ..errors import KernelMappingError
+
+        raise KernelMappingError(
+            f"user_agent must be a string such as 'my-app/1.0' or a dict such as "
+            f"{{'my-app': '1.0'}}, got {type(user_agent).__name__}."
+        )
+
+
+def user_agent(extra: str | dict | None = None) -> str | None:
+    """The user agent `kernels` sends with its Hub requests, as Hugging Face's client builds it:
+    the caller's own parts first, then ``kernels/<version>; python/<x.y>; backend/<name>;
+    platform/<cpu>-<os>; file_type/kernel; torch/<version>``. None when
+    ``HF_HUB_DISABLE_TELEMETRY`` is set (huggingface_hub then sends only its own)."""
+    from huggingface_hub import constants
+
+    from .._version import __version__
+
+    if constants.HF_HUB_DISABLE_TELEMETRY:
+        return None
+    parts: list[str] = []
+    if isinstance(extra, dict):
+        parts += [f"{_ua_token(k)}/{_ua_token(v)}" for k, v in extra.items()]
+    elif isinstance(extra, str) and extra.strip():
+        parts.append(_ua_token(extra))
+    backend, machine = _machine()
+    parts += [
+        f"kernels/{__version__}",
+        f"python/{'.'.join(platform.python_version_tuple()[:2])}",
+        f"backend/{backend}",
+        f"platform/{machine}",
+        "file_type/kernel",
+    ]
+    import torch
+
+    parts.append(f"torch/{torch.__version__}")
+    return "; ".join(parts)
+
+
+def _ua_token(value: object) -> str:
+    # A header value: no line breaks (header injection) and no ";" (it separates the parts).
+    return re.sub(r"[\x00-\x1f\x7f;]", " ", str(value)).strip()
+
+
+def _machine() -> tuple[str, str]:
+    """This machine's backend and ``<cpu>-<os>``, as its build variants name them."""
+    try:
+        from .variants import machine_build
+
+        machine = machine_build()
+        return machine.backend, f"{machine.cpu}-{machine.os}"
+    except Exception:  # telemetry must never make a load fail
+        return "unknown", "unknown"
+
+
 def hub_api():
-    """A `HfApi` for the configured endpoint and token (HF_ENDPOINT, HF_TOKEN, ...)."""
+    """A `HfApi` for the configured endpoint and token (HF_ENDPOINT, HF_TOKEN, ...), sending
+    `kernels`' user agent and the caller's (`user_agent_for`) with every request, its
+    downloads (``HfApi.snapshot_download``, ``HfApi.hf_hub_download``) included."""
     from huggingface_hub import HfApi
 
-    return HfApi()
+    from .._version import __version__
+
+    return HfApi(
+        library_name="kernels",
+        library_version=__version__,
+        user_agent=user_agent(_extra_user_agent.get()),
+    )
 
 
 def is_offline() -> bool:

@@ -10,15 +10,16 @@ kernel-builder, e.g.::
 
 from __future__ import annotations
 
+import enum
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from ..errors import KernelMetadataError
-from .bounded_json import MiB, json_type, load_json_file, quoted
+from .bounded_json import MiB, json_type, load_json_file, parse_json, quoted
 
 METADATA_FILE = "metadata.json"
 
@@ -52,6 +53,108 @@ class RepoInfo:
         return f"{kind}{self.repo_id} (revision {self.revision})"
 
 
+class Backend(str, enum.Enum):
+    """The backend a kernel build targets (``backend.type`` of its ``metadata.json``), named as
+    Hugging Face's client names them. A ``str``: ``Backend.CUDA == "cuda"``."""
+
+    CANN = "cann"
+    CPU = "cpu"
+    CUDA = "cuda"
+    Metal = "metal"
+    Neuron = "neuron"
+    ROCm = "rocm"
+    TPU = "tpu"
+    XPU = "xpu"
+
+    @staticmethod
+    def from_str(name: str) -> Backend:
+        """The backend named `name`, in any case (``"cuda"``, ``"ROCM"``).
+
+        Raises:
+            ValueError: no backend has that name.
+        """
+        try:
+            return Backend(str(name).lower())
+        except ValueError:
+            known = ", ".join(b.value for b in Backend)
+            raise ValueError(f"unknown backend {name!r}; known backends: {known}.") from None
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"Backend.{self.name}"
+
+
+#: ``backend.type`` of builds that run on any backend (some SDKs): no `Backend`.
+AGNOSTIC_BACKEND = "agnostic"
+
+
+class BackendInfo(Mapping[str, object]):
+    """The ``backend`` object of a ``metadata.json``: `backend_type` and `archs` as Hugging
+    Face's client reads them, and the raw keys as a read-only mapping (``info["type"]``)."""
+
+    def __init__(self, data: Mapping[str, object]) -> None:
+        self._data = MappingProxyType(dict(data))
+
+    def __getitem__(self, key: str) -> object:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):  # a plain dict of the same keys is equal, as before 0.19
+            return dict(self._data) == dict(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal by content, which may change type
+
+    @property
+    def backend_type(self) -> Backend | None:
+        """The backend the build targets; None for a backend-agnostic build (or none declared).
+
+        Raises:
+            ValueError: the build targets a backend this version does not know (a newer one).
+        """
+        kind = self._data.get("type")
+        if kind is None or kind == AGNOSTIC_BACKEND:
+            return None
+        try:
+            return Backend.from_str(str(kind))
+        except ValueError:
+            raise ValueError(
+                f"the kernel was built for an unknown backend {kind!r}; a newer kernels may "
+                "know it (pip install --upgrade kernels)."
+            ) from None
+
+    @property
+    def archs(self) -> list[str] | None:
+        """The architectures the build targets (CUDA capabilities such as ``"9.0"``, ROCm
+        ``gfx`` names); None when it declares none, or its backend is unknown."""
+        archs = self._data.get("archs")
+        if archs is None or not self._known():
+            return None
+        assert isinstance(archs, list)  # checked when read (_backend)
+        return list(archs)
+
+    def _known(self) -> bool:
+        try:
+            _ = self.backend_type
+        except ValueError:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        if not self._known():
+            return f"BackendInfo(backend_type=Unknown({self._data.get('type')!r}), archs=None)"
+        kind = self.backend_type
+        return f"BackendInfo(backend_type={kind!r}, archs={self.archs!r})"
+
+
 # metadata.json keys -> Metadata fields, where they differ.
 _RENAMED = {"python-depends": "python_depends", "kernels-minver": "kernels_minver"}
 
@@ -74,8 +177,9 @@ class Metadata:
         license: its license, e.g. ``"apache-2.0"``.
         upstream: the original upstream repository of the kernel, if it is a port.
         source: the kernel-builder source repository it was built from.
-        python_depends: Python packages the kernel needs, as requirement strings.
-        backend: information about the backend it was built for, e.g. ``{"type": "cuda"}``.
+        python_depends: Python packages the kernel needs, as requirement strings (a list).
+        backend: the backend it was built for (`BackendInfo`: ``backend.backend_type``,
+            ``backend.archs``, and the raw keys, e.g. ``backend["type"] == "cuda"``).
         kernels_minver: the oldest `kernels` version that can load it.
 
     Example:
@@ -93,10 +197,17 @@ class Metadata:
     license: str | None = None
     upstream: str | None = None
     source: str | None = None
-    python_depends: tuple[str, ...] = ()
-    backend: Mapping[str, object] | None = None
+    python_depends: list[str] = field(default_factory=list)
+    backend: BackendInfo | None = None
     kernels_minver: str | None = None
     extra: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        # Built directly (not read from a file): take a plain dict / tuple as from_dict would.
+        if self.backend is not None and not isinstance(self.backend, BackendInfo):
+            object.__setattr__(self, "backend", BackendInfo(self.backend))
+        if not isinstance(self.python_depends, list):
+            object.__setattr__(self, "python_depends", list(self.python_depends))
 
     @classmethod
     def from_dict(cls, data: object, *, where: str = "metadata") -> Metadata:
@@ -120,6 +231,18 @@ class Metadata:
             else:
                 extra[key] = value
         return cls(**values, extra=MappingProxyType(extra))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, where: str = "metadata.json") -> Metadata:
+        """Metadata from the bytes of a ``metadata.json`` (as Hugging Face's client reads them).
+
+        Raises:
+            KernelMetadataError (a ValueError): as `read_from_file`, for the bytes.
+        """
+        if isinstance(data, (bytearray, memoryview)):
+            data = bytes(data)
+        parsed = parse_json(data, where=where, error=KernelMetadataError, limit=MAX_METADATA_SIZE)
+        return cls.from_dict(parsed, where=where)
 
     @classmethod
     def read_from_file(cls, path: str | os.PathLike[str]) -> Metadata:
@@ -163,28 +286,36 @@ def _optional(kind: type, label: str):
     return check
 
 
-def _python_depends(value: object, where: str) -> tuple[str, ...]:
+def _python_depends(value: object, where: str) -> list[str]:
     if value is None:
-        return ()
+        return []
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
+        return list(value)
     raise KernelMetadataError(
         f"{where} must be a list of requirement strings, got {quoted(value)}."
     )
 
 
-def _backend(value: object, where: str) -> Mapping[str, object] | None:
+def _backend(value: object, where: str) -> BackendInfo | None:
     if value is None:
         return None
     if isinstance(value, str):  # a bare backend name
-        return MappingProxyType({"type": value})
+        return BackendInfo({"type": value})
     if isinstance(value, Mapping):
         kind = value.get("type")
         if kind is not None and not isinstance(kind, str):
             raise KernelMetadataError(
                 f"{where}: 'type' must be a backend name such as 'cuda', got {quoted(kind)}."
             )
-        return MappingProxyType(dict(value))
+        archs = value.get("archs")
+        if archs is not None and not (
+            isinstance(archs, list) and all(isinstance(a, str) for a in archs)
+        ):
+            raise KernelMetadataError(
+                f"{where}: 'archs' must be a list of architecture names such as "
+                f'["9.0", "10.0"], got {quoted(archs)}.'
+            )
+        return BackendInfo(value)
     raise KernelMetadataError(
         f'{where} must be an object such as {{"type": "cuda"}} (or a backend name), '
         f"got {quoted(value)}."

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import KernelLoadError
+from . import archs, hubclient
 from .download import dependency_loader
 from .kernel_deps import dependencies_loaded
 from .layout import locate_local
@@ -23,6 +24,8 @@ def get_local_kernel(
     *,
     backend: str | None = None,
     trust_remote_code: bool | list[str] = False,
+    user_agent: str | dict | None = None,
+    check_arch: bool = True,
 ) -> ModuleType:
     """Import the kernel package of a kernel repository folder.
 
@@ -33,13 +36,17 @@ def get_local_kernel(
     Args:
         repo_path: the repository folder (which holds ``build/``), its ``build/`` folder, or
             one variant folder such as ``build/torch-cuda``, which is imported as it is.
-        package_name: the package inside ``build/<variant>/``; may be omitted when the
-            variant folder is the package itself, or holds only one.
+        package_name: the package inside ``build/<variant>/``; may be omitted (Hugging Face's
+            0.19 form) when the variant folder is the package itself, or holds only one, or
+            one named after the repository folder.
         backend: load builds for this backend: ``"cpu"``, or the backend torch was built
             for (the default), as in Hugging Face's client.
         trust_remote_code: the trust given to the Hub kernels the kernel depends on (its
             metadata.json's ``kernel-depends``), as for `get_kernel`; the folder itself is
             the user's own code and is not trust-checked.
+        user_agent: sent with the Hub requests of those dependencies, as for `get_kernel`.
+        check_arch: refuse a build whose ``metadata.json`` lists architectures that leave
+            out the current GPU's, as for `get_kernel`.
 
     Raises:
         KernelLoadError: the folder holds no kernel package; BuildVariantNotFoundError when
@@ -50,7 +57,7 @@ def get_local_kernel(
         ```python
         from kernels import get_local_kernel
 
-        activation = get_local_kernel("/src/activation", "activation")
+        activation = get_local_kernel("/src/activation")
         y = activation.silu_and_mul(x)
         relu = get_local_kernel("/src/relu/build", backend="cpu")
         ```
@@ -60,8 +67,13 @@ def get_local_kernel(
     if not path.is_dir():
         raise KernelLoadError(f"Kernel repository folder {path} does not exist.")
     location = locate_local(path, package_name, where=str(path), machine=machine)
-    load = dependency_loader(trust_remote_code)
-    with dependencies_loaded(location.package_dir, str(path), load):
+    if check_arch:
+        archs.check_package_arch(location.package_dir, where=f"{path}, variant {location.variant}")
+    load = dependency_loader(trust_remote_code, backend=backend, check_arch=check_arch)
+    with (
+        hubclient.user_agent_for(user_agent),
+        dependencies_loaded(location.package_dir, str(path), load),
+    ):
         return import_package(location.package_dir, location.package_name)
 
 
@@ -78,6 +90,8 @@ class LocalLayerRepository:
             `get_local_kernel`: transformers 5.x passes only `repo_path` and `layer_name`).
         layer_name: the class in the package's ``layers`` module, or a function of the
             package (a function kernel).
+        check_arch: refuse a build that does not support the current GPU, as for
+            `get_kernel`.
 
     Example:
         ```python
@@ -91,15 +105,15 @@ class LocalLayerRepository:
     repo_path: Path
     package_name: str | None = field(default=None, kw_only=True)
     layer_name: str = field(kw_only=True)
+    check_arch: bool = field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "repo_path", Path(self.repo_path).expanduser())
 
     def load(self) -> type | Callable:
         """Import the kernel package (cached per folder); return its layer class or function."""
-        return provided_kernel(
-            get_local_kernel(self.repo_path, self.package_name), self.layer_name, self
-        )
+        package = get_local_kernel(self.repo_path, self.package_name, check_arch=self.check_arch)
+        return provided_kernel(package, self.layer_name, self)
 
     def __str__(self) -> str:
         package = f", package {self.package_name}" if self.package_name else ""
@@ -117,13 +131,14 @@ class LocalFuncRepository:
         ```python
         from kernels import LocalFuncRepository
 
-        repo = LocalFuncRepository("/src/rotary", package_name="rotary", func_name="apply_rotary_pos_emb")
+        repo = LocalFuncRepository("/src/rotary", func_name="apply_rotary_pos_emb")
         ```
     """
 
     repo_path: Path
     package_name: str | None = field(default=None, kw_only=True)
     func_name: str = field(kw_only=True)
+    check_arch: bool = field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "repo_path", Path(self.repo_path).expanduser())
@@ -134,9 +149,8 @@ class LocalFuncRepository:
 
     def load(self) -> type:
         """Import the kernel package and wrap its function as a kernel layer."""
-        return function_kernel(
-            get_local_kernel(self.repo_path, self.package_name), self.func_name, self
-        )
+        package = get_local_kernel(self.repo_path, self.package_name, check_arch=self.check_arch)
+        return function_kernel(package, self.func_name, self)
 
     def __str__(self) -> str:
         package = f", package {self.package_name}" if self.package_name else ""

@@ -80,6 +80,7 @@ from .bounded_json import MiB, json_type, load_json_file, parse_json, quoted
 from .download import (
     FetchedKernel,
     LoadedHubKernel,
+    check_fetched_arch,
     fetch_kernel,
     get_kernel_variants,
     import_fetched,
@@ -90,11 +91,19 @@ from .info import METADATA_FILE, Metadata
 from .kernel_deps import KEY as KERNEL_DEPENDS
 from .kernel_deps import KernelDependency, dependencies_loaded, parse_kernel_depends
 from .project import Dependency, dependency_trust, read_dependencies, untrusted_folder
+from .project import _read_toml as read_toml
 from .provides import provided_kernel
 from .repo_id import fold, is_repo_id
 from .trust import TrustArgument, TrustDecision, decide_trust, normalize_trust, require_trust
-from .variants import is_variant_name
-from .versions import ResolvedRevision, check_version_argument, hub_error, resolve_revision
+from .variants import MachineBuild, is_variant_name, machine_for_backend
+from .versions import (
+    ResolvedRevision,
+    all_latest,
+    check_version_argument,
+    hub_error,
+    resolve_latest,
+    resolve_revision,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -694,8 +703,7 @@ def _lock_with_depends(
 
 def _kernel_depends(lock: KernelLock) -> list[KernelDependency]:
     """The ``kernel-depends`` of every variant of a locked commit, each request once."""
-    from huggingface_hub import hf_hub_download
-
+    api = hubclient.hub_api()
     repo_type = lock.repo_type or KERNEL_REPO_TYPE
     found: dict[KernelDependency, None] = {}
     for variant in sorted(lock.files):
@@ -704,7 +712,9 @@ def _kernel_depends(lock: KernelLock) -> list[KernelDependency]:
         filename = f"build/{variant}/{METADATA_FILE}"
         where = f"{lock.repo_id} at commit {lock.sha[:12]}: {filename}"
         try:
-            path = hf_hub_download(lock.repo_id, filename, revision=lock.sha, repo_type=repo_type)
+            path = api.hf_hub_download(
+                lock.repo_id, filename, revision=lock.sha, repo_type=repo_type
+            )
         except Exception as exc:
             raise hub_error(exc, lock.repo_id, f"download {where}", repo_type) from exc
         metadata = Metadata.read_from_file(path)
@@ -871,7 +881,11 @@ def _locked_trust(
 
 
 def fetch_locked(
-    lock: KernelLock, *, variant: str | None = None, local_files_only: bool = False
+    lock: KernelLock,
+    *,
+    variant: str | None = None,
+    local_files_only: bool = False,
+    machine: MachineBuild | None = None,
 ) -> FetchedKernel:
     """Make the locked commit's variant present in the cache (not yet verified).
 
@@ -898,7 +912,9 @@ def fetch_locked(
             repo_type=repo_type,
         )
         try:
-            fetched = fetch_kernel(resolved, variant=variant, local_files_only=local_files_only)
+            fetched = fetch_kernel(
+                resolved, variant=variant, local_files_only=local_files_only, machine=machine
+            )
         except (KernelRepositoryNotFoundError, KernelRevisionError, KernelOfflineError) as exc:
             if len(lock.repo_types) == 1:
                 raise
@@ -945,11 +961,27 @@ def _load_locked(
     *,
     local_files_only: bool,
     trust_remote_code: TrustArgument,
+    backend: str | None = None,
+    check_arch: bool = True,
 ) -> LoadedHubKernel:
     lock = source.find(repo_id)
     trust = _locked_trust(lock, source, trust_remote_code)
-    fetched = fetch_locked(lock, local_files_only=local_files_only)
-    _verify_locked(fetched, lock, source.description)
+    machine = machine_for_backend(backend)
+    if all_latest():
+        # The lock's pin is overridden (UNSTABLE_KERNELS_ALL_LATEST): its hashes are those
+        # of another commit, so the latest one is loaded unverified, as a Hub kernel.
+        latest = resolve_latest(
+            lock.repo_id,
+            asked=f"locked commit {lock.sha}",
+            repo_type=lock.repo_types[0],
+            local_files_only=local_files_only,
+        )
+        fetched = fetch_kernel(latest, local_files_only=local_files_only, machine=machine)
+    else:
+        fetched = fetch_locked(lock, local_files_only=local_files_only, machine=machine)
+        _verify_locked(fetched, lock, source.description)
+    if check_arch:
+        check_fetched_arch(fetched)
 
     def load_dependency(dependency: KernelDependency) -> ModuleType:
         # The kernel's kernel-depends load from the same lock, at their locked commits.
@@ -966,11 +998,14 @@ def _load_locked(
             source,
             local_files_only=local_files_only,
             trust_remote_code=trust_remote_code,
+            backend=backend,
+            check_arch=check_arch,
         ).module
 
     with dependencies_loaded(fetched.location.package_dir, repo_id, load_dependency):
         imported = import_fetched(fetched, trust)
-    loaded = LoadedLockedKernel(imported.module, fetched, trust, checked=_checked(lock))
+    checked = "lock overridden: latest version, unverified" if all_latest() else _checked(lock)
+    loaded = LoadedLockedKernel(imported.module, fetched, trust, checked=checked)
     logger.info("Loaded locked kernel %s (%s); %s", loaded.describe(), loaded.checked, trust.reason)
     return loaded
 
@@ -992,6 +1027,8 @@ def load_kernel(
     repo_id: str,
     *,
     lockfile: str | os.PathLike[str] | None = None,
+    backend: str | None = None,
+    check_arch: bool = True,
     trust_remote_code: bool | list[str] = False,
 ) -> ModuleType:
     """Import a locked kernel that is already in the cache (no Hub call).
@@ -1002,6 +1039,9 @@ def load_kernel(
     Args:
         repo_id: the Hub repository, as listed in the lock.
         lockfile: the ``kernels.lock`` to read; by default the calling package's.
+        backend: load the build for this backend, as for `get_kernel`.
+        check_arch: refuse a build that does not support the current GPU, as for
+            `get_kernel`.
         trust_remote_code: needed only when the lock does not record the kernel as trusted.
 
     Example:
@@ -1017,31 +1057,40 @@ def load_kernel(
         source,
         local_files_only=True,
         trust_remote_code=normalize_trust(trust_remote_code),
+        backend=backend,
+        check_arch=check_arch,
     ).module
 
 
 def get_locked_kernel(
     repo_id: str,
-    local_files_only: bool = False,
     *,
     lockfile: str | os.PathLike[str] | None = None,
     trust_remote_code: bool | list[str] = False,
+    user_agent: str | dict | None = None,
+    check_arch: bool = True,
+    local_files_only: bool = False,
 ) -> ModuleType:
     """Download (if needed), verify and import the locked commit of a kernel.
 
     Args:
         repo_id: the Hub repository, as listed in the lock.
-        local_files_only: only use the cache, as `load_kernel` does.
         lockfile: the ``kernels.lock`` to read; by default the calling package's.
         trust_remote_code: needed only when the lock does not record the kernel as trusted.
+        user_agent: sent with the Hub requests of this load, as for `get_kernel`.
+        check_arch: refuse a build that does not support the current GPU, as for
+            `get_kernel`.
+        local_files_only: only use the cache, as `load_kernel` does.
     """
     source = lock_source(lockfile, caller=calling_module() if lockfile is None else None)
-    return _load_locked(
-        repo_id,
-        source,
-        local_files_only=local_files_only,
-        trust_remote_code=normalize_trust(trust_remote_code),
-    ).module
+    with hubclient.user_agent_for(user_agent):
+        return _load_locked(
+            repo_id,
+            source,
+            local_files_only=local_files_only,
+            trust_remote_code=normalize_trust(trust_remote_code),
+            check_arch=check_arch,
+        ).module
 
 
 def download_locked(
@@ -1098,6 +1147,8 @@ class LockedLayerRepository:
             creates this repository (its distribution's metadata, else the ``kernels.lock``
             beside its source checkout's pyproject.toml).
         trust_remote_code: needed only when the lock does not record the kernel as trusted.
+        check_arch: refuse a build that does not support the current GPU, as for
+            `get_kernel`.
 
     Example:
         ```python
@@ -1111,6 +1162,7 @@ class LockedLayerRepository:
     layer_name: str = field(kw_only=True)
     lockfile: Path | None = field(default=None, kw_only=True)
     trust_remote_code: bool | tuple[str, ...] = field(default=False, kw_only=True)
+    check_arch: bool = field(default=True, kw_only=True)
     _caller: str | None = field(default=None, init=False, repr=False, compare=False)
     _loaded: LoadedHubKernel | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -1145,6 +1197,7 @@ class LockedLayerRepository:
                 source,
                 local_files_only=False,
                 trust_remote_code=self.trust_remote_code,
+                check_arch=self.check_arch,
             )
             with _repo_lock:
                 if self._loaded is None:
@@ -1155,6 +1208,20 @@ class LockedLayerRepository:
 
     def __deepcopy__(self, memo: dict) -> LockedLayerRepository:
         return self
+
+    def __reduce__(self):
+        # Pickles what was asked (and whose lock a default lockfile means), not what loaded.
+        return (
+            _rebuild_locked,
+            (
+                self.repo_id,
+                self.layer_name,
+                self.lockfile,
+                self.trust_remote_code,
+                self.check_arch,
+                self._caller,
+            ),
+        )
 
     def __str__(self) -> str:
         source = f"lock file {self.lockfile}" if self.lockfile else f"the lock of {self._caller}"
@@ -1168,6 +1235,21 @@ class LockedLayerRepository:
                 f"{loaded.trust.reason}"
             )
         return f"{text}, layer {self.layer_name}"
+
+
+def _rebuild_locked(
+    repo_id, layer_name, lockfile, trust_remote_code, check_arch=True, caller=None
+) -> LockedLayerRepository:
+    repo = LockedLayerRepository(
+        repo_id,
+        layer_name=layer_name,
+        lockfile=lockfile,
+        trust_remote_code=trust_remote_code,
+        check_arch=check_arch,
+    )
+    if lockfile is None:
+        object.__setattr__(repo, "_caller", caller)
+    return repo
 
 
 # Guards only the publication of a first load, never a load itself.
@@ -1195,6 +1277,7 @@ class LockedFuncRepository(PackageFunction):
     func_name: str = field(kw_only=True)
     lockfile: Path | None = field(default=None, kw_only=True)
     trust_remote_code: bool | tuple[str, ...] = field(default=False, kw_only=True)
+    check_arch: bool = field(default=True, kw_only=True)
     # The package source: lock lookup, verification and import are LockedLayerRepository's.
     _package: LockedLayerRepository = field(init=False, repr=False, compare=False)
 
@@ -1204,10 +1287,27 @@ class LockedFuncRepository(PackageFunction):
             layer_name=self.func_name,
             lockfile=self.lockfile,
             trust_remote_code=self.trust_remote_code,
+            check_arch=self.check_arch,
         )
         object.__setattr__(self, "lockfile", package.lockfile)
         object.__setattr__(self, "trust_remote_code", package.trust_remote_code)
         object.__setattr__(self, "_package", package)
+
+    def __reduce__(self):
+        return (_rebuild_locked_func, (self._package.__reduce__()[1], self.func_name))
+
+
+def _rebuild_locked_func(package_args: tuple, func_name: str) -> LockedFuncRepository:
+    package = _rebuild_locked(*package_args)
+    repo = LockedFuncRepository(
+        package.repo_id,
+        func_name=func_name,
+        lockfile=package.lockfile,
+        trust_remote_code=package.trust_remote_code,
+        check_arch=package.check_arch,
+    )
+    object.__setattr__(repo, "_package", package)  # keeps the caller whose lock it means
+    return repo
 
 
 def write_egg_lockfile(cmd, basename, filename) -> None:
@@ -1218,7 +1318,29 @@ def write_egg_lockfile(cmd, basename, filename) -> None:
     installed, and copies that project's ``kernels.lock`` into its ``.egg-info`` / wheel
     metadata, where `load_kernel` finds it.
     """
-    lock = Path.cwd() / LOCK_FILE
+    project = Path.cwd()
+    pyproject = project / "pyproject.toml"
+    if not pyproject.is_file():
+        return  # not a project that declares kernels: leave its metadata alone
+    try:
+        table = read_toml(pyproject)
+    except Exception as exc:  # setuptools runs this for every build: never break an unrelated one
+        logger.debug("kernels: %s cannot be read (%s); no kernels.lock added", pyproject, exc)
+        return
+    tool = table.get("tool")
+    kernels_table = tool.get("kernels") if isinstance(tool, dict) else None
+    if not isinstance(kernels_table, dict) or kernels_table.get("dependencies") is None:
+        return  # no [tool.kernels.dependencies]: not a project that locks kernels
+    lock = project / LOCK_FILE
+    if not lock.is_file():
+        logger.warning(
+            "Lock file %s does not exist: the package's metadata will hold no kernels.lock, "
+            "so load_kernel / LockedLayerRepository cannot find its kernels. Run "
+            "`kernels lock %s` and build again.",
+            lock,
+            project,
+        )
+    # None deletes a kernels.lock an earlier (editable) build left in the metadata.
     cmd.write_or_delete_file(basename, filename, lock.read_text() if lock.is_file() else None)
 
 

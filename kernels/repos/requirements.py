@@ -133,7 +133,7 @@ def _machine_backend() -> str:
 
 
 def _check_backend(metadata: Metadata, variant: BuildVariant | None, kernel: str) -> None:
-    declared = (metadata.backend or {}).get("type")
+    declared = metadata.backend.get("type") if metadata.backend is not None else None
     # A universal build (the only kind without a backend) runs on every backend.
     if declared is None or variant is None or variant.kind == UNIVERSAL or variant.backend is None:
         return

@@ -17,6 +17,7 @@ huggingface_hub cached when it last downloaded by a tag or branch name.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass, field, replace
 
@@ -308,6 +309,84 @@ def check_request(
     return Request(repo_id, repo_type, revision, wanted, shown)
 
 
+def require_pin(
+    repo_id: str,
+    *,
+    revision: object,
+    version: object,
+    error: type[Exception] = KernelVersionSpecError,
+) -> None:
+    """Refuse a request for a Hub kernel that names neither a version nor a revision (as
+    Hugging Face's client does since 0.19: ``main`` may change incompatibly at any time).
+
+    Raises:
+        error (a ValueError): neither was given; the message says how to pin.
+    """
+    if revision is None and version is None:
+        raise error(
+            f"{repo_id}: a kernel version or revision must be given. Use version=N for the "
+            "stable API branch vN (e.g. version=1), version='>=0.1,<0.2' for the highest "
+            "v<x.y.z> tag in a range, or revision='<branch, tag or commit>' (revision='main' "
+            "for the main branch, which may change incompatibly at any time)."
+        )
+
+
+#: When set to 1/on/yes/true, every Hub kernel resolves to its newest numbered version (the
+#: highest branch ``v<N>``), whatever was asked or locked (Hugging Face's client, 0.19).
+ALL_LATEST_ENV = "UNSTABLE_KERNELS_ALL_LATEST"
+
+
+def all_latest() -> bool:
+    """Whether `ALL_LATEST_ENV` is set: numbered versions override requests and lock pins."""
+    return os.environ.get(ALL_LATEST_ENV, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def resolve_latest(
+    repo_id: str, *, asked: str, repo_type: str = KERNEL_REPO_TYPE, local_files_only: bool = False
+) -> ResolvedRevision:
+    """The newest numbered version of `repo_id` (its highest ``v<N>`` branch), for
+    `ALL_LATEST_ENV`: from the Hub, or from the refs of the cache when offline, with
+    `local_files_only`, or when the Hub cannot be reached. Logs a WARNING naming what it
+    overrides (`asked`).
+
+    Raises:
+        KernelRevisionError (a ValueError): the repository has no numbered version.
+        KernelRepositoryNotFoundError, KernelDownloadError: as `list_refs`.
+    """
+    from_cache = local_files_only or hubclient.is_offline()
+    if not from_cache:
+        hubclient.require_repo_type(repo_type, repo_id)
+        try:
+            branches = list_refs(repo_id, repo_type).branches
+        except KernelOfflineError:
+            from_cache = True
+    if from_cache:
+        branches = hubclient.cached_refs(repo_id, repo_type)
+    numbered = {int(n[1:]): n for n in branches if re.fullmatch(r"v\d+", n) and len(n) < 12}
+    if not numbered:
+        where = "in the local cache" if from_cache else f"on {hubclient.endpoint()}"
+        raise KernelRevisionError(
+            f"Cannot load the latest version of {repo_id}: it has no numbered version "
+            f"(branch v<N>) {where}, and {ALL_LATEST_ENV} is set, which requires one. Unset "
+            f"{ALL_LATEST_ENV} to load what was asked ({asked})."
+        )
+    branch = numbered[max(numbered)]
+    commit = branches[branch]
+    logger.warning(
+        "%s is enabled: overriding requested %s and any lockfile pin for '%s' with %s (%s). "
+        "Kernel API changes may break your code.",
+        ALL_LATEST_ENV,
+        asked,
+        repo_id,
+        branch,
+        commit,
+    )
+    how = f"branch {branch}, the latest version ({ALL_LATEST_ENV})"
+    return ResolvedRevision(
+        repo_id, branch, commit, how, from_cache=from_cache, repo_type=repo_type
+    )
+
+
 def resolve_revision(
     repo_id: str,
     *,
@@ -351,6 +430,25 @@ def resolve_request(request: Request, *, from_cache: bool = True) -> ResolvedRev
     return replace(
         _resolve(repo_id, revision, request.wanted, refs, request.shown), repo_type=repo_type
     )
+
+
+def resolve_from_cache(request: Request, *, reason: str) -> ResolvedRevision:
+    """`resolve_request` without the Hub (``local_files_only``): a commit as it is, a branch
+    or tag by name (the cache finds it when downloading), a version from the cached refs.
+
+    Raises:
+        KernelOfflineError: no cached ref satisfies a version; `reason` says why only the
+            cache was asked.
+    """
+    repo_id, repo_type, revision = request.repo_id, request.repo_type, request.revision
+    if revision is not None:
+        commit = revision if COMMIT_PATTERN.match(revision) else None
+        how = f"commit {revision}" if commit else f"{revision} (resolved from the cache)"
+        return ResolvedRevision(
+            repo_id, revision, commit, how, from_cache=commit is None, repo_type=repo_type
+        )
+    offline = KernelOfflineError(reason, reason=reason)
+    return _resolve_from_cache(repo_id, repo_type, None, request.wanted, offline, request.shown)
 
 
 def _resolve(

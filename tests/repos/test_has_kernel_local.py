@@ -33,16 +33,16 @@ def test_a_local_folder_with_a_variant_for_this_machine(tmp_path, monkeypatch, n
     monkeypatch.setenv(ENV, f"someone/relu={_repo(tmp_path / 'relu', 'torch-cpu')}")
     assert has_kernel("someone/relu", version=1) is True
     with pytest.raises(UntrustedKernelError):  # an unlisted one still goes the Hub's way
-        get_kernel("someone/other")
+        get_kernel("someone/other", version=1)
 
 
 def test_a_local_folder_without_one(tmp_path, monkeypatch, no_hub):
     # A Metal build only: no variant for this (Linux) machine, so False rather than an error.
     monkeypatch.setenv(ENV, f"someone/relu={_repo(tmp_path / 'relu', 'torch-metal')}")
-    assert has_kernel("someone/relu") is False
+    assert has_kernel("someone/relu", version=1) is False
 
 
 def test_a_missing_folder_is_an_error_not_an_answer(tmp_path, monkeypatch, no_hub):
     monkeypatch.setenv(ENV, f"someone/relu={tmp_path / 'missing'}")
     with pytest.raises(KernelLoadError, match=f"{ENV}.*the folder does not exist"):
-        has_kernel("someone/relu")
+        has_kernel("someone/relu", version=1)

@@ -174,7 +174,7 @@ def test_local_kernels_replaces_a_hub_load(tmp_path, monkeypatch, caplog, no_hub
     assert module is get_local_kernel(repo)
     notes = [r.getMessage() for r in caplog.records if "instead of the Hub" in r.getMessage()]
     assert len(notes) == 1 and "someone/relu" in notes[0] and str(folder[form]) in notes[0]
-    assert get_kernel("someone/other").MARKER == "other"
+    assert get_kernel("someone/other", version=1).MARKER == "other"
 
 
 def test_local_kernels_serves_layer_repositories(tmp_path, monkeypatch, no_hub):
@@ -190,7 +190,7 @@ def test_a_repository_local_kernels_does_not_list_goes_to_the_hub(tmp_path, monk
     monkeypatch.setenv(ENV, f"someone/relu={relu_repo(tmp_path / 'relu', marker='local')}")
     # The Hub path: trust is checked (before any request), which a listed repository skips.
     with pytest.raises(UntrustedKernelError, match="someone/other"):
-        get_kernel("someone/other")
+        get_kernel("someone/other", version=1)
 
 
 @pytest.mark.parametrize(
@@ -208,7 +208,7 @@ def test_a_malformed_local_kernels_names_the_variable_and_entry(
 ):
     monkeypatch.setenv(ENV, value)
     with pytest.raises(KernelMappingError) as info:
-        get_kernel("someone/relu")
+        get_kernel("someone/relu", version=1)
     message = str(info.value)
     assert message.startswith(f"{ENV} entry ") and problem in message
     assert "e.g. kernels-community/relu=/src/relu" in message
@@ -224,7 +224,7 @@ def test_empty_local_kernels_entries_are_skipped():
 def test_a_local_kernels_folder_that_does_not_exist_says_so(tmp_path, monkeypatch, no_hub):
     monkeypatch.setenv(ENV, f"someone/relu={tmp_path / 'missing'}")
     with pytest.raises(KernelLoadError, match="the folder does not exist.*remove someone/relu"):
-        get_kernel("someone/relu")
+        get_kernel("someone/relu", version=1)
 
 
 # `kernels check`: each variant is imported in a process of its own.
@@ -297,7 +297,7 @@ def test_a_kernel_gets_its_dependency_while_it_imports(tmp_path, monkeypatch, no
     # The same through a Hub load of the dependent kernel.
     other = dependent_repo(tmp_path / "other", [{"repo-id": "someone/relu", "revision": "main"}])
     monkeypatch.setenv(ENV, f"someone/relu={dep}:someone/other={other}")
-    assert get_kernel("someone/other").RELU is get_local_kernel(dep)
+    assert get_kernel("someone/other", version=1).RELU is get_local_kernel(dep)
 
 
 def test_get_kernel_dep_outside_an_import_or_for_an_unlisted_kernel(tmp_path, monkeypatch, no_hub):
@@ -325,7 +325,7 @@ def test_a_cycle_of_dependencies_is_refused(tmp_path, monkeypatch, no_hub):
     with pytest.raises(
         KernelLoadError, match="Cyclic kernel-depends: someone/a -> someone/b -> someone/a"
     ):
-        get_kernel("someone/a")
+        get_kernel("someone/a", version=1)
 
 
 @pytest.mark.parametrize(

@@ -228,7 +228,7 @@ def test_loaded_kernels_are_listed_with_their_metadata(kernel_repo, monkeypatch)
         name="activation",
         version=2,
         license="Apache-2.0",
-        python_depends=("einops",),
+        python_depends=["einops"],
         backend={"type": "universal"},
     )
     assert first.path == (path / "build" / "torch-universal" / "activation").resolve()

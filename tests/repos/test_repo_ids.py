@@ -167,15 +167,16 @@ def test_malformed_ids_give_the_packages_error_everywhere(value):
     with pytest.raises(KernelRepositoryNotFoundError):
         decide_trust(value)
     with pytest.raises(KernelMappingError):
-        LayerRepository(value, layer_name="SiluAndMul")
+        LayerRepository(value, layer_name="SiluAndMul", version=1)
     with pytest.raises(KernelMappingError):
-        FuncRepository(value, func_name="silu")
-    # Refused before trust, repo_type or the Hub are looked at.
+        FuncRepository(value, func_name="silu", version=1)
+    # Refused before the pin, trust, repo_type or the Hub are looked at.
     for call in (
         lambda: kernels.get_kernel(value),
-        lambda: kernels.has_kernel(value),
-        lambda: kernels.get_kernel_variants(value),
-        lambda: kernels.install_kernel(value, "main"),
+        lambda: kernels.get_kernel(value, version=1),
+        lambda: kernels.has_kernel(value, version=1),
+        lambda: kernels.get_kernel_variants(value, version=1),
+        lambda: kernels.install_kernel(value, revision="main"),
     ):
         with pytest.raises(KernelRepositoryNotFoundError, match="not a Hub repository id"):
             call()

@@ -40,7 +40,7 @@ def test_metadata_reads_kernel_builders_metadata_json(tmp_path):
         2,
         "apache-2.0",
     )
-    assert meta.python_depends == ("einops",)
+    assert meta.python_depends == ["einops"]  # a list, as in Hugging Face's client
     assert meta.backend["type"] == "cuda"
     assert meta.upstream is None and meta.kernels_minver is None
     assert dict(meta.extra) == {"digest": {"kind": "sha256"}}  # kept, unread
@@ -48,7 +48,7 @@ def test_metadata_reads_kernel_builders_metadata_json(tmp_path):
 
 def test_a_build_without_metadata_has_empty_metadata(tmp_path):
     meta = Metadata.load_from_variant(tmp_path)
-    assert meta == Metadata() and meta.python_depends == () and meta.version is None
+    assert meta == Metadata() and meta.python_depends == [] and meta.version is None
     with pytest.raises(FileNotFoundError):
         Metadata.read_from_file(tmp_path / "metadata.json")
 

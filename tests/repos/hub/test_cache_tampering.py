@@ -137,7 +137,7 @@ def test_a_linked_folder_that_shadows_a_module_is_refused(released, tmp_path, hu
     repo = released("0.1.0")
     package = repo.repo_id.split("/")[1].replace("-", "_")
     lockfile = write_lock(repo, tmp_path, hugging_face_format=hugging_face_format)
-    _, variant_dir = kernels.install_kernel(repo.repo_id, "v0.1.0")  # not verified yet
+    variant_dir = kernels.install_kernel(repo.repo_id, revision="v0.1.0")  # not verified yet
     marker = tmp_path / "planted-ran"
     shadow = tmp_path / "shadow"
     shadow.mkdir()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import kernels
 from kernels import BuildVariantNotFoundError
+from kernels.repos.download import package_name_for
 from kernels.repos.variants import machine_build
 
 pytestmark = pytest.mark.hub
@@ -126,14 +128,16 @@ def test_two_versions_of_one_kernel_in_one_process(released):
 
 def test_install_kernel_downloads_without_importing(released):
     repo = released("0.1.0")
-    package, variant_dir = kernels.install_kernel(repo.repo_id, "v0.1.0")
-    assert variant_dir.name == "torch-universal"
-    assert (variant_dir / package / "__init__.py").is_file()
+    variant_dir = kernels.install_kernel(repo.repo_id, revision="v0.1.0")
+    assert isinstance(variant_dir, Path)  # 0.19: the variant folder alone, as theirs returns
+    assert variant_dir.name == "torch-universal" and variant_dir.parent.name == "build"
+    assert (variant_dir / package_name_for(repo.repo_id) / "__init__.py").is_file()
     assert not any(
         str(variant_dir) in str(getattr(m, "__file__", "")) for m in list(sys.modules.values())
     )
     # And from the cache only, afterwards.
-    assert kernels.install_kernel(repo.repo_id, "v0.1.0", local_files_only=True)[1] == variant_dir
+    again = kernels.install_kernel(repo.repo_id, revision="v0.1.0", local_files_only=True)
+    assert again == variant_dir
 
 
 def test_variant_folder_as_package(hub):
@@ -156,11 +160,56 @@ def test_package_name_differs_from_repo_name(hub):
     assert kernels.get_kernel(repo.repo_id, version="==0.1.0").VERSION == "0.1.0"
 
 
-def test_user_agent_reaches_the_server(released, hub):
+def _user_agents(hub) -> set[str]:
+    """The user agents of the requests for kernel repositories (huggingface_hub 2.x also
+    makes requests of its own, e.g. /api/agent-harnesses, with httpx's agent)."""
+    sent = bytes(hub.proxy.sent).decode("latin-1")
+    agents = set()
+    for head in sent.split("\r\n\r\n"):
+        line = head.lstrip().split("\r\n", 1)[0]
+        if "/kernels/" in line:
+            agents |= set(re.findall(r"(?im)^user-agent: (.*?)$", head))
+    return agents
+
+
+def test_user_agent_reaches_the_server(released, hub, monkeypatch):
+    """Every request of the load (refs, listing, download) carries the caller's user agent
+    and ours, as Hugging Face's client builds it."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
     repo = released("0.1.0")
+    hub.proxy.clear()
     module = kernels.get_kernel(repo.repo_id, version=">=0.1", user_agent={"app": "kernels-tests"})
     assert module.VERSION == "0.1.0"
-    assert b"app/kernels-tests" in hub.proxy.sent
+    agents = _user_agents(hub)
+    assert len(hub.proxy.requests) >= 2 and agents
+    for agent in agents:
+        assert "app/kernels-tests" in agent and f"kernels/{kernels.__version__}" in agent
+        assert "file_type/kernel" in agent and f"backend/{machine_build().backend}" in agent
+    # A LayerRepository sends its own, and a later load without one sends none of it.
+    repo2 = released("0.1.0")
+    hub.proxy.clear()
+    kernels.LayerRepository(
+        repo2.repo_id, layer_name="SiluAndMul", version=">=0.1", user_agent="my-app/1.0"
+    ).load()
+    assert all("my-app/1.0" in agent for agent in _user_agents(hub))
+    hub.proxy.clear()
+    kernels.get_kernel(released("0.1.0").repo_id, version=">=0.1")
+    assert not any("my-app" in agent or "app/kernels-tests" in agent for agent in _user_agents(hub))
+
+
+def test_disabled_telemetry_sends_no_user_agent_of_ours(released, hub, monkeypatch):
+    """HF_HUB_DISABLE_TELEMETRY (set for the whole test session): as in Hugging Face's client,
+    neither the caller's user agent nor our system details are sent."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    repo = released("0.1.0")
+    hub.proxy.clear()
+    kernels.get_kernel(repo.repo_id, version=">=0.1", user_agent={"app": "kernels-tests"})
+    agents = _user_agents(hub)
+    assert agents and not any("app/kernels-tests" in a or "file_type" in a for a in agents)
 
 
 def test_hf_home_and_hf_token_are_honoured(released, hub, python, tmp_path):

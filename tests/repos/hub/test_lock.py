@@ -197,7 +197,7 @@ def test_hash_mismatch_in_the_lock_names_the_file_and_imports_nothing(released, 
 def test_tampered_cache_file_is_caught_before_import(released, tmp_path, capsys):
     repo, lockfile = _locked(released, tmp_path, capsys)
     package = repo.repo_id.split("/")[1].replace("-", "_")
-    _, variant_dir = kernels.install_kernel(repo.repo_id, read_lockfile(lockfile)[0].sha)
+    variant_dir = kernels.install_kernel(repo.repo_id, revision=read_lockfile(lockfile)[0].sha)
     init = variant_dir / package / "__init__.py"
     source = init.read_text()
     init.unlink()  # replace the cache's symlink by a file with other contents
@@ -212,7 +212,7 @@ def test_tampered_cache_file_is_caught_before_import(released, tmp_path, capsys)
 def test_extra_file_in_the_cache_is_caught(released, tmp_path, capsys):
     repo, lockfile = _locked(released, tmp_path, capsys)
     package = repo.repo_id.split("/")[1].replace("-", "_")
-    _, variant_dir = kernels.install_kernel(repo.repo_id, read_lockfile(lockfile)[0].sha)
+    variant_dir = kernels.install_kernel(repo.repo_id, revision=read_lockfile(lockfile)[0].sha)
     (variant_dir / package / "sitecustomize.py").write_text("print('injected')\n")
     with pytest.raises(
         KernelHashMismatchError, match=rf"{package}/sitecustomize.py is not in the lock"

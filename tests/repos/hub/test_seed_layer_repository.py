@@ -87,10 +87,12 @@ def test_registering_a_hub_kernel_for_a_layer(caplog):
             "cuda": LayerRepository(
                 repo_id="kernels-community/activation",
                 layer_name="SiluAndMul",
+                revision="main",  # 0.19: a pin is required (the seed omits it)
             ),
             "rocm": LayerRepository(
                 repo_id="kernels-community/activation",
                 layer_name="SiluAndMul",
+                revision="main",  # 0.19: a pin is required (the seed omits it)
             ),
         }
     }
@@ -100,7 +102,6 @@ def test_registering_a_hub_kernel_for_a_layer(caplog):
         kernelize(model, device="cuda", mode=Mode.INFERENCE)
     assert offset_of(model, x) == 1  # main
     messages = [r.getMessage() for r in caplog.records]
-    assert any("unpinned" in m for m in messages)
     # kernelize's log names the repository, the commit it resolved and the trust decision.
     used = [m for m in messages if "uses kernel layer SiluAndMul" in m]
     assert used and "commit" in used[0] and "kernels-community trusted by default" in used[0]
@@ -148,10 +149,12 @@ def test_registering_kernels_for_specific_modes():
                 Mode.INFERENCE: LayerRepository(
                     repo_id="kernels-community/activation-inference-optimized",
                     layer_name="SiluAndMul",
+                    revision="main",  # 0.19: a pin is required (the seed omits it)
                 ),
                 Mode.TRAINING | Mode.TORCH_COMPILE: LayerRepository(
                     repo_id="kernels-community/activation-training-optimized",
                     layer_name="SiluAndMul",
+                    revision="main",  # 0.19: a pin is required (the seed omits it)
                 ),
             }
         }
@@ -172,14 +175,17 @@ def test_fallback_mode():
                 Mode.FALLBACK: LayerRepository(
                     repo_id="kernels-community/activation",
                     layer_name="SiluAndMul",
+                    revision="main",  # 0.19: a pin is required (the seed omits it)
                 ),
                 Mode.INFERENCE: LayerRepository(
                     repo_id="kernels-community/activation-inference-optimized",
                     layer_name="SiluAndMul",
+                    revision="main",  # 0.19: a pin is required (the seed omits it)
                 ),
                 Mode.TRAINING: LayerRepository(
                     repo_id="kernels-community/activation-training-optimized",
                     layer_name="SiluAndMul",
+                    revision="main",  # 0.19: a pin is required (the seed omits it)
                 ),
             }
         }
@@ -207,6 +213,7 @@ def test_registering_kernels_for_specific_cuda_capabilities(capability, offset):
             ): LayerRepository(
                 repo_id="kernels-community/activation",
                 layer_name="SiluAndMul",
+                revision="main",  # 0.19: a pin is required (the seed omits it)
             ),
             Device(
                 type="cuda",
@@ -214,6 +221,7 @@ def test_registering_kernels_for_specific_cuda_capabilities(capability, offset):
             ): LayerRepository(
                 repo_id="kernels-community/activation-hopper",
                 layer_name="SiluAndMul",
+                revision="main",  # 0.19: a pin is required (the seed omits it)
             ),
         }
     }

@@ -193,7 +193,7 @@ def test_look_alike_ids_are_refused_by_every_entry_point_without_a_request(hub, 
         "load_hub_kernel": lambda: load_hub_kernel(repo_id, version=1),
         "has_kernel": lambda: kernels.has_kernel(repo_id, version=1),
         "get_kernel_variants": lambda: kernels.get_kernel_variants(repo_id, version=1),
-        "install_kernel": lambda: kernels.install_kernel(repo_id, "main"),
+        "install_kernel": lambda: kernels.install_kernel(repo_id, revision="main"),
     }
     for name, call in calls.items():
         with pytest.raises(kernels.KernelRepositoryNotFoundError, match="not a Hub repository id"):

@@ -8,6 +8,7 @@ import pytest
 
 import kernels
 from kernels import (
+    FuncRepository,
     KernelRepositoryNotFoundError,
     KernelRevisionError,
     KernelVersionSpecError,
@@ -107,15 +108,31 @@ def test_revision_and_version_together_are_an_error(hub):
         kernels.get_kernel("kernels-community/x", revision="main", version=">=1")
 
 
-def test_neither_loads_main_with_an_unpinned_warning(released, caplog):
+def test_neither_is_a_value_error_that_says_how_to_pin(released, hub):
+    """0.19: a version or a revision must be given (before 0.19: main, with a warning)."""
+    repo = released("0.1.0")
+    hub.proxy.clear()
+    for call in (
+        lambda: kernels.get_kernel(repo.repo_id),
+        lambda: kernels.has_kernel(repo.repo_id),
+        lambda: kernels.get_kernel_variants(repo.repo_id),
+        lambda: kernels.install_kernel(repo.repo_id),
+    ):
+        with pytest.raises(ValueError, match="version or revision must be given") as caught:
+            call()
+        assert isinstance(caught.value, KernelVersionSpecError)
+        assert "version=1" in str(caught.value) and "revision='main'" in str(caught.value)
+    for make in (LayerRepository, FuncRepository):
+        name = {"layer_name": "SiluAndMul"} if make is LayerRepository else {"func_name": "f"}
+        with pytest.raises(ValueError, match=f"{make.__name__}.*version or revision"):
+            make(repo.repo_id, **name)
+    assert hub.proxy.requests == []  # refused before any Hub request
+
+
+def test_revision_main_follows_the_main_branch(released):
     repo = released("0.1.0")
     repo.write_kernel(version="main-head").commit()
-    with caplog.at_level(logging.WARNING, logger="kernels"):
-        module = kernels.get_kernel(repo.repo_id)
-    assert module.VERSION == "main-head"
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("unpinned" in r.getMessage() and repo.repo_id in r.getMessage() for r in warnings)
-    assert all(r.name.startswith("kernels") for r in caplog.records)
+    assert kernels.get_kernel(repo.repo_id, revision="main").VERSION == "main-head"
 
 
 def test_pinned_loads_do_not_warn(released, caplog):
