@@ -2,8 +2,9 @@
 `kernels` as untyped (`kernelize(...)` would be `Any`)."""
 
 import importlib.resources
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
