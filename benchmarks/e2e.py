@@ -338,8 +338,9 @@ class ModuleState:
     Both ours (``tag_rotary_embeddings``) and Liger (``apply_liger_kernel_to_llama``) patch
     that module for the whole process: its ``apply_rotary_pos_emb`` global, and for Liger's
     fused cross-entropy ``LlamaForCausalLM.forward``. On transformers 5.x that global is a
-    function module whose ``forward`` ``kernelize`` sets, for every model of the process, so
-    such module instances are owners too. Contenders run in interleaved rounds, so each one's
+    function module; since kernels 0.19 ``kernelize`` gives each attention layer a copy of its
+    own and leaves the global be, but a forward set on the global by hand would still be shared
+    by every model of the process, so such module instances stay owners. Contenders run in interleaved rounds, so each one's
     state is captured after its set-up and put back before each of its steps.
     """
 
