@@ -203,6 +203,17 @@ def test_init_scaffolds_a_repository_whose_tests_pass(tmp_path, capsys):
     assert "SiLUWorkloads" in capsys.readouterr().out
 
 
+def test_check_dot_in_a_fresh_scaffold_passes_without_warnings(tmp_path, monkeypatch, capsys):
+    # The README's path: `kernels init` then `cd fused-silu && kernels check .`.
+    assert run("init", "my-org/fused-silu", "--dir", str(tmp_path)) == 0
+    monkeypatch.chdir(tmp_path / "fused-silu")
+    capsys.readouterr()
+    assert run("check", ".") == 0
+    out = capsys.readouterr().out
+    assert "0 failed, 0 warning(s)" in out, out
+    assert "torch-universal (fused_silu)" in out, out
+
+
 def test_init_refuses_to_overwrite_and_bad_names(tmp_path, capsys):
     assert run("init", "thing", "--dir", str(tmp_path)) == 0
     assert run("init", "thing", "--dir", str(tmp_path)) == 1
