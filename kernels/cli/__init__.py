@@ -69,6 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="log more (-v: INFO, -vv: DEBUG)"
     )
+    # -v also after the command (`kernels demo -v`); unset there, the value before it stays.
+    verbosity = argparse.ArgumentParser(add_help=False)
+    verbosity.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="log more (-v: INFO, e.g. what kernelize swaps; -vv: DEBUG)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         module = importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
@@ -78,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
             description=getattr(module, "DESCRIPTION", module.HELP),
             epilog=getattr(module, "EPILOG", None),
             formatter_class=argparse.RawDescriptionHelpFormatter,
+            parents=[verbosity],
         )
         module.configure(sub)
         sub.set_defaults(run=module.run)

@@ -58,7 +58,7 @@ mapping = {{"SiLU": {{"cuda": LayerRepository("{repo_id}", layer_name="SiLU", ve
 
 ```bash
 python build.py                               # after every change to torch-ext/
-pytest tests                                  # on CPU, Triton runs through its interpreter
+python -m pytest tests                        # on CPU, Triton runs through its interpreter
 kernels check .                               # layout, imports, layer rules, signatures
 kernels benchmark .                           # times each workload against PyTorch
 kernels upload . --repo-id {repo_id} --tag v0.1.0
