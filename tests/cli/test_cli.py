@@ -9,6 +9,7 @@ import shlex
 import sys
 
 import pytest
+import torch
 
 from kernels.cli import COMMANDS, build_parser, main
 from kernels.cli import check as check_module
@@ -216,6 +217,31 @@ def test_check_dot_in_a_fresh_scaffold_passes_without_warnings(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert "0 failed, 0 warning(s)" in out, out
     assert "torch-universal (fused_silu)" in out, out
+
+
+SCAFFOLD_ON_CPU = """
+import sys
+import torch
+from kernels import get_local_kernel
+kernel = get_local_kernel(sys.argv[1])
+try:
+    kernel.silu(torch.ones(4))
+except RuntimeError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the failure is that of a machine without GPU"
+)
+def test_a_scaffolded_kernel_on_a_cpu_says_to_set_triton_interpret(tmp_path):
+    assert run("init", "fused-silu", "--dir", str(tmp_path)) == 0
+    env = subprocess_env()
+    env.pop("TRITON_INTERPRET", None)
+    result = run_python("-c", SCAFFOLD_ON_CPU, str(tmp_path / "fused-silu"), env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "active drivers" not in result.stdout
+    assert "got CPU tensors" in result.stdout and "set TRITON_INTERPRET=1" in result.stdout
 
 
 def test_init_refuses_to_overwrite_and_bad_names(tmp_path, capsys):
