@@ -6,7 +6,9 @@ its arguments and ``run(args) -> int``. Adding a command is adding a module and 
 `COMMANDS` (a ``-`` in a command's name is ``_`` in its module's).
 
 Exit codes: 0 success, 1 an error (printed on stderr as ``error: ...``, without a
-traceback when it is one `kernels` expects, such as a missing repository), 2 a usage error.
+traceback when it is one `kernels` expects, such as a missing repository), 2 a usage error,
+130 interrupted (Ctrl-C; quietly). Only the standard library is imported until the arguments are
+parsed (`kernels` imports torch on first use of its API), so ``kernels --help`` answers at once.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ COMMANDS: tuple[str, ...] = (
     "upload",
 )
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class CommandError(Exception):
@@ -67,6 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="log more (-v: INFO, -vv: DEBUG)"
     )
+    # -v also after the command (`kernels demo -v`); unset there, the value before it stays.
+    verbosity = argparse.ArgumentParser(add_help=False)
+    verbosity.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="log more (-v: INFO, e.g. what kernelize swaps; -vv: DEBUG)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         module = importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
@@ -76,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
             description=getattr(module, "DESCRIPTION", module.HELP),
             epilog=getattr(module, "EPILOG", None),
             formatter_class=argparse.RawDescriptionHelpFormatter,
+            parents=[verbosity],
         )
         module.configure(sub)
         sub.set_defaults(run=module.run)
@@ -84,6 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``kernels`` command with `argv` (default: ``sys.argv[1:]``); returns the exit status."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C, wherever it lands (a command's import of torch takes seconds): the shell's
+        # convention, 128 + SIGINT, and no traceback.
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from ..errors import KernelsError
 
     parser = build_parser()
@@ -97,9 +118,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (KernelsError, CommandError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_ERROR
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            return 130
 
 
 @contextlib.contextmanager

@@ -36,13 +36,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..repos.lock import download_locked
+    from ..repos.lock import LOCK_FILE, download_locked
 
     locked = download_locked(
         args.project_dir,
         all_variants=args.all_variants,
         trust_remote_code=bool(args.trust_remote_code),
     )
+    if not locked:
+        print(f"{args.project_dir / LOCK_FILE} locks no kernels: nothing to download")
     for lock, fetched in locked:
         variants = ", ".join(f.variant for f in fetched)
         checked = "verified" if lock.hashed else "no file hashes in the lock to verify"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import re
+import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -26,12 +28,14 @@ layout, then build it once:
   README.md             the Hub model card
   .gitignore            caches and benchmarks/results/
 NAME may be a Hub repo id (org/name); its last part names the kernel and the folder
-(lowercase letters, digits and dashes, kernel-builder's rule) and, with dashes as
-underscores, the package."""
+(two or more lowercase letters, digits and dashes, starting with a letter and not ending
+with a dash: kernel-builder's rule) and, with dashes as underscores, the package."""
 EPILOG = """\
 examples:
   kernels init my-org/fused-silu
-  cd fused-silu && pytest tests && kernels check ."""
+  cd fused-silu && python -m pytest tests && kernels check .
+The scaffold's tests need pytest (`python -m pip install pytest`), which kernels does not
+install."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -68,14 +72,17 @@ def run(args: argparse.Namespace) -> int:
     name = repo_id.split("/")[-1]
     if not re.fullmatch(r"[a-z][-a-z0-9]*[a-z0-9]", name):
         raise CommandError(
-            f"{shown(name)} is not a kernel name: use lowercase letters, digits and dashes, "
-            "starting with a letter and not ending with a dash (kernel-builder's rule, which "
-            "Hugging Face's client checks), e.g. 'fused-silu'"
+            f"{shown(name)} is not a kernel name: use at least two characters, lowercase "
+            "letters, digits and dashes, starting with a letter and not ending with a dash "
+            "(kernel-builder's rule, which Hugging Face's client checks), e.g. 'fused-silu'"
         )
     package = name.replace("-", "_")
     if "/" not in repo_id:
         repo_id = f"<your-org>/{name}"
     target = args.dir / name
+    for folder in (args.dir, target):
+        if folder.exists() and not folder.is_dir():
+            raise CommandError(f"{folder} is not a folder; pass --dir a folder to create {name} in")
     if target.exists() and any(target.iterdir()) and not args.force:
         raise CommandError(f"{target} exists and is not empty; choose another NAME or pass --force")
     builder = library_path() / "build.py"
@@ -83,13 +90,34 @@ def run(args: argparse.Namespace) -> int:
         repo_id=repo_id, name=name, package=package, builder=builder
     ).items():
         path = target / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+        except OSError as exc:  # e.g. no permission, a full disk, a file where a folder goes
+            raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
         print(f"wrote {path}")
     for variant in _build(target):
         print(f"wrote {target / 'build' / variant}/")
-    print(f"\nNext: cd {target} && pytest tests && kernels check .")
+    print(f"\nNext: {next_steps(target)}")
     return 0
+
+
+def next_steps(target: Path) -> str:
+    """The commands that test and check the new repository, with this Python's pytest.
+
+    `kernels` does not depend on pytest (``make demo``'s environment has none), so where this
+    Python lacks it the first step installs it. The interpreter is named in full unless it is
+    what ``python`` means here: a bare ``pytest`` may be another environment's, without torch.
+    """
+    on_path = shutil.which("python")
+    python = "python"
+    if on_path is None or Path(on_path).resolve() != Path(sys.executable).resolve():
+        python = shlex.quote(sys.executable)
+    steps = [f"cd {shlex.quote(str(target))}"]
+    if importlib.util.find_spec("pytest") is None:
+        steps.append(f"{python} -m pip install pytest")
+    steps += [f"{python} -m pytest tests", "kernels check ."]
+    return " && ".join(steps)
 
 
 def _build(target: Path) -> tuple[str, ...]:

@@ -58,7 +58,7 @@ mapping = {{"SiLU": {{"cuda": LayerRepository("{repo_id}", layer_name="SiLU", ve
 
 ```bash
 python build.py                               # after every change to torch-ext/
-pytest tests                                  # on CPU, Triton runs through its interpreter
+python -m pytest tests                        # on CPU, Triton runs through its interpreter
 kernels check .                               # layout, imports, layer rules, signatures
 kernels benchmark .                           # times each workload against PyTorch
 kernels upload . --repo-id {repo_id} --tag v0.1.0
@@ -137,7 +137,19 @@ def _launch_config(n_elements: int) -> tuple[int, int]:
     return block, max(1, min(8, block // 512))
 
 
+def _check_runnable(x: torch.Tensor, kernel) -> None:
+    # Without its interpreter Triton compiles only for GPUs, and on CPU tensors says
+    # "0 active drivers", which does not say what to do.
+    if x.device.type == "cpu" and type(kernel).__name__ != "InterpretedFunction":
+        raise RuntimeError(
+            f"{kernel.__name__} got CPU tensors, but Triton compiles kernels only for GPUs: move "
+            "the inputs to a GPU, or, to run on the CPU (slowly, for tests), set "
+            "TRITON_INTERPRET=1 in the environment before triton is first imported"
+        )
+
+
 def silu_forward(x: torch.Tensor) -> torch.Tensor:
+    _check_runnable(x, _silu_fwd_kernel)
     x = x.contiguous()
     y = torch.empty_like(x)
     n = x.numel()
@@ -148,6 +160,7 @@ def silu_forward(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_backward(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    _check_runnable(x, _silu_bwd_kernel)
     x, dy = x.contiguous(), dy.contiguous()
     dx = torch.empty_like(x)
     n = x.numel()

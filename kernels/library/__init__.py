@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterable
@@ -36,6 +37,8 @@ from .transformers_tags import (
     tag_transformers_layers,
     untag,
 )
+
+logger = logging.getLogger(__name__)
 
 #: The Hub organisation our kernel repositories are published under.
 HUB_ORGANISATION = "kernels-triton"
@@ -113,6 +116,8 @@ def library_mapping(
         devices = list(TESTED_DEVICE_TYPES)
         if os.environ.get("TRITON_INTERPRET") == "1":
             devices.append("cpu")
+        else:
+            _warn_if_nothing_runs_here()
     devices = [validate_device_type(d) for d in devices]
     wanted = None if layers is None else set(layers)
     known = {k.layer_name for k in KERNELS}
@@ -174,6 +179,28 @@ def register_library_kernels(devices: Iterable[str] | None = None) -> None:
     register_kernel_mapping(library_mapping(devices))
     tag_on_kernelize()
     register_attention()
+
+
+_warned_nothing_runs_here = False
+
+
+def _warn_if_nothing_runs_here() -> None:
+    """Say once per process why kernelize will swap nothing on this machine: the default
+    mapping is for CUDA GPUs, there is none, and the CPU is left out without the interpreter."""
+    global _warned_nothing_runs_here
+    if _warned_nothing_runs_here:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    _warned_nothing_runs_here = True
+    logger.warning(
+        "library_mapping(): this machine has no CUDA GPU and TRITON_INTERPRET is not set, so our "
+        "kernels are registered for cuda only and kernelize keeps every layer's own forward "
+        "here. Run on a GPU, or set TRITON_INTERPRET=1 (before triton is imported) to run them on "
+        "the CPU through Triton's interpreter (slow: for checking numerics)."
+    )
 
 
 def _device_key(device_type: str) -> str | Device:

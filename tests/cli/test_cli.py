@@ -5,10 +5,15 @@ The commands that talk to the Hub are tested against the test server in tests/re
 
 from __future__ import annotations
 
-import pytest
+import shlex
+import sys
 
-from kernels.cli import COMMANDS, main
+import pytest
+import torch
+
+from kernels.cli import COMMANDS, build_parser, main
 from kernels.cli import check as check_module
+from kernels.cli import init as init_command
 from kernels.cli.upload import plan_upload
 from tests.support.children import run_python
 from tests.support.paths import REPO_ROOT, subprocess_env
@@ -203,6 +208,42 @@ def test_init_scaffolds_a_repository_whose_tests_pass(tmp_path, capsys):
     assert "SiLUWorkloads" in capsys.readouterr().out
 
 
+def test_check_dot_in_a_fresh_scaffold_passes_without_warnings(tmp_path, monkeypatch, capsys):
+    # The README's path: `kernels init` then `cd fused-silu && kernels check .`.
+    assert run("init", "my-org/fused-silu", "--dir", str(tmp_path)) == 0
+    monkeypatch.chdir(tmp_path / "fused-silu")
+    capsys.readouterr()
+    assert run("check", ".") == 0
+    out = capsys.readouterr().out
+    assert "0 failed, 0 warning(s)" in out, out
+    assert "torch-universal (fused_silu)" in out, out
+
+
+SCAFFOLD_ON_CPU = """
+import sys
+import torch
+from kernels import get_local_kernel
+kernel = get_local_kernel(sys.argv[1])
+try:
+    kernel.silu(torch.ones(4))
+except RuntimeError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the failure is that of a machine without GPU"
+)
+def test_a_scaffolded_kernel_on_a_cpu_says_to_set_triton_interpret(tmp_path):
+    assert run("init", "fused-silu", "--dir", str(tmp_path)) == 0
+    env = subprocess_env()
+    env.pop("TRITON_INTERPRET", None)
+    result = run_python("-c", SCAFFOLD_ON_CPU, str(tmp_path / "fused-silu"), env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "active drivers" not in result.stdout
+    assert "got CPU tensors" in result.stdout and "set TRITON_INTERPRET=1" in result.stdout
+
+
 def test_init_refuses_to_overwrite_and_bad_names(tmp_path, capsys):
     assert run("init", "thing", "--dir", str(tmp_path)) == 0
     assert run("init", "thing", "--dir", str(tmp_path)) == 1
@@ -211,6 +252,70 @@ def test_init_refuses_to_overwrite_and_bad_names(tmp_path, capsys):
     for bad in ("1abc", "a b", "../escape", "org/name/extra"):
         assert run("init", bad, "--dir", str(tmp_path)) == 1
         assert "not a usable name" in capsys.readouterr().err
+
+
+def test_init_accepts_what_its_rule_states_and_names_the_rule_it_enforces(tmp_path, capsys):
+    # kernel-builder's rule: two characters at least (the message used to leave that out).
+    assert run("init", "x", "--dir", str(tmp_path)) == 1
+    assert "at least two characters" in capsys.readouterr().err
+    assert "two or more" in init_command.DESCRIPTION
+    assert run("init", "x1", "--dir", str(tmp_path)) == 0
+
+
+def test_init_into_a_file_is_an_error_not_a_traceback(tmp_path, capsys):
+    file = tmp_path / "notes.txt"
+    file.write_text("")
+    assert run("init", "fused-silu", "--dir", str(file)) == 1
+    assert capsys.readouterr().err == (
+        f"error: {file} is not a folder; pass --dir a folder to create fused-silu in\n"
+    )
+    # A file where the kernel's folder would go, and one further up the path.
+    (tmp_path / "fused-silu").write_text("")
+    assert run("init", "fused-silu", "--dir", str(tmp_path)) == 1
+    assert "fused-silu is not a folder" in capsys.readouterr().err
+    assert run("init", "fused-silu", "--dir", str(file / "sub")) == 1
+    assert capsys.readouterr().err.startswith(f"error: cannot write {file / 'sub'}")
+
+
+def test_init_says_how_to_run_the_tests_with_this_python(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(init_command.shutil, "which", lambda name: sys.executable)
+    steps = init_command.next_steps(tmp_path / "fused-silu")
+    assert steps == f"cd {tmp_path / 'fused-silu'} && python -m pytest tests && kernels check ."
+    # `make demo`'s environment has no pytest: the hint installs it first, in this Python.
+    real_find_spec = init_command.importlib.util.find_spec
+    monkeypatch.setattr(
+        init_command.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "pytest" else real_find_spec(name, *a),
+    )
+    monkeypatch.setattr(init_command.shutil, "which", lambda name: None)
+    steps = init_command.next_steps(tmp_path / "fused-silu")
+    python = shlex.quote(sys.executable)
+    assert f"&& {python} -m pip install pytest && {python} -m pytest tests &&" in steps
+    assert run("init", "fused-silu", "--dir", str(tmp_path)) == 0
+    assert capsys.readouterr().out.endswith(f"Next: {steps}\n")
+
+
+def test_download_of_an_empty_lock_says_there_is_nothing_to_download(tmp_path, capsys):
+    (tmp_path / "kernels.lock").write_text("[]\n")
+    assert run("download", str(tmp_path)) == 0
+    assert capsys.readouterr().out == (
+        f"{tmp_path / 'kernels.lock'} locks no kernels: nothing to download\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, verbosity",
+    [
+        (["demo", "-v"], 1),
+        (["-v", "demo"], 1),
+        (["demo", "-vv"], 2),
+        (["demo"], 0),
+        (["check", ".", "--verbose"], 1),
+    ],
+)
+def test_verbose_is_accepted_after_the_command_too(argv, verbosity):
+    assert build_parser().parse_args(argv).verbose == verbosity
 
 
 def test_upload_plan_checks_the_repository_and_leaves_out_caches(

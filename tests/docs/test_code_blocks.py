@@ -120,6 +120,18 @@ def test_every_block_runs_or_says_why_not():
     )
 
 
+def test_dry_run_uploads_are_run_not_excused():
+    """`kernels upload --dry-run` checks and lists offline, so no page may excuse a block of it
+    as needing the Hub: such a block runs here, which is the proof that it needs none."""
+    excused = [
+        f"{block.where}: {block.not_run}"
+        for page in PAGES
+        for block in blocks(page)
+        if block.not_run is not None and "--dry-run" in block.code
+    ]
+    assert not excused, "blocks with --dry-run marked not run:\n" + "\n".join(excused)
+
+
 def test_the_marks_sit_on_code_blocks():
     """A not-run mark is above a python or shell fence, so it excuses the block it names."""
     stray = []

@@ -152,3 +152,40 @@ def test_each_kernel_loads_and_fits_the_layer_it_serves(kernel):
     )
     assert layer.has_backward is True
     assert layer.can_torch_compile is True
+
+
+def test_on_a_cpu_without_the_interpreter_it_says_once_why_nothing_is_swapped(monkeypatch, caplog):
+    # The README's use on a machine without GPU and without TRITON_INTERPRET: kernelize keeps
+    # every forward, which used to happen without a word.
+    import logging
+
+    import torch
+
+    import kernels.library
+    from kernels import kernelize, use_kernel_forward_from_hub
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(kernels.library, "_warned_nothing_runs_here", False, raising=False)
+
+    @use_kernel_forward_from_hub("SiLU")
+    class SiLU(nn.Module):
+        def forward(self, x):
+            return x * torch.sigmoid(x)
+
+    caplog.set_level(logging.WARNING, logger="kernels")
+    for _ in range(3):  # once a process, not once a call
+        model = nn.Sequential(SiLU())
+        with use_kernel_mapping(library_mapping()):
+            kernelize(model, mode=Mode.INFERENCE, device="cpu")
+    warnings = [r for r in caplog.records if r.name == "kernels.library"]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    message = warnings[0].getMessage()
+    assert "no CUDA GPU" in message and "TRITON_INTERPRET=1" in message
+    # Where the user chose the devices, or a GPU is there, nothing is said.
+    monkeypatch.setattr(kernels.library, "_warned_nothing_runs_here", False, raising=False)
+    caplog.clear()
+    library_mapping(devices=["cuda"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    library_mapping()
+    assert not [r for r in caplog.records if r.name == "kernels.library"]
