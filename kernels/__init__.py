@@ -16,7 +16,7 @@ from ._version import __version__
 # The public names are imported on first use (PEP 562), not here: `import kernels` must not import
 # torch, so that the `kernels` command (kernels.cli, a subpackage) answers --help at once and can
 # be interrupted quietly. Type checkers read the imports below; `_SOURCES` says the same to
-# Python, and is `__all__` (tests/cli/test_cli_startup.py checks that the two agree).
+# Python; `__all__` names both (tests/cli/test_cli_startup.py checks that the three agree).
 if TYPE_CHECKING:
     from .benchmark import Benchmark
     from .errors import (
@@ -136,7 +136,69 @@ _SOURCES: dict[str, str] = {
     "VariantRejected": ".repos.variants",
 }
 
-__all__ = ["__version__", *_SOURCES]
+# Static, so that type checkers see what is re-exported (a py.typed package's rule).
+__all__ = [
+    "BuildVariant",
+    "Benchmark",
+    "BuildVariantNotFoundError",
+    "CUDAProperties",
+    "Device",
+    "KernelDownloadError",
+    "KernelHashMismatchError",
+    "KernelHubUnsupportedError",
+    "KernelLayerError",
+    "KernelLoadError",
+    "KernelLockError",
+    "KernelMappingError",
+    "KernelMetadataError",
+    "KernelOfflineError",
+    "KernelRepositoryNotFoundError",
+    "KernelRevisionError",
+    "KernelsError",
+    "KernelSignatureError",
+    "KernelTaggingError",
+    "KernelVerificationError",
+    "KernelVersionSpecError",
+    "KernelizeFallback",
+    "KernelizedFunc",
+    "KernelizedLayer",
+    "KernelizedLayers",
+    "FuncRepository",
+    "LayerRepository",
+    "LoadedKernel",
+    "LocalFuncRepository",
+    "LocalLayerRepository",
+    "LockedFuncRepository",
+    "LockedLayerRepository",
+    "Metadata",
+    "Mode",
+    "NoKernelError",
+    "ROCMProperties",
+    "RepoInfo",
+    "UntrustedKernelError",
+    "VariantAccepted",
+    "VariantRejected",
+    "__version__",
+    "explain",
+    "get_kernel",
+    "get_kernel_dep",
+    "get_kernel_variants",
+    "get_kernelized_layers",
+    "get_loaded_kernels",
+    "get_local_kernel",
+    "get_locked_kernel",
+    "has_kernel",
+    "install_kernel",
+    "kernelize",
+    "library_mapping",
+    "load_kernel",
+    "register_kernel_mapping",
+    "replace_kernel_forward_from_hub",
+    "use_kernel_forward_from_hub",
+    "use_kernel_func_from_hub",
+    "use_kernel_mapping",
+    "use_kernelized_func",
+]
 
 
 def __getattr__(name: str) -> object:
