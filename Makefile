@@ -188,7 +188,7 @@ test-hf-suite: install-tf5
 # Refreshes expected_failures.yaml: the suite against ours and against their client (.venv-hf),
 # listed reasons kept (tests/hf_suite/update.py).
 test-hf-suite-update: install-tf5 install-hf
-	$(TF5_BIN)/python -m tests.hf_suite.update --theirs-python $(HF_BIN)/python --workers $(HF_SUITE_WORKERS)
+	$(TF5_BIN)/python -m tests.hf_suite.update --theirs-python $(abspath $(HF_BIN))/python --workers $(HF_SUITE_WORKERS)
 
 # Each kernel repository's build/<variant>/ folders, from its torch-ext/ source and the shared
 # files in library/_shared/ (library/build.py). The output is committed, as on the Hub; a test

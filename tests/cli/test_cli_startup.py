@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -117,7 +118,14 @@ def test_sigint_while_a_command_imports_torch_exits_quietly():
         text=True,
         env=subprocess_env(),
     )
-    time.sleep(1.5)  # past the interpreter's start (a tenth of that), inside the imports
+    # Inside the imports: once torch's shared library is mapped (a fixed sleep raced a loaded
+    # machine's interpreter start, before any handler of ours exists).
+    maps = Path(f"/proc/{child.pid}/maps")
+    deadline = time.monotonic() + 60
+    while child.poll() is None and time.monotonic() < deadline:
+        if "libtorch" in maps.read_text():
+            break
+        time.sleep(0.02)
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)
     assert child.returncode == 130, out + err
