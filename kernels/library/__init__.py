@@ -87,6 +87,11 @@ KERNELS: tuple[LibraryKernel, ...] = (
 )
 
 
+class LibraryFunction(LocalFuncRepository):
+    """A function kernel of our library: a `LocalFuncRepository` without the deprecation
+    WARNING its public use gets (Hugging Face's client deprecated it in 0.17)."""
+
+
 def library_mapping(
     devices: Iterable[str] | None = None,
     *,
@@ -133,7 +138,7 @@ def library_mapping(
             continue
         repository: LayerRepositoryProtocol
         if kernel.is_function:
-            repository = LocalFuncRepository(
+            repository = LibraryFunction(
                 root / kernel.repo, package_name=kernel.repo, func_name=kernel.attribute
             )
         else:

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from types import ModuleType
 from typing import Protocol, TypeGuard, runtime_checkable
+
+logger = logging.getLogger(__name__)
+
+
+def warn_function_repository_deprecated(name: str, replacement: str) -> None:
+    """The WARNING of Hugging Face's client for its three function repositories, deprecated
+    since 0.17: a layer repository takes a function's name as ``layer_name`` too."""
+    logger.warning(
+        "%s is deprecated and will be removed in kernels 0.17. Use %s instead (its layer_name "
+        "may name a function of the kernel package).",
+        name,
+        replacement,
+        stacklevel=3,
+    )
 
 
 @runtime_checkable

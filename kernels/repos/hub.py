@@ -9,12 +9,16 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from ..errors import KernelMappingError
-from .base import PackageFunction
+from .base import PackageFunction, warn_function_repository_deprecated
 from .hubclient import KERNEL_REPO_TYPE, check_repo_type, check_user_agent
 from .provides import provided_kernel
 from .repo_id import check_repo_id
 from .trust import normalize_trust
-from .versions import check_version_argument, require_pin
+from .versions import (
+    check_version_argument,
+    made_by_transformers_4_default_mapping,
+    require_pin,
+)
 
 if TYPE_CHECKING:
     from .download import LoadedHubKernel
@@ -78,11 +82,20 @@ class LayerRepository:
                 f"LayerRepository('{self.repo_id}') got both revision={self.revision!r} and "
                 f"version={self.version!r}; give one of them."
             )
+        if (
+            self.revision is None
+            and self.version is None
+            and made_by_transformers_4_default_mapping()
+        ):
+            # transformers 4.x's import-time mapping follows main, as it did before 0.19
+            # (docs/transformers.md); anyone else's unpinned repository is refused.
+            object.__setattr__(self, "revision", "main")
         require_pin(
             f"LayerRepository('{self.repo_id}')",
             revision=self.revision,
             version=self.version,
             error=KernelMappingError,
+            repository=True,
         )
         check_version_argument(self.version, repo_id=self.repo_id)
         check_user_agent(self.user_agent)
@@ -222,12 +235,14 @@ class FuncRepository(PackageFunction):
     _package: LayerRepository = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        warn_function_repository_deprecated("FuncRepository", "LayerRepository")
         check_repo_id(self.repo_id, where="FuncRepository repo_id", error=KernelMappingError)
         require_pin(
             f"FuncRepository('{self.repo_id}')",
             revision=self.revision,
             version=self.version,
             error=KernelMappingError,
+            repository=True,
         )
         package = LayerRepository(
             self.repo_id,

@@ -10,6 +10,7 @@ from types import ModuleType
 
 from ..errors import KernelLoadError
 from . import archs, hubclient
+from .base import warn_function_repository_deprecated
 from .download import dependency_loader
 from .kernel_deps import dependencies_loaded
 from .layout import locate_local
@@ -142,6 +143,8 @@ class LocalFuncRepository:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "repo_path", Path(self.repo_path).expanduser())
+        if type(self) is LocalFuncRepository:  # the library's own subclass is not deprecated
+            warn_function_repository_deprecated("LocalFuncRepository", "LocalLayerRepository")
 
     @property
     def layer_name(self) -> str:

@@ -75,7 +75,7 @@ from ..errors import (
     KernelVersionSpecError,
 )
 from . import hubclient
-from .base import PackageFunction
+from .base import PackageFunction, warn_function_repository_deprecated
 from .bounded_json import MiB, json_type, load_json_file, parse_json, quoted
 from .download import (
     FetchedKernel,
@@ -1282,6 +1282,7 @@ class LockedFuncRepository(PackageFunction):
     _package: LockedLayerRepository = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        warn_function_repository_deprecated("LockedFuncRepository", "LockedLayerRepository")
         package = LockedLayerRepository(
             self.repo_id,
             layer_name=self.func_name,

@@ -315,20 +315,55 @@ def require_pin(
     revision: object,
     version: object,
     error: type[Exception] = KernelVersionSpecError,
+    repository: bool = False,
 ) -> None:
     """Refuse a request for a Hub kernel that names neither a version nor a revision (as
     Hugging Face's client does since 0.19: ``main`` may change incompatibly at any time).
+    Its message opens with the sentence of theirs for the same case: a repository's
+    (`repository`) or a function's.
 
     Raises:
         error (a ValueError): neither was given; the message says how to pin.
     """
     if revision is None and version is None:
-        raise error(
-            f"{repo_id}: a kernel version or revision must be given. Use version=N for the "
-            "stable API branch vN (e.g. version=1), version='>=0.1,<0.2' for the highest "
-            "v<x.y.z> tag in a range, or revision='<branch, tag or commit>' (revision='main' "
-            "for the main branch, which may change incompatibly at any time)."
+        opening = (
+            "Either a revision or a version must be specified"
+            if repository
+            else "A kernel version or revision must be specified"
         )
+        raise error(
+            f"{opening} ({repo_id}). Use version=N for the stable API branch vN (e.g. "
+            "version=1), version='>=0.1,<0.2' for the highest v<x.y.z> tag in a range, or "
+            "revision='<branch, tag or commit>' (revision='main' for the main branch, which "
+            "may change incompatibly at any time)."
+        )
+
+
+#: The module of transformers 4.x that builds its default mapping when it is imported, from
+#: repositories that name no version (it predates the rule of 0.19).
+_TRANSFORMERS_4_MAPPING_MODULE = "transformers.integrations.hub_kernels"
+
+
+def made_by_transformers_4_default_mapping(depth: int = 3) -> bool:
+    """Whether the repository being constructed is one of transformers 4.x's default mapping.
+
+    transformers 4.57 (which pins no `kernels`) writes ``LayerRepository(repo_id=...,
+    layer_name=...)`` without a version at import time and catches only ImportError there:
+    refusing those would make every model module that imports its decorators fail to import.
+    Only a caller frame in that module, on a transformers older than 5, qualifies.
+    """
+    import sys
+
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return False
+        if frame.f_globals.get("__name__") == _TRANSFORMERS_4_MAPPING_MODULE:
+            transformers = sys.modules.get("transformers")
+            version = getattr(transformers, "__version__", "")
+            return version.split(".", 1)[0].isdecimal() and int(version.split(".", 1)[0]) < 5
+    return False
 
 
 #: When set to 1/on/yes/true, every Hub kernel resolves to its newest numbered version (the

@@ -246,3 +246,27 @@ print("MODEL RAN")
             in w
             for w in warnings
         )
+
+
+def test_its_unpinned_default_mapping_imports_and_follows_main():
+    """transformers 4.57 builds its default mapping at import from repositories without a
+    version and catches only ImportError: the 0.19 rule (no pin: ValueError) would break the
+    import of every model module. Those repositories follow main, as before 0.19; anyone
+    else's unpinned repository is still refused."""
+    code = (
+        "from transformers.integrations import hub_kernels\n"
+        "repos = [r for devices in hub_kernels._KERNEL_MAPPING.values() for r in devices.values()]\n"
+        "repos = [r for r in repos if not isinstance(r, dict)] + [\n"
+        "    r for d in hub_kernels._KERNEL_MAPPING.values() for m in d.values()\n"
+        "    if isinstance(m, dict) for r in m.values()]\n"
+        "unpinned = [r for r in repos if r.version is None]\n"
+        "assert unpinned and all(r.revision == 'main' for r in unpinned)\n"
+        "print(len(unpinned), 'unpinned repositories')\n"
+    )
+    result = run_python("-c", code, env=subprocess_env())
+    assert result.returncode == 0, result.stderr
+    assert "repositories" in result.stdout
+    from kernels import LayerRepository
+
+    with pytest.raises(ValueError, match="Either a revision or a version must be specified"):
+        LayerRepository("kernels-community/activation", layer_name="SiluAndMul")
