@@ -152,3 +152,16 @@ def test_the_graph_sees_every_kind_of_import(tmp_path):
     }
     assert cycles(graph) == [("pkg.a", "pkg.sub.b")]
     assert cycle_path(graph, ("pkg.a", "pkg.sub.b")) == ["pkg.a", "pkg.sub.b", "pkg.a"]
+
+
+def test_where_kernel_code_comes_from_knows_nothing_of_kernelize():
+    """kernels.repos (local folders, the Hub, locks) serves kernels.layer, never the other way
+    round: a repository module importing the layer package would tie loading to kernelize."""
+    upward = {
+        (module, target)
+        for module, targets in import_graph().items()
+        if module.startswith("kernels.repos")
+        for target in targets
+        if target == "kernels.layer" or target.startswith("kernels.layer.")
+    }
+    assert not upward, sorted(upward)

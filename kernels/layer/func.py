@@ -25,47 +25,11 @@ from contextvars import ContextVar
 from types import MethodType
 from typing import TYPE_CHECKING
 
+from ..function_kernels import FUNCTION_ATTRIBUTE, function_layer
 from .tagging import Condition, replace_kernel_forward_from_hub, tag_of
 
 if TYPE_CHECKING:
     from torch import nn
-
-
-@functools.cache
-def function_layer(func: Callable) -> type[nn.Module]:
-    """A module class whose `forward` calls `func`, with `func`'s signature after `self`.
-
-    The same function always gives the same class, so a function kernel is validated and
-    recognised once however often it is loaded.
-    """
-    from torch import nn
-
-    def forward(self, *args, **kwargs):
-        return func(*args, **kwargs)
-
-    signature = inspect.signature(func)
-    self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    # Functions take any attribute; the checker knows only those every function has.
-    forward.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[self_parameter, *signature.parameters.values()]
-    )
-    forward.__doc__ = func.__doc__
-    # What it calls, for introspection (its signature is set above).
-    forward.__wrapped__ = func  # type: ignore[attr-defined]
-    name = getattr(func, "__name__", "function")
-    forward.__qualname__ = f"{name}.forward"
-    # A function declares what it supports the way a kernel layer does, as attributes.
-    flags = {flag: getattr(func, flag) for flag in _FLAGS if hasattr(func, flag)}
-    namespace = {"forward": forward, "__doc__": func.__doc__, **flags}
-    # For pickling a module that runs it: the function is found again by its name.
-    namespace[FUNCTION_ATTRIBUTE] = staticmethod(func)
-    return type(name, (nn.Module,), namespace)
-
-
-_FLAGS = ("has_backward", "can_torch_compile")
-#: Class attribute of a `function_layer` class (and the function modules made over one): the
-#: function it calls. A dunder, which the kernel layer rules allow.
-FUNCTION_ATTRIBUTE = "__kernels_function__"
 
 
 def function_module(func: Callable, name: str, condition: Condition | None = None) -> nn.Module:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import inspect
 
 from ..errors import KernelLoadError
+from ..function_kernels import function_layer
 from ..repos.base import LayerRepositoryProtocol
 from ..repos.provides import provided_kernel
-from .func import function_layer
 
 #: Attribute of a `KernelLoadError` made here: the exception a repository's load() raised.
 _REPOSITORY_ERROR = "repository_error"

@@ -100,7 +100,7 @@ def use_original_forward(module: nn.Module) -> None:
 
 
 def _is_function_module(module: nn.Module) -> bool:
-    from .func import FUNCTION_ATTRIBUTE
+    from ..function_kernels import FUNCTION_ATTRIBUTE
     from .tagging import tag_of
 
     cls = own_class(module)
@@ -180,7 +180,7 @@ def _resolve_kernel(reference: tuple[str, str, str]) -> type | None:
     a kernel is loaded by kernelize, never by unpickling)."""
     import sys
 
-    from .func import function_layer
+    from ..function_kernels import function_layer
 
     kind, module_name, qualname = reference
     found: object = sys.modules.get(module_name)

@@ -59,7 +59,7 @@ class PackageFunction:
 
     def load(self) -> type:
         """Download (if needed) and import the kernel package; its function as a kernel layer."""
-        from .local import function_kernel
+        from ..function_kernels import function_kernel
 
         return function_kernel(self._package.load_package(), self.func_name, self)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import KernelLoadError
+from ..function_kernels import function_kernel
 from . import archs, hubclient
 from .base import warn_function_repository_deprecated
 from .download import dependency_loader
@@ -158,19 +159,3 @@ class LocalFuncRepository:
     def __str__(self) -> str:
         package = f", package {self.package_name}" if self.package_name else ""
         return f"local repository {self.repo_path}{package}, function {self.func_name}"
-
-
-def function_kernel(package: ModuleType, func_name: str, repository: object) -> type:
-    """The kernel layer wrapping function `func_name` of a kernel package."""
-    from ..layer.func import function_layer
-
-    func = getattr(package, func_name, None)
-    if not callable(func):
-        available = sorted(
-            n for n, v in vars(package).items() if callable(v) and not n.startswith("_")
-        )
-        raise KernelLoadError(
-            f"{repository} has no function '{func_name}'. Functions it provides: "
-            f"{', '.join(available) or 'none'}."
-        )
-    return function_layer(func)

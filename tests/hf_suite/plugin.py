@@ -149,7 +149,10 @@ def pytest_configure(config):
     against = config.getoption("--hf-suite-against")
     spec = importlib.util.find_spec("kernels")
     origin = Path(spec.origin).resolve() if spec and spec.origin else None
-    if origin is None or (origin.is_relative_to(REPO_ROOT) != (against == "ours")):
+    # Ours is this repository's package; theirs is installed (in an environment that may
+    # itself live inside the repository, as .venv-hf does).
+    ours = origin is not None and origin.is_relative_to(REPO_ROOT / "kernels")
+    if origin is None or ours != (against == "ours"):
         raise pytest.UsageError(
             f"--hf-suite-against={against}, but `kernels` is {origin}: run through "
             "`python -m tests.hf_suite.run` (our package from this repository, theirs from "
