@@ -25,6 +25,7 @@ from ..mapping.resolve import (
     Resolution,
     resolve,
 )
+from ..repos.hub import falls_back_when_unloadable
 from .decisions import Decision, DeviceSpec, ExampleInputs, Plan, Target
 from .fallback import KernelizeFallback, as_fallback
 from .func import attached_functions
@@ -123,17 +124,12 @@ def kernelize(
             verify,
             use_fallback=KernelizeFallback.VERIFICATION_FAILURE in fallback,
         )
+    fallbacks = [decision for decision in the_plan.decisions if decision.kernel is None]
     for decision in the_plan.decisions:
         label = _label(decision)
         if decision.kernel is None:
             use_original_forward(decision.module)
             forget_repository(decision.module)
-            logger.log(
-                decision.fallback_level,
-                "%s keeps its original forward: %s",
-                label,
-                decision.fallback_reason,
-            )
         else:
             use_kernel_forward(decision.module, decision.kernel, path=decision.path)
             chosen = decision.resolution.chosen
@@ -146,6 +142,7 @@ def kernelize(
                 chosen.repository,
                 decision.resolution.reason,
             )
+    _log_fallbacks(fallbacks)
     if Mode.TORCH_COMPILE in the_plan.mode:
         # Without it, torch < 2.13 makes transformers 5.x hand SDPA a materialised causal mask
         # in every compiled graph (see kernels.compile.causal_mask).
@@ -323,7 +320,9 @@ def _decide(
             kernel = exc
         loaded[id(chosen.repository)] = kernel
     if isinstance(kernel, KernelLoadError):
-        if KernelizeFallback.CANNOT_LOAD not in use_fallback:
+        if KernelizeFallback.CANNOT_LOAD not in use_fallback and not falls_back_when_unloadable(
+            chosen.repository
+        ):
             # As Hugging Face's: what a third-party repository's load() raised, as it raised it.
             raise repository_error(kernel) or kernel
         reason = (
@@ -437,6 +436,34 @@ def _first_tensor_device(model: nn.Module) -> torch.device | None:
     for buffer in model.buffers():
         return buffer.device
     return None
+
+
+#: How many layers a grouped fallback line names before "and N more".
+_NAMED_IN_A_GROUP = 3
+
+
+def _log_fallbacks(fallbacks: list[Decision]) -> None:
+    """One line for each reason layers keep their forward, not one a layer: a Hub kernel
+    that cannot load would otherwise repeat the same long explanation for every norm of a
+    deep model. Each layer's own line goes to DEBUG."""
+    groups: dict[tuple[int, str], list[Decision]] = {}
+    for decision in fallbacks:
+        key = (decision.fallback_level, str(decision.fallback_reason))
+        groups.setdefault(key, []).append(decision)
+    for (level, reason), group in groups.items():
+        labels = [_label(decision) for decision in group]
+        if len(group) == 1:
+            logger.log(level, "%s keeps its original forward: %s", labels[0], reason)
+            continue
+        named = ", ".join(labels[:_NAMED_IN_A_GROUP])
+        more = len(labels) - _NAMED_IN_A_GROUP
+        if more > 0:
+            named += f" and {more} more"
+        logger.log(
+            level, "%d layers keep their original forward (%s): %s", len(labels), named, reason
+        )
+        for label in labels:
+            logger.debug("%s keeps its original forward: %s", label, reason)
 
 
 def _label(decision: Decision) -> str:

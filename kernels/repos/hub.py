@@ -23,6 +23,18 @@ from .versions import (
 if TYPE_CHECKING:
     from .download import LoadedHubKernel
 
+#: Set on the repositories of transformers 4.x's default mapping: `kernelize` keeps a layer's
+#: forward (with a WARNING) where one cannot be loaded, whatever `use_fallback` says.
+LEGACY_FALLBACK_ATTRIBUTE = "_falls_back_when_unloadable"
+
+
+def falls_back_when_unloadable(repository: object) -> bool:
+    """Whether `kernelize` keeps a layer's forward where `repository` cannot be loaded even
+    without ``KernelizeFallback.CANNOT_LOAD``: transformers 4.x's default mapping, written for
+    the fallback of kernels before 0.19."""
+    return getattr(repository, LEGACY_FALLBACK_ATTRIBUTE, False) is True
+
+
 # Guards only the publication of a first load, never a load itself.
 _publish_lock = threading.Lock()
 
@@ -82,14 +94,14 @@ class LayerRepository:
                 f"LayerRepository('{self.repo_id}') got both revision={self.revision!r} and "
                 f"version={self.version!r}; give one of them."
             )
-        if (
-            self.revision is None
-            and self.version is None
-            and made_by_transformers_4_default_mapping()
-        ):
-            # transformers 4.x's import-time mapping follows main, as it did before 0.19
-            # (docs/transformers.md); anyone else's unpinned repository is refused.
-            object.__setattr__(self, "revision", "main")
+        if made_by_transformers_4_default_mapping():
+            # transformers 4.x's import-time mapping keeps the behaviour it was written for
+            # (docs/transformers.md): it passes no use_fallback, so its kernels fall back when
+            # they cannot load, and those it names without a version follow main. Anyone
+            # else's unpinned repository is refused.
+            object.__setattr__(self, LEGACY_FALLBACK_ATTRIBUTE, True)
+            if self.revision is None and self.version is None:
+                object.__setattr__(self, "revision", "main")
         require_pin(
             f"LayerRepository('{self.repo_id}')",
             revision=self.revision,

@@ -458,3 +458,30 @@ def test_kernelized_model_compiles(silu_repo):
     x = torch.randn(3, 4)
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x), reference(model[0](x)) + 1000)
+
+
+def test_layers_that_fall_back_for_one_reason_share_one_warning(tmp_path, caplog):
+    """A 16-layer model whose kernel cannot load: one WARNING naming the count, three layers
+    and the reason once (it was a ~700-character copy a layer), each layer's line at DEBUG."""
+    missing = LocalLayerRepository(tmp_path / "nowhere", layer_name="SiluAndMul")
+    model = nn.Sequential(*(SiluAndMul() for _ in range(16)))
+    with (
+        use_kernel_mapping({"SiluAndMul": {"cpu": missing}}),
+        caplog.at_level(logging.DEBUG, logger="kernels"),
+    ):
+        kernelize(model, device="cpu", mode=Mode.INFERENCE, use_fallback=KernelizeFallback.ALL)
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    message = warning.getMessage()
+    assert message.startswith(
+        "16 layers keep their original forward (0 (SiluAndMul, 'SiluAndMul'), "
+        "1 (SiluAndMul, 'SiluAndMul'), 2 (SiluAndMul, 'SiluAndMul') and 13 more): Kernel for "
+        "layer `SiluAndMul` on cpu could not be loaded"
+    )
+    assert message.count("does not exist") == 1
+    per_layer = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.DEBUG and "keeps its original forward" in r.getMessage()
+    ]
+    assert [m.split(" ", 1)[0] for m in per_layer] == [str(i) for i in range(16)]
+    assert all(kernel_layer_of(layer) is None for layer in model)

@@ -211,7 +211,7 @@ def test_scoped_mapping_with_transformers(clean_mapping):
 
 def test_transformers_default_mapping_falls_back_when_the_hub_is_unreachable(tmp_path):
     """transformers registers Hub repositories for cuda; with no Hub, each layer keeps its
-    forward with a WARNING, and the model still loads and runs. In a subprocess, so the Hub
+    forward with a WARNING (one a reason), and the model still loads and runs. In a subprocess, so the Hub
     endpoint and cache are this test's own."""
 
     script = """
@@ -239,13 +239,17 @@ print("MODEL RAN")
             for line in result.stderr.splitlines()
             if line.startswith("WARNING kernels.layer.kernelize")
         ]
-        # One line per tagged module: 3 RMSNorms and 1 SiLU in a one-layer Llama.
-        assert len(warnings) == 4, result.stderr
+        # transformers 4.57 passes no use_fallback: its default mapping's repositories fall
+        # back as before kernels 0.19. One line per reason: the 3 RMSNorms of a one-layer
+        # Llama share one, the SiLU has its own.
+        assert len(warnings) == 2, result.stderr
         assert any(
-            "input_layernorm (LlamaRMSNorm, 'RMSNorm') keeps its original forward: loading kernels-community/liger_kernels"
-            in w
+            "3 layers keep their original forward (model.layers.0.input_layernorm (LlamaRMSNorm, "
+            "'RMSNorm'), " in w
+            and "Kernel for layer `RMSNorm` on cuda could not be loaded (loading "
+            "kernels-community/liger_kernels" in w
             for w in warnings
-        )
+        ), warnings
 
 
 def test_its_unpinned_default_mapping_imports_and_follows_main():
