@@ -34,8 +34,9 @@ def local_variant_file(path: Path, filename: str) -> VariantFile:
         return VariantFile(target if target.is_file() else None, path.name, (path.name,))
     else:
         raise CommandError(
-            f"{path} is not a kernel folder: it has no build/ folder, no build variant folders "
-            "(such as torch-cuda) and no metadata.json. Give the repository folder, its build/ "
+            f"Cannot find a build variant for this system in {path}: it is not a kernel folder, "
+            "having no build/ folder, no build variant folder such as torch-cuda "
+            "and no metadata.json. Give the repository folder, its build/ "
             "or one build/<variant>/."
         )
     offered = tuple(variants_in(p.name for p in build.iterdir() if p.is_dir()))

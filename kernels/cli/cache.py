@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     except CacheNotFound:
         cache = None
     except (OSError, ValueError) as exc:
-        raise CommandError(f"Cannot scan the kernel cache {cache_dir}: {exc}") from exc
+        raise CommandError(f"Cannot scan kernel cache {cache_dir}: {exc}") from exc
 
     repos = [entry for repo in (cache.repos if cache else ()) if (entry := _repo_entry(repo))]
     repos.sort(key=lambda entry: entry["repo_id"])

@@ -54,15 +54,16 @@ def run(args: argparse.Namespace) -> int:
     if path.is_dir():
         if args.version is not None or args.revision is not None:
             raise CommandError(
-                "--version and --revision select a version on the Hub; they cannot be used "
-                f"with a local folder ({args.kernel})."
+                f"--version and --revision cannot be used with a local path ({args.kernel}): "
+                "they select a version on the Hub."
             )
         found = local_variant_file(path, "metadata.json")
         source: dict[str, Any] = {"path": str(path)}
         where = str(path)
     elif path.exists() or path.is_absolute() or args.kernel.startswith(("./", "../", "~")):
         raise CommandError(
-            f"{args.kernel} is not a folder: give a kernel repository folder, its build/ or one "
+            f"Not a local kernel directory: {args.kernel} is not a folder. Give a kernel "
+            "repository folder, its build/ or one "
             "build/<variant>/ folder, or a Hub repository id (org/name)."
         )
     else:

@@ -120,9 +120,9 @@ def test_describe_api_and_info_argument_errors(tmp_path, capsys):
     _variant(tmp_path)
     for command in ("describe-api", "info"):
         assert main([command, str(tmp_path), "--revision", "main"]) == 1
-        assert "cannot be used with a local folder" in capsys.readouterr().err
+        assert "cannot be used with a local path" in capsys.readouterr().err
         assert main([command, str(tmp_path / "missing")]) == 1
-        assert "is not a folder" in capsys.readouterr().err
+        assert "Not a local kernel directory" in capsys.readouterr().err
         (tmp_path / "empty").mkdir(exist_ok=True)
         assert main([command, str(tmp_path / "empty")]) == 1
         assert "is not a kernel folder" in capsys.readouterr().err
@@ -195,7 +195,7 @@ def test_cache_ls_of_an_empty_or_broken_cache(tmp_path, capsys):
     assert "No cached kernel versions found" in capsys.readouterr().out
     (tmp_path / "file").write_text("not a folder")
     assert main(["cache", "ls", "--cache-dir", str(tmp_path / "file")]) == 1
-    assert "Cannot scan the kernel cache" in capsys.readouterr().err
+    assert "Cannot scan kernel cache" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(supports_kernel_repo_type(), reason="huggingface_hub 0.x only")
