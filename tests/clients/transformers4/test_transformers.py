@@ -245,9 +245,11 @@ print("MODEL RAN")
         assert len(warnings) == 2, result.stderr
         assert any(
             "3 layers keep their original forward (model.layers.0.input_layernorm (LlamaRMSNorm, "
-            "'RMSNorm'), " in w
+            "'RMSNorm'), "
+            in w
             and "Kernel for layer `RMSNorm` on cuda could not be loaded (loading "
-            "kernels-community/liger_kernels" in w
+            "kernels-community/liger_kernels"
+            in w
             for w in warnings
         ), warnings
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from kernels import (
     CUDAProperties,
     Device,
+    KernelizeFallback,
     KernelLoadError,
     LayerRepository,
     Mode,
@@ -242,14 +243,16 @@ def test_missing_hub_kernel_falls_back_with_a_warning_or_raises(caplog):
     }
     register_kernel_mapping(mapping)
     layer = SiluAndMul()
+    # kernels 0.19: a kernel that cannot load falls back only with CANNOT_LOAD (ALL).
     with caplog.at_level(logging.WARNING, logger="kernels"):
-        kernelize(layer, device="cpu", mode=Mode.INFERENCE)
+        kernelize(layer, device="cpu", mode=Mode.INFERENCE, use_fallback=KernelizeFallback.ALL)
     assert kernel_layer_of(layer) is None
     assert any(
         "not-published" in r.getMessage() and "not found" in r.getMessage() for r in caplog.records
     )
-    with pytest.raises(KernelLoadError, match="not found"):
-        kernelize(layer, device="cpu", mode=Mode.INFERENCE, use_fallback=False)
+    for use_fallback in (True, False):
+        with pytest.raises(KernelLoadError, match="not found"):
+            kernelize(layer, device="cpu", mode=Mode.INFERENCE, use_fallback=use_fallback)
 
 
 def test_layer_repository_is_a_hashable_value_whose_str_never_touches_the_network(hub):

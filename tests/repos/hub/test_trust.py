@@ -124,11 +124,14 @@ def test_layer_repository_refused_falls_back_in_kernelize(untrusted, caplog):
     layer = Layer()
     with use_kernel_mapping({"SiluAndMul": {"cpu": repo}}, inherit_mapping=False):
         with caplog.at_level(logging.WARNING, logger="kernels"):
-            kernelize(layer, device="cpu", mode=Mode.INFERENCE)
+            kernelize(
+                layer, device="cpu", mode=Mode.INFERENCE, use_fallback=kernels.KernelizeFallback.ALL
+            )
         assert kernel_layer_of(layer) is None
         assert any("trust_remote_code" in r.getMessage() for r in caplog.records)
-        with pytest.raises(kernels.KernelLoadError, match="trust_remote_code"):
-            kernelize(layer, device="cpu", mode=Mode.INFERENCE, use_fallback=False)
+        for use_fallback in (True, False):  # 0.19: a refused load raises unless CANNOT_LOAD
+            with pytest.raises(kernels.KernelLoadError, match="trust_remote_code"):
+                kernelize(layer, device="cpu", mode=Mode.INFERENCE, use_fallback=use_fallback)
     trusted = LayerRepository(
         untrusted.repo_id, layer_name="SiluAndMul", version=">=0.1", trust_remote_code=True
     )

@@ -52,7 +52,7 @@ def test_a_zip_layout_kernel_loads_from_the_hub_in_place(hub):
 
 def test_an_archive_swapped_in_the_cache_never_runs(hub, tmp_path):
     repo, sha = _publish(hub)
-    _, variant = install_kernel(repo.repo_id, sha)
+    variant = install_kernel(repo.repo_id, revision=sha)  # 0.19: the variant folder
     marker = tmp_path / "ran"
     evil = tmp_path / "evil.zip"
     with zipfile.ZipFile(evil, "w") as z:
