@@ -31,7 +31,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn
 
@@ -97,11 +97,7 @@ def check_digests(metadata: Metadata, variant_dir: Path, *, trust_receipt: bool 
     def refuse(path: Path | str, why: str) -> NoReturn:
         raise KernelHashMismatchError(f"{problem}: {path} {why}. Nothing was imported. {fix}")
 
-    listing = tuple(
-        entry
-        for entry in list_variant_files(variant_dir, refuse)
-        if entry[0] not in _UNHASHED and not entry[0].endswith(".pyc")
-    )
+    listing = _hashed_files(variant_dir, refuse)
     stamp = _stamp(algorithm, expected)
     if (
         trust_receipt
@@ -125,6 +121,40 @@ def check_digests(metadata: Metadata, variant_dir: Path, *, trust_receipt: bool 
             )
     if receipt is not None:
         _write_receipt(receipt, variant_dir, stamp, listing)
+
+
+def _hashed_files(variant_dir: Path, refuse: Callable[[Path, str], NoReturn]) -> Listing:
+    """The entries of the variant folder's listing that the digests cover."""
+    return tuple(
+        entry
+        for entry in list_variant_files(variant_dir, refuse)
+        if entry[0] not in _UNHASHED and not entry[0].endswith(".pyc")
+    )
+
+
+def variant_digests(
+    variant_dir: str | os.PathLike[str], algorithm: str = "sha256"
+) -> dict[str, str]:
+    """The ``digest.files`` that kernel-builder would record for `variant_dir`: each file's
+    path (relative, ``/``-separated) and the base64 of its `algorithm` digest, covering the
+    files `check_digests` checks.
+
+    Raises:
+        ValueError: `algorithm` is not one of `ALGORITHMS`.
+        KernelHashMismatchError: an entry no digest can vouch for (a link out of the folder,
+            a pipe...) or a file that cannot be read; the message names it.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown digest algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
+    folder = Path(os.path.abspath(variant_dir))
+
+    def refuse(path: Path | str, why: str) -> NoReturn:
+        raise KernelHashMismatchError(f"Cannot compute the digests of {folder}: {path} {why}.")
+
+    return {
+        entry[0]: _file_digest(folder / entry[0], algorithm, refuse)
+        for entry in _hashed_files(folder, refuse)
+    }
 
 
 def _parse_digest(raw: object, kernel: str) -> tuple[str, dict[str, str]]:

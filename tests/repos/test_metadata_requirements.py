@@ -29,7 +29,7 @@ from kernels import (
 )
 from kernels.layer.swap import kernel_layer_of
 from kernels.repos import requirements
-from kernels.repos.digests import check_digests
+from kernels.repos.digests import check_digests, variant_digests
 from kernels.repos.info import Metadata
 from kernels.repos.requirements import ALLOWED_PYTHON_DEPENDS, check_requirements
 
@@ -314,6 +314,24 @@ def test_digests_are_hugging_faces(tmp_path):
     (variant / "__init__.py").write_text("x=2\n")
     with pytest.raises(KernelHashMismatchError, match="__init__.py has sha256"):
         check_digests(meta, variant)
+
+
+def test_variant_digests_are_what_the_check_compares(tmp_path):
+    # Their client's Digest.hash_variant values for "hello world"; the metadata, its
+    # signature and bytecode are left out, paths are relative with "/".
+    variant = tmp_path / "v"
+    (variant / "sub").mkdir(parents=True)
+    (variant / "sub" / "_ext.so").write_bytes(b"hello world")
+    for name in ("metadata.json", "metadata.json.sigstore", "cache.pyc"):
+        (variant / name).write_bytes(b"{}")
+    assert variant_digests(variant) == {
+        "sub/_ext.so": "uU0nuZNNPgilLlLX2n2r+sSE7+N6U4DukIj3rOLvzek="
+    }
+    assert variant_digests(variant, "sha512")["sub/_ext.so"].startswith("MJ7MSJwS1utMxA9Q")
+    meta = Metadata(extra={"digest": {"algorithm": "sha256", "files": variant_digests(variant)}})
+    check_digests(meta, variant)
+    with pytest.raises(ValueError, match="unknown digest algorithm 'md5'"):
+        variant_digests(variant, "md5")
 
 
 @pytest.mark.parametrize("algorithm", ["sha256", "sha512"])
