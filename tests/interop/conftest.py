@@ -25,7 +25,19 @@ def _installed_kernels_version() -> str | None:
         return None
 
 
-IN_HF_ENVIRONMENT = _installed_kernels_version() == HF_KERNELS_VERSION
+def _installed_kernels_is_theirs() -> bool:
+    """Whether the installed `kernels` distribution is Hugging Face's client: ours has the same
+    name and, since 0.19.1, the same version; theirs ships its private ``_internals``."""
+    try:
+        files = importlib.metadata.distribution("kernels").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return any(str(f).startswith("kernels/_internals/") for f in files)
+
+
+IN_HF_ENVIRONMENT = (
+    _installed_kernels_version() == HF_KERNELS_VERSION and _installed_kernels_is_theirs()
+)
 
 if IN_HF_ENVIRONMENT:
     # `python -m pytest` puts the working directory on sys.path, where this repository's own
@@ -38,8 +50,8 @@ else:
 def pytest_report_header(config):
     if not IN_HF_ENVIRONMENT:
         return (
-            f"tests/interop: not collected (the installed kernels is {_installed_kernels_version()}, "
-            f"not Hugging Face's {HF_KERNELS_VERSION}); run them with `make test-hf`"
+            f"tests/interop: not collected (the installed kernels {_installed_kernels_version()} "
+            f"is not Hugging Face's client {HF_KERNELS_VERSION}); run them with `make test-hf`"
         )
     return None
 
