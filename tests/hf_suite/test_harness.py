@@ -109,7 +109,7 @@ def test_the_finder_serves_adapters_onto_our_public_api(adapters):
     meta = Metadata.from_bytes(b'{"name": "norm", "id": "_norm_abc", "version": 1}')
     assert isinstance(meta, kernels.Metadata)
     assert (meta.name, meta.id, meta.version) == ("norm", "_norm_abc", 1)
-    with pytest.raises(ValueError, match="not JSON"):
+    with pytest.raises(ValueError, match="not valid JSON"):
         Metadata.from_bytes(b"{")
 
 
