@@ -34,7 +34,7 @@ from kernels import (  # noqa: E402
 )
 
 LIBRARY = Path(__file__).resolve().parents[2] / "library"
-REPOS = ("activation", "loss", "norm", "rotary")
+REPOS = ("activation", "attention", "loss", "norm", "rotary")
 NOARCH = ("torch-cuda", "torch-rocm", "torch-xpu")
 
 
