@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     ls.add_argument("--cache-dir", type=Path, help="the cache to list (default: HF_HUB_CACHE)")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.add_argument(
+        "--no-truncate",
+        action="store_true",
+        help="print full values even where the table is wider than the terminal",
+    )
+    ls.add_argument(
         "--show-warnings",
         action="store_true",
         help="name each cache inconsistency found (by default only their count is shown)",
@@ -85,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
     elif not repos:
         print(f"No cached kernel versions found in {cache_dir}.")
     else:
-        print(_table(repos))
+        table, truncated = _table(repos, None if args.no_truncate else _terminal_width())
+        print(table)
+        if truncated:
+            print("Hint: Use `--no-truncate` or `--json` to display full values.", file=sys.stderr)
     warnings = cache.warnings if cache else []
     if warnings and args.show_warnings:
         for warning in warnings:
@@ -178,7 +187,28 @@ def _ago(timestamp: float) -> str:
     return "a few seconds ago"
 
 
-def _table(repos: list[dict]) -> str:
+def _terminal_width() -> int:
+    """The terminal's width: COLUMNS if set, else the terminal's own, else 80."""
+    return shutil.get_terminal_size().columns
+
+
+def _column_caps(widths: list[int], width: int) -> list[int]:
+    """Column widths that fit `width` characters (one space between columns), taken from the
+    widest column first; a column keeps room for its header and for ``x...``."""
+    caps = list(widths)
+    floors = [max(len(header), 4) for header in HEADERS]
+    budget = width - (len(caps) - 1)
+    while sum(caps) > budget:
+        shrinkable = [i for i, cap in enumerate(caps) if cap > floors[i]]
+        if not shrinkable:
+            break  # every column at its floor: the lines wrap
+        caps[max(shrinkable, key=lambda i: caps[i])] -= 1
+    return caps
+
+
+def _table(repos: list[dict], width: int | None = None) -> tuple[str, bool]:
+    """The table, fitted to `width` characters unless None (long cells end in ``...``), and
+    whether a cell was cut."""
     rows: list[tuple[str, ...]] = []
     for repo in repos:
         for version in repo["versions"]:
@@ -196,6 +226,17 @@ def _table(repos: list[dict]) -> str:
             # One variant a line: the metadata columns stay empty on the lines after the first.
             rows.extend(("", "", "", "", "", variant) for variant in variants[1:])
     widths = [max(len(row[i]) for row in (HEADERS, *rows)) for i in range(len(HEADERS))]
+    truncated = False
+    if width is not None:
+        widths = _column_caps(widths, width)
+        cut = [
+            tuple(
+                c if len(c) <= w else c[: w - 3] + "..." for c, w in zip(row, widths, strict=True)
+            )
+            for row in rows
+        ]
+        truncated = cut != rows
+        rows = cut
 
     def line(cells: tuple[str, ...]) -> str:
         padded = [
@@ -204,4 +245,5 @@ def _table(repos: list[dict]) -> str:
         ]
         return " ".join(padded).rstrip()
 
-    return "\n".join([line(HEADERS), " ".join("-" * w for w in widths), *map(line, rows)])
+    lines = [line(HEADERS), " ".join("-" * w for w in widths), *map(line, rows)]
+    return "\n".join(lines), truncated

@@ -66,6 +66,12 @@ class KernelizeFallback(enum.Flag):
     LOAD_FAILURE = CANNOT_LOAD
 
 
+# Each member's own line for help(): without one, a member shows the class docstring,
+# whose example tools that run documented code would then attribute to the member.
+for _member in KernelizeFallback.__members__.values():
+    _member.__doc__ = f"KernelizeFallback.{_member.name}: the class docstring says what it covers."
+
+
 def as_fallback(use_fallback: bool | KernelizeFallback) -> KernelizeFallback:
     """`use_fallback` as a flag set: ``True`` is `DEFAULT`, ``False`` is `NONE`."""
     if isinstance(use_fallback, KernelizeFallback):

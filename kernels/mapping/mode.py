@@ -37,8 +37,8 @@ class Mode(enum.Flag):
             return union
         if Mode.INFERENCE in union and Mode.TRAINING in union:
             raise KernelMappingError(
-                "Mode.INFERENCE and Mode.TRAINING cannot be combined: a model kernelized for "
-                "TRAINING also serves inference, so use Mode.TRAINING."
+                "Mode.INFERENCE and Mode.TRAINING are mutually exclusive and cannot be combined: "
+                "a model kernelized for TRAINING also serves inference, so use Mode.TRAINING."
             )
         if Mode.FALLBACK in union and union != Mode.FALLBACK:
             raise KernelMappingError(
@@ -64,6 +64,16 @@ REGISTRABLE_MODES: tuple[Mode, ...] = (
 # For each mode kernelize accepts, the registered modes that can serve it, best first.
 # A kernel meant for training also works for inference, and one meant for torch.compile
 # also works eagerly, never the other way round.
+# Each member's own line for help(): without one, a member shows the class docstring,
+# whose example tools that run documented code would then attribute to the member.
+for _member, _doc in {
+    Mode.FALLBACK: "Registers the repository used when no mode-specific one fits.",
+    Mode.TRAINING: "Kernels for training (a backward is needed); also serve inference.",
+    Mode.INFERENCE: "Kernels for inference only.",
+    Mode.TORCH_COMPILE: "Kernels that torch.compile can trace; combined with another mode.",
+}.items():
+    _member.__doc__ = _doc
+
 _PREFERENCE: dict[Mode, tuple[Mode, ...]] = {
     Mode.INFERENCE: (
         Mode.INFERENCE,
@@ -91,7 +101,7 @@ def validate_kernelize_mode(mode: object) -> Mode:
         )
     if Mode.FALLBACK in mode:
         raise KernelMappingError(
-            "Mode.FALLBACK is only for registering kernel mappings; kernelize with "
+            "Mode.FALLBACK can only be used to register kernel mappings; kernelize with "
             "Mode.INFERENCE or Mode.TRAINING (optionally | Mode.TORCH_COMPILE)."
         )
     if mode not in _PREFERENCE:

@@ -190,6 +190,28 @@ def test_cache_ls_lists_versions_and_their_cached_variants(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not supports_kernel_repo_type(), reason="needs huggingface_hub >= 1.10")
+def test_cache_ls_fits_the_terminal_unless_told_not_to(tmp_path, capsys, monkeypatch):
+    cache = tmp_path / "hub"
+    repo_id = "org/a-kernel-with-a-rather-long-name-for-a-narrow-terminal"
+    variant = "build/torch210-cxx11-cu128-x86_64-linux/__init__.py"
+    _cached(cache, repo_id, "a" * 40, ["v1"], {variant: b"x = 1\n"})
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["cache", "ls", "--cache-dir", str(cache)]) == 0
+    out, err = capsys.readouterr()
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert repo_id not in out and "..." in out
+    assert "--no-truncate" in err and "--json" in err
+    header, rule = out.splitlines()[:2]
+    # The header keeps its names, each column as wide as its rule.
+    assert header.split() == ["ID", "SIZE", "LAST_ACCESSED", "LAST_MODIFIED", "VERSION", "VARIANTS"]  # fmt: skip
+    assert [len(dashes) for dashes in rule.split()][-1] >= len("VARIANTS")
+    assert main(["cache", "ls", "--cache-dir", str(cache), "--no-truncate"]) == 0
+    out, err = capsys.readouterr()
+    assert f"kernel/{repo_id}" in out and "torch210-cxx11-cu128-x86_64-linux" in out
+    assert err == ""
+
+
+@pytest.mark.skipif(not supports_kernel_repo_type(), reason="needs huggingface_hub >= 1.10")
 def test_cache_ls_of_an_empty_or_broken_cache(tmp_path, capsys):
     assert main(["cache", "ls", "--cache-dir", str(tmp_path / "none")]) == 0
     assert "No cached kernel versions found" in capsys.readouterr().out

@@ -109,7 +109,7 @@ def test_explain_a_model_without_tagged_layers():
 
 
 def test_explain_uses_the_same_errors_as_kernelize():
-    with pytest.raises(ValueError, match="only for registering"):
+    with pytest.raises(ValueError, match="can only be used to register"):
         explain(nn.Linear(2, 2), mode=Mode.FALLBACK)
     with pytest.raises(ValueError, match="no parameters or buffers"):
         explain(SiluAndMul(), mode=Mode.INFERENCE)

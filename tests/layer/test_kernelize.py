@@ -341,7 +341,7 @@ def test_missing_layer_in_repository_lists_available(kernel_repo):
 
 
 def test_refused_modes():
-    with pytest.raises(KernelMappingError, match="only for registering"):
+    with pytest.raises(KernelMappingError, match="can only be used to register"):
         kernelize(Block(), mode=Mode.FALLBACK)
     with pytest.raises(KernelMappingError, match="must contain Mode.INFERENCE or Mode.TRAINING"):
         kernelize(Block(), mode=Mode.TORCH_COMPILE)

@@ -105,7 +105,7 @@ class Oid(str):
     @staticmethod
     def from_str(s: str) -> Oid:
         if not (isinstance(s, str) and COMMIT_PATTERN.match(s.lower())):
-            raise ValueError(f"not a full git object id (40 or 64 hex digits): {s!r}")
+            raise ValueError(f"Invalid git object id (a full commit: 40 or 64 hex digits): {s!r}")
         return Oid(s.lower())
 
     def __repr__(self) -> str:
