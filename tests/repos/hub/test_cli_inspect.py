@@ -250,7 +250,8 @@ def test_cache_ls_lists_what_was_downloaded(versioned, capsys):
         "last_modified",
         "variants",
     }
-    assert main(["cache", "ls"]) == 0
+    # Full values: the table is cut to the terminal's width otherwise (80 columns without one).
+    assert main(["cache", "ls", "--no-truncate"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["ID", "SIZE", "LAST_ACCESSED", "LAST_MODIFIED", "VERSION", "VARIANTS"]  # fmt: skip
     mine = [line for line in lines if f"kernel/{versioned.repo_id}" in line]
