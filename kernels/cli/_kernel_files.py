@@ -19,6 +19,30 @@ class VariantFile:
     offered: tuple[str, ...]
 
 
+def local_kernel_folder(kernel: str, *, version: object, revision: object) -> Path | None:
+    """The local folder the KERNEL argument names, or None when it is a Hub repository id.
+
+    Raises:
+        CommandError: it looks like a path but is not a folder, or a folder was given with
+            ``--version`` / ``--revision`` (which select a version on the Hub).
+    """
+    path = Path(kernel).expanduser()
+    if path.is_dir():
+        if version is not None or revision is not None:
+            raise CommandError(
+                f"--version and --revision cannot be used with a local path ({kernel}): "
+                "they select a version on the Hub."
+            )
+        return path
+    if path.exists() or path.is_absolute() or kernel.startswith(("./", "../", "~")):
+        raise CommandError(
+            f"Not a local kernel directory: {kernel} is not a folder. Give a kernel repository "
+            "folder, its build/ or one build/<variant>/ folder, or a Hub repository id "
+            "(org/name)."
+        )
+    return None
+
+
 def local_variant_file(path: Path, filename: str) -> VariantFile:
     """`filename` of the variant of the local folder `path` (a repository, its ``build/`` or one
     variant folder) this machine would load; ``path`` is None when that variant lacks it."""

@@ -48,21 +48,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = Path(args.kernel).expanduser()
-    if path.is_dir():
-        if args.version is not None or args.revision is not None:
-            raise CommandError(
-                f"--version and --revision cannot be used with a local path ({args.kernel}): "
-                "they select a version on the Hub."
-            )
+    from ._kernel_files import local_kernel_folder
+
+    path = local_kernel_folder(args.kernel, version=args.version, revision=args.revision)
+    if path is not None:
         symbols_path, variant = _local_symbols(path)
         source: dict[str, Any] = {"path": str(path)}
-    elif path.exists() or path.is_absolute() or args.kernel.startswith(("./", "../", "~")):
-        raise CommandError(
-            f"Not a local kernel directory: {args.kernel} is not a folder. Give a kernel "
-            "repository folder, its build/ or one "
-            "build/<variant>/ folder, or a Hub repository id (org/name)."
-        )
     else:
         symbols_path, revision, variant = _hub_symbols(args)
         source = {"repo_id": args.kernel, "revision": revision}

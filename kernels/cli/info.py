@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from . import CommandError, add_repo_type_argument
@@ -48,24 +47,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..repos.info import Metadata
-    from ._kernel_files import describe_where, hub_variant_file, local_variant_file
+    from ._kernel_files import (
+        describe_where,
+        hub_variant_file,
+        local_kernel_folder,
+        local_variant_file,
+    )
 
-    path = Path(args.kernel).expanduser()
-    if path.is_dir():
-        if args.version is not None or args.revision is not None:
-            raise CommandError(
-                f"--version and --revision cannot be used with a local path ({args.kernel}): "
-                "they select a version on the Hub."
-            )
+    path = local_kernel_folder(args.kernel, version=args.version, revision=args.revision)
+    if path is not None:
         found = local_variant_file(path, "metadata.json")
         source: dict[str, Any] = {"path": str(path)}
         where = str(path)
-    elif path.exists() or path.is_absolute() or args.kernel.startswith(("./", "../", "~")):
-        raise CommandError(
-            f"Not a local kernel directory: {args.kernel} is not a folder. Give a kernel "
-            "repository folder, its build/ or one "
-            "build/<variant>/ folder, or a Hub repository id (org/name)."
-        )
     else:
         from ..repos.repo_id import check_repo_id
         from ._kernel_refs import select_revision
