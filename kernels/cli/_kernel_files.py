@@ -3,8 +3,10 @@ kernel, without importing anything (for ``describe-api`` and ``info``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import CommandError
 
@@ -17,6 +19,17 @@ class VariantFile:
     variant: str
     #: Every variant the kernel offers (folder names), for the backends it supports.
     offered: tuple[str, ...]
+
+
+def print_kernel_source(info: Mapping[str, Any]) -> None:
+    """The opening lines of a text report on one kernel: where it was read from (a Hub
+    repository at a revision, or a local path) and the variant that was read."""
+    if "repo_id" in info:
+        print(f"Repository: {info['repo_id']}")
+        print(f"Revision: {info['revision']}")
+    else:
+        print(f"Path: {info['path']}")
+    print(f"Variant: {info['variant']}")
 
 
 def local_kernel_folder(kernel: str, *, version: object, revision: object) -> Path | None:

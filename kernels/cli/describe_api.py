@@ -138,12 +138,9 @@ def read_symbols(path: Path) -> dict[str, Any]:
 
 
 def _print_text(info: dict[str, Any]) -> None:
-    if "repo_id" in info:
-        print(f"Repository: {info['repo_id']}")
-        print(f"Revision: {info['revision']}")
-    else:
-        print(f"Path: {info['path']}")
-    print(f"Variant: {info['variant']}")
+    from ._kernel_files import print_kernel_source
+
+    print_kernel_source(info)
     print("\nFunctions:")
     for function in info["functions"]:
         print(f"  {function['name']}{signature_text(function.get('signature'))}")

@@ -156,12 +156,9 @@ def _print_text(info: dict[str, Any]) -> None:
     def shown(value: object) -> str:
         return "-" if value is None else str(value)
 
-    if "repo_id" in info:
-        print(f"Repository: {info['repo_id']}")
-        print(f"Revision: {info['revision']}")
-    else:
-        print(f"Path: {info['path']}")
-    print(f"Variant: {info['variant']}")
+    from ._kernel_files import print_kernel_source
+
+    print_kernel_source(info)
     print(f"Name: {shown(info['name'])}")
     print(f"Version: {shown(info['version'])}")
     print(f"Minimum kernels version: {shown(info['kernels_minver'])}")
