@@ -15,10 +15,11 @@ The variants:
   clients load.
 
 Each variant gets the ``metadata.json`` that Hugging Face's client requires (``name``, ``id``,
-``version``, ``license``, ``python-depends``, ``backend``). The ``id`` is the module name their
-client imports the variant under, so it is unique per variant and per source: it ends with a
-digest of the package's files. The output depends only on the source: building twice changes
-nothing.
+``version``, ``license``, ``python-depends``, ``backend``) and, as kernel-builder writes it, the
+``digest`` of every other file of the variant, which clients check before importing it. The
+``id`` is the module name their client imports the variant under, so it is unique per variant
+and per source: it ends with a digest of the package's files. The output depends only on the
+source: building twice changes nothing.
 
 Each variant also gets the ``symbols.json`` that kernel-builder writes and ``kernels
 describe-api`` reads (schema_version 1): the package's public functions and its ``layers``
@@ -43,6 +44,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import inspect
 import json
@@ -272,12 +274,28 @@ def build_files(repo: Repository) -> dict[str, bytes]:
     for variant, meta in metas.items():
         # torch-universal keeps the package in a folder of its own name (the legacy layout);
         # noarch variants are the package.
-        prefix = f"{variant}/{repo.package}/" if variant == UNIVERSAL else f"{variant}/"
-        out.update({prefix + name: content for name, content in files.items()})
-        out[f"{variant}/{METADATA}"] = (json.dumps(meta, indent=2) + "\n").encode()
+        prefix = f"{repo.package}/" if variant == UNIVERSAL else ""
+        variant_files = {prefix + name: content for name, content in files.items()}
         text = json.dumps(described[meta["id"]], indent=2, ensure_ascii=False) + "\n"
-        out[f"{variant}/{SYMBOLS}"] = text.encode()
+        variant_files[SYMBOLS] = text.encode()
+        meta = {**meta, "digest": file_digests(variant_files)}
+        variant_files[METADATA] = (json.dumps(meta, indent=2) + "\n").encode()
+        out.update({f"{variant}/{name}": content for name, content in variant_files.items()})
     return out
+
+
+def file_digests(files: Mapping[str, bytes]) -> dict:
+    """The ``digest`` entry of a variant's ``metadata.json``, as kernel-builder writes it: the
+    SHA-256 of every file of the variant but ``metadata.json`` itself, in base64, by path.
+    Clients check a download against it before importing anything."""
+    return {
+        "algorithm": "sha256",
+        "files": {
+            name: base64.b64encode(hashlib.sha256(files[name]).digest()).decode()
+            for name in sorted(files)
+            if name not in (METADATA, f"{METADATA}.sigstore")
+        },
+    }
 
 
 # Imports are what take the time (torch, triton), and a package's symbols depend only on its

@@ -68,6 +68,29 @@ def test_their_client_loads_each_noarch_variant_flat(repo, variant):
     assert Path(module.__file__) == folder / "__init__.py"
 
 
+@pytest.mark.parametrize("repo", REPOS)
+def test_their_client_verifies_our_digests(repo, caplog, tmp_path):
+    """Every variant records kernel-builder's file digests, which their client checks before it
+    imports the variant: with no digest it would load with a warning that the kernel's
+    integrity cannot be verified; with a changed file it refuses."""
+    import shutil
+
+    with caplog.at_level("DEBUG", logger="kernels"):
+        get_local_kernel(LIBRARY / repo)
+    digest_lines = [r for r in caplog.records if "digest" in r.getMessage()]
+    assert digest_lines and all(r.levelname == "DEBUG" for r in digest_lines), [
+        (r.levelname, r.getMessage()) for r in digest_lines
+    ]
+    assert "match the digest" in digest_lines[-1].getMessage()
+
+    copy = tmp_path / "build" / "torch-cuda"
+    shutil.copytree(LIBRARY / repo / "build" / "torch-cuda", copy)
+    with (copy / "__init__.py").open("a") as f:
+        f.write("\n# changed after the build\n")
+    with pytest.raises(RuntimeError, match="(?s)do not match the digest.*mismatch for __init__.py"):
+        get_local_kernel(copy)
+
+
 def test_their_client_prefers_the_noarch_variant_of_the_machines_backend():
     # Private in their client since 0.19 (kernels._internals), pinned by the version above.
     from kernels._internals.backends import CPU, CUDA, ROCm
