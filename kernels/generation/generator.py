@@ -43,7 +43,15 @@ from .decode import DecodeGraphs, DecodeStats
 from .errors import UnsupportedGenerationError
 from .graph import EagerBackend, GraphBackend, default_backend
 from .greedy_loop import DEFAULT_FUSED_STEPS, FusedGreedyLoop
-from .greedy_rule import GenerateSetup, StopSettings, greedy_blocker, recording_setup, stop_settings
+from .greedy_rule import (
+    ChoiceSettings,
+    GenerateSetup,
+    StopSettings,
+    choice_settings,
+    fused_blocker,
+    recording_setup,
+    stop_settings,
+)
 from .inputs import widen_padding_mask
 from .projections import grouped_projections
 
@@ -58,15 +66,19 @@ _GENERATOR_ATTRIBUTE = "_kernels_cuda_graph_generator"
 
 @dataclass(frozen=True)
 class _FusedPlan:
-    """How the fused loop finishes a call: its prompt, when it stops, where its first decode step
-    feeds, how many tokens are left after that one, and that step's arguments as the loop takes
-    them (a 2D padding mask widened: `widen_padding_mask`)."""
+    """How the fused loop finishes a call: its prompt (one row a sequence, as generate() expanded
+    it for ``num_return_sequences``), when it stops, where its first decode step feeds, how many
+    tokens are left after that one, that step's arguments as the loop takes them (a 2D padding
+    mask widened: `widen_padding_mask`), how its tokens are chosen (None: argmax) and its
+    streamer."""
 
     prompt: torch.Tensor
     stop: StopSettings
     position: int
     new_tokens: int
     step: dict[str, Any]
+    choice: ChoiceSettings | None = None
+    streamer: Any = None
 
 
 class _HandOver(Exception):
@@ -259,6 +271,8 @@ class CudaGraphGenerator:
                     new_tokens=plan.new_tokens,
                     stop=plan.stop,
                     additive_mask=_sdpa_mask_dtype(self.model),
+                    choice=plan.choice,
+                    streamer=plan.streamer,
                 )
         device = plan.prompt.device
         return torch.cat([plan.prompt, step["input_ids"].to(device), new.to(device)], dim=-1)
@@ -322,13 +336,28 @@ class CudaGraphGenerator:
         elif not isinstance(prompt, torch.Tensor) or prompt.dim() != 2:
             reason = "the prompt is not a [batch, length] tensor of input ids"
         else:
-            reason = greedy_blocker(setup, user_kwargs)
+            reason = fused_blocker(setup, user_kwargs)
+            batch = step["input_ids"].shape[0]
+            if reason is None and batch % prompt.shape[0]:
+                reason = f"{batch} sequences do not expand a prompt of {prompt.shape[0]}"
             if reason is None:
+                # num_return_sequences: generate() repeats each prompt row that many times.
+                prompt = prompt.repeat_interleave(batch // prompt.shape[0], dim=0)
                 stop = stop_settings(setup)
                 position = prompt.shape[1]  # the first generated token's place in the cache
-                capacity = self._caches[step["input_ids"].shape[0]][1]
+                capacity = self._caches[batch][1]
+                sequence = torch.cat([prompt.to(step["input_ids"].device), step["input_ids"]], 1)
+                choice = choice_settings(setup, sequence, capacity)
                 step = widen_padding_mask(step, position, capacity)
-                plan = _FusedPlan(prompt, stop, position, stop.max_length - position - 1, step)
+                plan = _FusedPlan(
+                    prompt,
+                    stop,
+                    position,
+                    stop.max_length - position - 1,
+                    step,
+                    choice,
+                    user_kwargs.get("streamer"),
+                )
                 reason = self._fused.blocker(
                     step,
                     cache,
@@ -336,12 +365,15 @@ class CudaGraphGenerator:
                     new_tokens=plan.new_tokens,
                     capacity=capacity,
                     stop=stop,
+                    choice=choice,
                 )
         if reason is not None:
             self._log_once(f"generate(): decoding step by step through generate(): {reason}")
             return None
+        assert plan is not None
         self._log_once(
-            f"generate(): the fused greedy loop decodes, {self.fused_steps} steps per graph"
+            f"generate(): the fused loop decodes ({_describe_choice(plan.choice)}), "
+            f"{self.fused_steps} steps per graph"
         )
         return plan
 
@@ -431,6 +463,14 @@ def fast_generate(
 
 
 # ---- generate() settings ----------------------------------------------------------------------
+
+
+def _describe_choice(choice: ChoiceSettings | None) -> str:
+    if choice is None:
+        return "greedy"
+    how = "sampling" if choice.do_sample else "greedy"
+    names = ", ".join(type(p).__name__ for p in choice.processors)
+    return f"{how}, {names}" if names else how
 
 
 def _setting(model: nn.Module, kwargs: dict, name: str, default: Any = None) -> Any:

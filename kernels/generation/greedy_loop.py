@@ -42,9 +42,10 @@ import torch
 from .cache import capture_blocker, fingerprint
 from .decode import DecodeGraphs, DecodeStats, key_cache_id
 from .graph import CapturedCall, GraphBackend
-from .greedy_rule import StopSettings
+from .greedy_rule import ChoiceSettings, StopSettings
 from .greedy_steps import GreedySteps, advance_blocker
 from .inputs import CallKey, NotCapturable, call_key
+from .token_choice import TokenChoice, choice_key
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +56,9 @@ logger = logging.getLogger(__name__)
 #: cache.
 DEFAULT_FUSED_STEPS = 8
 
-#: A block's key: the first step's call key, and how many end tokens it compares against.
-_BlockKey = tuple[CallKey, int | None]
+#: A block's key: the first step's call key, how many end tokens it compares against, and what
+#: its token choice bakes in (`choice_key`; None: plain argmax).
+_BlockKey = tuple[CallKey, int | None, tuple | None]
 
 
 @dataclass
@@ -106,6 +108,7 @@ class FusedGreedyLoop:
         new_tokens: int,
         capacity: int,
         stop: StopSettings,
+        choice: ChoiceSettings | None = None,
     ) -> str | None:
         """Why `decode` cannot take over at this first decode step, or None when it can.
 
@@ -116,8 +119,7 @@ class FusedGreedyLoop:
             new_tokens: tokens left to generate after the one the step feeds.
             capacity: tokens the cache holds.
             stop: the call's end tokens and pad token.
-            additive_mask: feed a boolean attention mask as an additive one of this dtype
-                (`GreedySteps`); None feeds it as it is.
+            choice: the call's logits processors and sampling; None: plain argmax.
         """
         reason = capture_blocker(cache)
         if reason is None:
@@ -131,7 +133,7 @@ class FusedGreedyLoop:
                 f"{self.steps} steps after a prompt of {position} (pass a larger max_cache_len)"
             )
         try:
-            key = self._key(kwargs, cache, stop)
+            key = self._key(kwargs, cache, stop, choice)
         except NotCapturable as exc:
             return str(exc)
         if key in self._failed:
@@ -148,6 +150,8 @@ class FusedGreedyLoop:
         new_tokens: int,
         stop: StopSettings,
         additive_mask: torch.dtype | None = None,
+        choice: ChoiceSettings | None = None,
+        streamer: Any = None,
     ) -> torch.Tensor:
         """The tokens ``generate()``'s greedy loop would append after the token ``kwargs`` feed:
         ``[batch, n]`` with ``n <= new_tokens``, cut where every sequence has finished.
@@ -161,19 +165,35 @@ class FusedGreedyLoop:
             stop: the call's end tokens and pad token.
             additive_mask: feed a boolean attention mask as an additive one of this dtype
                 (`GreedySteps`); None feeds it as it is.
+            choice: the call's logits processors and sampling, and its ids so far; None: plain
+                argmax.
+            streamer: given each step's tokens (``put``, as generate() gives them), a block's
+                worth after each block, then ``end()``.
         """
-        key = self._key(kwargs, cache, stop)
+        key = self._key(kwargs, cache, stop, choice)
         block = self._blocks.get(key)
         if block is None:
             eos_count = 0 if stop.eos is None else stop.eos.numel()
-            steps = GreedySteps(forward, kwargs, self.steps, eos_count, additive_mask)
+            token_choice = None
+            if choice is not None:
+                token_choice = TokenChoice(
+                    choice.processors,
+                    choice.do_sample,
+                    batch=kwargs["input_ids"].shape[0],
+                    capacity=choice.capacity,
+                    device=kwargs["input_ids"].device,
+                )
+            steps = GreedySteps(forward, kwargs, self.steps, eos_count, additive_mask, token_choice)
             block = _Block(steps, id(cache))
             self._blocks[key] = block
         elif block.graph is not None and block.fingerprint != fingerprint(cache):
             logger.info("the static cache's tensors moved; recapturing the fused decode block")
             block.graph = None
         steps = block.steps
-        steps.load(kwargs, position, stop.eos, stop.pad)
+        if choice is None:
+            steps.load(kwargs, position, stop.eos, stop.pad)
+        else:
+            steps.load(kwargs, position, stop.eos, stop.pad, choice.processors, choice.sequence)
         if stop.eos is not None and not bool(steps.unfinished.any()):
             new_tokens = 0  # every sequence ended at the token fed (generate() stops there)
         pieces = []
@@ -186,7 +206,14 @@ class FusedGreedyLoop:
                 alive = steps.alive[:take].tolist()  # the block's one host sync
                 if not all(alive):
                     pieces[-1] = pieces[-1][:, : alive.index(False) + 1]
-                    break
+                    new_tokens = 0
+            if streamer is not None:
+                for column in pieces[-1].cpu().unbind(1):
+                    streamer.put(column)
+            if stop.out_of_time():
+                break
+        if streamer is not None:
+            streamer.end()
         tokens = torch.cat(pieces, dim=1) if pieces else steps.tokens[:, :0].clone()
         self.stats.fused_calls += 1
         self.stats.fused_tokens += tokens.shape[1]
@@ -209,11 +236,18 @@ class FusedGreedyLoop:
         """How many blocks are held as graphs now."""
         return sum(block.graph is not None for block in self._blocks.values())
 
-    def _key(self, kwargs: dict[str, Any], cache: Any, stop: StopSettings) -> _BlockKey:
+    def _key(
+        self,
+        kwargs: dict[str, Any],
+        cache: Any,
+        stop: StopSettings,
+        choice: ChoiceSettings | None,
+    ) -> _BlockKey:
         eos_count = None if stop.eos is None else stop.eos.numel()
         return (
             call_key(kwargs, {self.graphs.cache_argument: cache}, self.graphs.device),
             eos_count,
+            None if choice is None else choice_key(choice.processors, choice.do_sample),
         )
 
     def _run(self, key: _BlockKey, block: _Block) -> None:

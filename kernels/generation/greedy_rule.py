@@ -1,30 +1,34 @@
-"""Which ``generate()`` calls the fused greedy loop may decode: plain greedy search, read from what
-``generate()`` itself set up for the call.
+"""Which ``generate()`` calls the fused loop may decode, read from what ``generate()`` itself set
+up for the call, and what the loop needs to know of them.
 
 The fused loop (`kernels.generation.greedy_loop`) replaces ``generate()``'s decode loop with
-argmax, the end-of-sequence update and nothing else, so it may only take calls where
-``generate()`` would do exactly that. Rather than re-deriving generate()'s defaults (which differ
-between transformers 4.57 and 5.x and between models' generation configs), `recording_setup`
-records what ``generate()`` built for the call: the effective generation config, the logits
-processors and the stopping criteria (it stands in front of the model's
-``_get_logits_processor`` and ``_get_stopping_criteria`` for the length of the call).
-`greedy_blocker` then says why the loop must not take the call, or None when it may:
+steps that choose each token on the device (`kernels.generation.token_choice`), update the end
+tokens and advance the inputs, so it may only take calls where ``generate()`` would do exactly
+that. Rather than re-deriving generate()'s defaults (which differ between transformers 4.57 and
+5.x and between models' generation configs), `recording_setup` records what ``generate()``
+built for the call: the effective generation config, the logits processors and the stopping
+criteria (it stands in front of the model's ``_get_logits_processor`` and
+``_get_stopping_criteria`` for the length of the call). `fused_blocker` then says why the loop
+must not take the call, or None when it may:
 
-- greedy search (``do_sample=False``, one beam, no contrastive or DoLa decoding);
-- no logits processor at all: any one (repetition penalty, ``min_new_tokens``, bad words,
-  forced or suppressed tokens, yours through ``logits_processor=``, ...) changes the scores;
-- stopping criteria of max length and end tokens only (not ``max_time``, stop strings or yours);
-- no streamer, ``synced_gpus``, ``custom_generate``, ``return_dict_in_generate`` (the output
-  would carry per-step scores or the cache, whose state differs after the loop), prefill
-  chunking or token healing.
+- greedy search or sampling (one beam, no contrastive, DoLa or assisted decoding);
+- logits processors the loop has a device version of, or calls as they are (temperature,
+  top-k/p, min-p, typical, epsilon, repetition penalty, min length and ``min_new_tokens``,
+  ``no_repeat_ngram_size``, ``forced_eos_token_id``, ``suppress_tokens``: `choice_blocker`);
+  any other (bad words, sequence bias, one of the user's) keeps the call in generate()'s loop;
+- stopping criteria of max length, end tokens and ``max_time`` (checked between blocks) only,
+  not stop strings or the user's own;
+- no ``synced_gpus``, ``custom_generate``, ``return_dict_in_generate`` (the output would carry
+  per-step scores or the cache, whose state differs after the loop), prefill chunking or token
+  healing. A streamer is given each block's tokens step by step after the block.
 
 Example:
     ```python
-    from kernels.generation.greedy_rule import greedy_blocker, recording_setup
+    from kernels.generation.greedy_rule import fused_blocker, recording_setup
 
     with recording_setup(model) as setup:
         model.generate(input_ids, max_new_tokens=8)
-    print(greedy_blocker(setup, {}))  # None: plain greedy
+    print(fused_blocker(setup, {}))  # None: the loop may take it
     ```
 """
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -50,9 +55,13 @@ class GenerateSetup:
     stopping_criteria: Any = None
 
 
+#: The clock ``max_time`` is measured on: MaxTimeCriteria's.
+_clock = time.time
+
+
 @dataclass(frozen=True)
 class StopSettings:
-    """When ``generate()``'s greedy loop stops, and what finished sequences emit."""
+    """When ``generate()``'s loop stops, and what finished sequences emit."""
 
     #: Tokens in all (prompt included) at which generation stops.
     max_length: int
@@ -60,6 +69,28 @@ class StopSettings:
     eos: torch.Tensor | None
     #: The token finished sequences emit (0-D tensor); None when ``eos`` is None.
     pad: torch.Tensor | None
+    #: ``max_time``: seconds after ``started`` (``time.time()``) past which no step begins.
+    max_time: float | None = None
+    started: float | None = None
+
+    def out_of_time(self) -> bool:
+        """Whether ``max_time`` has passed (checked between blocks: a block runs whole)."""
+        if self.max_time is None or self.started is None:
+            return False
+        return _clock() - self.started > self.max_time
+
+
+@dataclass(frozen=True)
+class ChoiceSettings:
+    """How a call's tokens are chosen, for a `kernels.generation.token_choice.TokenChoice`."""
+
+    #: The call's logits processors, as generate() built them.
+    processors: tuple
+    do_sample: bool
+    #: generate()'s ids so far at the handed-over step: prompt, padding and its token.
+    sequence: torch.Tensor
+    #: The most ids a sequence reaches (the static cache's length).
+    capacity: int
 
 
 @contextlib.contextmanager
@@ -90,23 +121,24 @@ def _recorder(method: Any, setup: GenerateSetup, field: str) -> Any:
     return record
 
 
-def greedy_blocker(setup: GenerateSetup, generate_kwargs: dict[str, Any]) -> str | None:
-    """Why the fused greedy loop must not decode this ``generate()`` call, or None when its tokens
-    are ``generate()``'s.
+def fused_blocker(setup: GenerateSetup, generate_kwargs: dict[str, Any]) -> str | None:
+    """Why the fused loop must not decode this ``generate()`` call, or None when its tokens are
+    those ``generate()`` makes (for sampling: from the same generator state).
 
     Args:
         setup: what ``generate()`` built for the call (`recording_setup`).
         generate_kwargs: the keyword arguments the call was given.
     """
+    from .token_choice import choice_blocker
+
     config = setup.generation_config
     if config is None or setup.logits_processor is None or setup.stopping_criteria is None:
         return (
             "generate() did not build its logits processors and stopping criteria through "
-            "_get_logits_processor and _get_stopping_criteria, so the loop cannot tell that "
-            "they are plain greedy's"
+            "_get_logits_processor and _get_stopping_criteria, so the loop cannot tell what "
+            "they do"
         )
     for name, why in (
-        ("streamer", "a streamer takes each token as generate() makes it"),
         ("synced_gpus", "synced_gpus=True"),
         ("custom_generate", "custom_generate= replaces generate()'s decoding"),
     ):
@@ -114,11 +146,10 @@ def greedy_blocker(setup: GenerateSetup, generate_kwargs: dict[str, Any]) -> str
             return why
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return "torch.distributed is initialised (generate() may sync GPUs between steps)"
-    if config.do_sample:
-        return "sampling (do_sample=True)"
     mode = config.get_generation_mode()
-    if getattr(mode, "value", mode) != "greedy_search":
-        return f"generation mode {getattr(mode, 'value', mode)}, not greedy search"
+    mode = getattr(mode, "value", mode)
+    if mode not in ("greedy_search", "sample"):
+        return f"generation mode {mode}, not greedy search or sampling"
     if config.return_dict_in_generate:
         return (
             "return_dict_in_generate=True (the output carries per-step scores, logits or the "
@@ -127,18 +158,21 @@ def greedy_blocker(setup: GenerateSetup, generate_kwargs: dict[str, Any]) -> str
     for name in ("prefill_chunk_size", "token_healing"):
         if getattr(config, name, None):
             return f"{name} is set"
-    if len(setup.logits_processor):
-        names = ", ".join(type(p).__name__ for p in setup.logits_processor)
-        return f"logits processors would change the scores: {names}"
-    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+    reason = choice_blocker(setup.logits_processor)
+    if reason is not None:
+        return reason
+    from transformers.generation.stopping_criteria import (
+        EosTokenCriteria,
+        MaxLengthCriteria,
+        MaxTimeCriteria,
+    )
 
-    others = [
-        type(c).__name__
-        for c in setup.stopping_criteria
-        if type(c) not in (MaxLengthCriteria, EosTokenCriteria)
-    ]
+    known = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)
+    others = [type(c).__name__ for c in setup.stopping_criteria if type(c) not in known]
     if others:
-        return f"stopping criteria other than max length and end tokens: {', '.join(others)}"
+        return (
+            f"stopping criteria other than max length, end tokens and max_time: {', '.join(others)}"
+        )
     if not any(type(c) is MaxLengthCriteria for c in setup.stopping_criteria):
         return "generate() set no maximum length"
     if _has_eos(setup) and getattr(config, "_pad_token_tensor", None) is None:
@@ -147,16 +181,33 @@ def greedy_blocker(setup: GenerateSetup, generate_kwargs: dict[str, Any]) -> str
 
 
 def stop_settings(setup: GenerateSetup) -> StopSettings:
-    """The `StopSettings` of a call that `greedy_blocker` let through."""
-    from transformers.generation.stopping_criteria import MaxLengthCriteria
+    """The `StopSettings` of a call that `fused_blocker` let through."""
+    from transformers.generation.stopping_criteria import MaxLengthCriteria, MaxTimeCriteria
 
     criteria = setup.stopping_criteria
     max_length = min(c.max_length for c in criteria if type(c) is MaxLengthCriteria)
+    timers = [c for c in criteria if type(c) is MaxTimeCriteria]
+    timing = {}
+    if timers:
+        first = min(timers, key=lambda c: c.initial_timestamp + c.max_time)
+        timing = dict(max_time=first.max_time, started=first.initial_timestamp)
     if not _has_eos(setup):
-        return StopSettings(max_length, None, None)
+        return StopSettings(max_length, None, None, **timing)
     # generate() appends its end-token criterion last and stops on any end token it lists.
     eos = torch.cat([torch.as_tensor(c.eos_token_id).reshape(-1) for c in criteria if _is_eos(c)])
-    return StopSettings(max_length, eos, setup.generation_config._pad_token_tensor)
+    return StopSettings(max_length, eos, setup.generation_config._pad_token_tensor, **timing)
+
+
+def choice_settings(
+    setup: GenerateSetup, sequence: torch.Tensor, capacity: int
+) -> ChoiceSettings | None:
+    """How a call `fused_blocker` let through chooses its tokens, or None for plain argmax (no
+    processor, no sampling: the loop's cheapest step)."""
+    processors = tuple(setup.logits_processor)
+    do_sample = bool(setup.generation_config.do_sample)
+    if not processors and not do_sample:
+        return None
+    return ChoiceSettings(processors, do_sample, sequence, capacity)
 
 
 def _has_eos(setup: GenerateSetup) -> bool:

@@ -1,12 +1,13 @@
-"""A block of greedy decode steps whose inputs advance on the device, so that one CUDA graph can
-hold several steps.
+"""A block of decode steps whose inputs advance on the device, so that one CUDA graph can hold
+several steps.
 
 `GreedySteps` holds static copies of the keyword arguments ``generate()`` passed at its first
 decode step, and a call of it runs ``steps`` decode steps on them. Each step is what
-``generate()``'s greedy loop does, without the host:
+``generate()``'s loop does, without the host:
 
 1. the model's forward on the static arguments (the static KV cache included);
-2. argmax of the last position's logits in float32;
+2. argmax of the last position's logits in float32, or with a `TokenChoice` the call's logits
+   processors and then argmax or a sample (`kernels.generation.token_choice`);
 3. with end tokens: finished sequences emit the pad token, and a sequence that emits an end
    token is finished (``unfinished``); whether any sequence is left is noted per step (``alive``);
 4. the token is written into ``tokens`` and the next step's arguments are made in place:
@@ -46,6 +47,7 @@ from typing import Any
 import torch
 
 from .inputs import StaticInputs
+from .token_choice import TokenChoice
 
 #: Tensor arguments of a decode step that the block knows how to advance.
 ADVANCED = ("input_ids", "cache_position", "position_ids", "attention_mask")
@@ -113,6 +115,8 @@ class GreedySteps:
             their tensors are copied into the static buffers.
         steps: decode steps per call.
         eos_count: how many end tokens stop a sequence (0: none, tokens are never replaced).
+        choice: how each step's tokens are chosen from its logits (`TokenChoice`: the call's
+            logits processors, argmax or a sample); None: argmax of the logits.
         additive_mask: a floating dtype to feed a boolean attention mask as an additive one of
             (0 open, the dtype's minimum closed), for a model whose attention is PyTorch's
             ``scaled_dot_product_attention``: it would otherwise turn the boolean mask into
@@ -129,9 +133,11 @@ class GreedySteps:
         steps: int,
         eos_count: int,
         additive_mask: torch.dtype | None = None,
+        choice: TokenChoice | None = None,
     ):
         self.forward = forward
         self.steps = steps
+        self.choice = choice
         mask = kwargs.get("attention_mask")
         self.additive_mask = None
         if (
@@ -166,10 +172,17 @@ class GreedySteps:
         position: int,
         eos: torch.Tensor | None,
         pad: torch.Tensor | None,
+        processors: Any = (),
+        sequence: torch.Tensor | None = None,
     ) -> None:
         """Start from a new first decode step: its arguments, the cache position of the token it
-        feeds, the end tokens and the pad token (same count of end tokens as at construction)."""
+        feeds, the end tokens and the pad token (same count of end tokens as at construction),
+        and for a `TokenChoice` the call's logits processors and ids so far (prompt, padding
+        and the token the step feeds)."""
         self.inputs.load(self._fed(kwargs))
+        if self.choice is not None:
+            assert sequence is not None
+            self.choice.load(processors, sequence)
         self.position.fill_(position)
         mask = self.inputs.buffers.get("attention_mask")
         if mask is not None:
@@ -199,12 +212,15 @@ class GreedySteps:
 
     def _step(self, i: int) -> None:
         outputs = self.forward(**self.inputs.kwargs)
-        # As generate(): the last position's logits in float32, then argmax.
-        tokens = torch.argmax(outputs.logits[:, -1].to(torch.float32), dim=-1)
+        # As generate(): the last position's logits in float32, then its choice.
+        logits = outputs.logits[:, -1].to(torch.float32)
+        tokens = torch.argmax(logits, dim=-1) if self.choice is None else self.choice(logits)
         if self.eos is not None:
             tokens = tokens * self.unfinished + self.pad * (1 - self.unfinished)
             self.unfinished.mul_(~_is_end(tokens, self.eos))
             self.alive[i] = self.unfinished.any()
+        if self.choice is not None:
+            self.choice.record(tokens)
         self.tokens[:, i] = tokens
         self._advance(tokens)
 

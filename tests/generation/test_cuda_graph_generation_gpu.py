@@ -198,6 +198,42 @@ def test_the_fused_loop_with_a_left_padded_batch(model):
     assert generator.stats.fused_replays == 3 and generator.stats.failed_captures == 0
 
 
+#: What a chat model is usually served with: sampling with temperature and top-p, a repetition
+#: penalty, min_new_tokens (its end token banned on the device for the first steps).
+CHAT_SAMPLING = dict(
+    do_sample=True, temperature=0.7, top_p=0.9, repetition_penalty=1.1, min_new_tokens=3
+)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("batch", [1, 8])
+def test_the_fused_loop_samples_what_generate_samples(batch, dtype):
+    """Sampling with a chat model's processors is captured in the fused loop's graph (no
+    failed capture: nothing reads the device from the host) and draws, from the same seed,
+    the tokens transformers' own sampling draws with a static cache of the same length: the
+    captured draws take the default generator's state as eager ones do."""
+    pytest.importorskip("transformers")
+    from kernels.generation.cache import cache_argument, new_static_cache
+
+    model = tiny_llama("cuda", DTYPES[dtype], **SMALL)
+    ids, mask = padded_prompt(lengths=(7, 3, 5, 6, 2, 7, 4, 1)[:batch], device="cuda")
+    options = dict(attention_mask=mask, max_new_tokens=FUSED_NEW_TOKENS, **CHAT_SAMPLING)
+    torch.manual_seed(7)
+    cache = new_static_cache(model, CACHE_LENGTH_STEP)
+    expected = model.generate(
+        ids, disable_compile=True, **{cache_argument(model): cache}, **options
+    )
+    generator = CudaGraphGenerator(model)
+    for _ in range(2):  # the first call captures, the second replays every block
+        torch.manual_seed(7)
+        got = generator.generate(ids, **options)
+        assert got.shape == expected.shape and torch.equal(got, expected)
+    stats = generator.stats
+    assert stats.failed_captures == 0 and stats.fused_captures == 1, stats
+    assert stats.fused_calls == 2 and stats.replays == 0, stats
+    assert stats.fused_replays == 3 + 4, stats
+
+
 @pytest.mark.parametrize(
     "fused_steps", [DEFAULT_FUSED_STEPS, 0], ids=["fused-loop", "step-by-step"]
 )

@@ -61,6 +61,15 @@ def test_with_sdpa_the_boolean_mask_is_fed_additive():
     checks.check_sdpa_mask_is_fed_additive()
 
 
+@pytest.mark.parametrize("setting", checks.FUSED_SETTING_CASES)
+def test_settings_people_run_are_fused(model, setting, caplog):
+    checks.check_fused_setting(model, setting, caplog)
+
+
+def test_max_time_stops_between_blocks(model, monkeypatch):
+    checks.check_max_time_stops_between_blocks(model, monkeypatch)
+
+
 @pytest.mark.parametrize("setting", checks.FALLBACK_CASES)
 def test_other_settings_decode_step_by_step(model, setting, caplog):
     checks.check_falls_back(model, setting, caplog)
@@ -80,7 +89,7 @@ def test_the_path_taken_is_logged_once(model, caplog):
         for _ in range(2):
             generator.generate(ids, attention_mask=mask, max_new_tokens=K + 3)
     lines = [r.getMessage() for r in caplog.records if "generate():" in r.getMessage()]
-    assert lines == ["generate(): the fused greedy loop decodes, 4 steps per graph"]
+    assert lines == ["generate(): the fused loop decodes (greedy), 4 steps per graph"]
 
 
 def test_fused_steps_0_decodes_step_by_step(model, caplog):

@@ -20,19 +20,35 @@ NEW_TOKENS_CASES = (1, FUSED_STEPS - 1, FUSED_STEPS + 3)
 #: Prompt lengths of the left-padded batch.
 PADDED_LENGTHS = (7, 4, 5)
 PROMPT_CASES = ("batch 1", "left-padded batch 3")
-#: The settings of `fallback_settings`, by name (pytest parameters, known without transformers).
-FALLBACK_CASES = (
+#: The settings of `fused_settings`, by name (pytest parameters, known without transformers):
+#: each decoded by the fused loop with generate()'s own tokens (sampled ones from the same seed).
+FUSED_SETTING_CASES = (
     "sampling",
+    "temperature",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "epsilon_cutoff",
     "repetition_penalty",
+    "repetition_penalty_sampling",
+    "prompt_ignore_length",
     "min_new_tokens",
-    "bad_words_ids",
-    "suppress_tokens",
-    "forced_eos_token_id",
+    "min_length",
     "no_repeat_ngram_size",
-    "logits_processor",
-    "stopping_criteria",
+    "no_repeat_ngram_size_1",
+    "forced_eos_token_id",
+    "suppress_tokens",
     "streamer",
     "max_time",
+    "num_return_sequences",
+    "chat_sampling",
+)
+#: The settings of `fallback_settings`, by name.
+FALLBACK_CASES = (
+    "bad_words_ids",
+    "eta_cutoff",
+    "logits_processor",
+    "stopping_criteria",
     "return_dict_in_generate",
     "output_scores",
 )
@@ -242,27 +258,65 @@ class Tokens:
 
     def __init__(self):
         self.puts = []
+        self.ended = 0
 
     def put(self, value):
         self.puts.append(value)
 
     def end(self):
-        pass
+        self.ended += 1
+
+
+def fused_settings(eos: int) -> dict:
+    """{name: generate() options}: each setting of `FUSED_SETTING_CASES`, with ``eos`` the
+    call's end token."""
+    from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+    sample = dict(do_sample=True, top_k=0)
+    return {
+        "sampling": dict(do_sample=True, top_k=20),
+        "temperature": dict(sample, temperature=0.7),
+        "top_p": dict(sample, temperature=0.7, top_p=0.9),
+        "min_p": dict(sample, min_p=0.2),
+        "typical_p": dict(sample, typical_p=0.8),
+        "epsilon_cutoff": dict(sample, epsilon_cutoff=0.01),
+        "repetition_penalty": dict(repetition_penalty=1.5),
+        "repetition_penalty_sampling": dict(sample, top_p=0.9, repetition_penalty=1.3),
+        "prompt_ignore_length": dict(
+            logits_processor=LogitsProcessorList(
+                [RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=5)]
+            )
+        ),
+        # The end token is one the first sequence emits early: banned until step K + 1.
+        "min_new_tokens": dict(min_new_tokens=FUSED_STEPS + 1),
+        "min_length": dict(min_length=max(PADDED_LENGTHS) + FUSED_STEPS),
+        "no_repeat_ngram_size": dict(no_repeat_ngram_size=2),
+        "no_repeat_ngram_size_1": dict(no_repeat_ngram_size=1),
+        "forced_eos_token_id": dict(forced_eos_token_id=eos),
+        "suppress_tokens": dict(suppress_tokens=[5, eos]),
+        "streamer": dict(streamer=Tokens()),
+        "max_time": dict(max_time=600.0),
+        "num_return_sequences": dict(sample, top_p=0.9, num_return_sequences=2),
+        # A chat model's usual settings, all at once.
+        "chat_sampling": dict(
+            do_sample=True,
+            temperature=0.7,
+            top_p=0.9,
+            top_k=50,
+            repetition_penalty=1.1,
+            min_new_tokens=2,
+        ),
+    }
 
 
 def fallback_settings() -> dict:
-    """{name: (generate() options, a phrase of the logged reason)}: each non-greedy setting of
+    """{name: (generate() options, a phrase of the logged reason)}: each setting of
     `FALLBACK_CASES`."""
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
     return {
-        "sampling": (dict(do_sample=True, top_k=20), "do_sample=True"),
-        "repetition_penalty": (dict(repetition_penalty=1.5), "RepetitionPenalty"),
-        "min_new_tokens": (dict(min_new_tokens=FUSED_STEPS + 1), "MinNewTokens"),
         "bad_words_ids": (dict(bad_words_ids=[[5]]), "NoBadWords"),
-        "suppress_tokens": (dict(suppress_tokens=[5]), "SuppressTokens"),
-        "forced_eos_token_id": (dict(forced_eos_token_id=5), "ForcedEOS"),
-        "no_repeat_ngram_size": (dict(no_repeat_ngram_size=2), "NoRepeatNGram"),
+        "eta_cutoff": (dict(do_sample=True, eta_cutoff=0.01), "EtaLogitsWarper"),
         "logits_processor": (
             dict(logits_processor=LogitsProcessorList([BanToken()])),
             "BanToken",
@@ -271,14 +325,98 @@ def fallback_settings() -> dict:
             dict(stopping_criteria=StoppingCriteriaList([NeverStop()])),
             "NeverStop",
         ),
-        "streamer": (dict(streamer=Tokens()), "streamer"),
-        "max_time": (dict(max_time=600.0), "MaxTimeCriteria"),
         "return_dict_in_generate": (dict(return_dict_in_generate=True), "return_dict_in_generate"),
         "output_scores": (
             dict(return_dict_in_generate=True, output_scores=True, output_logits=True),
             "return_dict_in_generate",
         ),
     }
+
+
+def _static_generate(model, ids, call: dict, seed: int = 123):
+    """``model.generate()`` on a static cache (as the generator's), from seed ``seed``."""
+    from kernels.generation.cache import cache_argument, new_static_cache
+
+    torch.manual_seed(seed)
+    cache = new_static_cache(model, 64)
+    return model.generate(ids, disable_compile=True, **{cache_argument(model): cache}, **call)
+
+
+def check_fused_setting(model, name: str, caplog) -> None:
+    """Setting ``name`` of `fused_settings` is decoded by the fused loop, every step after the
+    first token (no step through generate()'s loop); its tokens are ``model.generate()``'s from
+    the same seed (a streamer gets the same tokens in the same calls); a block's steps read no
+    tensor on the host (so that a CUDA graph can capture them)."""
+    import copy
+    import logging
+
+    from kernels.generation import CudaGraphGenerator
+    from kernels.generation.greedy_steps import GreedySteps
+    from tests.support.host_reads import OpNames
+
+    ids, mask = padded_prompt()
+    eos = early_end_token(model, ids, mask)
+    options = fused_settings(eos)[name]
+    new_tokens = 2 * FUSED_STEPS + 3  # a warm-up block, a captured one, one cut short
+    call = dict(attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=eos, **options)
+    expected = _static_generate(model, ids, call)
+    reads: list[set[str]] = []
+    original = GreedySteps.__call__
+
+    def watched(self) -> None:
+        with OpNames() as ops:
+            original(self)
+        reads.append(ops.host_reads)
+
+    ours = dict(call)
+    if "streamer" in call:
+        ours["streamer"] = Tokens()
+    elif "logits_processor" in call:  # a processor holds state: each call gets its own
+        ours["logits_processor"] = copy.deepcopy(call["logits_processor"])
+    generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
+    GreedySteps.__call__ = watched
+    try:
+        torch.manual_seed(123)
+        with caplog.at_level(logging.INFO, logger="kernels.generation"):
+            got = generator.generate(ids, **ours)
+    finally:
+        GreedySteps.__call__ = original
+    assert torch.equal(got, expected), f"{got.tolist()} != {expected.tolist()}"
+    stats = generator.stats
+    assert stats.fused_calls == 1 and stats.replays == 0 and stats.captures == 0, stats
+    assert stats.fused_tokens == expected.shape[1] - ids.shape[1] - 1, stats
+    assert reads and not any(reads), reads
+    lines = [r.getMessage() for r in caplog.records if "generate():" in r.getMessage()]
+    assert any("the fused loop decodes" in line for line in lines), lines
+    if "streamer" in call:
+        theirs, mine = call["streamer"], ours["streamer"]
+        assert len(mine.puts) == len(theirs.puts) and mine.ended == theirs.ended == 1
+        for a, b in zip(mine.puts, theirs.puts, strict=True):
+            assert torch.equal(a, b), (a, b)
+
+
+def check_max_time_stops_between_blocks(model, monkeypatch) -> None:
+    """``max_time`` is checked after each block: a call whose time runs out in its first block
+    ends after that block, its tokens generate()'s greedy ones so far."""
+    import kernels.generation.greedy_rule as rule
+    from kernels.generation import CudaGraphGenerator
+
+    ids, mask = padded_prompt()
+    new_tokens = 3 * FUSED_STEPS
+    expected = eager_greedy(model, ids, mask, new_tokens)
+    checked = []
+
+    def clock():  # the time runs out once the first block has run
+        checked.append(True)
+        return float("inf")
+
+    monkeypatch.setattr(rule, "_clock", clock)
+    generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
+    got = generator.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, max_time=600.0)
+    assert checked
+    assert got.shape[1] == ids.shape[1] + 1 + FUSED_STEPS, got.shape
+    assert torch.equal(got, expected[:, : got.shape[1]])
+    assert generator.stats.fused_calls == 1
 
 
 def check_falls_back(model, name: str, caplog) -> None:
@@ -288,16 +426,13 @@ def check_falls_back(model, name: str, caplog) -> None:
     import logging
 
     from kernels.generation import CudaGraphGenerator
-    from kernels.generation.cache import cache_argument, new_static_cache
 
     options, reason = fallback_settings()[name]
     ids, mask = padded_prompt()
     eos = early_end_token(model, ids, mask)
     new_tokens = FUSED_STEPS + 3
     call = dict(attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=eos, **options)
-    torch.manual_seed(123)
-    cache = new_static_cache(model, 64)
-    expected = model.generate(ids, disable_compile=True, **{cache_argument(model): cache}, **call)
+    expected = _static_generate(model, ids, call)
     generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
     torch.manual_seed(123)
     with caplog.at_level(logging.INFO, logger="kernels.generation"):

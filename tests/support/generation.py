@@ -179,8 +179,9 @@ def check_our_attention_replays_padded_steps() -> None:
 
 
 def check_sampling_matches_eager(model, device="cpu"):
-    """Sampling runs outside the graph: with the same seed, the generator draws the tokens
-    transformers draws with a static cache."""
+    """With the same seed the generator draws the tokens transformers draws with a static
+    cache: through the fused loop (the default: its steps sample on the device) and step by
+    step (``fused_steps=0``: sampling runs in generate()'s loop, outside the graphs)."""
     from kernels.generation import CudaGraphGenerator
     from kernels.generation.cache import cache_argument, new_static_cache
 
@@ -191,11 +192,16 @@ def check_sampling_matches_eager(model, device="cpu"):
     expected = model.generate(
         ids, disable_compile=True, **{cache_argument(model): cache}, **options
     )
-    generator = CudaGraphGenerator(model)
-    torch.manual_seed(123)
-    got = generator.generate(ids, **options)
-    assert torch.equal(got, expected)
-    assert generator.stats.replays > 0
+    for fused_steps in (4, 0):
+        generator = CudaGraphGenerator(model, fused_steps=fused_steps)
+        torch.manual_seed(123)
+        got = generator.generate(ids, **options)
+        assert torch.equal(got, expected), fused_steps
+        stats = generator.stats
+        if fused_steps:
+            assert stats.fused_calls == 1 and stats.replays == 0, stats
+        else:
+            assert stats.replays > 0 and stats.fused_calls == 0, stats
 
 
 def check_kernelized_matches_its_own_eager(model):

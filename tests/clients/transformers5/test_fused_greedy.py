@@ -50,6 +50,15 @@ def test_with_sdpa_the_boolean_mask_is_fed_additive():
     checks.check_sdpa_mask_is_fed_additive()
 
 
+@pytest.mark.parametrize("setting", checks.FUSED_SETTING_CASES)
+def test_settings_people_run_are_fused(model, setting, caplog):
+    checks.check_fused_setting(model, setting, caplog)
+
+
+def test_max_time_stops_between_blocks(model, monkeypatch):
+    checks.check_max_time_stops_between_blocks(model, monkeypatch)
+
+
 @pytest.mark.parametrize("setting", checks.FALLBACK_CASES)
 def test_other_settings_decode_step_by_step(model, setting, caplog):
     checks.check_falls_back(model, setting, caplog)
