@@ -67,21 +67,38 @@ PROMPT = 128
 NEW_TOKENS = 128
 BATCHES = (1, 8)
 EAGER = "eager"
+#: generate() settings each contender runs with, by name: plain greedy; sampling as chat models
+#: are served (temperature 0.7, top-p 0.9); greedy with min_new_tokens and a repetition penalty
+#: (an end token is set for min_new_tokens to ban, for every new token, so that every call
+#: still makes all its tokens).
+SETTINGS = {
+    "greedy": dict(do_sample=False),
+    "sampling": dict(do_sample=True, temperature=0.7, top_p=0.9, top_k=0),
+    "penalties": dict(do_sample=False, min_new_tokens=NEW_TOKENS, repetition_penalty=1.1),
+}
+#: The end token of the "penalties" setting (min_new_tokens needs one to ban).
+PENALTIES_EOS = 2
 #: contender -> (kernelize mode or None, how it generates: "dynamic", "static", "graphs" (step
-#: by step through generate()) or "fused" (the fused greedy loop))
+#: by step through generate()) or "fused" (the fused loop), its setting of `SETTINGS`)
 CONTENDERS = {
-    EAGER: (None, "dynamic"),
-    "ours kernelized": ("INFERENCE", "dynamic"),
-    "ours CUDA graphs": (None, "graphs"),
-    "ours kernelized + CUDA graphs": ("INFERENCE", "graphs"),
-    "ours CUDA graphs + fused greedy loop": (None, "fused"),
-    "ours kernelized + CUDA graphs + fused greedy loop": ("INFERENCE", "fused"),
-    "static + compile": (None, "static"),
-    "ours kernelized + static + compile": ("INFERENCE|TORCH_COMPILE", "static"),
+    EAGER: (None, "dynamic", "greedy"),
+    "ours kernelized": ("INFERENCE", "dynamic", "greedy"),
+    "ours CUDA graphs": (None, "graphs", "greedy"),
+    "ours kernelized + CUDA graphs": ("INFERENCE", "graphs", "greedy"),
+    "ours CUDA graphs + fused greedy loop": (None, "fused", "greedy"),
+    "ours kernelized + CUDA graphs + fused greedy loop": ("INFERENCE", "fused", "greedy"),
+    "ours kernelized + CUDA graphs, sampling": ("INFERENCE", "graphs", "sampling"),
+    "ours kernelized + fused loop, sampling": ("INFERENCE", "fused", "sampling"),
+    "ours kernelized + CUDA graphs, penalties": ("INFERENCE", "graphs", "penalties"),
+    "ours kernelized + fused loop, penalties": ("INFERENCE", "fused", "penalties"),
+    "static + compile": (None, "static", "greedy"),
+    "static + compile, sampling": (None, "static", "sampling"),
+    "static + compile, penalties": (None, "static", "penalties"),
+    "ours kernelized + static + compile": ("INFERENCE|TORCH_COMPILE", "static", "greedy"),
 }
 GROUPS = {
-    "eager": [name for name, (_, how) in CONTENDERS.items() if how != "static"],
-    "compiled": [name for name, (_, how) in CONTENDERS.items() if how == "static"],
+    "eager": [name for name, (_, how, _) in CONTENDERS.items() if how != "static"],
+    "compiled": [name for name, (_, how, _) in CONTENDERS.items() if how == "static"],
 }
 HOST_OPS = ("RMSNorm", "LayerNorm", "SiluAndMul", "rotary")
 
@@ -92,17 +109,20 @@ HOST_OPS = ("RMSNorm", "LayerNorm", "SiluAndMul", "rotary")
 class Contender:
     """A model and how it generates: ``generate(ids, mask, new_tokens, streamer)``."""
 
-    def __init__(self, model, how: str, generator=None):
+    def __init__(self, model, how: str, setting: str = "greedy", generator=None):
         self.model, self.how, self.generator = model, how, generator
+        self.setting = setting
 
     @property
     def streams(self) -> bool:
-        """Whether its calls take a streamer (one would send the fused loop's calls through
-        generate()'s own loop)."""
+        """Whether its first call's token times are taken: the fused loop gives a streamer a
+        block's tokens at once, after the block."""
         return self.how != "fused"
 
     def generate(self, ids, mask, new_tokens, streamer=None):
-        options = dict(attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)
+        options = dict(attention_mask=mask, max_new_tokens=new_tokens, **SETTINGS[self.setting])
+        if self.setting == "penalties":
+            options.update(eos_token_id=PENALTIES_EOS, min_new_tokens=new_tokens)
         if self.streams:
             options["streamer"] = streamer
         if self.how in ("graphs", "fused"):
@@ -119,7 +139,7 @@ def make_contender(name: str, state_dict) -> Contender:
     from kernels.generation import CudaGraphGenerator
     from kernels.library import tag_gated_mlps, tag_rotary_embeddings
 
-    mode_names, how = CONTENDERS[name]
+    mode_names, how, setting = CONTENDERS[name]
     model = e2e.build(state_dict).eval()
     # Every call generates all its tokens (random weights may emit the end token early).
     model.generation_config.eos_token_id = None
@@ -127,7 +147,7 @@ def make_contender(name: str, state_dict) -> Contender:
     if how in ("graphs", "fused"):
         fused = {} if how == "fused" else {"fused_steps": 0}
         generator = CudaGraphGenerator(model, kernels=mode_names is not None, **fused)
-        return Contender(model, how, generator)
+        return Contender(model, how, setting, generator)
     if mode_names is not None:
         mode = Mode[mode_names.split("|")[0]]
         for extra in mode_names.split("|")[1:]:
@@ -136,7 +156,7 @@ def make_contender(name: str, state_dict) -> Contender:
         tag_rotary_embeddings(model)
         with use_kernel_mapping(library_mapping(devices=["cuda"])):
             kernelize(model, mode=mode)
-    return Contender(model, how)
+    return Contender(model, how, setting)
 
 
 class TokenTimes:
@@ -186,14 +206,18 @@ def prompt_ids(batch: int):
     return ids, torch.ones_like(ids)
 
 
-def time_decode(contenders: dict, module_state, batch: int, rounds: int, reference) -> list:
+def time_decode(contenders: dict, module_state, batch: int, rounds: int, references) -> list:
     """Rows of part 1 for ``batch``: each contender's first call, then ``rounds`` interleaved
-    rounds of a call with all new tokens and one with a single token (the prefill)."""
+    rounds of a call with all new tokens and one with a single token (the prefill). The first
+    call's tokens are compared with ``references[setting, batch]`` (eager, the same seed)."""
+    import torch
+
     ids, mask = prompt_ids(batch)
     rows = {}
     for name, (contender, state) in contenders.items():
         module_state.restore(state)
         streamer = TokenTimes(batch)
+        torch.manual_seed(SEED)
         start = time.perf_counter()
         out, call_s = timed(lambda c=contender, s=streamer: c.generate(ids, mask, NEW_TOKENS, s))
         first, decode = [t - start for t in streamer.times[:2]] if contender.streams else [None] * 2
@@ -204,7 +228,8 @@ def time_decode(contenders: dict, module_state, batch: int, rounds: int, referen
             "cold_first_token_s": first,
             "cold_first_decode_token_s": decode,
             "cold_call_s": call_s,
-            "same_tokens_as_eager": same_leading_tokens(out, reference),
+            "setting": contender.setting,
+            "same_tokens_as_eager": same_leading_tokens(out, references[contender.setting, batch]),
         }
         print(f"  batch {batch} {name:50s} first call {call_s:7.2f} s", flush=True)
     samples = {name: {"full": [], "prefill": []} for name in contenders}
@@ -242,25 +267,55 @@ def seconds(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{value:.{digits}f} s"
 
 
+#: The seed of each checked call: sampled contenders draw from the same generator state.
+SEED = 0
+
+
 def eager_tokens(state_dict, batches) -> dict:
-    """{batch: eager greedy tokens}, from a model of its own (so that a run of the compiled
-    group alone checks tokens too, and no eager model sits beside compiled ones)."""
+    """{(setting, batch): eager tokens}, from a model of its own (so that a run of the compiled
+    group alone checks tokens too, and no eager model sits beside compiled ones); sampled ones
+    drawn from `SEED`."""
     import torch
 
     contender = make_contender(EAGER, state_dict)
-    tokens = {b: contender.generate(*prompt_ids(b), NEW_TOKENS) for b in batches}
+    tokens = {}
+    for setting in SETTINGS:
+        contender.setting = setting
+        for b in batches:
+            torch.manual_seed(SEED)
+            tokens[setting, b] = contender.generate(*prompt_ids(b), NEW_TOKENS)
     del contender
     torch.cuda.empty_cache()
     return tokens
 
 
-def run_decode(groups: list[str], batches, rounds: int, only=None) -> list:
+def read_limit(model) -> dict:
+    """The copy-bandwidth limit of a decode step: the bytes it must read (every parameter but
+    the input embedding's table, of which a step reads a row per sequence; the KV cache is left
+    out: at this context it is under 2% of them) at the device-to-device copy's rate."""
+    from benchmarks import timing
+
+    embedding = model.get_input_embeddings().weight
+    tied = embedding is model.get_output_embeddings().weight
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    read = params - (0 if tied else embedding.numel() * embedding.element_size())
+    copy_gbps = timing.copy_bandwidth()
+    return {
+        "decode_read_bytes": read,
+        "copy_gbps": copy_gbps,
+        "limit_ms_per_token": read / (copy_gbps * 1e9) * 1e3,
+    }
+
+
+def run_decode(groups: list[str], batches, rounds: int, only=None) -> tuple[list, dict]:
+    """Part 1's rows, and the copy-bandwidth limit they are measured against (`read_limit`)."""
     import torch
 
     from benchmarks import e2e
     from kernels.library import untag
 
     reference_model = e2e.build()
+    limit = read_limit(reference_model)
     state = {k: v.detach().clone() for k, v in reference_model.state_dict().items()}
     del reference_model
     module_state = e2e.ModuleState()
@@ -273,11 +328,11 @@ def run_decode(groups: list[str], batches, rounds: int, only=None) -> list:
             continue
         contenders = e2e.build_contenders(makers, names, module_state)
         for batch in batches:
-            rows += time_decode(contenders, module_state, batch, rounds, reference[batch])
+            rows += time_decode(contenders, module_state, batch, rounds, reference)
         del contenders
         torch.cuda.empty_cache()
     untag()
-    return rows
+    return rows, limit
 
 
 # ---- part 2: host time per call ---------------------------------------------------------------
@@ -469,13 +524,16 @@ def _entry_lines(results: dict) -> list[str]:
         lines += [
             "",
             f"### Decode: ms per new token (prompt {meta['prompt']}, {meta['new_tokens']} new "
-            "tokens, greedy, bf16)",
+            "tokens, bf16)",
             "",
+            "Settings: greedy; sampling (temperature 0.7, top-p 0.9); penalties (greedy, "
+            "min_new_tokens and repetition penalty 1.1). "
             "Decode ms per token: (call with all new tokens - call with one) / (new tokens - 1), "
             "median over interleaved rounds; in brackets, over transformers' static-cache compiled "
-            "decode. First call: the first generate() at that batch size on the fresh model, until "
+            "decode of the same setting. First call: the first generate() at that batch size on the fresh model, until "
             "its first token of a decode step (compiling or capturing included) / whole call. "
-            "Same tokens: leading new tokens equal to eager's in every sequence.",
+            "Same tokens: leading new tokens equal to eager's of the same setting (sampled ones "
+            "from the same seed) in every sequence.",
             "",
             "| contender | "
             + " | ".join(
@@ -487,7 +545,10 @@ def _entry_lines(results: dict) -> list[str]:
         for name in dict.fromkeys(r["contender"] for r in decode):
             cells = []
             for b in batches:
-                r, static = by.get((name, b)), by.get(("static + compile", b))
+                r = by.get((name, b))
+                setting = (r or {}).get("setting", "greedy")
+                static_name = "static + compile" + ("" if setting == "greedy" else f", {setting}")
+                static = by.get((static_name, b))
                 if r is None:
                     cells += ["—", "—", "—"]
                     continue
@@ -503,6 +564,17 @@ def _entry_lines(results: dict) -> list[str]:
                     "—" if same is None else f"{same}/{meta['new_tokens']}",
                 ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        limit = next(
+            (run for run in reversed(results["runs"]) if "limit_ms_per_token" in run), None
+        )
+        if limit:
+            lines += [
+                "",
+                f"Copy-bandwidth limit: {limit['limit_ms_per_token']:.2f} ms per token "
+                f"({limit['decode_read_bytes'] / 1e9:.2f} GB of weights a step reads, at the "
+                f"{limit['copy_gbps'] / 1e3:.2f} TB/s a device-to-device copy moved); a contender's "
+                "share of it is limit / its ms per token.",
+            ]
     host = results.get("host", [])
     if host:
         by = {(r["op"], r["pass"], r["impl"]): r for r in host}
@@ -558,18 +630,18 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    decode, host = [], []
+    decode, host, limit = [], [], {}
     if args.only in (None, "host"):
         print("host time per call:", flush=True)
         host = run_host()
     if args.only in (None, "decode"):
         groups = list(GROUPS) if args.group == "all" else [args.group]
         print(f"decode, groups {groups}:", flush=True)
-        decode = run_decode(groups, args.batches, args.rounds, args.contenders)
+        decode, limit = run_decode(groups, args.batches, args.rounds, args.contenders)
 
     args.out = args.out or default_out("decode")
     path = args.out / "results.json"
-    meta = metadata(args)
+    meta = {**metadata(args), **limit}
     entries = read_entries(path)
     setting = {"transformers": transformers_line(meta["transformers"])}
     whole = args.only is None and args.group == "all" and not args.contenders

@@ -1,5 +1,6 @@
 """benchmarks/decode.py's parts that run without a GPU: merging runs, the report, token checks."""
 
+import pytest
 import torch
 
 from benchmarks import decode
@@ -84,16 +85,20 @@ def test_token_times_skip_the_prompt():
 def test_groups_split_compiled_contenders_from_the_others():
     assert set(decode.GROUPS["compiled"]) == {
         "static + compile",
+        "static + compile, sampling",
+        "static + compile, penalties",
         "ours kernelized + static + compile",
     }
     assert set(decode.GROUPS["eager"]) | set(decode.GROUPS["compiled"]) == set(decode.CONTENDERS)
 
 
 def test_the_fused_loop_contenders_run_without_compiling_and_take_no_streamer():
-    fused = [name for name, (_, how) in decode.CONTENDERS.items() if how == "fused"]
+    fused = [name for name, (_, how, _) in decode.CONTENDERS.items() if how == "fused"]
     assert fused == [
         "ours CUDA graphs + fused greedy loop",
         "ours kernelized + CUDA graphs + fused greedy loop",
+        "ours kernelized + fused loop, sampling",
+        "ours kernelized + fused loop, penalties",
     ]
     assert set(fused) <= set(decode.GROUPS["eager"])
     row = {**decode_row(fused[1], 1, 2.0), "cold_first_token_s": None}
@@ -110,13 +115,44 @@ def test_a_fused_contender_generates_on_the_cpu():
     from tests.support.generation import eager_greedy, prompt, tiny_llama
 
     model = tiny_llama()
-    contender = decode.Contender(model, "fused", CudaGraphGenerator(model))
+    contender = decode.Contender(model, "fused", generator=CudaGraphGenerator(model))
     ids, mask = prompt(2)
     streamer = decode.TokenTimes(batch=2)
     got = contender.generate(ids, mask, 12, streamer)
     assert torch.equal(got, eager_greedy(model, ids, mask, 12))
     assert not contender.streams and streamer.times == []
     assert contender.generator.stats.fused_calls == 1
+
+
+@pytest.mark.parametrize("setting", ["sampling", "penalties"])
+def test_each_setting_is_fused_with_generates_tokens(setting):
+    """The sampling and penalties contenders' calls go through the fused loop, with the tokens
+    generate() makes in that setting (sampled ones from the same seed)."""
+    from kernels.generation import CudaGraphGenerator
+    from tests.support.generation import prompt, tiny_llama
+
+    model = tiny_llama()
+    model.generation_config.eos_token_id = None
+    fused = decode.Contender(model, "fused", setting, generator=CudaGraphGenerator(model))
+    plain = decode.Contender(model, "dynamic", setting)
+    ids, mask = prompt(2)
+    torch.manual_seed(decode.SEED)
+    got = fused.generate(ids, mask, 12)
+    torch.manual_seed(decode.SEED)
+    assert torch.equal(got, plain.generate(ids, mask, 12))
+    assert got.shape[1] == ids.shape[1] + 12
+    assert fused.generator.stats.fused_calls == 1
+
+
+def test_ratios_are_over_the_static_contender_of_the_same_setting():
+    rows = [
+        decode_row("static + compile", 1, 6.0),
+        {**decode_row("static + compile, sampling", 1, 8.0), "setting": "sampling"},
+        {**decode_row("ours kernelized + fused loop, sampling", 1, 2.0), "setting": "sampling"},
+    ]
+    results = decode.merge({}, META, rows, [])
+    text = decode.markdown([{"setting": {"transformers": "5.25"}, **results}])
+    assert "| ours kernelized + fused loop, sampling | 2.00 (0.25x) |" in text
 
 
 def test_each_transformers_line_has_its_own_section():
