@@ -1,5 +1,8 @@
 """Our own Triton kernels, shipped as kernel repositories, and the mapping that uses them.
 
+The kernels are listed once, in `kernels.library.registry` (`KERNELS`, `REPOSITORIES`);
+`load_library_package` imports a repository's package for every user inside the project.
+
 Example:
     ```python
     from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
