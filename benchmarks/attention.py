@@ -60,7 +60,7 @@ from importlib import import_module
 import torch
 import torch.nn.functional as F
 
-from benchmarks import cases, timing
+from benchmarks import timing
 from benchmarks.results_io import default_out, save_results
 from kernels.library.attention import padded_decode_step
 
@@ -212,9 +212,9 @@ def gqa_mode(backend: str, dim: int, causal: bool, device="cuda") -> tuple[str |
 
 
 def load_ours():
-    import kernels
+    from kernels.library import load_library_package
 
-    return kernels.get_local_kernel(os.path.join(cases.ROOT, "library", "attention"), "attention")
+    return load_library_package("attention")
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

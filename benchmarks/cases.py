@@ -1,19 +1,17 @@
 """The ops ``benchmarks.ops`` times and the code each replaces: reference modules (transformers'
 and PyTorch's, as written there), the shapes, and one case per op and shape (inputs, parameters,
-each contender's call and the bytes a pass must move). ``load_library`` loads this checkout's
-library kernels, ``load_liger`` the Liger-Kernel peer where it is installed.
+each contender's call and the bytes a pass must move). ``load_library`` loads the library's
+kernels (`kernels.library.load_library_package`), ``load_liger`` the Liger-Kernel peer where it is
+installed. Each op here is named by the kernel it times in the library's registry
+(`kernels.library.KERNELS`, ``benchmarks``); tests/library/test_registry.py checks the two agree.
 """
 
 from __future__ import annotations
 
-import os
 import types
 
 import torch
 import torch.nn.functional as F
-
-# The repository: the library kernels are loaded from its library/ folder.
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 NORM_SHAPES = [(4096, 4096), (16384, 4096), (8192, 8192), (32768, 8192)]
 # Hidden sizes of real models that are not the square shapes above, at 64M+ elements, and the
@@ -41,13 +39,11 @@ OPS = (*NORM_OPS, "SiluAndMul", "SwiGLU", "GeluTanh", "rotary")
 
 
 def load_library():
-    import kernels
+    """The library packages the cases call, by repository name: those of the kernels that the
+    library's registry gives ``benchmarks.ops`` cases (`LibraryKernel.benchmarks`)."""
+    from kernels.library import KERNELS, load_library_package
 
-    lib = os.path.join(ROOT, "library")
-    return {
-        name: kernels.get_local_kernel(os.path.join(lib, name), name)
-        for name in ("activation", "norm", "rotary")
-    }
+    return {k.repo: load_library_package(k.repo) for k in KERNELS if k.benchmarks}
 
 
 def load_liger():

@@ -45,17 +45,6 @@ LAYERS = (
     "rotary",
     "fused_linear_cross_entropy",
 )
-#: Which kernel package each layer lives in.
-PACKAGE = {
-    "rms_norm": "norm",
-    "gemma_rms_norm": "norm",
-    "layer_norm": "norm",
-    "fused_add_rms_norm": "norm",
-    "gated_activation": "activation",
-    "gated_mlp": "activation",
-    "rotary": "rotary",
-    "fused_linear_cross_entropy": "loss",
-}
 #: The layers the rule keeps as ops whatever is measured (their formula holds the logits).
 ALWAYS_OP = ("fused_linear_cross_entropy",)
 SIDES = ("op", "formula")
@@ -152,10 +141,13 @@ def device_slug(device) -> str:
 
 
 def _load_packages():
-    from kernels import get_local_kernel
-    from kernels.library import library_path
+    """The kernel packages of the probed layers, by repository name (the library's registry
+    says which repository's kernels ask each layer)."""
+    from kernels.library import load_library_package
+    from kernels.library.registry import repository_of
 
-    return {name: get_local_kernel(library_path() / name, name) for name in set(PACKAGE.values())}
+    repos = {repository_of(layer, "compile_layers") for layer in LAYERS}
+    return {name: load_library_package(name) for name in sorted(repos)}
 
 
 def rule_module(package):

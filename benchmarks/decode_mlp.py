@@ -47,7 +47,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from benchmarks import cases, timing
+from benchmarks import timing
 from benchmarks.results_io import default_out, save_results
 
 SHAPES = [(2048, 5632), (3072, 8192), (4096, 14336)]  # (hidden, intermediate)
@@ -65,9 +65,9 @@ DEVICE = "cuda"  # the CPU test of this script's plumbing runs it on "cpu" (Trit
 def load_decode():
     """The activation package: ``gated_mlp_decode`` and its kernels' configurations
     (``candidate_configs``, ``gemv_config``, ``gemv``, ``gated_gemv``)."""
-    import kernels
+    from kernels.library import load_library_package
 
-    return kernels.get_local_kernel(os.path.join(cases.ROOT, "library", "activation"), "activation")
+    return load_library_package("activation")
 
 
 def multiprocessors(device: torch.device) -> int:

@@ -69,9 +69,9 @@ GiB = 2**30
 
 
 def load_ours():
-    import kernels
+    from kernels.library import load_library_package
 
-    return kernels.get_local_kernel(os.path.join(cases.ROOT, "library", "loss"), "loss")
+    return load_library_package("loss")
 
 
 def load_liger():

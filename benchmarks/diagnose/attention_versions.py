@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     ours = bench.load_ours()
     versions = {OURS: ours}
     if args.baseline:
+        # A copy from another commit, in a folder of its own: not the library's package, so not
+        # kernels.library.load_library_package.
         versions[BASELINE] = kernels.get_local_kernel(args.baseline, "attention")
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     for batch, seqlen in args.shapes:

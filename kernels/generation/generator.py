@@ -553,10 +553,9 @@ def _sdpa_mask_dtype(model: nn.Module) -> torch.dtype | None:
 
 def _library_package(name: str) -> Any:
     """Our library's kernel package ``name`` (``library/<name>``), loaded as kernelize loads it."""
-    from ..library import library_path
-    from ..repos.local import get_local_kernel
+    from ..library import load_library_package
 
-    return get_local_kernel(library_path() / name, name)
+    return load_library_package(name)
 
 
 def _decode_kernels() -> Any:

@@ -1,5 +1,8 @@
 """Our own Triton kernels, shipped as kernel repositories, and the mapping that uses them.
 
+The kernels are listed once, in `kernels.library.registry` (`KERNELS`, `REPOSITORIES`);
+`load_library_package` imports a repository's package for every user inside the project.
+
 Example:
     ```python
     from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
@@ -15,7 +18,6 @@ import logging
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from ..errors import KernelMappingError
 from ..mapping.device import CUDAProperties, Device, validate_device_type
@@ -23,7 +25,9 @@ from ..mapping.registry import register_kernel_mapping
 from ..repos.base import LayerRepositoryProtocol
 from ..repos.local import LocalFuncRepository, LocalLayerRepository
 from .attention import ATTENTION_IMPLEMENTATION, ATTENTION_REPO, register_attention
+from .loading import load_library_package
 from .paths import library_path
+from .registry import KERNELS, REPOSITORIES, LibraryKernel, LibraryRepository
 
 # Tagging what transformers leaves untagged, re-exported where users look first.
 from .transformers_tags import (
@@ -52,39 +56,6 @@ TESTED_DEVICE_TYPES = ("cuda",)
 #: kernels registered for ``"cuda"`` without a range (transformers 5.x re-registers its Hub
 #: defaults that way at every ``use_kernels``; docs/transformers.md).
 CUDA_CAPABILITIES = CUDAProperties(min_capability=80, max_capability=sys.maxsize)
-
-
-@dataclass(frozen=True)
-class LibraryKernel:
-    """One kernel of the library: the layer name it serves and where it lives."""
-
-    layer_name: str
-    repo: str  # the repository folder under library/ (and the Hub repo name)
-    attribute: str  # the kernel layer class in `layers`, or the function for function kernels
-    is_function: bool = False
-
-
-KERNELS: tuple[LibraryKernel, ...] = (
-    *(
-        LibraryKernel(name, "activation", name)
-        for name in ("SiLU", "GeLU", "GeluTanh", "NewGELU", "FastGELU", "QuickGELU")
-    ),
-    *(
-        LibraryKernel(name, "activation", name)
-        for name in ("SiluAndMul", "GeluAndMul", "GeluTanhAndMul", "SwiGLUMLP", "GeGLUMLP")
-    ),
-    *(
-        LibraryKernel(name, "norm", name)
-        for name in ("RMSNorm", "GemmaRMSNorm", "FusedAddRMSNorm", "LayerNorm")
-    ),
-    # transformers 5.x's name for Qwen3.5-style ``(1 + weight)`` norms: GemmaRMSNorm's formula.
-    LibraryKernel("RMSNormZeroCentered", "norm", "GemmaRMSNorm"),
-    LibraryKernel("rotary_pos_emb", "rotary", "apply_rotary_pos_emb", is_function=True),
-    # transformers 5.x's name for its causal-LM loss function, and the whole *ForCausalLM
-    # forwards that tag_causal_lm_losses tags (transformers 4.57 and 5.24; MoE: Mixtral's, and
-    # 5.24's DeepSeek-V3 one, which returns the router logits without an aux loss).
-    *(LibraryKernel(name, "loss", name) for name in ("ForCausalLMLoss", *CAUSAL_LM_LAYER_NAMES)),
-)
 
 
 class LibraryFunction(LocalFuncRepository):
@@ -220,11 +191,14 @@ __all__ = [
     "GATED_MLP_LAYER_NAME",
     "HUB_ORGANISATION",
     "KERNELS",
+    "REPOSITORIES",
     "ROTARY_FUNCTION_NAME",
     "TESTED_DEVICE_TYPES",
     "LibraryKernel",
+    "LibraryRepository",
     "library_mapping",
     "library_path",
+    "load_library_package",
     "register_attention",
     "register_library_kernels",
     "tag_causal_lm_losses",

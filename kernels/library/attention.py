@@ -50,10 +50,9 @@ def attention_kernel() -> ModuleType:
     compile of the model; a global that is set is a constant to it."""
     global _kernel
     if _kernel is None:
-        from ..repos.local import get_local_kernel
-        from .paths import library_path
+        from .loading import load_library_package
 
-        _kernel = get_local_kernel(library_path() / ATTENTION_REPO, ATTENTION_REPO)
+        _kernel = load_library_package(ATTENTION_REPO)
     return _kernel
 
 

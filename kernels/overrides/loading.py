@@ -1,9 +1,9 @@
 """Our kernels for the overrides: the launchers of the library's norm and activation repositories.
 
-The repositories are imported the way `kernels.library` imports them
-(``get_local_kernel(library_path() / "norm", "norm")``), once per process, when an override is
-first enabled: importing them imports Triton, which must come after ``TRITON_INTERPRET`` is set
-where it is used, and an import error then surfaces at ``enable``, not inside a model's forward.
+The repositories are imported by `kernels.library.load_library_package` (as kernelize imports
+them), once per process, when an override is first enabled: importing them imports Triton,
+which must come after ``TRITON_INTERPRET`` is set where it is used, and an import error then
+surfaces at ``enable``, not inside a model's forward.
 
 An override runs below autograd: the dispatcher has already recorded the backward (PyTorch's
 derivative formula, which calls the backward operator, which is overridden separately). So it
@@ -19,10 +19,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 
-from ..library import library_path
-from ..repos.local import get_local_kernel
+from ..library import load_library_package
 
 
 @dataclass(frozen=True)
@@ -64,14 +62,10 @@ class ActivationKernels:
     gelu_tanh: int
 
 
-def _repository(name: str) -> ModuleType:
-    return get_local_kernel(library_path() / name, name)
-
-
 @functools.cache
 def norm_kernels() -> NormKernels:
     """The norm repository's launchers, imported on first use."""
-    norm = _repository("norm")
+    norm = load_library_package("norm")
     return NormKernels(
         layer_norm_forward=norm.layer_norm_forward,
         layer_norm_backward=norm.layer_norm_backward,
@@ -84,7 +78,7 @@ def norm_kernels() -> NormKernels:
 @functools.cache
 def activation_kernels() -> ActivationKernels:
     """The activation repository's element-wise launchers, imported on first use."""
-    activation = _repository("activation")
+    activation = load_library_package("activation")
     return ActivationKernels(
         forward=activation.activation_forward,
         backward=activation.activation_backward,

@@ -15,13 +15,12 @@ from torch import nn
 
 from kernels import (
     Mode,
-    get_local_kernel,
     kernelize,
     library_mapping,
     use_kernel_forward_from_hub,
     use_kernel_mapping,
 )
-from kernels.library import KERNELS, library_path
+from kernels.library import KERNELS, load_library_package
 from tests.support.library import (
     FusedAddRMSNorm,
     GeluAndMul,
@@ -230,7 +229,7 @@ def _rotary_inputs(dtype, requires_grad=False):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "forward+backward"])
 def test_rotary_replays_in_a_cuda_graph(dtype, backward):
-    rotary = get_local_kernel(library_path() / "rotary", "rotary")
+    rotary = load_library_package("rotary")
     q, k, cos, sin = _rotary_inputs(dtype, requires_grad=backward)
     seeds = [torch.randn_like(q), torch.randn_like(k)]
 

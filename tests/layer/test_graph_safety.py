@@ -104,14 +104,13 @@ def test_a_forward_without_python_source_is_unknown():
 
 def test_our_library_kernels_are_safe(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from kernels import get_local_kernel
-    from kernels.library import library_path
+    from kernels.library import load_library_package
 
     for repo, layers in [
         ("norm", ("RMSNorm", "LayerNorm", "FusedAddRMSNorm")),
         ("activation", ("SiLU", "SiluAndMul", "SwiGLUMLP")),
     ]:
-        package = get_local_kernel(library_path() / repo, repo)
+        package = load_library_package(repo)
         for name in layers:
             safety = graph_safety(nn.Module, getattr(package.layers, name))
             assert (safety.cuda_graph, safety.torch_compile) == ("ok", "ok"), (name, safety)

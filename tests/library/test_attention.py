@@ -325,16 +325,38 @@ def test_torch_compile_fullgraph(attn):
         assert torch.equal(g, w)
 
 
-@pytest.mark.slow
-def test_opcheck(attn):
+def _op_cases(attn):
+    """{case: (op, args)} for torch.library.opcheck (tests/library/test_registry.py checks that
+    every op of the package has one)."""
     from importlib import import_module
 
     ops = import_module(attn.__name__ + "._ops")
     q, k, v = _inputs(1, 17, 17, 2, 1, 64, 64, torch.float32, None)
     s_aux = randn(2).requires_grad_()
     seed = ops.draw_dropout_seed(q.device)
-    args = (q, k, v, None, None, None, None, s_aux, 17, 17, 0.125, -1, 0, 0.0, 0.1, seed)
-    torch.library.opcheck(ops.forward, args)
+    # The backward's out and lse need only be consistent: lse of the unmasked scores (so no
+    # probability exceeds 1), in the kernel's (batch, heads, seqlen) layout; no dropout.
+    scores = q.detach().transpose(1, 2) @ k.detach().transpose(1, 2).transpose(-1, -2) * 0.125
+    lse = scores.logsumexp(-1)
+    out, dout = randn(1, 17, 2, 64), randn(1, 17, 2, 64)
+    qkv = (q.detach(), k.detach(), v.detach())
+    return {
+        "forward": (
+            ops.forward,
+            (q, k, v, None, None, None, None, s_aux, 17, 17, 0.125, -1, 0, 0.0, 0.1, seed),
+        ),
+        "backward": (
+            ops.backward,
+            (dout, *qkv, out, lse, None, None, 17, 17, 0.125, -1, 0, 0.0),
+        ),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["forward", "backward"])
+def test_opcheck(attn, case):
+    op, args = _op_cases(attn)[case]
+    torch.library.opcheck(op, args)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")

@@ -294,12 +294,22 @@ def test_grouped_linear_errors(decode):
         decode.grouped_linear_decode(x, (w, w, w.float()), None)
 
 
-def test_opcheck(decode):
+def _op_cases(decode):
+    """{case: (op, args)} for torch.library.opcheck (tests/library/test_registry.py checks that
+    every op of the package has one)."""
     weights = _weights(torch.bfloat16, bias=True)
     x = randn(3, H, dtype=torch.bfloat16)
-    torch.library.opcheck(decode.decode_mlp_op, (x, *weights, 0))
     no_bias = _weights(torch.float16, bias=False)
-    torch.library.opcheck(decode.decode_mlp_op, (randn(1, 2, H, dtype=torch.float16), *no_bias, 2))
+    return {
+        "bias_bf16": (decode.decode_mlp_op, (x, *weights, 0)),
+        "no_bias_fp16": (decode.decode_mlp_op, (randn(1, 2, H, dtype=torch.float16), *no_bias, 2)),
+    }
+
+
+@pytest.mark.parametrize("case", ["bias_bf16", "no_bias_fp16"])
+def test_opcheck(decode, case):
+    op, args = _op_cases(decode)[case]
+    torch.library.opcheck(op, args)
 
 
 # ---- the configuration rule ------------------------------------------------------------------

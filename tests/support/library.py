@@ -1,6 +1,7 @@
 """Helpers for the kernel library tests: loading, tolerances, and reference modules.
 
-The repositories are loaded the way users load them, through ``kernels.get_local_kernel``.
+The repositories are loaded the way the package loads them, through
+``kernels.library.load_library_package`` (``kernels.get_local_kernel`` of the library's folder).
 """
 
 import itertools
@@ -23,6 +24,7 @@ ON_GPU = DEVICE == "cuda"
 #: tests/library/test_compile_rule.py keeps inductor on the CPU (max-autotune, reduce-overhead).
 COMPILE_BACKEND = "inductor" if ON_GPU else "aot_eager"
 
+#: This checkout's library/ folder (the one `kernels.library.library_path` gives in a checkout).
 LIBRARY = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "library"))
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -35,9 +37,10 @@ ELEMENT = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
 def load(repo: str):
-    import kernels
+    """The library's package ``repo``, as kernelize and the package's own users load it."""
+    from kernels.library import load_library_package
 
-    return kernels.get_local_kernel(os.path.join(LIBRARY, repo), repo)
+    return load_library_package(repo)
 
 
 def assert_close(

@@ -23,12 +23,12 @@ import pytest
 import torch
 import transformers
 
-from kernels import Mode, get_local_kernel, kernelize, library_mapping, use_kernel_mapping
+from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
 from kernels.layer.decorators import use_kernel_forward_from_hub
 from kernels.layer.swap import kernel_layer_of
 from kernels.layer.validation import validate_kernel_layer
 from kernels.library import (
-    library_path,
+    load_library_package,
     register_library_kernels,
     tag_causal_lm_losses,
     tag_on_kernelize,
@@ -282,7 +282,7 @@ def test_layer_names_resolve_to_the_5_24_signatures():
     ``CausalLMOutputWithPast``'s fields); kernelize's own check accepts it."""
     from transformers.loss.loss_utils import ForCausalLMLoss
 
-    loss = get_local_kernel(library_path() / "loss", "loss")
+    loss = load_library_package("loss")
     assert loss.causal_lm.cache_output_field() == "cache"
     replaces = {
         "CausalLMFusedLoss": transformers.LlamaForCausalLM,
