@@ -192,11 +192,20 @@ def markdown(rows: list[dict]) -> str:
 
 
 def report(out: Path) -> None:
-    """results.json -> results.md (``report_text``) and, per setting, e2e-<setting>.png."""
+    """results.json -> results.md (``report_text``) and, per setting, e2e-<setting>.png (where
+    matplotlib is installed: without it, results.md alone, and a line saying so)."""
     entries = read_entries(out / "results.json")
     if not entries:
         sys.exit(f"{out / 'results.json'} holds no results: run a shape first")
     (out / "results.md").write_text(report_text(entries))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(
+            f"wrote {out / 'results.md'}; no plots: matplotlib is not installed "
+            "(pip install matplotlib, or this package's bench extra)"
+        )
+        return
     for entry in entries:
         if entry.get("rows"):
             plot(entry["rows"], out / f"e2e-{setting_slug(entry['setting'])}.png")

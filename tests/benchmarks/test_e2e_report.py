@@ -2,6 +2,7 @@
 contender's rows at a shape replaced by its next run) and the report rendered from them."""
 
 import json
+import sys
 
 import pytest
 
@@ -116,6 +117,24 @@ def test_max_batch_run_is_kept_in_its_setting(tmp_path):
 def test_report_without_results_says_what_to_run(tmp_path):
     with pytest.raises(SystemExit, match="run a shape first"):
         e2e_report.report(tmp_path)
+
+
+def test_report_without_matplotlib_writes_results_md_and_says_there_are_no_plots(
+    tmp_path, monkeypatch, capsys
+):
+    """--report where matplotlib is not installed (neither of the test environments has it):
+    results.md again, and a line naming what to install, not a traceback."""
+    rows = [_row("8x512", "eager", 70.0), _row("8x512", "ours (kernelized)", 50.0)]
+    _store_shape(tmp_path, rows)
+    (tmp_path / "results.md").unlink()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    e2e_report.report(tmp_path)
+    entries = json.loads((tmp_path / "results.json").read_text())["entries"]
+    assert (tmp_path / "results.md").read_text() == e2e_report.report_text(entries)
+    assert (
+        "no plots: matplotlib is not installed (pip install matplotlib" in capsys.readouterr().out
+    )
+    assert not list(tmp_path.glob("*.png"))
 
 
 def test_report_shows_best_of_ours_and_a_line_per_target_and_shape():
