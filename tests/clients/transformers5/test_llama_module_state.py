@@ -1,7 +1,6 @@
 """benchmarks/llama.py on transformers 5.x: the module state each contender's set-up leaves, and
 the rotary kernel, which kernels 0.19 gives each model's layers rather than the process."""
 
-
 from benchmarks import llama
 from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
 from kernels.layer.swap import kernel_layer_of
