@@ -4,7 +4,7 @@ generated tokens, and how much of that is Triton compiling.
     python -m benchmarks.cold_start     # writes benchmarks/results/<device>/cold_start
 
 Each case runs in a fresh Python process (``python -m benchmarks.cold_start --child CASE``), on
-the 1.1B Llama-style model of ``e2e.py`` (random weights, bf16):
+the 1.1B Llama-style model of `benchmarks.llama` (random weights, bf16):
 
 - ``train``: import, build, kernelize (TRAINING, our fused loss), then one training step
   (forward and backward of the loss at 8x512), synchronised;
@@ -156,25 +156,25 @@ def child(case: str, started: float) -> dict:
         import kernels  # noqa: F401
 
         clock.install()
-        from benchmarks import e2e
+        from benchmarks import llama
     if case in ("train", "eager-train"):
-        tokens = e2e.tokens_for("x".join(str(v) for v in TRAIN_SHAPE))
+        tokens = llama.tokens_for("x".join(str(v) for v in TRAIN_SHAPE))
         if case == "train":
             with phases.phase("build and kernelize"):
-                model = e2e.build_ours(None, compile_mode=False, fused_ce=True)
+                model = llama.build_ours(None, compile_mode=False, fused_ce=True)
         else:
             with phases.phase("build"):
-                model = e2e.build()
+                model = llama.build()
         with phases.phase("first training step"):
-            e2e.training_step(model, tokens)
+            llama.training_step(model, tokens)
         with phases.phase("second training step"):
-            e2e.training_step(model, tokens)
+            llama.training_step(model, tokens)
     else:
         with phases.phase("build"):
-            model = e2e.build().eval()
+            model = llama.build().eval()
         model.generation_config.eos_token_id = None
         model.generation_config.pad_token_id = 0
-        ids = e2e.tokens_for(f"1x{PROMPT}")
+        ids = llama.tokens_for(f"1x{PROMPT}")
         mask = torch.ones_like(ids)
         if case == "generate":
             from kernels.generation import fast_generate

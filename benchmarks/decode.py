@@ -2,7 +2,7 @@
 
     python -m benchmarks.decode     # writes benchmarks/results/<device>/decode
 
-Part 1 (``decode``): the 1.1B Llama-style model of ``e2e.py`` (built by its ``build``), bf16,
+Part 1 (``decode``): the 1.1B Llama-style model of `benchmarks.llama` (its ``build``), bf16,
 greedy, prompt 128, 128 new tokens, at batch 1 and 8, for
 
 - ``eager``: transformers' generate() with its dynamic cache;
@@ -36,7 +36,7 @@ time per call of back-to-back calls, and the device time per call (the same call
 to back in a CUDA graph, ``timing.back_to_back_graph``).
 
 Contenders are built as ``e2e.py`` builds them, each from the modelling-module state its set-up
-left (``e2e.ModuleState``: our tagging patches transformers' Llama module), the eager-mode ones
+left (``llama.ModuleState``: our tagging patches transformers' Llama module), the eager-mode ones
 first and the compiled ones after (``--group`` runs one of them). Writes ``results.json`` and
 ``results.md`` into ``--out`` (default ``benchmarks/results/<device>/decode``), one entry per
 transformers line: a run of every part replaces its line's entry, a partial one (``--only``,
@@ -54,6 +54,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import llama
 from benchmarks.results_io import (
     default_out,
     entry_for,
@@ -133,14 +134,14 @@ class Contender:
 
 
 def make_contender(name: str, state_dict) -> Contender:
-    """Build contender ``name`` on ``state_dict``'s weights, as e2e.py builds its models."""
-    from benchmarks import e2e
+    """Build contender ``name`` on ``state_dict``'s weights, as e2e.py builds its models
+    (`benchmarks.llama`)."""
     from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
     from kernels.generation import CudaGraphGenerator
     from kernels.library import tag_gated_mlps, tag_rotary_embeddings
 
     mode_names, how, setting = CONTENDERS[name]
-    model = e2e.build(state_dict).eval()
+    model = llama.build(state_dict).eval()
     # Every call generates all its tokens (random weights may emit the end token early).
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -198,10 +199,8 @@ def prompt_ids(batch: int):
     """The prompts of ``batch`` (the same for every contender) and their attention mask."""
     import torch
 
-    from benchmarks import e2e
-
     generator = torch.Generator().manual_seed(batch)
-    ids = torch.randint(1, e2e.CONFIG["vocab_size"], (batch, PROMPT), generator=generator)
+    ids = torch.randint(1, llama.CONFIG["vocab_size"], (batch, PROMPT), generator=generator)
     ids = ids.to("cuda")
     return ids, torch.ones_like(ids)
 
@@ -311,14 +310,13 @@ def run_decode(groups: list[str], batches, rounds: int, only=None) -> tuple[list
     """Part 1's rows, and the copy-bandwidth limit they are measured against (`read_limit`)."""
     import torch
 
-    from benchmarks import e2e
     from kernels.library import untag
 
-    reference_model = e2e.build()
+    reference_model = llama.build()
     limit = read_limit(reference_model)
     state = {k: v.detach().clone() for k, v in reference_model.state_dict().items()}
     del reference_model
-    module_state = e2e.ModuleState()
+    module_state = llama.ModuleState()
     reference = eager_tokens(state, batches)
     makers = {name: (lambda n=name: make_contender(n, state)) for name in CONTENDERS}
     rows = []
@@ -326,7 +324,7 @@ def run_decode(groups: list[str], batches, rounds: int, only=None) -> tuple[list
         names = [name for name in GROUPS[group] if not only or name in only]
         if not names:
             continue
-        contenders = e2e.build_contenders(makers, names, module_state)
+        contenders = llama.build_contenders(makers, names, module_state)
         for batch in batches:
             rows += time_decode(contenders, module_state, batch, rounds, reference)
         del contenders
@@ -465,8 +463,6 @@ def metadata(args) -> dict:
     import torch
     import transformers
 
-    from benchmarks import e2e
-
     return {
         "device": torch.cuda.get_device_name(),
         "date": datetime.date.today().isoformat(),
@@ -474,7 +470,7 @@ def metadata(args) -> dict:
         "transformers": transformers.__version__,
         "triton": version("triton"),
         "python": platform.python_version(),
-        "config": e2e.CONFIG,
+        "config": llama.CONFIG,
         "prompt": PROMPT,
         "new_tokens": NEW_TOKENS,
         "rounds": args.rounds,

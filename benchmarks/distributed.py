@@ -1,4 +1,4 @@
-"""A training step of the 1.1B Llama-style model of benchmarks/e2e.py on N GPUs, under FSDP2 and
+"""A training step of the 1.1B Llama-style model of benchmarks/llama.py on N GPUs, under FSDP2 and
 under tensor parallelism: eager transformers against ours kernelized, Liger-Kernel and
 torch.compile, with the scaling efficiency from 1 to N GPUs.
 
@@ -27,8 +27,8 @@ Engines (``--engine``):
     are recorded as skipped under tp: its kernels take the weights as plain tensors, and on the
     GPU its failed first step left an illegal memory access that ended the whole run.
 
-Contenders (e2e.py's set-ups, on the same weights on every rank, bf16 weights and SDPA
-attention): ``eager``, ``ours (kernelized)`` and ``ours (kernelized, fused CE)`` (tagged and
+Contenders (benchmarks/llama.py's set-ups, on the same weights on every rank, bf16 weights and
+SDPA attention): ``eager``, ``ours (kernelized)`` and ``ours (kernelized, fused CE)`` (tagged and
 kernelized for training before sharding), ``liger (no fused CE)`` and ``liger (fused linear
 CE)`` (``apply_liger_kernel_to_llama``), and ``torch.compile``: the eager model sharded, then
 ``torch.compile``'d; ``ours (kernelized + compile, fused CE)``: kernelized for ``TRAINING |
@@ -62,7 +62,7 @@ import time
 import traceback
 from pathlib import Path
 
-from benchmarks import e2e  # the model, its contenders and the module-state bookkeeping
+from benchmarks import llama  # the model, its contenders and the module-state bookkeeping
 from benchmarks.paired import compare
 from benchmarks.results_io import (
     RESULTS,
@@ -75,16 +75,16 @@ from benchmarks.results_io import (
 )
 
 COMPILED = "torch.compile"
-OURS_COMPILED = e2e.OURS_COMPILED
+OURS_COMPILED = llama.OURS_COMPILED
 COMPILED_LAYERS = "torch.compile (each decoder layer)"
 OURS_COMPILED_LAYERS = "ours (kernelized + compile of each decoder layer, fused CE)"
-#: The contenders timed by default (e2e.py's names, and two of FSDP2's own compile recipe). The
-#: compiled ones are built, then compiled in one of two ways: sharded, then torch.compile'd whole
-#: (`COMPILED_AFTER_SHARDING`: COMPILED the eager model, OURS_COMPILED ours kernelized for
-#: TRAINING | TORCH_COMPILE with the fused loss), or each decoder layer compiled with
-#: ``fullgraph=True`` before sharding (`COMPILED_PER_LAYER`, FSDP2 only), as torchtitan compiles
-#: a model it shards: FSDP2's hooks stay outside the compiled layers, where a whole-model
-#: compile breaks its graph at each of them and runs parts of the model eagerly.
+#: The contenders timed by default (`benchmarks.llama`'s names, and two of FSDP2's own compile
+#: recipe). The compiled ones are built, then compiled in one of two ways: sharded, then
+#: torch.compile'd whole (`COMPILED_AFTER_SHARDING`: COMPILED the eager model, OURS_COMPILED
+#: ours kernelized for TRAINING | TORCH_COMPILE with the fused loss), or each decoder layer
+#: compiled with ``fullgraph=True`` before sharding (`COMPILED_PER_LAYER`, FSDP2 only), as
+#: torchtitan compiles a model it shards: FSDP2's hooks stay outside the compiled layers, where
+#: a whole-model compile breaks its graph at each of them and runs parts of the model eagerly.
 CONTENDERS = (
     "eager",
     "ours (kernelized)",
@@ -336,12 +336,12 @@ def time_interleaved(
 
 
 def default_makers() -> dict:
-    """{contender name: function building it}: e2e.py's, on the e2e model's weights and this
-    rank's GPU, but uncompiled for the contenders `run` compiles after sharding."""
-    state = {k: v.detach().clone() for k, v in e2e.build().state_dict().items()}
-    makers = e2e.contender_makers(state)
+    """{contender name: function building it}: `benchmarks.llama`'s, on its model's weights and
+    this rank's GPU, but uncompiled for the contenders `run` compiles after sharding."""
+    state = {k: v.detach().clone() for k, v in llama.build().state_dict().items()}
+    makers = llama.contender_makers(state)
     makers[COMPILED] = makers[COMPILED_LAYERS] = makers["eager"]
-    makers[OURS_COMPILED] = makers[OURS_COMPILED_LAYERS] = lambda: e2e.build_ours(
+    makers[OURS_COMPILED] = makers[OURS_COMPILED_LAYERS] = lambda: llama.build_ours(
         state, True, fused_ce=True, compile_model=False
     )
     return makers
@@ -397,7 +397,7 @@ def run(
                 skipped[name] = "skipped: liger_kernel is not installed"
                 continue
         available.append(name)
-    module_state = e2e.ModuleState()
+    module_state = llama.ModuleState()
     on_gpu = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
@@ -422,7 +422,7 @@ def run(
     errors = _agree_on_failures(errors, available, device)
     contenders = {name: c for name, c in contenders.items() if name not in errors}
     models = [model for model, _ in contenders.values()]
-    vocab = models[0].config.vocab_size if models else e2e.CONFIG["vocab_size"]
+    vocab = models[0].config.vocab_size if models else llama.CONFIG["vocab_size"]
     world = dist.get_world_size()
     rank_seed = dist.get_rank() if engine == "fsdp2" else 0  # tensor parallel ranks share a batch
     generator = torch.Generator().manual_seed(rank_seed)
@@ -473,10 +473,10 @@ def run_meta(device, rounds: int, warmup: int, started: str) -> dict:
         "started": started,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "triton": e2e._version("triton"),
-        "liger_kernel": e2e._version("liger-kernel"),
+        "triton": llama.package_version("triton"),
+        "liger_kernel": llama.package_version("liger-kernel"),
         "python": platform.python_version(),
-        "config": dict(e2e.CONFIG),
+        "config": dict(llama.CONFIG),
         "dtype": "bf16 weights, gradients and reductions",
         "timing": f"interleaved rounds: {warmup} warm-up, median of {rounds}, slowest rank",
     }
@@ -519,7 +519,8 @@ def scaling_efficiency(by_world: dict[int, dict], contender: str, world: int) ->
 
 def best_of_ours(ours: list[dict], lowest_peer: dict) -> dict:
     """The fastest of ``ours`` whose peak is at most ``lowest_peer``'s (the configuration a user
-    who wants both would pick), else the fastest of ours: as e2e's `best_against_peers`."""
+    who wants both would pick), else the fastest of ours: as
+    `benchmarks.e2e_verdict.best_against_peers`."""
     within = [r for r in ours if r["peak_gib"] <= lowest_peer["peak_gib"]]
     return max(within or ours, key=lambda r: r["tokens_per_s"])
 
@@ -730,7 +731,7 @@ def main() -> int:
 
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl")
-    e2e.no_silent_fallback()
+    llama.no_silent_fallback()
     try:
         names = [name for name in CONTENDERS if name not in args.skip]
         for engine in engines:
@@ -743,7 +744,7 @@ def main() -> int:
                 warmup=args.warmup,
                 reshard_after_forward=not args.no_reshard,
             )
-            e2e.free({})
+            llama.free({})
     finally:
         dist.destroy_process_group()
     return 0

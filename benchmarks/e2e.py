@@ -11,6 +11,10 @@ Runs on transformers 4.57 with Liger-Kernel 0.7.0, and on transformers 5.24 with
 0.8.5 (0.8 needs transformers 5; benchmarks/README.md). Without Liger-Kernel its contenders are
 skipped, with a note.
 
+The model and its contenders are `benchmarks.llama`'s (the set-up `benchmarks.decode`,
+`benchmarks.distributed` and `benchmarks.cold_start` build too); the verdict is
+`benchmarks.e2e_verdict`'s, the results files and their rendering `benchmarks.e2e_report`'s.
+
 The contenders (``CONTENDERS``; ``--contenders`` takes their keys): eager transformers
 (``eager``), ``torch.compile(model)`` (``compile``), ours kernelized (``ours``: our Triton kernels
 through ``kernelize``), ours with our fused linear cross-entropy as well (``ours-fce``,
@@ -56,149 +60,38 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import importlib.util
 import json
-import math
 import os
 import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.paired import compare
-from benchmarks.results_io import (
-    default_out,
-    entry_for,
-    read_entries,
-    replace_entry,
-    transformers_line,
-    write_entries,
+# CONFIG and DEVICE are read through the module, at call time: --vocab sets the vocabulary, and
+# the tests put the model on the CPU at a tiny size.
+from benchmarks import llama
+from benchmarks.e2e_report import replace_rows, report, setting_of, store
+from benchmarks.e2e_verdict import verdict_lines
+from benchmarks.llama import (
+    BY_KEY,
+    SHAPES,
+    Contender,
+    ModuleState,
+    build,
+    build_contenders,
+    contender_makers,
+    free,
+    no_silent_fallback,
+    package_version,
+    prefill_step,
+    runnable,
+    select_contenders,
+    tokens_for,
+    training_step,
 )
-
-CONFIG = dict(
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    vocab_size=32000,
-    max_position_embeddings=4096,
-)
-
-#: Where the models are built: a CUDA GPU when timing (the tests build on the CPU).
-DEVICE = "cuda"
-
-#: The shapes (batch x sequence) a run times by default: many short sequences, a few long ones,
-#: one sequence of the model's whole context.
-SHAPES = ("8x512", "4x2048", "1x4096")
-
-
-@dataclass(frozen=True)
-class Contender:
-    """One configuration the benchmark times."""
-
-    key: str  # its name on the command line (--contenders)
-    name: str  # its name in results.json and the tables
-    ours: bool  # one of our configurations (else a peer: what a user has without us)
-    compiled: bool  # torch.compile'd: built and timed after every eager-mode contender
-    liger: bool  # needs Liger-Kernel
-
-
-CONTENDERS = (
-    Contender("eager", "eager", ours=False, compiled=False, liger=False),
-    Contender("compile", "torch.compile", ours=False, compiled=True, liger=False),
-    Contender("ours", "ours (kernelized)", ours=True, compiled=False, liger=False),
-    Contender("ours-fce", "ours (kernelized, fused CE)", ours=True, compiled=False, liger=False),
-    Contender(
-        "ours-compile",
-        "ours (kernelized + compile, fused CE)",
-        ours=True,
-        compiled=True,
-        liger=False,
-    ),
-    Contender(
-        "ours-attn",
-        "ours (kernelized, fused CE, our attention)",
-        ours=True,
-        compiled=False,
-        liger=False,
-    ),
-    Contender(
-        "ours-attn-compile",
-        "ours (kernelized + compile, fused CE, our attention)",
-        ours=True,
-        compiled=True,
-        liger=False,
-    ),
-    Contender("liger", "liger (no fused CE)", ours=False, compiled=False, liger=True),
-    Contender(
-        "liger-compile",
-        "liger (no fused CE) + compile",
-        ours=False,
-        compiled=True,
-        liger=True,
-    ),
-    Contender("liger-flce", "liger (fused linear CE)", ours=False, compiled=False, liger=True),
-    Contender(
-        "liger-flce-compile",
-        "liger (fused linear CE) + compile",
-        ours=False,
-        compiled=True,
-        liger=True,
-    ),
-)
-BY_KEY = {c.key: c for c in CONTENDERS}
-BY_NAME = {c.name: c for c in CONTENDERS}
-COMPILED = tuple(c.name for c in CONTENDERS if c.compiled)
-#: Ours + compile (with the fused loss) and compile alone: what issue 38's first target compares.
-OURS_COMPILED, COMPILE_ALONE = BY_KEY["ours-compile"].name, BY_KEY["compile"].name
-
-
-def select_contenders(keys: str | None = None, skip=()) -> list[Contender]:
-    """The contenders ``keys`` names (comma-separated keys; all of them when None) but those in
-    ``skip`` (keys or names), in ``CONTENDERS``'s order. Raises ValueError naming the valid
-    keys when one is not."""
-    chosen = list(CONTENDERS) if keys is None else []
-    for key in [] if keys is None else [k.strip() for k in keys.split(",") if k.strip()]:
-        if key not in BY_KEY:
-            raise ValueError(f"unknown contender {key!r}: choose from {', '.join(BY_KEY)}")
-        chosen.append(BY_KEY[key])
-    for item in skip:
-        if item not in BY_KEY and item not in BY_NAME:
-            raise ValueError(
-                f"cannot skip {item!r}: not a contender; its keys are {', '.join(BY_KEY)}"
-            )
-    skipped = {BY_KEY[s].name if s in BY_KEY else s for s in skip}
-    return [c for c in CONTENDERS if c in chosen and c.name not in skipped]
-
-
-def runnable(
-    contenders: list[Contender], liger_installed: bool
-) -> tuple[list[Contender], list[str]]:
-    """(the contenders this process can run, a note for each one it cannot)."""
-    if liger_installed:
-        return list(contenders), []
-    notes = [
-        f"{c.name}: skipped, Liger-Kernel is not installed (pip install liger-kernel: 0.8.5 on "
-        "transformers 5, 0.7.0 on 4.57; benchmarks/README.md)"
-        for c in contenders
-        if c.liger
-    ]
-    return [c for c in contenders if not c.liger], notes
-
-
-def is_ours(name: str) -> bool:
-    """Whether the contender of results row name ``name`` is ours (runs kept from before a
-    contender was renamed are read by this prefix)."""
-    return name.startswith("ours")
-
-
-def is_compiled(name: str) -> bool:
-    """Whether the contender named ``name`` in results ran under torch.compile."""
-    return BY_NAME[name].compiled if name in BY_NAME else "compile" in name
+from benchmarks.results_io import default_out, entry_for, read_entries
 
 
 def parse_shapes(text: str) -> list[str]:
@@ -215,215 +108,10 @@ def parse_shapes(text: str) -> list[str]:
     return list(dict.fromkeys(shapes))
 
 
-def build(state_dict=None):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(**CONFIG, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
-    torch.manual_seed(0)
-    with torch.device(DEVICE):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-    if state_dict is not None:
-        model.load_state_dict(state_dict)
-    return model
-
-
-_MISSING = object()
-
-
-def build_ours(
-    state_dict,
-    compile_mode: bool,
-    fused_ce: bool = False,
-    attention: bool = False,
-    compile_model: bool = True,
-):
-    """Our kernels through ``kernelize`` (TRAINING mode, or TRAINING | TORCH_COMPILE and then
-    ``torch.compile``, unless not `compile_model`: the caller compiles it, e.g. after
-    sharding it); with ``fused_ce`` also our fused linear cross-entropy (library/loss); with
-    ``attention`` our flash attention (library/attention) in place of SDPA, through
-    transformers' attention registry as a user would set it."""
-    import torch
-
-    from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
-    from kernels.library import tag_causal_lm_losses, tag_gated_mlps, tag_rotary_embeddings
-
-    model = build(state_dict)
-    # transformers 4.57 leaves LlamaMLP and apply_rotary_pos_emb untagged, 5.x LlamaMLP: tag
-    # them, so that kernelize reaches them (SwiGLUMLP fuses SiLU and the multiply;
-    # rotary_pos_emb rotates q and k in one kernel). On 5.x the rotary tag is a no-op.
-    tag_gated_mlps(model)
-    tag_rotary_embeddings(model)
-    if fused_ce:  # LlamaForCausalLM's loss without logits in training (CausalLMFusedLoss)
-        tag_causal_lm_losses(model)
-    mode = Mode.TRAINING | Mode.TORCH_COMPILE if compile_mode else Mode.TRAINING
-    with use_kernel_mapping(library_mapping(devices=[DEVICE])):
-        kernelize(model, mode=mode)
-    check_kernelized(model, fused_ce)
-    if attention:
-        from kernels.library.attention import ATTENTION_IMPLEMENTATION, register_attention
-
-        register_attention()
-        model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
-    return torch.compile(model) if compile_mode and compile_model else model
-
-
-def check_kernelized(model, fused_ce: bool) -> None:
-    """Raise unless ``kernelize`` gave ``model`` our layers (and with ``fused_ce`` our loss):
-    otherwise ours would be timed as eager transformers under ours' name. transformers 5.x
-    tags its layers for ``kernelize`` only when it sees this package installed (its
-    ``is_kernels_available`` reads the installed metadata, not ``sys.path``)."""
-    from kernels.layer.swap import kernel_layer_of
-
-    layers = {"model.norm": model.model.norm, "model.layers.0.mlp": model.model.layers[0].mlp}
-    if fused_ce:
-        layers["the causal-LM loss (LlamaForCausalLM.forward)"] = model
-    missing = [path for path, module in layers.items() if kernel_layer_of(module) is None]
-    if missing:
-        raise RuntimeError(
-            f"kernelize left {', '.join(missing)} running transformers' own forward, so "
-            "'ours' would be timed as eager: install this package where transformers finds it "
-            "(pip install -e . here; on the GPU machine its wheel beside the others, "
-            "benchmarks/README.md)"
-        )
-
-
-def build_liger(state_dict, flce: bool):
-    """Liger-Kernel's own transformers patching: rope, rms_norm, swiglu, and with ``flce`` its
-    fused linear cross-entropy."""
-    from liger_kernel.transformers import apply_liger_kernel_to_llama
-
-    model = build(state_dict)
-    apply_liger_kernel_to_llama(
-        rope=True,
-        rms_norm=True,
-        swiglu=True,
-        cross_entropy=False,
-        fused_linear_cross_entropy=flce,
-        model=model,
-    )
-    return model
-
-
-def contender_makers(state_dict) -> dict:
-    """{contender name: function building it on ``state_dict``'s weights}, for every contender of
-    ``CONTENDERS``."""
-    import torch
-
-    # The compiled contender of ours keeps the fused loss: without it, compile's graph holds the
-    # logits (tokens x vocabulary), which issue 38 saw as ours + compile's extra memory.
-    return {
-        "eager": lambda: build(state_dict),
-        "torch.compile": lambda: torch.compile(build(state_dict)),
-        "ours (kernelized)": lambda: build_ours(state_dict, False),
-        "ours (kernelized, fused CE)": lambda: build_ours(state_dict, False, fused_ce=True),
-        OURS_COMPILED: lambda: build_ours(state_dict, True, fused_ce=True),
-        "ours (kernelized, fused CE, our attention)": lambda: build_ours(
-            state_dict, False, fused_ce=True, attention=True
-        ),
-        "ours (kernelized + compile, fused CE, our attention)": lambda: build_ours(
-            state_dict, True, fused_ce=True, attention=True
-        ),
-        "liger (no fused CE)": lambda: build_liger(state_dict, False),
-        "liger (no fused CE) + compile": lambda: torch.compile(build_liger(state_dict, False)),
-        "liger (fused linear CE)": lambda: build_liger(state_dict, True),
-        "liger (fused linear CE) + compile": lambda: torch.compile(build_liger(state_dict, True)),
-    }
-
-
-class ModuleState:
-    """The attributes of transformers' Llama modelling module and of its classes, so that each
-    contender runs with the module state its set-up left.
-
-    Both ours (``tag_rotary_embeddings``) and Liger (``apply_liger_kernel_to_llama``) patch
-    that module for the whole process: its ``apply_rotary_pos_emb`` global, and for Liger's
-    fused cross-entropy ``LlamaForCausalLM.forward``. On transformers 5.x that global is a
-    function module; since kernels 0.19 ``kernelize`` gives each attention layer a copy of its
-    own and leaves the global be, but a forward set on the global by hand would still be shared
-    by every model of the process, so such module instances stay owners. Contenders run in interleaved rounds, so each one's
-    state is captured after its set-up and put back before each of its steps.
-    """
-
-    def __init__(self):
-        import torch
-        import transformers.models.llama.modeling_llama as modeling
-
-        self.owners = [modeling] + [
-            v
-            for v in vars(modeling).values()
-            if (isinstance(v, type) and v.__module__ == modeling.__name__)
-            or isinstance(v, torch.nn.Module)
-        ]
-        self._module = torch.nn.Module
-        self.baseline = self._attributes()
-        # (owner index, name) of every attribute some set-up changed: only these are put back,
-        # so that what transformers or dynamo set at run time is left alone.
-        self.patched: set[tuple[int, str]] = set()
-
-    def _attributes(self) -> list[dict]:
-        # A module instance's class too: kernelize binds most kernels by giving the instance a
-        # class of its own (kernels.layer.swap).
-        return [
-            {**vars(owner), "__class__": type(owner)}
-            if isinstance(owner, self._module)
-            else dict(vars(owner))
-            for owner in self.owners
-        ]
-
-    def capture(self) -> list[dict]:
-        """The state now; remembers which attributes differ from the state at construction."""
-        state = self._attributes()
-        for i, (before, after) in enumerate(zip(self.baseline, state, strict=True)):
-            for name in set(before) | set(after):
-                if before.get(name, _MISSING) is not after.get(name, _MISSING):
-                    self.patched.add((i, name))
-        return state
-
-    def restore(self, state: list[dict] | None = None) -> None:
-        """Put back ``state`` (by default the state at construction) for the patched attributes."""
-        state = self.baseline if state is None else state
-        for i, name in self.patched:
-            owner, value = self.owners[i], state[i].get(name, _MISSING)
-            current = type(owner) if name == "__class__" else vars(owner).get(name, _MISSING)
-            if current is value:
-                continue
-            if value is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
-
-
-def build_contenders(makers: dict, names, module_state: ModuleState) -> dict:
-    """{name: (model, the modelling-module state its set-up left)}, each built from a clean
-    module state (nothing tagged or patched), which is put back at the end."""
-    from kernels.library import untag
-
-    contenders = {}
-    for name in names:
-        module_state.restore()
-        untag()
-        contenders[name] = (makers[name](), module_state.capture())
-    module_state.restore()
-    return contenders
-
-
 def own_bytes(model) -> int:
     """Bytes of the model's parameters and buffers (what it holds between steps)."""
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def free(contenders: dict) -> None:
-    """Drop the models of ``contenders`` (the dict is emptied) and what else holds their memory:
-    reference cycles, dynamo's compiled code and guards, the allocator's cached blocks; prints
-    what stays resident (the benchmark's own copy of the weights, 2.2 GB)."""
-    import torch
-
-    contenders.clear()
-    gc.collect()
-    torch._dynamo.reset()
-    torch.cuda.empty_cache()
-    print(f"  freed; resident now {torch.cuda.memory_allocated() / 2**30:.1f} GiB", flush=True)
 
 
 def skip_causal_masks_as_torch_2_13() -> bool:
@@ -441,47 +129,6 @@ def skip_causal_masks_as_torch_2_13() -> bool:
     except ImportError:  # transformers without masking_utils builds its masks itself
         return False
     return restore_causal_mask_skip()
-
-
-def no_silent_fallback() -> None:
-    """Make dynamo raise instead of running a frame eagerly when it hits its recompile limit: a
-    compiled contender that fell back would be timed as an eager one under its compiled name.
-    The limit is raised for the contenders sharing a frame (``nn.Module.__call__``), each with
-    a training and an inference graph per shape, and for Liger's graph breaks (its SwiGLU calls
-    an ``lru_cache``'d helper, which splits every decoder layer's frame): at 16, Liger + compile
-    hit the limit at its first shape (H100, transformers 5.24, Liger-Kernel 0.8.5)."""
-    import torch._dynamo.config as config
-
-    if hasattr(config, "recompile_limit"):  # cache_size_limit before torch 2.6
-        config.recompile_limit = max(config.recompile_limit, 64)
-    if hasattr(config, "fail_on_recompile_limit_hit"):  # torch >= 2.6
-        config.fail_on_recompile_limit_hit = True
-
-
-def tokens_for(shape: str):
-    """The input ids of ``shape`` (batch x sequence), the same in every run."""
-    import torch
-
-    batch, seq = (int(v) for v in shape.split("x"))
-    generator = torch.Generator(device=DEVICE).manual_seed(0)
-    return torch.randint(0, CONFIG["vocab_size"], (batch, seq), device=DEVICE, generator=generator)
-
-
-def training_step(model, tokens) -> None:
-    """Forward and backward of the causal-LM loss (no optimizer): what the benchmark trains."""
-    model(input_ids=tokens, labels=tokens).loss.backward()
-
-
-def prefill_step(model, tokens) -> None:
-    """Forward without grad, logits of the last position only."""
-    import torch
-
-    with torch.no_grad():
-        model(input_ids=tokens, logits_to_keep=1)
-
-
-#: The step keys time_interleaved times, and the peak memory key of each.
-STEPS = {"train": ("train_ms", "train_peak_gib"), "prefill": ("prefill_ms", "prefill_peak_gib")}
 
 
 def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup: int) -> list:
@@ -563,15 +210,6 @@ def time_interleaved(contenders: dict, module_state, tokens, rounds: int, warmup
     return results
 
 
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
-
-
 def run_meta(run_id: str, rounds: int, warmup: int) -> dict:
     """What every row of a run records beside its numbers."""
     import torch
@@ -583,10 +221,10 @@ def run_meta(run_id: str, rounds: int, warmup: int) -> dict:
         "date": datetime.date.today().isoformat(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "triton": _version("triton"),
-        "liger_kernel": _version("liger-kernel"),
+        "triton": package_version("triton"),
+        "liger_kernel": package_version("liger-kernel"),
         "python": platform.python_version(),
-        "config": dict(CONFIG),
+        "config": dict(llama.CONFIG),
         "timing": f"interleaved rounds: {warmup} warm-up, median of {rounds}",
     }
 
@@ -672,7 +310,7 @@ def run(
 
     entry = entry_for(read_entries(out / "results.json"), setting_of(meta))
     print("\n".join(["", *verdict_lines(entry.get("rows", []))]), flush=True)
-    commands = [resume_command(CONFIG["vocab_size"], s, g) for g, s in left]
+    commands = [resume_command(llama.CONFIG["vocab_size"], s, g) for g, s in left]
     print(f"\ntimed in {time.monotonic() - started:.0f} s", flush=True)
     for command in commands:
         print(f"STOPPED by --time-limit {time_limit:.0f}; to time what is left: {command}")
@@ -706,7 +344,7 @@ def profile(shape: str, out: Path, contenders: list[Contender], log=None) -> dic
     module_state = ModuleState()
     makers = contender_makers(state)
     tokens = tokens_for(shape)
-    on_gpu = torch.device(DEVICE).type == "cuda"
+    on_gpu = torch.device(llama.DEVICE).type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
 
     def sync():
@@ -773,14 +411,14 @@ def profile(shape: str, out: Path, contenders: list[Contender], log=None) -> dic
         free(live)
     untag()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"profile_v{CONFIG['vocab_size']}_{shape}.json"
+    path = out / f"profile_v{llama.CONFIG['vocab_size']}_{shape}.json"
     meta = {
         "shape": shape,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "date": datetime.date.today().isoformat(),
         "torch": torch.__version__,
-        "transformers": _version("transformers"),
-        "config": dict(CONFIG),
+        "transformers": package_version("transformers"),
+        "config": dict(llama.CONFIG),
         "steps": f"{PROFILE_WARMUP} warm-up, fastest of {PROFILE_ROUNDS} rounds of "
         f"{PROFILED_STEPS} profiled",
     }
@@ -805,7 +443,7 @@ def fits(model, batch: int, seq: int) -> bool:
     """Whether a training step (forward + backward of the loss) at ``batch x seq`` fits."""
     import torch
 
-    tokens = torch.randint(0, CONFIG["vocab_size"], (batch, seq), device=DEVICE)
+    tokens = torch.randint(0, llama.CONFIG["vocab_size"], (batch, seq), device=llama.DEVICE)
     try:
         model(input_ids=tokens, labels=tokens).loss.backward()
         torch.cuda.synchronize()
@@ -865,441 +503,11 @@ def max_batch(seqs: list[int], out: Path, names) -> None:
         "device": torch.cuda.get_device_name(),
         "date": datetime.date.today().isoformat(),
         "transformers": transformers.__version__,
-        "config": CONFIG,
+        "config": llama.CONFIG,
         "gpu_gib": torch.cuda.get_device_properties(0).total_memory / 2**30,
     }
     rows = [{**meta, **r} for r in rows]
     store(out, rows[0], lambda entry: {**entry, "max_batch": rows})
-
-
-def setting_of(meta: dict) -> dict:
-    """What a run's results are kept under: its transformers line and vocabulary (a new run of
-    the same setting replaces the old one's rows)."""
-    return {
-        "transformers": transformers_line(meta["transformers"]),
-        "vocab": meta["config"]["vocab_size"],
-    }
-
-
-def replace_rows(entry: dict, rows: list[dict]) -> dict:
-    """``entry`` with ``rows`` in place of its rows of the same shape and contender, so that a
-    run of a few contenders or shapes keeps the others'. Rows of a contender no longer built
-    (renamed or retired from ``CONTENDERS``) are dropped: no table shows a configuration the
-    benchmark no longer measures beside the ones it does. Rows are ordered by shape (``SHAPES``
-    first) and contender (``CONTENDERS``' order)."""
-    ran = {(r["shape"], r["contender"]) for r in rows}
-    kept = [
-        r
-        for r in entry.get("rows", [])
-        if (r["shape"], r["contender"]) not in ran and r["contender"] in BY_NAME
-    ]
-    merged = kept + list(rows)
-    shapes = list(dict.fromkeys([*SHAPES, *(r["shape"] for r in merged)]))
-    names = list(dict.fromkeys([*BY_NAME, *(r["contender"] for r in merged)]))
-    merged.sort(key=lambda r: (shapes.index(r["shape"]), names.index(r["contender"])))
-    return {**entry, "rows": merged}
-
-
-def store(out: Path, meta: dict, update) -> dict:
-    """Put ``update(entry)`` in place of the entry of ``meta``'s setting in <out>/results.json,
-    and write results.md; returns the new entry."""
-    path = out / "results.json"
-    entries = read_entries(path)
-    entry = update(entry_for(entries, setting_of(meta)))
-    entries = replace_entry(entries, entry)
-    write_entries(path, entries)
-    (out / "results.md").write_text(report_text(entries))
-    return entry
-
-
-def fastest(rows: list[dict], step: str) -> dict | None:
-    """The row of ``rows`` fastest at ``step`` (``train`` or ``prefill``); of equal times the
-    one of lower peak memory, then the first. None when ``rows`` is empty."""
-    ms, peak = STEPS[step]
-    ranked = sorted(enumerate(rows), key=lambda ir: (ir[1][ms], ir[1].get(peak, math.inf), ir[0]))
-    return ranked[0][1] if ranked else None
-
-
-def lowest_peak(rows: list[dict], step: str) -> dict | None:
-    """The row of ``rows`` of the lowest peak memory at ``step`` (of equal peaks the faster,
-    then the first); None when no row recorded one (runs before prefill peaks were kept)."""
-    ms, peak = STEPS[step]
-    recorded = [(i, r) for i, r in enumerate(rows) if r.get(peak) is not None]
-    ranked = sorted(recorded, key=lambda ir: (ir[1][peak], ir[1][ms], ir[0]))
-    return ranked[0][1] if ranked else None
-
-
-@dataclass(frozen=True)
-class Match:
-    """At one shape and step: the best configuration of ours (`best_against_peers`) and the
-    best peer configuration (eager, torch.compile, Liger, Liger + compile: the fastest), and the
-    peer of the lowest peak memory."""
-
-    shape: str
-    step: str
-    ours: dict | None
-    peer: dict | None
-    lowest_peer: dict | None
-
-    @property
-    def ratio(self) -> float | None:
-        """The best peer's time over the best of ours' (> 1: ours is faster)."""
-        if self.ours is None or self.peer is None:
-            return None
-        ms = STEPS[self.step][0]
-        return self.peer[ms] / self.ours[ms]
-
-
-def best_against_peers(rows: list[dict], step: str) -> Match:
-    """``rows`` of one shape: the best of ours against the best peer at ``step``. The best of
-    ours is the fastest of ours whose peak is at most the lowest peer's, where one is (the
-    configuration a user who wants both would pick), else the fastest of ours."""
-    ours = [r for r in rows if is_ours(r["contender"])]
-    peers = [r for r in rows if not is_ours(r["contender"])]
-    shape = rows[0]["shape"] if rows else ""
-    lowest = lowest_peak(peers, step)
-    peak = STEPS[step][1]
-    within = [
-        r
-        for r in ours
-        if lowest is not None and r.get(peak) is not None and r[peak] <= lowest[peak]
-    ]
-    return Match(shape, step, fastest(within or ours, step), fastest(peers, step), lowest)
-
-
-TARGET_COMPILE = (
-    "ours + compile <= min(ours eager, compile alone) in time and <= ours eager in peak"
-)
-TARGET_PEERS = "best ours >= 1.0x best peer, peak <= lowest peer's"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One of issue 38's targets at one shape: (status, what was compared) for each part (a
-    step's time, a step's peak), PASS only when every part passed."""
-
-    shape: str
-    target: str
-    parts: tuple[tuple[str, str], ...]
-
-    @property
-    def status(self) -> str:
-        """FAIL if a part failed; else N/A if a part lacked a measurement; else TIE if a time
-        could not be told from its bound's (`benchmarks.paired`); else PASS."""
-        statuses = {status for status, _ in self.parts}
-        for status in ("FAIL", "N/A", "TIE"):
-            if status in statuses:
-                return status
-        return "PASS"
-
-    def line(self) -> str:
-        return f"{self.shape}: {self.target}: {self.status} ({'; '.join(t for _, t in self.parts)})"
-
-
-def _label(row: dict) -> str:
-    """A contender in a check line: its key (short), or its name for rows of retired names."""
-    name = row["contender"]
-    return BY_NAME[name].key if name in BY_NAME else name
-
-
-def _rounds_key(key: str) -> str:
-    return key.replace("_ms", "_rounds_ms")
-
-
-def _at_most(what: str, row: dict, bound: dict | None, key: str, unit: str) -> tuple[str, str]:
-    """Whether ``row[key] <= bound[key]``, as (status, the comparison in words). Times of two
-    rows timed in the same rounds (one group of one run) compare round by round
-    (`benchmarks.paired`: PASS, TIE or FAIL); others, and peaks, by their values."""
-    value = row.get(key)
-    if value is None or bound is None or bound.get(key) is None:
-        return "N/A", f"{what}: not recorded"
-    limit = bound[key]
-    text = f"{what} {value:.1f} {unit} ({_label(row)}) vs {limit:.1f} {unit} ({_label(bound)})"
-    mine, theirs = row.get(_rounds_key(key)), bound.get(_rounds_key(key))
-    same_rounds = row.get("group") is not None and row.get("group") == bound.get("group")
-    if unit == "ms" and same_rounds and mine and theirs:
-        paired = compare(mine, theirs)
-        return paired.status, f"{text}: {paired.describe()}"
-    status = "PASS" if value <= limit else "FAIL"
-    return status, f"{text}: {status}"
-
-
-def _compile_parts(rows: list[dict], step: str) -> list[tuple[str, str]]:
-    """Issue 38's first target at one shape and step: ours + compile (with the fused loss)
-    against the fastest of ours' eager-mode configurations and compile alone in time, and
-    against the lowest peak of ours' eager-mode configurations."""
-    ms, peak = STEPS[step]
-    by = {r["contender"]: r for r in rows}
-    ours_compiled, alone = by.get(OURS_COMPILED), by.get(COMPILE_ALONE)
-    eager_ours = [r for r in rows if is_ours(r["contender"]) and not is_compiled(r["contender"])]
-    missing = [
-        name
-        for name, present in (
-            (OURS_COMPILED, ours_compiled),
-            (COMPILE_ALONE, alone),
-            ("ours eager", eager_ours),
-        )
-        if not present
-    ]
-    if missing or ours_compiled is None or alone is None:
-        return [("N/A", f"{step}: {', '.join(missing)} not measured")]
-    bound = fastest([r for r in (fastest(eager_ours, step), alone) if r is not None], step)
-    return [
-        _at_most(step, ours_compiled, bound, ms, "ms"),
-        _at_most(f"{step} peak", ours_compiled, lowest_peak(eager_ours, step), peak, "GiB"),
-    ]
-
-
-def _peer_parts(rows: list[dict], step: str) -> list[tuple[str, str]]:
-    """Issue 38's second target at one shape and step: the best of ours at least as fast as the
-    best peer, its peak at most the lowest peer's."""
-    ms, peak = STEPS[step]
-    match = best_against_peers(rows, step)
-    if match.ours is None or match.peer is None:
-        side = "no configuration of ours" if match.ours is None else "no peer"
-        return [("N/A", f"{step}: {side} measured")]
-    status, text = _at_most(step, match.ours, match.peer, ms, "ms")
-    return [
-        (status, f"{text}, {match.ratio:.2f}x"),
-        _at_most(f"{step} peak", match.ours, match.lowest_peer, peak, "GiB"),
-    ]
-
-
-def target_checks(rows: list[dict]) -> list[Check]:
-    """Issue 38's two targets at each shape of one setting's ``rows``, training step and prefill
-    together."""
-    shapes, _, _ = _index(rows)
-    checks = []
-    for shape in shapes:
-        at = [r for r in rows if r["shape"] == shape]
-        for target, parts in ((TARGET_COMPILE, _compile_parts), (TARGET_PEERS, _peer_parts)):
-            found = tuple(p for step in STEPS for p in parts(at, step))
-            checks.append(Check(shape, target, found))
-    return checks
-
-
-def _cell(row: dict | None, key: str, spec: str = ".1f") -> str:
-    value = None if row is None else row.get(key)
-    return "—" if value is None else format(value, spec)
-
-
-def verdict_lines(rows: list[dict]) -> list[str]:
-    """Lines of the report: per shape and step, the best of ours against the best peer, then
-    a line per target of issue 38 and shape."""
-    if not rows:
-        return []
-    shapes, _, _ = _index(rows)
-    lines = [
-        "Best of ours against the best peer (eager, torch.compile, Liger, Liger + compile): the",
-        "fastest peer; the fastest of ours within the lowest peer's peak (else the fastest of",
-        "ours); ratio: the peer's time over ours' (> 1: ours faster).",
-        "",
-        "| shape | step | best of ours | ms | peak GiB | best peer | ms | peak GiB | ratio "
-        "| lowest peer peak GiB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for shape in shapes:
-        at = [r for r in rows if r["shape"] == shape]
-        for step, (ms, peak) in STEPS.items():
-            m = best_against_peers(at, step)
-            low = m.lowest_peer
-            low_name = "" if low is None else f" ({low['contender']})"
-            lines.append(
-                f"| {shape} | {step} | {m.ours['contender'] if m.ours else '—'} | "
-                f"{_cell(m.ours, ms)} | {_cell(m.ours, peak)} | "
-                f"{m.peer['contender'] if m.peer else '—'} | {_cell(m.peer, ms)} | "
-                f"{_cell(m.peer, peak)} | {'—' if m.ratio is None else f'{m.ratio:.2f}x'} | "
-                f"{_cell(low, peak)}{low_name} |"
-            )
-    lines += [
-        "",
-        "Issue 38's targets per shape (PASS when met at the training step and prefill; N/A when a",
-        "contender or measurement it needs is missing; TIE when a time of two contenders timed in",
-        "the same rounds is above its bound by a median that a sign test over the rounds cannot",
-        "tell from chance, benchmarks/paired.py). Ours eager: the fastest of ours without compile",
-        "for time, the lowest of their peaks for memory; ours + compile keeps the fused loss.",
-        "",
-    ]
-    lines += [f"- {check.line()}" for check in target_checks(rows)]
-    return lines
-
-
-def _max_batch_table(rows: list[dict]) -> list[str]:
-    """Lines of results.md: the largest batch x sequence of a training step (``--max-batch``)."""
-    if not rows:
-        return []
-    seqs = sorted({r["seq"] for r in rows})
-    by = {(r["contender"], r["seq"]): r for r in rows}
-    lines = [
-        "",
-        f"Largest batch of a training step that fits ({rows[0]['device']}, "
-        f"{rows[0]['gpu_gib']:.0f} GiB; vocab {rows[0]['config']['vocab_size']}):",
-        "",
-        "| contender | " + " | ".join(f"seq {s}" for s in seqs) + " |",
-        "|---|" + "---|" * len(seqs),
-    ]
-    for c in dict.fromkeys(r["contender"] for r in rows):
-        cells = [
-            "—" if (c, s) not in by else f"{by[(c, s)]['batch']} ({by[(c, s)]['tokens']} tokens)"
-            for s in seqs
-        ]
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def _host_table(shapes, contenders, by) -> list[str]:
-    """Lines of results.md: per training step, the host time to issue it beside its wall time (runs
-    before that column was recorded have none)."""
-    if not any("train_host_ms" in r for r in by.values()):
-        return []
-    lines = [
-        "",
-        "Host time to issue a training step (the forward and backward calls, until they return) of",
-        "its wall time: a step whose host time is close to its wall time was bound by the host,",
-        "which differs from one VM to the next, so its wall time compares hosts more than kernels.",
-        "",
-        "| contender | " + " | ".join(f"host / wall {s}" for s in shapes) + " |",
-        "|---|" + "---|" * len(shapes),
-    ]
-    for c in contenders:
-        cells = []
-        for s in shapes:
-            r = by.get((s, c))
-            host = None if r is None else r.get("train_host_ms")
-            cells.append("—" if host is None else f"{host:.1f} / {r['train_ms']:.1f} ms")
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def _index(rows: list[dict]) -> tuple[list[str], list[str], dict]:
-    """(shapes, contenders, {(shape, contender): row}), both lists in the order first met."""
-    shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    contenders = list(dict.fromkeys(r["contender"] for r in rows))
-    return shapes, contenders, {(r["shape"], r["contender"]): r for r in rows}
-
-
-def setting_title(setting: dict) -> str:
-    """``transformers 4.57, vocab 32000``: a setting's heading in results.md."""
-    return f"transformers {setting['transformers']}, vocab {setting['vocab']}"
-
-
-def setting_slug(setting: dict) -> str:
-    """``tf4.57-v32000``: a setting in file names (its plot)."""
-    return f"tf{setting['transformers']}-v{setting['vocab']}"
-
-
-def report_text(entries: list[dict]) -> str:
-    """results.md: for each setting, its timing table (``markdown``), the best of ours against
-    the best peer with issue 38's targets (``verdict_lines``) and its largest batches."""
-    lines = [
-        "# End-to-end: Llama-style 1.1B model, bf16",
-        "",
-        "The latest run of each setting (transformers line, vocabulary); earlier runs are in git",
-        "history.",
-    ]
-    for entry in entries:
-        lines += ["", f"## {setting_title(entry['setting'])}", ""]
-        if entry.get("rows"):
-            lines.append(markdown(entry["rows"]).rstrip("\n"))
-            lines += ["", *verdict_lines(entry["rows"])]
-        lines += _max_batch_table(entry.get("max_batch", []))
-    return "\n".join(lines) + "\n"
-
-
-def markdown(rows: list[dict]) -> str:
-    """One setting's tables in results.md: speedups over eager and peak memory per shape, and
-    the host time of the training steps."""
-    shapes, contenders, by = _index(rows)
-    meta = rows[0]
-    liger = meta.get("liger_kernel") or "not installed"
-    runs = list(dict.fromkeys(r.get("run", r["date"]) for r in rows))
-    lines = [
-        f"{meta['device']}, {meta['date']}; torch {meta['torch']}, transformers {meta['transformers']}, "
-        f"triton {meta['triton']}, liger-kernel {liger}. Config: {meta['config']}, SDPA attention.",
-        "Training step: forward + backward of the causal-LM loss, no optimizer. Prefill: forward without grad,",
-        "logits of the last position only. Each contender's step between CUDA events, in rounds that run every",
-        f"contender once in rotating order ({meta.get('timing', 'median of 10 after warm-up')}); speedup over eager.",
-        "",
-        "| contender | "
-        + " | ".join(f"train {s}" for s in shapes)
-        + " | "
-        + " | ".join(f"prefill {s}" for s in shapes)
-        + " | "
-        + " | ".join(f"peak GiB {s}" for s in shapes)
-        + " |",
-        "|---|" + "---|" * (3 * len(shapes)),
-    ]
-    if len(runs) > 1:  # a run of a few contenders or shapes keeps the others' rows
-        lines[4:4] = [
-            f"Rows from {len(runs)} runs ({', '.join(runs)}); the line above names the first. "
-            "Contenders of different runs were timed on different machines or at different times.",
-            "",
-        ]
-    for c in contenders:
-        cells = []
-        for key in ("train_ms", "prefill_ms"):
-            for s in shapes:
-                r, base = by.get((s, c)), by.get((s, "eager"))
-                cells.append(
-                    "—"
-                    if r is None or base is None
-                    else f"{r[key]:.1f} ms ({base[key] / r[key]:.2f}x)"
-                )
-        for s in shapes:
-            r = by.get((s, c))
-            cells.append("—" if r is None else f"{r['train_peak_gib']:.1f}")
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    lines += _host_table(shapes, contenders, by)
-    return "\n".join(lines) + "\n"
-
-
-def report(out: Path) -> None:
-    """results.json -> results.md (``report_text``) and, per setting, e2e-<setting>.png."""
-    entries = read_entries(out / "results.json")
-    if not entries:
-        sys.exit(f"{out / 'results.json'} holds no results: run a shape first")
-    (out / "results.md").write_text(report_text(entries))
-    for entry in entries:
-        if entry.get("rows"):
-            plot(entry["rows"], out / f"e2e-{setting_slug(entry['setting'])}.png")
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    """Speedups over eager of one setting's rows, training step and prefill, to ``path``."""
-    shapes, contenders, by = _index(rows)
-    meta = rows[0]
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    width = 0.8 / len(contenders)
-    for ax, key, title in (
-        (axes[0], "train_ms", "training step"),
-        (axes[1], "prefill_ms", "prefill"),
-    ):
-        for i, c in enumerate(contenders):
-            speedups = [
-                by[(s, "eager")][key] / by[(s, c)][key]
-                if (s, c) in by and (s, "eager") in by
-                else 0
-                for s in shapes
-            ]
-            ax.bar([x + i * width for x in range(len(shapes))], speedups, width, label=c)
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))], shapes)
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_title(
-            f"{title}: speedup over eager ({meta['device']}, transformers "
-            f"{meta['transformers']}, vocab {meta['config']['vocab_size']})",
-            fontsize=9,
-        )
-        ax.set_xlabel("batch x sequence")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main() -> int:
@@ -1325,8 +533,8 @@ def main() -> int:
     parser.add_argument(
         "--vocab",
         type=int,
-        default=CONFIG["vocab_size"],
-        help=f"vocabulary size (default {CONFIG['vocab_size']}; Llama 3's is 128256)",
+        default=llama.CONFIG["vocab_size"],
+        help=f"vocabulary size (default {llama.CONFIG['vocab_size']}; Llama 3's is 128256)",
     )
     parser.add_argument(
         "--time-limit",
@@ -1370,7 +578,7 @@ def main() -> int:
         print(note, flush=True)
     if not chosen:
         parser.error("no contender left to run (see the notes above)")
-    CONFIG["vocab_size"] = args.vocab  # recorded with every result (meta["config"])
+    llama.CONFIG["vocab_size"] = args.vocab  # recorded with every result (meta["config"])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.profile:
         if len(shapes) != 1:

@@ -1,13 +1,10 @@
-"""benchmarks/e2e.py on transformers 5.x: the module state each contender's set-up leaves, and
+"""benchmarks/llama.py on transformers 5.x: the module state each contender's set-up leaves, and
 the rotary kernel, which kernels 0.19 gives each model's layers rather than the process."""
 
-import pytest
-
+from benchmarks import llama
 from kernels import Mode, kernelize, library_mapping, use_kernel_mapping
 from kernels.layer.swap import kernel_layer_of
 from tests.support.tf5_models import DEVICE, make_model
-
-e2e = pytest.importorskip("benchmarks.e2e")
 
 
 def test_a_kernelized_rotary_belongs_to_its_model_not_to_the_module_state(clean_kernels):
@@ -17,7 +14,7 @@ def test_a_kernelized_rotary_belongs_to_its_model_not_to_the_module_state(clean_
     from transformers.models.llama import modeling_llama
 
     rotary = modeling_llama.apply_rotary_pos_emb  # a function module on 5.x
-    state = e2e.ModuleState()
+    state = llama.ModuleState()
     model = make_model("llama")
     with use_kernel_mapping(library_mapping(devices=[DEVICE])):
         kernelize(model, mode=Mode.TRAINING)
