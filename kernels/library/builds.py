@@ -56,6 +56,16 @@ _lock = threading.Lock()
 _built: dict[tuple[Path, Path], Path] = {}
 
 
+def _reset_lock_after_fork() -> None:
+    # A thread of the parent may have held it at the fork; it does not exist in the child.
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_reset_lock_after_fork)
+
+
 def cache_dir() -> Path:
     """The folder that holds the library's builds, one sub-folder a digest."""
     explicit = os.environ.get(ENV_CACHE)
