@@ -26,18 +26,31 @@ describe-api`` reads (schema_version 1): the package's public functions and its 
 module's classes, with signatures, docstrings and the ``has_backward`` / ``can_torch_compile``
 flags. As kernel-builder does, it is made by importing the package (under the variant's ``id``,
 in a child Python, so the build's own process imports no kernel), which needs torch and triton
-in the Python that runs this script; no function is called and no layer instantiated.
+in the Python that runs this script; no function is called and no layer instantiated. A build
+for loading only (``build_files(repo, symbols=False)``, ``--no-symbols``) leaves it out, which
+takes milliseconds rather than seconds; its ``digest`` then covers the files it has.
 
-In the ``kernels`` project this file is ``library/build.py``: ``make library`` runs it for every
-repository under ``library/``, and the files of ``library/_shared/`` (the launch helper every
-one of them needs) are copied into each package, byte for byte; ``tests/library/test_layout.py``
-checks that the committed folders equal a fresh build. ``kernels init`` copies it into a new
-repository, where it builds that repository (which has no shared files).
+In the ``kernels`` project this file is ``library/build.py``, and the files of
+``library/_shared/`` (the launch helper every repository needs) are copied into each package,
+byte for byte. git holds the sources only, never ``build/``; the builds are made where they are
+needed, all with this file's functions:
+
+* the package, run from a checkout, builds what it loads into a cache folder named by the
+  build's digest (``kernels/library/builds.py``; no symbols.json);
+* the wheel's build hook (``hatch_build.py``) writes them into the wheel (no symbols.json);
+* ``kernels upload`` of a library repository uploads a fresh build (with symbols.json);
+* ``make library`` writes ``library/<repo>/build/`` (ignored by git) for whoever wants it;
+* the tests that need a Hub layout build into a temporary folder (``--out``).
+
+``kernels init`` copies this file into a new repository, where it builds that repository
+(which has no shared files); there ``build/`` is the author's to commit.
 
 Usage::
 
     python library/build.py                 # every repository under library/ (or this one)
     python library/build.py norm rotary     # some of them
+    python library/build.py --out DIR       # into DIR/<repo>/build/ instead
+    python library/build.py --no-symbols    # without symbols.json (no torch needed)
     python library/build.py --check         # exit 1 if a build/ differs from its source
 """
 
@@ -264,20 +277,30 @@ def metadata(repo: Repository, variant: str, digest: str) -> dict:
     }
 
 
-def build_files(repo: Repository) -> dict[str, bytes]:
-    """Every file of ``repo``'s ``build/`` folder, by path relative to it."""
+def build_files(repo: Repository, *, symbols: bool = True) -> dict[str, bytes]:
+    """Every file of ``repo``'s ``build/`` folder, by path relative to it.
+
+    Args:
+        symbols: write each variant's ``symbols.json``, which imports the package in a child
+            Python (seconds, and torch and triton must be installed). Without it the build is
+            what a loader needs, made in milliseconds; each ``metadata.json``'s ``digest``
+            covers the files the variant has either way.
+    """
     files = package_files(repo)
     digest = source_digest(files)
     metas = {variant: metadata(repo, variant, digest) for variant in repo.variants}
-    described = symbols(files, [meta["id"] for meta in metas.values()], where=repo.name)
+    described = (
+        describe(files, [meta["id"] for meta in metas.values()], where=repo.name) if symbols else {}
+    )
     out = {}
     for variant, meta in metas.items():
         # torch-universal keeps the package in a folder of its own name (the legacy layout);
         # noarch variants are the package.
         prefix = f"{repo.package}/" if variant == UNIVERSAL else ""
         variant_files = {prefix + name: content for name, content in files.items()}
-        text = json.dumps(described[meta["id"]], indent=2, ensure_ascii=False) + "\n"
-        variant_files[SYMBOLS] = text.encode()
+        if symbols:
+            text = json.dumps(described[meta["id"]], indent=2, ensure_ascii=False) + "\n"
+            variant_files[SYMBOLS] = text.encode()
         meta = {**meta, "digest": file_digests(variant_files)}
         variant_files[METADATA] = (json.dumps(meta, indent=2) + "\n").encode()
         out.update({f"{variant}/{name}": content for name, content in variant_files.items()})
@@ -303,7 +326,7 @@ def file_digests(files: Mapping[str, bytes]) -> dict:
 _SYMBOLS_CACHE: dict[tuple[str, tuple[str, ...]], dict[str, dict]] = {}
 
 
-def symbols(files: Mapping[str, bytes], modules: Iterable[str], *, where: str) -> dict[str, dict]:
+def describe(files: Mapping[str, bytes], modules: Iterable[str], *, where: str) -> dict[str, dict]:
     """The ``symbols.json`` of the package made of ``files`` when imported as each of
     ``modules``, by module name.
 
@@ -341,7 +364,7 @@ def symbols(files: Mapping[str, bytes], modules: Iterable[str], *, where: str) -
 
 def describe_package(package_dir: Path, module_name: str) -> dict:
     """Import the package in ``package_dir`` as ``module_name`` and describe its public API
-    in kernel-builder's ``symbols.json`` format (run in the child Python `symbols` starts)."""
+    in kernel-builder's ``symbols.json`` format (run in the child Python `describe` starts)."""
     import importlib
     import importlib.util
 
@@ -455,10 +478,44 @@ def repositories(names: Iterable[str] | None = None) -> list[Repository]:
     return [read_repository(p.parent) for p in sorted(LIBRARY.glob(f"*/{CONFIG}"))]
 
 
-def write_build(repo: Repository, out: Path | None = None) -> Path:
+def library_files(*, symbols: bool = False) -> dict[str, bytes]:
+    """Every file of this script's folder as an installed ``kernels`` package carries it
+    (``kernels/_library``), by path relative to the folder: the sources (this script, the
+    shared files, each repository's ``build.toml``, ``torch-ext/``, README and benchmarks) and
+    each repository's fresh ``build/`` (`build_files`; ``symbols``: as there, default without).
+    Left out: any ``build/`` already there, bytecode, hidden files and folders (tool caches),
+    ``benchmarks/results/``.
+
+    Raises:
+        LibraryBuildError: a repository cannot be built, or the folder holds a link.
+    """
+    repos = repositories()
+    builds = {repo.folder.relative_to(LIBRARY).joinpath(BUILD).parts: repo for repo in repos}
+    files = {}
+    for path in sorted(LIBRARY.rglob("*")):
+        parts = path.relative_to(LIBRARY).parts
+        if (
+            any(part.startswith(".") or part == "__pycache__" for part in parts)
+            or path.suffix in (".pyc", ".pyo")
+            or any(parts[: len(b)] == b for b in builds)
+            or any(parts[i : i + 2] == ("benchmarks", "results") for i in range(len(parts)))
+        ):
+            continue
+        if path.is_symlink():
+            raise LibraryBuildError(f"{path} is a symbolic link; the library ships plain files.")
+        if path.is_file():
+            files["/".join(parts)] = path.read_bytes()
+    for parts, repo in builds.items():
+        for name, content in build_files(repo, symbols=symbols).items():
+            files["/".join((*parts, name))] = content
+    return files
+
+
+def write_build(repo: Repository, out: Path | None = None, *, symbols: bool = True) -> Path:
     """Write ``repo``'s ``build/`` folder afresh under ``out`` (default: the repository's own
-    folder) and return it. Files of an earlier build that the source no longer has go too."""
-    files = build_files(repo)
+    folder) and return it. Files of an earlier build that the source no longer has go too.
+    ``symbols``: as for `build_files`."""
+    files = build_files(repo, symbols=symbols)
     target = (out if out is not None else repo.folder) / BUILD
     if target.exists():
         shutil.rmtree(target)
@@ -480,10 +537,11 @@ def tree(folder: Path) -> dict[str, bytes]:
     }
 
 
-def differences(repo: Repository) -> list[str]:
-    """How the committed ``build/`` of ``repo`` differs from a fresh build: one line a file."""
-    expected = build_files(repo)
-    actual = tree(repo.folder / BUILD)
+def differences(repo: Repository, out: Path | None = None, *, symbols: bool = True) -> list[str]:
+    """How the ``build/`` of ``repo`` under ``out`` (default: the repository's own folder)
+    differs from a fresh build: one line a file."""
+    expected = build_files(repo, symbols=symbols)
+    actual = tree((out if out is not None else repo.folder) / BUILD)
     lines = []
     for name in sorted(set(expected) | set(actual)):
         if name not in actual:
@@ -501,19 +559,37 @@ def main(argv: list[str] | None = None) -> int:
         "repos", nargs="*", help="repository folders (default: this one, or all under library/)"
     )
     parser.add_argument(
-        "--check", action="store_true", help="compare the committed build/ folders, write nothing"
+        "--out",
+        metavar="DIR",
+        type=Path,
+        help="write (or --check) DIR/<repo>/build/ rather than each repository's own build/",
+    )
+    parser.add_argument(
+        "--no-symbols",
+        dest="symbols",
+        action="store_false",
+        help="leave out symbols.json (made by importing the package: needs torch and triton)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="compare the build/ folders, write nothing"
     )
     parser.add_argument("--describe", metavar="PACKAGE_DIR", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.describe is not None:
-        # The child Python of `symbols`: one JSON line, {module name: symbols.json}, last.
+        # The child Python of `describe`: one JSON line, {module name: symbols.json}, last.
         described = {name: describe_package(args.describe, name) for name in args.repos}
         print(json.dumps(described, ensure_ascii=False))
         return 0
+
+    def out(repo: Repository) -> Path | None:
+        return None if args.out is None else args.out / repo.name
+
     try:
         repos = repositories(args.repos)
         if args.check:
-            stale = {repo.name: differences(repo) for repo in repos}
+            stale = {
+                repo.name: differences(repo, out(repo), symbols=args.symbols) for repo in repos
+            }
             for name, lines in stale.items():
                 for line in lines:
                     print(f"{name}: {line}")
@@ -525,8 +601,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             return 0
         for repo in repos:
-            print(f"{repo.name}/{BUILD}: {', '.join(repo.variants)}")
-            write_build(repo)
+            target = write_build(repo, out(repo), symbols=args.symbols)
+            print(f"{target}: {', '.join(repo.variants)}")
     except LibraryBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -118,3 +118,24 @@ def kernel_repo(tmp_path):
         return write_kernel_repo(tmp_path / name, **options)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def published_library(tmp_path_factory):
+    """A factory: ``published_library(repo)`` -> the folder of ``library/<repo>`` as `kernels
+    upload` publishes it (a copy of the source with ``build/`` made afresh, ``symbols.json``
+    included), staged once a session in a temporary folder. git holds no build; what the
+    package itself loads is `kernels.library.library_path()` (no ``symbols.json``)."""
+    from kernels.cli._source_build import stage
+    from kernels.cli.upload import _ignored
+    from tests.support.paths import LIBRARY
+
+    root = tmp_path_factory.mktemp("published-library")
+    staged: dict[str, object] = {}
+
+    def make(repo: str):
+        if repo not in staged:
+            staged[repo] = stage(LIBRARY / repo, root, _ignored)
+        return staged[repo]
+
+    return make

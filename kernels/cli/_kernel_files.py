@@ -46,7 +46,10 @@ def local_kernel_folder(kernel: str, *, version: object, revision: object) -> Pa
                 f"--version and --revision cannot be used with a local path ({kernel}): "
                 "they select a version on the Hub."
             )
-        return path
+        from ..library.paths import built_repository
+
+        # A library source folder of a checkout (library/norm) is read as built.
+        return built_repository(path)
     if path.exists() or path.is_absolute() or kernel.startswith(("./", "../", "~")):
         raise CommandError(
             f"Not a local kernel directory: {kernel} is not a folder. Give a kernel repository "

@@ -71,8 +71,11 @@ def _load(args: argparse.Namespace):
     if path.is_dir():
         if args.version is not None or args.revision is not None:
             raise CommandError(f"{args.repo} is a folder: --version and --revision are for Hub ids")
+        from ..library.paths import built_repository
         from ..repos.local import get_local_kernel
 
+        # A library source folder of a checkout (library/norm) is loaded as built.
+        path = built_repository(path)
         try:
             return get_local_kernel(path), path, f"local repository {path.resolve()}"
         except KernelLoadError as exc:

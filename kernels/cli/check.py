@@ -122,8 +122,11 @@ def _repository_folder(args: argparse.Namespace) -> tuple[Path, str]:
     if path.is_dir():
         if args.revision or args.version:
             raise CommandError("--revision and --version apply to Hub repositories, not folders")
+        from ..library.paths import built_repository
+
         # Resolved: a flat build's package is named after its folder, and `Path(".").name` is "".
-        return path.resolve(), str(path.resolve())
+        # A library source folder of a checkout (library/norm) is checked as built.
+        return built_repository(path.resolve()), str(path.resolve())
     from ..repos.repo_id import is_repo_id, shown
 
     if path.exists() or "/" not in args.target or not is_repo_id(args.target):

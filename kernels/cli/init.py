@@ -54,7 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..library import library_path
+    from ..library import library_source
     from ..repos.repo_id import is_repo_id, shown
     from .scaffold import files
 
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(f"{folder} is not a folder; pass --dir a folder to create {name} in")
     if target.exists() and any(target.iterdir()) and not args.force:
         raise CommandError(f"{target} exists and is not empty; choose another NAME or pass --force")
-    builder = library_path() / "build.py"
+    builder = library_source() / "build.py"
     for relative, content in files(
         repo_id=repo_id, name=name, package=package, builder=builder
     ).items():

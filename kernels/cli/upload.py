@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +12,10 @@ from . import CommandError, add_repo_type_argument
 
 HELP = "publish a kernel repository folder on the Hub (optionally tagging a version)"
 DESCRIPTION = """\
-Check PATH as `kernels check` does, then upload it to the Hub repository ID with
+Where PATH holds a kernel's source (build.toml, torch-ext/) and its build script (its own
+build.py, as `kernels init` writes it, or library/build.py for a repository of our library),
+build/ is made afresh from the source first, in a staged copy of PATH (PATH is left as it is).
+Check that as `kernels check` does, then upload it to the Hub repository ID with
 huggingface_hub (creating it as a kernel repository, the Hub's type for kernels, if needed;
 --repo-type model publishes to a model repository instead) in one commit, and with --tag create
 the version tag v<major>.<minor>.<patch> on that commit. Bytecode, caches, virtual
@@ -63,6 +67,8 @@ class UploadPlan:
     branch: str | None
     message: str
     repo_type: str = "kernel"
+    #: The folder the user named, when `folder` is a staged copy of it with a fresh build.
+    source: Path | None = None
 
 
 def plan_upload(
@@ -73,16 +79,23 @@ def plan_upload(
     branch: str | None,
     message: str | None,
     repo_type: str = "kernel",
+    staging: Path | None = None,
 ) -> UploadPlan:
     """Validate the arguments and the repository, and list the files to upload.
 
+    Where `path` holds a kernel's source and its build script (`_source_build.build_script`),
+    the plan is for a copy of it under `staging` (which must outlive the upload) with
+    ``build/`` made afresh; without `staging` such a folder is sent as it is.
+
     Raises:
-        CommandError: a bad repo id or tag, or a repository that fails `kernels check`.
+        CommandError: a bad repo id or tag, a source that does not build, or a repository
+            that fails `kernels check`.
     """
     import re
 
     from ..repos.repo_id import is_repo_id, shown
     from ..repos.versions import parse_version_tag
+    from ._source_build import build_script, stage
     from .check import check_repository
 
     if "/" not in repo_id or not is_repo_id(repo_id):
@@ -99,7 +112,10 @@ def plan_upload(
         )
     if not path.is_dir():
         raise CommandError(f"{path} is not a folder")
-    report = check_repository(path, where=str(path))
+    source = None
+    if staging is not None and build_script(path) is not None:
+        source, path = path, stage(path, staging, _ignored)
+    report = check_repository(path, where=str(source or path))
     failures = [text for status, text in report.lines if status == "FAIL"]
     if failures:
         raise CommandError(
@@ -113,7 +129,7 @@ def plan_upload(
         )
     )
     default = f"Upload kernel {repo_id}" + (f" {tag}" if tag else "")
-    return UploadPlan(path, repo_id, files, tag, branch, message or default, repo_type)
+    return UploadPlan(path, repo_id, files, tag, branch, message or default, repo_type, source)
 
 
 def _ignored(relative: str) -> bool:
@@ -121,6 +137,11 @@ def _ignored(relative: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="kernels-upload-") as staging:
+        return _run(args, Path(staging))
+
+
+def _run(args: argparse.Namespace, staging: Path) -> int:
     plan = plan_upload(
         args.path,
         args.repo_id,
@@ -128,12 +149,15 @@ def run(args: argparse.Namespace) -> int:
         branch=args.branch,
         message=args.message,
         repo_type=args.repo_type,
+        staging=staging,
     )
+    if plan.source is not None:
+        print(f"built {plan.source / 'build'} afresh from its source (in a staged copy)")
     target = f"{plan.repo_type} repository {plan.repo_id}" + (
         f" (branch {plan.branch})" if plan.branch else ""
     )
     print(
-        f"{len(plan.files)} file(s) from {plan.folder} -> {target}"
+        f"{len(plan.files)} file(s) from {plan.source or plan.folder} -> {target}"
         + (f", tag {plan.tag}" if plan.tag else "")
     )
     for name in plan.files:

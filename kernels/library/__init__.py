@@ -26,7 +26,7 @@ from ..repos.base import LayerRepositoryProtocol
 from ..repos.local import LocalFuncRepository, LocalLayerRepository
 from .attention import ATTENTION_IMPLEMENTATION, ATTENTION_REPO, register_attention
 from .loading import load_library_package
-from .paths import library_path
+from .paths import library_path, library_source
 from .registry import KERNELS, REPOSITORIES, LibraryKernel, LibraryRepository
 
 # Tagging what transformers leaves untagged, re-exported where users look first.
@@ -198,6 +198,7 @@ __all__ = [
     "LibraryRepository",
     "library_mapping",
     "library_path",
+    "library_source",
     "load_library_package",
     "register_attention",
     "register_library_kernels",

@@ -14,7 +14,7 @@ from kernels.cli import main
 from kernels.repos.hubclient import supports_kernel_repo_type
 from tests.support.library import LIBRARY
 
-NORM = os.path.join(LIBRARY, "norm")
+NORM = os.path.join(LIBRARY, "norm")  # the source: the commands read its build
 SYMBOLS = {
     "schema_version": 1,
     "module": "_demo",
@@ -56,16 +56,24 @@ def _variant(root, name="torch-universal", symbols=SYMBOLS, **metadata):
     return folder
 
 
-def test_describe_api_of_our_norm_repository(capsys):
-    assert main(["describe-api", NORM]) == 0
+def test_describe_api_of_our_norm_repository(capsys, published_library):
+    """As published (symbols.json is made for the Hub, not for the package's own loading)."""
+    norm = str(published_library("norm"))
+    assert main(["describe-api", norm]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"Path: {NORM}\nVariant: ")
+    assert out.startswith(f"Path: {norm}\nVariant: ")
     assert "\n  rms_norm(x: torch.Tensor, weight: torch.Tensor" in out
     assert "\n  RMSNorm  has_backward=True  can_torch_compile=True\n" in out
-    assert main(["describe-api", os.path.join(NORM, "build", "torch-cuda"), "--json"]) == 0
+    assert main(["describe-api", os.path.join(norm, "build", "torch-cuda"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["variant"] == "torch-cuda" and data["module"].startswith("_norm_cuda_")
-    assert data["path"] == os.path.join(NORM, "build", "torch-cuda")
+    assert data["path"] == os.path.join(norm, "build", "torch-cuda")
+
+
+def test_describe_api_of_a_library_source_folder_reads_the_loaded_build(capsys):
+    """A checkout's library/norm is read as the package builds it, without symbols.json."""
+    assert main(["describe-api", NORM]) == 1
+    assert "No symbols.json found in" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("where", ["", "build", "build/torch-universal"])

@@ -7,6 +7,7 @@ distribution, so an environment holds one or the other; elsewhere these tests ar
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -60,3 +61,28 @@ def pytest_report_header(config):
 def forked_variant_checks():
     """The suite's replacement of our `kernels check` children (tests/conftest.py) has nothing
     to replace here: the `kernels` of this environment is Hugging Face's client."""
+
+
+@pytest.fixture(scope="session")
+def library(tmp_path_factory) -> Path:
+    """Our library as the package ships it (the wheel's ``kernels/_library``, the cache a
+    checkout loads from): the sources and each repository's ``build/``, written by
+    library/build.py's ``library_files()`` into a temporary folder, since git holds no build.
+    This environment has no `kernels` of ours: the script is standalone."""
+    spec = importlib.util.spec_from_file_location(
+        "_interop_library_build", REPO_ROOT / "library" / "build.py"
+    )
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = build  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(build)
+        files = build.library_files(symbols=False)
+    finally:
+        del sys.modules[spec.name]
+    folder = tmp_path_factory.mktemp("library")
+    for name, content in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    return folder

@@ -33,35 +33,38 @@ from kernels import (  # noqa: E402
     use_kernel_mapping,
 )
 
-LIBRARY = Path(__file__).resolve().parents[2] / "library"
 REPOS = ("activation", "attention", "loss", "norm", "rotary")
 NOARCH = ("torch-cuda", "torch-rocm", "torch-xpu")
 
 
-def _metadata(repo: str, variant: str) -> dict:
-    return json.loads((LIBRARY / repo / "build" / variant / "metadata.json").read_text())
+def _metadata(library: Path, repo: str, variant: str) -> dict:
+    return json.loads((library / repo / "build" / variant / "metadata.json").read_text())
 
 
 @pytest.mark.parametrize("repo", REPOS)
-def test_their_client_loads_each_repository(repo):
+def test_their_client_loads_each_repository(library, repo):
     """On the CPU their client takes torch-universal (the legacy layout: the package in a folder
     of its own), imported under the variant's metadata id."""
-    module = get_local_kernel(LIBRARY / repo)
-    meta = _metadata(repo, "torch-universal")
+    module = get_local_kernel(library / repo)
+    meta = _metadata(library, repo, "torch-universal")
     assert module.__name__ == meta["id"]
     assert (
-        Path(module.__file__) == LIBRARY / repo / "build" / "torch-universal" / repo / "__init__.py"
+        Path(module.__file__) == library / repo / "build" / "torch-universal" / repo / "__init__.py"
     )
 
 
 @pytest.mark.parametrize("repo", REPOS)
 @pytest.mark.parametrize("variant", NOARCH)
-def test_their_client_loads_each_noarch_variant_flat(repo, variant):
+def test_their_client_loads_each_noarch_variant_flat(library, repo, variant):
     """A variant folder given directly is imported as the package itself (the current layout);
     its metadata.json parses, with the variant's own backend."""
-    folder = LIBRARY / repo / "build" / variant
+    folder = library / repo / "build" / variant
     meta = Metadata.read_from_file(folder / "metadata.json")
-    assert (str(meta.name), meta.id, meta.version) == (repo, _metadata(repo, variant)["id"], 1)
+    assert (str(meta.name), meta.id, meta.version) == (
+        repo,
+        _metadata(library, repo, variant)["id"],
+        1,
+    )
     assert str(meta.backend.backend_type).lower() == variant.removeprefix("torch-")
     assert meta.python_depends == []
     module = get_local_kernel(folder)
@@ -69,14 +72,14 @@ def test_their_client_loads_each_noarch_variant_flat(repo, variant):
 
 
 @pytest.mark.parametrize("repo", REPOS)
-def test_their_client_verifies_our_digests(repo, caplog, tmp_path):
+def test_their_client_verifies_our_digests(library, repo, caplog, tmp_path):
     """Every variant records kernel-builder's file digests, which their client checks before it
     imports the variant: with no digest it would load with a warning that the kernel's
     integrity cannot be verified; with a changed file it refuses."""
     import shutil
 
     with caplog.at_level("DEBUG", logger="kernels"):
-        get_local_kernel(LIBRARY / repo)
+        get_local_kernel(library / repo)
     digest_lines = [r for r in caplog.records if "digest" in r.getMessage()]
     assert digest_lines and all(r.levelname == "DEBUG" for r in digest_lines), [
         (r.levelname, r.getMessage()) for r in digest_lines
@@ -84,20 +87,20 @@ def test_their_client_verifies_our_digests(repo, caplog, tmp_path):
     assert "match the digest" in digest_lines[-1].getMessage()
 
     copy = tmp_path / "build" / "torch-cuda"
-    shutil.copytree(LIBRARY / repo / "build" / "torch-cuda", copy)
+    shutil.copytree(library / repo / "build" / "torch-cuda", copy)
     with (copy / "__init__.py").open("a") as f:
         f.write("\n# changed after the build\n")
     with pytest.raises(RuntimeError, match="(?s)do not match the digest.*mismatch for __init__.py"):
         get_local_kernel(copy)
 
 
-def test_their_client_prefers_the_noarch_variant_of_the_machines_backend():
+def test_their_client_prefers_the_noarch_variant_of_the_machines_backend(library):
     # Private in their client since 0.19 (kernels._internals), pinned by the version above.
     from kernels._internals.backends import CPU, CUDA, ROCm
     from kernels._internals.variants import _resolve_variant_for_system, get_variants_local
     from packaging.version import Version
 
-    variants = get_variants_local(LIBRARY / "norm" / "build")
+    variants = get_variants_local(library / "norm" / "build")
     for backend, expected in (
         (CPU(), "torch-universal"),
         (CUDA(version=Version("12.8")), "torch-cuda"),
@@ -110,11 +113,11 @@ def test_their_client_prefers_the_noarch_variant_of_the_machines_backend():
 
 
 @pytest.mark.parametrize("repo", REPOS)
-def test_their_build_toml_parser_takes_ours(repo, capfd):
+def test_their_build_toml_parser_takes_ours(library, repo, capfd):
     # Private in their client (the parser kernel-builder shares), pinned by the version above.
     from kernels._rust import Backend, Build
 
-    build = Build.open(LIBRARY / repo)
+    build = Build.open(library / repo)
     assert set(build.general.backends) == {Backend.CUDA, Backend.ROCm, Backend.XPU}
     assert "legacy" not in capfd.readouterr().err
 
@@ -224,20 +227,20 @@ def _inputs(hidden=16, seq=5, vocab=40):
     return x, emb.cos(), emb.sin(), labels
 
 
-def _local_mapping():
+def _local_mapping(library: Path):
     return {
-        name: {"cpu": LocalLayerRepository(LIBRARY / repo, layer_name=layer)}
+        name: {"cpu": LocalLayerRepository(library / repo, layer_name=layer)}
         for name, (repo, layer) in MAPPING.items()
     }
 
 
 @pytest.mark.parametrize("mode", [Mode.INFERENCE, Mode.TRAINING], ids=["inference", "training"])
-def test_their_kernelize_runs_a_layer_of_each_repository(mode):
+def test_their_kernelize_runs_a_layer_of_each_repository(library, mode):
     torch.manual_seed(0)
     plain = Tiny()
     fast = Tiny()
     fast.load_state_dict(plain.state_dict())
-    with use_kernel_mapping(_local_mapping()):
+    with use_kernel_mapping(_local_mapping(library)):
         # 0.19's flags: no fallback of any kind, so each layer must take our kernel.
         kernelize(fast, mode=mode, device="cpu", use_fallback=KernelizeFallback.NONE)
     for module, (repo, layer) in zip(
@@ -245,7 +248,7 @@ def test_their_kernelize_runs_a_layer_of_each_repository(mode):
     ):
         bound = module.forward.__func__
         assert bound.__qualname__ == f"{layer}.forward", bound.__qualname__
-        assert bound.__module__ == f"{_metadata(repo, 'torch-universal')['id']}.layers"
+        assert bound.__module__ == f"{_metadata(library, repo, 'torch-universal')['id']}.layers"
 
     x, cos, sin, labels = _inputs()
     x_fast = x.clone().requires_grad_(mode == Mode.TRAINING)
@@ -263,11 +266,11 @@ def test_their_kernelize_runs_a_layer_of_each_repository(mode):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")  # fmt: skip
 
 
-def test_their_get_kernelized_layers_reports_our_repositories():
+def test_their_get_kernelized_layers_reports_our_repositories(library):
     """0.19's inspection of a kernelized model names, for each swapped layer, the repository
     (ours) its kernel came from."""
     model = Tiny()
-    mapping = _local_mapping()
+    mapping = _local_mapping(library)
     with use_kernel_mapping(mapping):
         kernelize(model, mode=Mode.INFERENCE, device="cpu", use_fallback=KernelizeFallback.NONE)
     layers = get_kernelized_layers(model).layers

@@ -21,10 +21,10 @@ from kernels import (
 )
 from kernels.errors import KernelTaggingError
 from kernels.layer.kernelize import plan
+from kernels.library import library_path
 from kernels.mapping.registry import KernelMapping
 from kernels.mapping.resolve import resolve
 from tests.support.children import run_python
-from tests.support.paths import LIBRARY
 
 
 @pytest.fixture(autouse=True)
@@ -168,7 +168,7 @@ def test_a_library_kernel_on_the_cpu_without_the_interpreter_says_how_to_run_it(
     # Triton reads TRITON_INTERPRET as `triton.jit` runs, so this needs a fresh process
     # (the test session's conftest turns the interpreter on).
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = run_python("-c", _CPU_LAUNCH, str(LIBRARY), env=env, timeout=300)
+    result = run_python("-c", _CPU_LAUNCH, str(library_path()), env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     message = result.stdout
     assert "_rms_norm_fwd_kernel was called with CPU tensors" in message

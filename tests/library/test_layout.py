@@ -1,24 +1,27 @@
 """Our kernel repositories as kernel-builder lays them out: source in ``torch-ext/<package>/`` beside
 ``build.toml``, the launch helper once in ``library/_shared/``, and ``build/<variant>/`` produced
-from both by ``make library`` (library/build.py) and committed, as on the Hub.
+from both by library/build.py: never committed, built where it is needed (the package, from a
+checkout, into a verified cache: tests/library/test_library_builds.py).
 
-These tests keep the committed builds equal to their source, every copy of a shared file equal
-to the one source, and every variant's ``metadata.json`` loadable by Hugging Face's client
-(``tests/interop`` loads them through that client itself)."""
+These tests keep git free of builds, the build deterministic and made of exactly the source and
+the shared files, every digest true, and every variant's ``metadata.json`` loadable by Hugging
+Face's client (``tests/interop`` loads them through that client itself)."""
 
+import base64
 import hashlib
 import importlib.util
 import json
 import keyword
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from packaging.version import Version
 
-from kernels.library import ATTENTION_REPO, KERNELS
+from kernels.library import ATTENTION_REPO, KERNELS, library_path
 from kernels.repos.info import Metadata
 from kernels.repos.layout import locate_package
 from kernels.repos.variants import MachineBuild, VariantAccepted, decide_variants
@@ -58,8 +61,13 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _built(repo) -> Path:
+    """``repo``'s folder in the library the package loads (built from the source)."""
+    return library_path() / repo.name
+
+
 def _variants(repo):
-    return sorted(p for p in (repo.folder / "build").iterdir() if p.is_dir())
+    return sorted(p for p in (_built(repo) / "build").iterdir() if p.is_dir())
 
 
 def test_the_repositories_are_the_ones_the_library_maps():
@@ -70,27 +78,76 @@ def test_the_repositories_are_the_ones_the_library_maps():
         assert (repo.folder / "torch-ext" / repo.package / "__init__.py").is_file()
 
 
+def test_git_holds_no_build():
+    """build/ is generated (library/build.py): git ignores it and tracks none of its files."""
+    root = Path(LIBRARY).parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(
+        ["git", "ls-files", "library"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert tracked and not [name for name in tracked if "/build/" in name], "git rm -r --cached"
+    probe = "library/norm/build/torch-cuda/__init__.py"
+    ignored = subprocess.run(["git", "check-ignore", "-q", probe], cwd=root)
+    assert ignored.returncode == 0, f".gitignore must ignore {probe}"
+
+
+def test_the_loaded_library_is_a_fresh_build_of_the_source():
+    """What the package loads from a checkout is byte for byte library/build.py's build of
+    torch-ext/ and library/_shared/ (without symbols.json), beside a copy of the sources."""
+    assert build.tree(library_path()) == build.library_files(symbols=False)
+
+
 @pytest.mark.parametrize("repo", REPOS, ids=lambda r: r.name)
-def test_the_committed_build_is_a_fresh_build_of_the_source(repo, tmp_path):
-    """Nobody edits build/ by hand: it is byte for byte what library/build.py makes of
-    torch-ext/ and library/_shared/ (``make library`` rebuilds it)."""
-    fresh = build.tree(build.write_build(repo, out=tmp_path))
-    committed = build.tree(repo.folder / "build")
-    stale = sorted(name for name in fresh.keys() | committed.keys() if fresh.get(name) != committed.get(name))  # fmt: skip
-    assert not stale, (
-        f"library/{repo.name}/build differs from its source in {stale}: edit torch-ext/ or "
-        "library/_shared/, then run `make library`."
-    )
-    assert build.differences(repo) == []
+def test_each_variant_is_exactly_the_source_and_the_shared_files(repo):
+    """A variant holds the package's source files and the shared ones, byte for byte, and
+    metadata.json: nothing else (a build for the Hub adds symbols.json)."""
+    package = build._files_under(repo.folder / "torch-ext" / repo.package, repo.pyext)
+    shared = build._files_under(build.SHARED, build.DEFAULT_PYEXT)
+    assert package and shared and not package.keys() & shared.keys()
+    files = build.build_files(repo, symbols=False)
+    for variant in repo.variants:
+        folder = f"{repo.package}/" if variant == "torch-universal" else ""
+        expected = {folder + name: content for name, content in {**package, **shared}.items()}
+        expected["metadata.json"] = files[f"{variant}/metadata.json"]
+        inside = {
+            name.removeprefix(f"{variant}/"): content
+            for name, content in files.items()
+            if name.startswith(f"{variant}/")
+        }
+        assert inside == expected, variant
+
+
+@pytest.mark.parametrize("repo", REPOS, ids=lambda r: r.name)
+def test_every_digest_in_metadata_json_is_true(repo):
+    """Clients check each variant's files against its metadata.json's digest before import:
+    it lists every other file of the variant, with its SHA-256 (base64)."""
+    for variant in _variants(repo):
+        meta = json.loads((variant / "metadata.json").read_text())
+        files = build.tree(variant)
+        del files["metadata.json"]
+        assert meta["digest"]["algorithm"] == "sha256"
+        assert meta["digest"]["files"] == {
+            name: base64.b64encode(hashlib.sha256(content).digest()).decode()
+            for name, content in files.items()
+        }, variant
+
+
+def test_building_is_deterministic(tmp_path):
+    """Two builds of every repository, in other folders, are the same bytes."""
+    first = {repo.name: build.tree(build.write_build(repo, tmp_path / "a" / repo.name, symbols=False)) for repo in REPOS}  # fmt: skip
+    second = {repo.name: build.tree(build.write_build(repo, tmp_path / "b" / repo.name, symbols=False)) for repo in REPOS}  # fmt: skip
+    assert first == second
+    assert build.main(["--out", str(tmp_path / "a"), "--no-symbols", "--check"]) == 0
 
 
 def test_building_twice_changes_nothing_and_drops_what_the_source_no_longer_has(tmp_path):
     repo = next(r for r in REPOS if r.name == "rotary")
-    first = build.tree(build.write_build(repo, out=tmp_path / "a"))
-    target = build.write_build(repo, out=tmp_path / "b")
+    first = build.tree(build.write_build(repo, out=tmp_path / "a", symbols=False))
+    target = build.write_build(repo, out=tmp_path / "b", symbols=False)
     (target / "torch-cuda" / "removed_module.py").write_text("x = 1\n")
     (target / "torch-old").mkdir()
-    assert build.tree(build.write_build(repo, out=tmp_path / "b")) == first
+    assert build.tree(build.write_build(repo, out=tmp_path / "b", symbols=False)) == first
 
 
 @pytest.mark.parametrize("repo", REPOS, ids=lambda r: r.name)
@@ -111,11 +168,11 @@ def test_each_variant_has_its_layout(repo):
     """torch-universal keeps the legacy layout (the package in build/torch-universal/<package>/),
     which older clients load; the noarch variants the current one (the variant folder is the
     package)."""
-    universal = repo.folder / "build" / "torch-universal"
+    universal = _built(repo) / "build" / "torch-universal"
     assert (universal / repo.package / "__init__.py").is_file()
     assert not (universal / "__init__.py").exists()
     for name in NOARCH:
-        variant = repo.folder / "build" / name
+        variant = _built(repo) / "build" / name
         assert (variant / "__init__.py").is_file() and (variant / "_library.py").is_file()
         assert not (variant / repo.package).exists()
 
@@ -158,7 +215,7 @@ def test_variant_ids_follow_the_source(tmp_path):
     changed = build.read_repository(copy)
 
     def ids(r):
-        files = build.build_files(r)
+        files = build.build_files(r, symbols=False)
         return {json.loads(v)["id"] for k, v in files.items() if k.endswith("metadata.json")}
 
     assert ids(changed) == ids(repo)
@@ -198,7 +255,7 @@ def test_our_loader_takes_the_variant_of_the_machines_backend(machine, expected)
 
 
 def test_the_package_is_found_in_either_layout():
-    repo = Path(LIBRARY) / "norm"
+    repo = library_path() / "norm"
     universal = locate_package(repo, "norm", where="norm", variant="torch-universal")
     assert universal.package_dir == repo / "build" / "torch-universal" / "norm"
     flat = locate_package(repo, "norm", where="norm", variant="torch-cuda")

@@ -4,7 +4,6 @@ layers, checked against eager PyTorch (forward and gradients)."""
 
 import inspect
 import math
-import os
 import shutil
 import sys
 import types
@@ -17,9 +16,9 @@ from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rotary
 
+from kernels.library import library_path
 from tests.support.library import (
     COMPILE_BACKEND,
-    LIBRARY,
     FusedAddRMSNorm,
     SiluAndMul,
     assert_close,
@@ -155,7 +154,7 @@ def test_namespace_follows_the_module_name(activation, norm, rotary, tmp_path):
     ):
         assert package.__name__.replace(".", "_") in op._qualname.split("::")[0]
     copy = tmp_path / "norm"
-    shutil.copytree(os.path.join(LIBRARY, "norm"), copy)
+    shutil.copytree(library_path() / "norm", copy)
     other = kernels.get_local_kernel(copy, "norm")
     assert other is not norm
     other_op = _sub(other, "rms_norm").rms_norm_op

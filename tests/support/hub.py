@@ -60,6 +60,9 @@ _SESSION_ENV = {
     "KERNELS_CONFIG": str(SESSION_DIR / "no-config.yaml"),
     # The receipt key of this session (kernels.repos.receipt_key), not the user's.
     "KERNELS_STATE_DIR": str(SESSION_DIR / "state"),
+    # The kernel library built from library/ by this session (kernels.library.builds), not
+    # the user's cache.
+    "KERNELS_LIBRARY_CACHE": str(SESSION_DIR / "library"),
 }
 (SESSION_DIR / "no-config.yaml").write_text("# the Hub tests' (empty) kernels configuration\n")
 for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "KERNELS_TRUSTED_ORGS"):

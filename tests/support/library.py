@@ -24,7 +24,8 @@ ON_GPU = DEVICE == "cuda"
 #: tests/library/test_compile_rule.py keeps inductor on the CPU (max-autotune, reduce-overhead).
 COMPILE_BACKEND = "inductor" if ON_GPU else "aot_eager"
 
-#: This checkout's library/ folder (the one `kernels.library.library_path` gives in a checkout).
+#: This checkout's library/ folder: the sources (`kernels.library.library_source`). What the
+#: package loads is the library built from it, `kernels.library.library_path()`.
 LIBRARY = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "library"))
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

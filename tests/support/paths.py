@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-#: Our kernel repositories (library/<repo>/build/...).
+#: Our kernel repositories' sources (library/<repo>/build.toml, torch-ext/): no build/ in git.
+#: The built library is `kernels.library.library_path()`, made from it in the session's cache.
 LIBRARY = REPO_ROOT / "library"
 
 
