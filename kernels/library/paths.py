@@ -50,13 +50,13 @@ def library_path() -> Path:
 
 def built_repository(path: Path) -> Path:
     """The folder to load for the local repository folder ``path``: ``path`` itself, unless it
-    is one of our library's source folders without a ``build/`` (``library/norm`` in a
-    checkout), whose build is ``library_path() / <repo>``. So ``kernels benchmark
-    library/activation`` and the other commands that take a folder work on a fresh clone."""
+    is one of our library's source folders in a checkout (``library/norm``), whose build is
+    ``library_path() / <repo>``, made from its sources: a ``build/`` that ``make library`` left
+    there may be older than them. So ``kernels benchmark library/activation`` and the other
+    commands that take a folder work on a fresh clone, and never on a stale build."""
     source = library_source()
     if (
         source.name != INSTALLED
-        and not (path / "build").exists()
         and (path / "build.toml").is_file()
         and path.resolve().parent == source.resolve()
     ):
