@@ -93,6 +93,58 @@ def multiprocessors(device: torch.device) -> int:
 # interpreter) every launch is an ordinary one.
 
 
+# ---- kernel arguments, by name ----------------------------------------------------------------
+#
+# A launch passes ``args``, all of the kernel's arguments in its parameter order. Each launcher
+# writes that tuple as plain names, each the name of the kernel's parameter in that place (case
+# aside: a launcher's ``x`` is the kernel's ``X``), bound just above it:
+#
+#     args = (x, r, w, y, s, rstd, n_rows, n_cols, stride_x, stride_r, eps) + plan.constexprs
+#
+# and the constexprs that a plan fixes (a plan is kept per shape) are built once, by keyword, with
+# `constexprs`. tests/library/test_launch_args.py reads every launch of the library and checks
+# those names against the kernel's ``arg_names``, in order: a renamed parameter, or two values
+# passed in each other's place, fails there. Names cost nothing at run time; a packer function
+# called with keywords (``pack(X=x, ...)``, generated from ``arg_names``) or a NamedTuple built
+# with keywords cost more than the launch can spare. Measured with
+# ``python -m benchmarks.diagnose.launch_host`` (launch stubbed, CPU of the development machine,
+# least of 200 rounds, us per call, tuple -> packer): rms_norm_forward 3.93 -> 4.08 (11
+# keywords), activation_forward 2.30 -> 2.45 (5); a NamedTuple(**11 keywords) costs 0.8 us more
+# than the tuple, and past 15 keywords CPython builds a dict for the call (about 1 us). Named
+# locals measured level with the positional tuple (within the machine's noise of 1-2%).
+
+
+def kernel_parameters(kernel) -> tuple[tuple[str, bool], ...]:
+    """``(name, is_constexpr)`` of each of ``kernel``'s parameters, in order: a compiled
+    ``triton.jit`` kernel's or an interpreted one's (``TRITON_INTERPRET=1``) alike."""
+    import inspect
+
+    params = getattr(kernel, "params", None)
+    if params is not None:
+        return tuple((p.name, bool(p.is_constexpr)) for p in params)
+    signature = inspect.signature(kernel.fn)
+    return tuple((name, _is_constexpr(p.annotation)) for name, p in signature.parameters.items())
+
+
+def _is_constexpr(annotation) -> bool:
+    # ``tl.constexpr``, or its name in a string annotation (``"tl.constexpr"``)
+    name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return name.rsplit(".", 1)[-1] == "constexpr"
+
+
+def constexprs(kernel, **values) -> tuple:
+    """The values of ``kernel``'s constexpr parameters, given by name, as a tuple in the kernel's
+    parameter order: what a launch plan keeps and a launcher appends to its other arguments.
+    Every constexpr must be named, and nothing else."""
+    names = tuple(name for name, is_constexpr in kernel_parameters(kernel) if is_constexpr)
+    if len(values) != len(names) or any(name not in values for name in names):
+        kernel_name = getattr(kernel, "__name__", "the kernel")
+        raise TypeError(
+            f"{kernel_name}'s constexprs are {', '.join(names)}; got {', '.join(values)}"
+        )
+    return tuple(values[name] for name in names)
+
+
 def cdiv(a: int, b: int) -> int:
     """``triton.cdiv`` for Python ints. Newer Triton (3.9 here) makes its own a ``ConstexprFunction``,
     whose call costs more than the arithmetic, on every launch."""
