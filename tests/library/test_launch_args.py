@@ -30,9 +30,6 @@ LAUNCHERS = {"launch"}
 UNNAMED = {
     "loss.fused_linear_cross_entropy",
     "attention._ops",
-    "activation.decode_mlp",
-    "activation.elementwise",
-    "activation.gated",
     "rotary.kv_cache",
     "rotary.rotary",
 }
