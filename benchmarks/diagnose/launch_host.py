@@ -65,7 +65,7 @@ def _cases(lib: dict, device: str) -> dict:
         act["gated"],
         act["elementwise"],
     )
-    rotary, decode = rot["rotary"], act["decode_mlp"]
+    rotary, kv_cache, decode = rot["rotary"], rot["kv_cache"], act["decode_mlp"]
     dt = torch.bfloat16
     x = torch.randn(4, 2048, device=device, dtype=dt)
     r = torch.randn_like(x)
@@ -82,6 +82,9 @@ def _cases(lib: dict, device: str) -> dict:
     sin = torch.randn(1, 4, 128, device=device, dtype=dt)
     token = torch.randn(1, 1, 2048, device=device, dtype=dt)  # a decode step's hidden state
     wg, wu = (torch.randn(8192, 2048, device=device, dtype=dt) for _ in range(2))
+    cache = torch.zeros(1, 8, 256, 128, device=device, dtype=dt)
+    step = torch.randn(1, 8, 1, 128, device=device, dtype=dt)
+    counter = torch.zeros(1, device=device, dtype=torch.int64)
     qkv = [torch.randn(n, 2048, device=device, dtype=dt) for n in (2048, 512, 512)]
     return {
         "rms_norm_forward": lambda: rms.rms_norm_forward(x, None, w, 1e-6, rms.LLAMA, False),
@@ -96,6 +99,9 @@ def _cases(lib: dict, device: str) -> dict:
         "gated_forward (silu_and_mul)": lambda: gated.gated_forward(gate, 0),
         "gated_pair_backward": lambda: gated.gated_pair_backward(gate, gate, up, 0),
         "rotary_forward": lambda: rotary.rotary_forward(q, k, cos, sin, 1),
+        "write_kv_cache (decode)": lambda: kv_cache.write_kv_cache(
+            cache, cache, step, step, counter=counter
+        ),
         "gated_gemv (decode)": lambda: decode.gated_gemv(token, wg, None, wu, None, 0),
         "grouped_linear_decode": lambda: decode.grouped_linear_decode(token, qkv, None),
     }
