@@ -28,7 +28,6 @@ from tests.support.library import LIBRARY, load
 LAUNCHERS = {"launch"}
 # Modules whose launches still pass unnamed arguments (to be converted).
 UNNAMED = {
-    "loss.fused_linear_cross_entropy",
     "attention._ops",
 }
 
