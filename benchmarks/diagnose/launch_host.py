@@ -27,7 +27,7 @@ import sys
 import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-PACKAGES = ("norm", "activation", "rotary", "loss")
+PACKAGES = ("norm", "activation", "rotary", "loss", "attention")
 
 
 def _load(library: str) -> dict:
@@ -66,6 +66,7 @@ def _cases(lib: dict, device: str) -> dict:
         act["elementwise"],
     )
     rotary, kv_cache, decode = rot["rotary"], rot["kv_cache"], act["decode_mlp"]
+    ops = _modules(lib["attention"])["_ops"]
     dt = torch.bfloat16
     x = torch.randn(4, 2048, device=device, dtype=dt)
     r = torch.randn_like(x)
@@ -85,6 +86,11 @@ def _cases(lib: dict, device: str) -> dict:
     cache = torch.zeros(1, 8, 256, 128, device=device, dtype=dt)
     step = torch.randn(1, 8, 1, 128, device=device, dtype=dt)
     counter = torch.zeros(1, device=device, dtype=torch.int64)
+    scale = 128**-0.5
+    q1 = torch.randn(1, 1, 32, 128, device=device, dtype=dt)  # a decode step's query
+    kv = torch.randn(1, 256, 8, 128, device=device, dtype=dt)
+    qp, kp = torch.randn(1, 128, 32, 128, device=device, dtype=dt), kv[:, :128]
+    outp, lsep = ops._forward_impl(qp, kp, kp, *[None] * 5, 128, 128, scale, -1, 0, 0.0)
     qkv = [torch.randn(n, 2048, device=device, dtype=dt) for n in (2048, 512, 512)]
     return {
         "rms_norm_forward": lambda: rms.rms_norm_forward(x, None, w, 1e-6, rms.LLAMA, False),
@@ -101,6 +107,15 @@ def _cases(lib: dict, device: str) -> dict:
         "rotary_forward": lambda: rotary.rotary_forward(q, k, cos, sin, 1),
         "write_kv_cache (decode)": lambda: kv_cache.write_kv_cache(
             cache, cache, step, step, counter=counter
+        ),
+        "attention forward (decode step)": lambda: ops._forward_impl(
+            q1, kv, kv, *[None] * 5, 1, 256, scale, -1, -1, 0.0
+        ),
+        "attention forward (prefill)": lambda: ops._forward_impl(
+            qp, kp, kp, *[None] * 5, 128, 128, scale, -1, 0, 0.0
+        ),
+        "attention backward": lambda: ops._backward_impl(
+            outp, qp, kp, kp, outp, lsep, None, None, 128, 128, scale, -1, 0, 0.0
         ),
         "gated_gemv (decode)": lambda: decode.gated_gemv(token, wg, None, wu, None, 0),
         "grouped_linear_decode": lambda: decode.grouped_linear_decode(token, qkv, None),
