@@ -3,7 +3,8 @@
 A launch passes all of a kernel's arguments positionally (``launch(kernel, grid, args, ...)``,
 ``_library.py``), which is the cheapest form on the host. So that two values passed in each
 other's place cannot go unnoticed, each launcher writes ``args`` as a tuple of plain names, each
-the name of the kernel's parameter in that place (case aside), optionally followed by
+the name of the kernel's parameter in that place (case aside, unless two parameters differ only
+in case), optionally followed by
 ``+ plan.constexprs``, which the plan built by keyword with ``constexprs(kernel, NAME=value,
 ...)``. This test reads every launcher's source and checks those names against the kernel's
 ``arg_names``, in order, once for every kernel the library launches; ``constexprs`` checks its
@@ -234,6 +235,11 @@ import triton.language as tl
 @triton.jit
 def kernel(X, Y, n_rows, stride, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     pass
+
+
+@triton.jit
+def windowed(X, window, WINDOW: tl.constexpr):
+    pass
 """
 
 
@@ -320,3 +326,14 @@ def test_constexprs_builds_by_name(norm, synthetic):
         library.constexprs(synthetic.kernel, ROWS=4, BLOK=128)
     with pytest.raises(TypeError, match="constexprs are ROWS, BLOCK; got ROWS$"):
         library.constexprs(synthetic.kernel, ROWS=4)
+
+
+def test_check_compares_names_that_differ_only_in_case_exactly(synthetic):
+    # window (the size) and WINDOW (whether there is one) swapped: equal but for case.
+    launcher = """
+        def run(x, window, WINDOW):
+            launch(windowed, (1,), (x, {}), 4, x.device)
+        """
+    assert not _check(launcher.format("window, WINDOW"), synthetic)
+    problems = _check(launcher.format("WINDOW, window"), synthetic)
+    assert len(problems) == 1 and "differ from argument 2 on" in problems[0], problems

@@ -97,21 +97,25 @@ def multiprocessors(device: torch.device) -> int:
 #
 # A launch passes ``args``, all of the kernel's arguments in its parameter order. Each launcher
 # writes that tuple as plain names, each the name of the kernel's parameter in that place (case
-# aside: a launcher's ``x`` is the kernel's ``X``), bound just above it:
+# aside, a launcher's ``x`` being the kernel's ``X``, unless two of the kernel's parameters differ
+# only in case, as ``window_left`` and ``WINDOW_LEFT``), bound just above it:
 #
 #     args = (x, r, w, y, s, rstd, n_rows, n_cols, stride_x, stride_r, eps) + plan.constexprs
 #
 # and the constexprs that a plan fixes (a plan is kept per shape) are built once, by keyword, with
 # `constexprs`. tests/library/test_launch_args.py reads every launch of the library and checks
 # those names against the kernel's ``arg_names``, in order: a renamed parameter, or two values
-# passed in each other's place, fails there. Names cost nothing at run time; a packer function
-# called with keywords (``pack(X=x, ...)``, generated from ``arg_names``) or a NamedTuple built
-# with keywords cost more than the launch can spare. Measured with
-# ``python -m benchmarks.diagnose.launch_host`` (launch stubbed, CPU of the development machine,
-# least of 200 rounds, us per call, tuple -> packer): rms_norm_forward 3.93 -> 4.08 (11
-# keywords), activation_forward 2.30 -> 2.45 (5); a NamedTuple(**11 keywords) costs 0.8 us more
-# than the tuple, and past 15 keywords CPython builds a dict for the call (about 1 us). Named
-# locals measured level with the positional tuple (within the machine's noise of 1-2%).
+# passed in each other's place, fails there. Names cost nothing at run time, where a packer
+# function called with keywords (``pack(X=x, ...)``, generated from ``arg_names``) or a NamedTuple
+# built with keywords cost more than a launch can spare. ``python -m
+# benchmarks.diagnose.launch_host`` (launches stubbed, on the 2-core AMD EPYC development
+# machine, least of 200 rounds, us per call): a keyword packer took rms_norm_forward from 4.08 to
+# 4.25 and activation_forward from 2.35 to 2.45, a NamedTuple of 11 keywords costs 0.8 us more
+# than a tuple, and past 15 keywords CPython builds a dict for the call (1 us more). Named locals
+# left every launcher level within the machine's noise (rms_norm_forward 4.20 and 4.20,
+# layer_norm_backward 16.18 and 16.17, gated_gemv 7.66 and 7.57) and made those that had passed
+# starred stride slices faster (rotary 15.9 -> 14.9, attention's decode step 24.0 -> 21.6 and
+# backward 30.8 -> 21.6).
 
 
 def kernel_parameters(kernel) -> tuple[tuple[str, bool], ...]:
