@@ -93,6 +93,62 @@ def multiprocessors(device: torch.device) -> int:
 # interpreter) every launch is an ordinary one.
 
 
+# ---- kernel arguments, by name ----------------------------------------------------------------
+#
+# A launch passes ``args``, all of the kernel's arguments in its parameter order. Each launcher
+# writes that tuple as plain names, each the name of the kernel's parameter in that place (case
+# aside, a launcher's ``x`` being the kernel's ``X``, unless two of the kernel's parameters differ
+# only in case, as ``window_left`` and ``WINDOW_LEFT``), bound just above it:
+#
+#     args = (x, r, w, y, s, rstd, n_rows, n_cols, stride_x, stride_r, eps) + plan.constexprs
+#
+# and the constexprs that a plan fixes (a plan is kept per shape) are built once, by keyword, with
+# `constexprs`. tests/library/test_launch_args.py reads every launch of the library and checks
+# those names against the kernel's ``arg_names``, in order: a renamed parameter, or two values
+# passed in each other's place, fails there. Names cost nothing at run time, where a packer
+# function called with keywords (``pack(X=x, ...)``, generated from ``arg_names``) or a NamedTuple
+# built with keywords cost more than a launch can spare. ``python -m
+# benchmarks.diagnose.launch_host`` (launches stubbed, on the 2-core AMD EPYC development
+# machine, least of 200 rounds, us per call): a keyword packer took rms_norm_forward from 4.08 to
+# 4.25 and activation_forward from 2.35 to 2.45, a NamedTuple of 11 keywords costs 0.8 us more
+# than a tuple, and past 15 keywords CPython builds a dict for the call (1 us more). Named locals
+# left every launcher level within the machine's noise (rms_norm_forward 4.20 and 4.20,
+# layer_norm_backward 16.18 and 16.17, gated_gemv 7.66 and 7.57) and made those that had passed
+# starred stride slices faster (rotary 15.9 -> 14.9, attention's decode step 24.0 -> 21.6 and
+# backward 30.8 -> 21.6).
+
+
+def kernel_parameters(kernel) -> tuple[tuple[str, bool], ...]:
+    """``(name, is_constexpr)`` of each of ``kernel``'s parameters, in order: a compiled
+    ``triton.jit`` kernel's or an interpreted one's (``TRITON_INTERPRET=1``) alike."""
+    import inspect
+
+    params = getattr(kernel, "params", None)
+    if params is not None:
+        return tuple((p.name, bool(p.is_constexpr)) for p in params)
+    signature = inspect.signature(kernel.fn)
+    return tuple((name, _is_constexpr(p.annotation)) for name, p in signature.parameters.items())
+
+
+def _is_constexpr(annotation) -> bool:
+    # ``tl.constexpr``, or its name in a string annotation (``"tl.constexpr"``)
+    name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return name.rsplit(".", 1)[-1] == "constexpr"
+
+
+def constexprs(kernel, **values) -> tuple:
+    """The values of ``kernel``'s constexpr parameters, given by name, as a tuple in the kernel's
+    parameter order: what a launch plan keeps and a launcher appends to its other arguments.
+    Every constexpr must be named, and nothing else."""
+    names = tuple(name for name, is_constexpr in kernel_parameters(kernel) if is_constexpr)
+    if len(values) != len(names) or any(name not in values for name in names):
+        kernel_name = getattr(kernel, "__name__", "the kernel")
+        raise TypeError(
+            f"{kernel_name}'s constexprs are {', '.join(names)}; got {', '.join(values)}"
+        )
+    return tuple(values[name] for name in names)
+
+
 def cdiv(a: int, b: int) -> int:
     """``triton.cdiv`` for Python ints. Newer Triton (3.9 here) makes its own a ``ConstexprFunction``,
     whose call costs more than the arithmetic, on every launch."""

@@ -489,9 +489,9 @@ def _weight_rows(w: torch.Tensor) -> torch.Tensor:
     return w if w.stride(-1) == 1 else w.contiguous()
 
 
-def _launch_gemv(x2, m, stride_x, wa, ba, wb, bb, act, out, config: GemvConfig | None) -> None:
-    """``out`` [m, N] = act(x2 @ wa.T + ba) * (x2 @ wb.T + bb) (``wb`` given) or
-    x2 @ wa.T + ba, for ``x2`` ``m`` rows of K, ``stride_x`` apart."""
+def _launch_gemv(x, m, stride_x, wa, ba, wb, bb, act, out, config: GemvConfig | None) -> None:
+    """``out`` [m, N] = act(x @ wa.T + ba) * (x @ wb.T + bb) (``wb`` given) or
+    x @ wa.T + ba, for ``x`` ``m`` rows of K, ``stride_x`` apart."""
     gated = wb is not None
     n, k = wa.shape
     if config is None:
@@ -500,29 +500,29 @@ def _launch_gemv(x2, m, stride_x, wa, ba, wb, bb, act, out, config: GemvConfig |
     k_per_split = _k_per_split(k, split, block_k)
     split = cdiv(k, k_per_split) if k else 1
     block_m = _DOT_ROWS if dot else next_power_of_2(m)
+    # The kernels' arguments, each named as its parameter (``_library``'s "by name").
     wa = _weight_rows(wa)
     wb = _weight_rows(wb) if gated else wa
-    partial = split > 1
-    if partial:
-        target = torch.empty(
-            (split, 2 if gated else 1, m, n), device=out.device, dtype=torch.float32
-        )
+    stride_wa, stride_wb = wa.stride(0), wb.stride(0)
+    PARTIAL = split > 1
+    if PARTIAL:
+        OUT = torch.empty((split, 2 if gated else 1, m, n), device=out.device, dtype=torch.float32)
     else:
-        target = out
+        OUT = out
+    HAS_BA, HAS_BB = ba is not None, bb is not None
+    # wa: a placeholder for a bias that is not there (never read without HAS_BA / HAS_BB)
+    BA, BB = (ba if HAS_BA else wa), (bb if HAS_BB else wa)
+    INTERPRETED = _CPU_RUNS_KERNELS  # TRITON_INTERPRET=1: every launch runs in the interpreter
     args = (
-        x2, wa, wb, ba if ba is not None else wa, bb if bb is not None else wa, target, m, n, k,
-        stride_x, wa.stride(0), wb.stride(0), k_per_split, act, gated, ba is not None,
-        bb is not None, partial, block_m, block_n, block_k, num_stages, dot,
-        _CPU_RUNS_KERNELS,  # TRITON_INTERPRET=1: every launch runs in the interpreter
+        x, wa, wb, BA, BB, OUT, m, n, k, stride_x, stride_wa, stride_wb, k_per_split, act, gated,
+        HAS_BA, HAS_BB, PARTIAL, block_m, block_n, block_k, num_stages, dot, INTERPRETED,
     )  # fmt: skip
     launch(_gemv_kernel, (cdiv(n, block_n), split), args, num_warps, out.device)
-    if partial:
-        block = min(1024, next_power_of_2(m * n))
-        args = (
-            target, ba if ba is not None else target, bb if bb is not None else target, out, m,
-            n, act, gated, ba is not None, bb is not None, split, block,
-        )  # fmt: skip
-        launch(_split_sum_kernel, (cdiv(m * n, block),), args, 4, out.device)
+    if PARTIAL:
+        P, BLOCK = OUT, min(1024, next_power_of_2(m * n))
+        BA, BB = (ba if HAS_BA else P), (bb if HAS_BB else P)  # P: placeholders, as above
+        args = (P, BA, BB, out, m, n, act, gated, HAS_BA, HAS_BB, split, BLOCK)
+        launch(_split_sum_kernel, (cdiv(m * n, BLOCK),), args, 4, out.device)
 
 
 def gated_gemv(x, gate_weight, gate_bias, up_weight, up_bias, act: int, config=None):
@@ -566,21 +566,27 @@ def grouped_linear_decode(x, weights, biases, config=None) -> tuple[torch.Tensor
                 f"grouped_linear_decode: a weight of shape {tuple(w.shape)}, {w.dtype} on "
                 f"{w.device} does not take x of shape {tuple(x.shape)}, {x.dtype} on {x.device}"
             )
-    x2, m, stride_x = as_rows(x, k)
+    X, m, stride_x = as_rows(x, k)
     outs = tuple(x.new_empty((*x.shape[:-1], w.shape[0])) for w in weights)
-    if not x2.numel():
+    if not X.numel():
         return outs
     ns = [w.shape[0] for w in weights]
     if config is None:
         config = gemv_config(m, sum(ns), k, False, multiprocessors(x.device))
     block_n, block_k, _, num_warps, num_stages, dot = config
-    ws = [_weight_rows(w) for w in weights]
-    bs = list(biases) if biases is not None else [ws[0]] * 3
     blocks = sum(cdiv(n, block_n) for n in ns)
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name").
+    w0, w1, w2 = (_weight_rows(w) for w in weights)
+    HAS_BIAS = biases is not None
+    b0, b1, b2 = biases if HAS_BIAS else (w0, w0, w0)  # w0: placeholders, never read
+    o0, o1, o2 = outs
+    n0, n1, n2 = ns
+    stride_w0, stride_w1, stride_w2 = w0.stride(0), w1.stride(0), w2.stride(0)
+    BLOCK_M = _DOT_ROWS if dot else next_power_of_2(m)
+    INTERPRETED = _CPU_RUNS_KERNELS  # TRITON_INTERPRET=1: every launch runs in the interpreter
     args = (
-        x2, *ws, *bs, *outs, m, *ns, k, stride_x, *(w.stride(0) for w in ws),
-        biases is not None, _DOT_ROWS if dot else next_power_of_2(m), block_n, block_k,
-        num_stages, dot, _CPU_RUNS_KERNELS,
+        X, w0, w1, w2, b0, b1, b2, o0, o1, o2, m, n0, n1, n2, k, stride_x, stride_w0, stride_w1,
+        stride_w2, HAS_BIAS, BLOCK_M, block_n, block_k, num_stages, dot, INTERPRETED,
     )  # fmt: skip
     launch(_grouped_gemv_kernel, (blocks,), args, num_warps, x.device)
     return outs

@@ -90,12 +90,13 @@ def activation_forward(x: torch.Tensor, act: int) -> torch.Tensor:
     # empty_like: contiguous, as x is, and the cheapest allocation call (torch.empty with dtype
     # and device keywords parses more arguments on the host).
     y = torch.empty_like(x)
-    n = x.numel()
-    if n == 0:
+    n_elements = x.numel()
+    if n_elements == 0:
         return y
-    block, num_warps = _launch_config(n)
-    grid = (cdiv(n, block),)
-    launch(_activation_fwd_kernel, grid, (x, y, n, act, block), num_warps, x.device)
+    block, num_warps = _launch_config(n_elements)
+    grid = (cdiv(n_elements, block),)
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name").
+    launch(_activation_fwd_kernel, grid, (x, y, n_elements, act, block), num_warps, x.device)
     return y
 
 
@@ -105,12 +106,12 @@ def activation_backward(dy: torch.Tensor, x: torch.Tensor, act: int) -> torch.Te
     x = _flat(x)
     dy = _flat(dy)
     dx = torch.empty_like(x)
-    n = x.numel()
-    if n == 0:
+    n_elements = x.numel()
+    if n_elements == 0:
         return dx
-    block, num_warps = _launch_config(n)
-    grid = (cdiv(n, block),)
-    launch(_activation_bwd_kernel, grid, (dy, x, dx, n, act, block), num_warps, x.device)
+    block, num_warps = _launch_config(n_elements)
+    grid = (cdiv(n_elements, block),)
+    launch(_activation_bwd_kernel, grid, (dy, x, dx, n_elements, act, block), num_warps, x.device)
     return dx
 
 

@@ -165,10 +165,13 @@ def _backward_rows(dy, a, b, da, db, strides, n_rows, d, act, halves=False, y=No
     ``y`` is given. With ``halves``, ``b`` and ``db`` are the second halves of ``a``'s and
     ``da``'s rows."""
     grid, col_blocks, rows, block_d, num_warps = _grid(n_rows, d, act)
-    y_rows = da if y is None else y  # never written without STORE_Y
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name").
+    stride_dy, stride_a, stride_b, stride_da, stride_db = strides
+    Y, stride_y = (da, d) if y is None else (y, d)  # da: never written without STORE_Y
+    STORE_Y = y is not None
     args = (
-        dy, a, b, da, db, y_rows, n_rows, d, *strides, d, col_blocks, act, y is not None, halves,
-        rows, block_d,
+        dy, a, b, da, db, Y, n_rows, d, stride_dy, stride_a, stride_b, stride_da, stride_db,
+        stride_y, col_blocks, act, STORE_Y, halves, rows, block_d,
     )  # fmt: skip
     launch(_gated_bwd_kernel, grid, args, num_warps, dy.device)
 

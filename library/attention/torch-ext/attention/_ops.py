@@ -235,8 +235,10 @@ def dropout_keep_mask(
     keep = torch.zeros((rows, heads, max_seqlen_k), dtype=torch.int8, device=device)
     # Any blocks draw the same numbers; wide ones keep the interpreter's launches few.
     cfg = config(FORWARD, 16, not _takes_gpu_path(device))._replace(block_m=16, block_n=256)
-    args = (keep, dropout_seed, rows, heads, max_seqlen_k, float(dropout_p), cfg.block_m,
-            cfg.block_n)  # fmt: skip
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name").
+    seed, n_rows, n_heads, rng_cols = dropout_seed, rows, heads, max_seqlen_k
+    dropout_p, block_m, block_n = float(dropout_p), cfg.block_m, cfg.block_n
+    args = (keep, seed, n_rows, n_heads, rng_cols, dropout_p, block_m, block_n)
     _run(K._dropout_mask_kernel, (-(-rows // cfg.block_m), heads), args, cfg, device)
     return keep.bool()
 
@@ -347,47 +349,54 @@ def _decode(q, k, v, out, lse, seqused_k, block_table, s_aux, max_seqlen_k, logi
         combine = K.DECODE_DIRECT
     else:
         combine = K.DECODE_LAST
+    # The kernels' arguments, each named as its parameter (``_library``'s "by name"). null: a
+    # placeholder for a pointer that a constexpr keeps the kernel from reading.
     null = _null(device)
     if combine == K.DECODE_DIRECT:
-        part_out = part_lse = counters = null
+        out_p = lse_p = counters = null
     else:
-        part_out = torch.empty((batch * n_kv_heads, num_splits, rows, d_v), dtype=torch.float32,
-                               device=device)  # fmt: skip
-        part_lse = torch.empty((batch * n_kv_heads, num_splits, rows), dtype=torch.float32,
-                               device=device)  # fmt: skip
+        out_p = torch.empty((batch * n_kv_heads, num_splits, rows, d_v), dtype=torch.float32,
+                            device=device)  # fmt: skip
+        lse_p = torch.empty((batch * n_kv_heads, num_splits, rows), dtype=torch.float32,
+                            device=device)  # fmt: skip
         counters = (
             _decode_counters(device, tiles * batch * n_kv_heads)
             if combine == K.DECODE_LAST
             else null
         )
-    page_size = k.shape[1] if block_table is not None else 1
-    sink = s_aux if s_aux is not None else null
+    paged, has_sink = block_table is not None, s_aux is not None
+    leftpad, key_padding = cache_leftpad is not None, key_mask is not None
+    BLOCK_TABLE = block_table if paged else null
+    sink = s_aux if has_sink else null
+    CACHE_LEFTPAD = cache_leftpad if leftpad else null
+    KEY_MASK = key_mask if key_padding else null
+    stride_qb, stride_qs, stride_qh, _ = q.stride()
+    stride_kb, stride_ks, stride_kh, _ = k.stride()
+    stride_vb, stride_vs, stride_vh, _ = v.stride()
+    stride_bt = block_table.stride(0) if paged else 0
+    stride_km = key_mask.stride(0) if key_padding else 0
+    stride_ob, stride_os, stride_oh, _ = out.stride()
+    stride_lb, stride_lh, _ = lse.stride()
+    WINDOW_LEFT, WINDOW_RIGHT = window_left >= 0, window_right >= 0
+    window_left, window_right = max(window_left, 0), max(window_right, 0)
+    head_dim_qk, head_dim_v, block_dqk, block_dv = d_qk, d_v, _block_dim(d_qk), _block_dim(d_v)
+    block_n, page_size = cfg.block_n, (k.shape[1] if paged else 1)
+    SOFTCAP, DOT_PRECISION = softcap > 0.0, _dot_precision(q.dtype, device)
     args = (
-        q, k, v, part_out, part_lse, seqused_k,
-        block_table if block_table is not None else null, sink, out, lse, counters,
-        cache_leftpad if cache_leftpad is not None else null,
-        key_mask if key_mask is not None else null,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        block_table.stride(0) if block_table is not None else 0,
-        key_mask.stride(0) if key_mask is not None else 0,
-        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        seqlen_q, n_kv_heads, group, num_splits,
-        logit_scale, cap_log2, max(window_left, 0), max(window_right, 0),
-        d_qk, d_v, _block_dim(d_qk), _block_dim(d_v), block_m, cfg.block_n,
-        block_table is not None, page_size, window_left >= 0, window_right >= 0, softcap > 0.0,
-        s_aux is not None, _dot_precision(q.dtype, device), combine, cache_leftpad is not None,
-        key_mask is not None,
+        q, k, v, out_p, lse_p, seqused_k, BLOCK_TABLE, sink, out, lse, counters, CACHE_LEFTPAD,
+        KEY_MASK, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb,
+        stride_vs, stride_vh, stride_bt, stride_km, stride_ob, stride_os, stride_oh, stride_lb,
+        stride_lh, seqlen_q, n_kv_heads, group, num_splits, logit_scale, cap_log2, window_left,
+        window_right, head_dim_qk, head_dim_v, block_dqk, block_dv, block_m, block_n, paged,
+        page_size, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, has_sink, DOT_PRECISION, combine, leftpad,
+        key_padding,
     )  # fmt: skip
     _run(K._decode_split_kernel, (num_splits, tiles, batch * n_kv_heads), args, cfg, device)
     if combine != K.DECODE_PARTIAL:
         return
     args = (
-        part_out, part_lse, sink, out, lse,
-        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        seqlen_q, n_kv_heads, group, num_splits,
-        d_v, _block_dim(d_v), block_m, s_aux is not None,
+        out_p, lse_p, sink, out, lse, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+        seqlen_q, n_kv_heads, group, num_splits, head_dim_v, block_dv, block_m, has_sink,
     )  # fmt: skip
     _run(K._decode_reduce_kernel, (tiles, batch * n_kv_heads), args, cfg, device)
 
@@ -460,41 +469,50 @@ def _forward_impl(
         FORWARD, next_power_of_2(max(d_qk, d_v)), not _takes_gpu_path(device),
         q.dtype == torch.float32,
     )  # fmt: skip
-    page_size = k.shape[1] if block_table is not None else 1
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name"). null: a
+    # placeholder for a pointer that a constexpr keeps the kernel from reading.
     null = _null(device)
     seed, rng_cols, dropout_p, dropout_scale, dropout = _dropout_args(
         dropout_p, dropout_seed, max_seqlen_k, device
     )
-    args = (
-        q, k, v, out, lse,
-        s_aux if s_aux is not None else null,
-        cu_seqlens_q if cu_seqlens_q is not None else null,
-        cu_seqlens_k if cu_seqlens_k is not None else null,
-        seqused_k if seqused_k is not None else null,
-        block_table if block_table is not None else null, seed,
-        cache_leftpad if cache_leftpad is not None else null,
-        key_padding_mask if key_padding_mask is not None else null,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1),
-        block_table.stride(0) if block_table is not None else 0,
-        key_padding_mask.stride(0) if key_padding_mask is not None else 0,
-        q.shape[1], k.shape[1], n_heads, n_heads // k.shape[2],
-        logit_scale, cap_log2, max(window_left, 0), max(window_right, 0),
-        rng_cols, dropout_p, dropout_scale,
-        d_qk, d_v, _block_dim(d_qk), _block_dim(d_v), cfg.block_m, cfg.block_n,
-        cu_seqlens_q is not None, _k_len_mode(cu_seqlens_k, seqused_k),
-        block_table is not None, page_size,
-        window_left >= 0, window_right >= 0, softcap > 0.0, s_aux is not None,
-        _dot_precision(q.dtype, device), dropout, cache_leftpad is not None,
-        key_padding_mask is not None,
-    )  # fmt: skip
-    if _forward_tma(q, k, v, block_table, device):
-        args += (*_descriptors(q, k, v, cfg.block_m, cfg.block_n), True)
+    paged, has_sink, varlen_q = block_table is not None, s_aux is not None, cu_seqlens_q is not None
+    leftpad, key_padding = cache_leftpad is not None, key_padding_mask is not None
+    sink = s_aux if has_sink else null
+    CU_Q = cu_seqlens_q if varlen_q else null
+    CU_K = cu_seqlens_k if cu_seqlens_k is not None else null
+    SEQUSED_K = seqused_k if seqused_k is not None else null
+    BLOCK_TABLE = block_table if paged else null
+    CACHE_LEFTPAD = cache_leftpad if leftpad else null
+    KEY_MASK = key_padding_mask if key_padding else null
+    stride_qb, stride_qs, stride_qh, _ = q.stride()
+    stride_kb, stride_ks, stride_kh, _ = k.stride()
+    stride_vb, stride_vs, stride_vh, _ = v.stride()
+    stride_ob, stride_os, stride_oh, _ = out.stride()
+    stride_lb, stride_lh, _ = lse.stride()
+    stride_bt = block_table.stride(0) if paged else 0
+    stride_km = key_padding_mask.stride(0) if key_padding else 0
+    seqlen_q, seqlen_k, group = q.shape[1], k.shape[1], n_heads // k.shape[2]
+    WINDOW_LEFT, WINDOW_RIGHT = window_left >= 0, window_right >= 0
+    window_left, window_right = max(window_left, 0), max(window_right, 0)
+    head_dim_qk, head_dim_v, block_dqk, block_dv = d_qk, d_v, _block_dim(d_qk), _block_dim(d_v)
+    block_m, block_n = cfg.block_m, cfg.block_n
+    K_LEN, page_size = _k_len_mode(cu_seqlens_k, seqused_k), (k.shape[1] if paged else 1)
+    SOFTCAP, DOT_PRECISION = softcap > 0.0, _dot_precision(q.dtype, device)
+    TMA = _forward_tma(q, k, v, block_table, device)
+    if TMA:
+        q_desc, k_desc, v_desc = _descriptors(q, k, v, block_m, block_n)
     else:  # placeholders of the pointer type the kernel has always been compiled with
-        args += (null, null, null, False)
+        q_desc = k_desc = v_desc = null
+    args = (
+        q, k, v, out, lse, sink, CU_Q, CU_K, SEQUSED_K, BLOCK_TABLE, seed, CACHE_LEFTPAD,
+        KEY_MASK, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb,
+        stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_bt,
+        stride_km, seqlen_q, seqlen_k, n_heads, group, logit_scale, cap_log2, window_left,
+        window_right, rng_cols, dropout_p, dropout_scale, head_dim_qk, head_dim_v, block_dqk,
+        block_dv, block_m, block_n, varlen_q, K_LEN, paged, page_size, WINDOW_LEFT,
+        WINDOW_RIGHT, SOFTCAP, has_sink, DOT_PRECISION, dropout, leftpad, key_padding, q_desc,
+        k_desc, v_desc, TMA,
+    )  # fmt: skip
     grid = (-(-max_seqlen_q // cfg.block_m), batches * n_heads)
     _run(K._fwd_kernel, grid, args, cfg, device)
     return out, lse
@@ -544,66 +562,77 @@ def _backward_impl(
         return dq.zero_(), dk.zero_(), dv.zero_(), delta
     on_cpu = not _takes_gpu_path(device)
     block_d = next_power_of_2(max(d_qk, d_v))
+    # The kernels' arguments, each named as its parameter (``_library``'s "by name"). null: a
+    # placeholder for a pointer that a constexpr keeps the kernel from reading.
     null = _null(device)
     cu_q = cu_seqlens_q if varlen else null
     cu_k = cu_seqlens_k if cu_seqlens_k is not None else null
-    k_len = _k_len_mode(cu_seqlens_k, None)
-    seed, *dropout = _dropout_args(dropout_p, dropout_seed, max_seqlen_k, device)
-    flags = (window_left >= 0, window_right >= 0, softcap > 0.0, _dot_precision(q.dtype, device),
-             dropout[-1])  # fmt: skip
+    K_LEN = _k_len_mode(cu_seqlens_k, None)
+    seed, rng_cols, dropout_p, dropout_scale, dropout = _dropout_args(
+        dropout_p, dropout_seed, max_seqlen_k, device
+    )
+    scale = softmax_scale
     logit_scale, cap_log2 = _scales(softmax_scale, softcap)
-    windows = (max(window_left, 0), max(window_right, 0), *dropout[:-1])
-    dims = (d_qk, d_v, _block_dim(d_qk), _block_dim(d_v))
+    WINDOW_LEFT, WINDOW_RIGHT = window_left >= 0, window_right >= 0
+    window_left, window_right = max(window_left, 0), max(window_right, 0)
+    SOFTCAP, DOT_PRECISION = softcap > 0.0, _dot_precision(q.dtype, device)
+    do = dout
+    stride_qb, stride_qs, stride_qh, _ = q.stride()
+    stride_kb, stride_ks, stride_kh, _ = k.stride()
+    stride_vb, stride_vs, stride_vh, _ = v.stride()
+    stride_ob, stride_os, stride_oh, _ = out.stride()
+    stride_dob, stride_dos, stride_doh, _ = do.stride()
+    stride_dqb, stride_dqs, stride_dqh, _ = dq.stride()
+    stride_dkb, stride_dks, stride_dkh, _ = dk.stride()
+    stride_dvb, stride_dvs, stride_dvh, _ = dv.stride()
+    stride_lb, stride_lh, _ = lse.stride()
+    seqlen_q, seqlen_k, group = q.shape[1], k.shape[1], n_heads // n_kv_heads
+    head_dim_qk, head_dim_v = d_qk, d_v
+    varlen_q = varlen
 
     fp32 = q.dtype == torch.float32
     delta_cfg = config(BACKWARD_DQ, block_d, on_cpu, fp32)
-    delta_rows = delta_cfg.block_m if on_cpu else DELTA_ROWS
+    block_m = delta_cfg.block_m if on_cpu else DELTA_ROWS  # the delta kernel's rows a program
+    block_dv = next_power_of_2(d_v)
     args = (
-        out, dout, delta, cu_q,
-        out.stride(0), out.stride(1), out.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        lse.stride(0), lse.stride(1),
-        q.shape[1], n_heads, d_v, next_power_of_2(d_v), delta_rows, varlen,
+        out, do, delta, cu_q, stride_ob, stride_os, stride_oh, stride_dob, stride_dos, stride_doh,
+        stride_lb, stride_lh, seqlen_q, n_heads, head_dim_v, block_dv, block_m, varlen_q,
     )  # fmt: skip
-    grid = (-(-max_seqlen_q // delta_rows), batches * n_heads)
+    grid = (-(-max_seqlen_q // block_m), batches * n_heads)
     _run(K._delta_kernel, grid, args, delta_cfg, device)
 
+    block_dqk, block_dv = _block_dim(d_qk), _block_dim(d_v)
     cfg = config(BACKWARD_DKDV, block_d, on_cpu, fp32)
-    common = (
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-    )  # fmt: skip
-    args = (
-        q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, seed, *common,
-        dk.stride(0), dk.stride(1), dk.stride(2),
-        dv.stride(0), dv.stride(1), dv.stride(2),
-        lse.stride(0), lse.stride(1),
-        q.shape[1], k.shape[1], n_kv_heads, n_heads // n_kv_heads,
-        softmax_scale, logit_scale, cap_log2, *windows,
-        *dims, cfg.block_m, cfg.block_n, varlen, k_len, *flags,
-    )  # fmt: skip
-    tma = _backward_tma(q, k, v, dout, device)
+    block_m, block_n = cfg.block_m, cfg.block_n
+    TMA = _backward_tma(q, k, v, dout, device)
     # Without TMA, placeholders of the pointer type the kernels are otherwise compiled with.
-    args += (_descriptor(q, cfg.block_m), _descriptor(dout, cfg.block_m), True) if tma else (
-        null, null, False)  # fmt: skip
+    q_desc, do_desc = (_descriptor(q, block_m), _descriptor(do, block_m)) if TMA else (null, null)
     keys_down = _DKDV_KEYS_DOWN
-    args += (block_d >= _KEYS_DOWN_MIN_HEAD_DIM if keys_down is None else keys_down,)
+    KEYS_DOWN = block_d >= _KEYS_DOWN_MIN_HEAD_DIM if keys_down is None else keys_down
+    args = (
+        q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, seed, stride_qb, stride_qs, stride_qh,
+        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_dob, stride_dos,
+        stride_doh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+        stride_lb, stride_lh, seqlen_q, seqlen_k, n_kv_heads, group, scale, logit_scale,
+        cap_log2, window_left, window_right, rng_cols, dropout_p, dropout_scale, head_dim_qk,
+        head_dim_v, block_dqk, block_dv, block_m, block_n, varlen_q, K_LEN, WINDOW_LEFT,
+        WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, dropout, q_desc, do_desc, TMA, KEYS_DOWN,
+    )  # fmt: skip
     grid = (-(-max_seqlen_k // cfg.block_n), batches * n_kv_heads)
     _run(K._bwd_dkdv_kernel, grid, args, cfg, device)
 
     cfg = config(BACKWARD_DQ, block_d, on_cpu, fp32)
+    block_m, block_n = cfg.block_m, cfg.block_n
+    k_desc, v_desc = (_descriptor(k, block_n), _descriptor(v, block_n)) if TMA else (null, null)
     args = (
-        q, k, v, dout, lse, delta, dq, cu_q, cu_k, seed, *common,
-        dq.stride(0), dq.stride(1), dq.stride(2),
-        lse.stride(0), lse.stride(1),
-        q.shape[1], k.shape[1], n_heads, n_heads // n_kv_heads,
-        softmax_scale, logit_scale, cap_log2, *windows,
-        *dims, cfg.block_m, cfg.block_n, varlen, k_len, *flags,
+        q, k, v, do, lse, delta, dq, cu_q, cu_k, seed, stride_qb, stride_qs, stride_qh,
+        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_dob, stride_dos,
+        stride_doh, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+        n_heads, group, scale, logit_scale, cap_log2, window_left, window_right, rng_cols,
+        dropout_p, dropout_scale, head_dim_qk, head_dim_v, block_dqk, block_dv, block_m,
+        block_n, varlen_q, K_LEN, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION, dropout,
+        k_desc, v_desc, TMA,
     )  # fmt: skip
-    args += (_descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n), True) if tma else (
-        null, null, False)  # fmt: skip
     grid = (-(-max_seqlen_q // cfg.block_m), batches * n_heads)
     _run(K._bwd_dq_kernel, grid, args, cfg, device)
     return dq, dk, dv, delta

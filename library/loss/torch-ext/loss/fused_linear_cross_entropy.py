@@ -787,13 +787,15 @@ def _work_buffers_for(parts: int, rows: int, device: torch.device):
 def _row_stats(x, labels, row_start, col_start, part_offset, parts_stride, options, work, config):
     """Partial softmax statistics of rows ``x`` (columns ``col_start`` on of the vocabulary)
     into slots ``part_offset`` on of each row's ``parts_stride``."""
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name").
     ignore_index, smoothing, softcap = options
     block, warps, span, n_splits = config
     m_part, s_part, sum_part, zy = work
+    n_cols, stride_x = x.shape[1], x.stride(0)
+    HAS_SOFTCAP, SMOOTHING = softcap > 0, smoothing > 0
     args = (
-        x, labels, m_part, s_part, sum_part, zy, row_start, col_start, x.shape[1], x.stride(0),
-        span, part_offset, parts_stride, ignore_index, softcap, softcap > 0, smoothing > 0,
-        block,
+        x, labels, m_part, s_part, sum_part, zy, row_start, col_start, n_cols, stride_x, span,
+        part_offset, parts_stride, ignore_index, softcap, HAS_SOFTCAP, SMOOTHING, block,
     )  # fmt: skip
     launch(_row_stats_kernel, (x.shape[0], n_splits), args, warps, x.device)
 
@@ -804,14 +806,17 @@ def _loss_grad(
 ):  # fmt: skip
     """With ``write_loss`` the loss of rows ``x`` into ``loss[row_start:]``; with
     ``compute_grad`` the gradient of their columns into ``dx`` (which may be ``x``)."""
-    ignore_index, smoothing, softcap = options
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name").
+    ignore_index, label_smoothing, softcap = options
     block, warps, span, n_splits = config
     m_part, s_part, sum_part, zy = work
+    n_cols, stride_x, stride_dx = x.shape[1], x.stride(0), dx.stride(0)
+    HAS_SOFTCAP, SMOOTHING = softcap > 0, label_smoothing > 0
+    SPLITS = next_power_of_2(parts_stride)
     args = (
-        x, dx, labels, m_part, s_part, sum_part, zy, loss, scale, row_start, col_start,
-        x.shape[1], vocab, x.stride(0), dx.stride(0), span, parts_stride, scale_stride,
-        ignore_index, smoothing, softcap, softcap > 0, smoothing > 0, write_loss, compute_grad,
-        next_power_of_2(parts_stride), block,
+        x, dx, labels, m_part, s_part, sum_part, zy, loss, scale, row_start, col_start, n_cols,
+        vocab, stride_x, stride_dx, span, parts_stride, scale_stride, ignore_index,
+        label_smoothing, softcap, HAS_SOFTCAP, SMOOTHING, write_loss, compute_grad, SPLITS, block,
     )  # fmt: skip
     grid = (x.shape[0], n_splits if compute_grad else 1)
     launch(_loss_grad_kernel, grid, args, warps, x.device)
@@ -825,12 +830,14 @@ def _fuses_rows(n_rows: int, device: torch.device) -> bool:
 
 def _row_loss_grad(x, dx, labels, row_start, loss, scale, scale_stride, options, compute_grad):
     """`_rows_loss_and_grad` in one launch, a program a row (see `_row_loss_grad_kernel`)."""
-    ignore_index, smoothing, softcap = options
-    block, warps = _row_config(x.shape[0], x.shape[1], x.device)[:2]
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name").
+    ignore_index, label_smoothing, softcap = options
+    n_cols, stride_x, stride_dx = x.shape[1], x.stride(0), dx.stride(0)
+    block, warps = _row_config(x.shape[0], n_cols, x.device)[:2]
+    HAS_SOFTCAP, SMOOTHING = softcap > 0, label_smoothing > 0
     args = (
-        x, dx, labels, loss, scale, row_start, x.shape[1], x.stride(0), dx.stride(0),
-        scale_stride, ignore_index, smoothing, softcap, softcap > 0, smoothing > 0, compute_grad,
-        block,
+        x, dx, labels, loss, scale, row_start, n_cols, stride_x, stride_dx, scale_stride,
+        ignore_index, label_smoothing, softcap, HAS_SOFTCAP, SMOOTHING, compute_grad, block,
     )  # fmt: skip
     launch(_row_loss_grad_kernel, (x.shape[0],), args, warps, x.device)
 
@@ -872,31 +879,37 @@ def _cols_loss_and_grad(pieces, labels, loss, scale, scale_stride, options) -> N
     ``(zt, v_start)``, ``zt`` [entries, tokens] the logits of vocabulary entries ``v_start``
     on, together the whole vocabulary. The loss goes into ``loss[:tokens]``, each piece's
     gradient into it in place."""
-    ignore_index, smoothing, softcap = options
+    # The kernels' arguments, each named as its parameter (``_library``'s "by name").
+    ignore_index, label_smoothing, softcap = options
+    HAS_SOFTCAP, SMOOTHING = softcap > 0, label_smoothing > 0
+    row_start = 0  # every piece holds all the tokens
     n_rows = pieces[0][0].shape[1]
     vocab = sum(zt.shape[0] for zt, _ in pieces)
     device = pieces[0][0].device
     configs = [_col_config(n_rows, zt.shape[0], device) for zt, _ in pieces]
-    parts = sum(config[4] for config in configs)
-    m_part, s_part, sum_part, zy = _work_buffers_for(n_rows * parts, n_rows, device)
-    offset = 0
+    parts_stride = sum(config[4] for config in configs)
+    SPLITS = next_power_of_2(parts_stride)
+    m_part, s_part, sum_part, zy = _work_buffers_for(n_rows * parts_stride, n_rows, device)
+    part_offset = 0
     for (zt, v_start), (block_v, block_n, warps, span, n_splits) in zip(
         pieces, configs, strict=True
     ):
+        n_vocab, stride_z = zt.shape[0], zt.stride(0)
         stats = (
-            zt, labels, m_part, s_part, sum_part, zy, 0, n_rows, v_start, zt.shape[0],
-            zt.stride(0), span, offset, parts, ignore_index, softcap, softcap > 0, smoothing > 0,
-            block_v, block_n,
+            zt, labels, m_part, s_part, sum_part, zy, row_start, n_rows, v_start, n_vocab,
+            stride_z, span, part_offset, parts_stride, ignore_index, softcap, HAS_SOFTCAP,
+            SMOOTHING, block_v, block_n,
         )  # fmt: skip
         launch(_col_stats_kernel, (cdiv(n_rows, block_n), n_splits), stats, warps, device)
-        offset += n_splits
+        part_offset += n_splits
     for i, ((zt, v_start), config) in enumerate(zip(pieces, configs, strict=True)):
         block_v, block_n, warps, span, n_splits = config
+        n_vocab, stride_z = zt.shape[0], zt.stride(0)
+        WRITE_LOSS = i == 0
         grads = (
-            zt, labels, m_part, s_part, sum_part, zy, loss, scale, 0, n_rows, v_start,
-            zt.shape[0], vocab, zt.stride(0), span, parts, scale_stride, ignore_index, smoothing,
-            softcap, softcap > 0, smoothing > 0, i == 0, next_power_of_2(parts), block_v,
-            block_n,
+            zt, labels, m_part, s_part, sum_part, zy, loss, scale, row_start, n_rows, v_start,
+            n_vocab, vocab, stride_z, span, parts_stride, scale_stride, ignore_index,
+            label_smoothing, softcap, HAS_SOFTCAP, SMOOTHING, WRITE_LOSS, SPLITS, block_v, block_n,
         )  # fmt: skip
         launch(_col_loss_grad_kernel, (cdiv(n_rows, block_n), n_splits), grads, warps, device)
 
@@ -907,7 +920,9 @@ def _scale_(t: torch.Tensor | None, g: torch.Tensor) -> None:
         return
     n = t.numel()
     programs = max(1, min(cdiv(n, SCALE_BLOCK), SCALE_PROGRAMS_PER_SM * multiprocessors(t.device)))
-    args = (t, g.reshape(1).to(torch.float32), n, SCALE_BLOCK)
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name").
+    X, G, BLOCK = t, g.reshape(1).to(torch.float32), SCALE_BLOCK
+    args = (X, G, n, BLOCK)
     launch(_scale_kernel, (programs,), args, 8, t.device)
 
 

@@ -31,6 +31,9 @@ def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     n_partials, n_cols = partials.shape
     out = partials.new_empty(n_cols, dtype=dtype)
     grid = (cdiv(n_cols, 64),)
-    args = (partials, out, n_partials, n_cols, partials.stride(0), 64, 64)
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name").
+    P, stride_p = partials, partials.stride(0)
+    BLOCK_P = BLOCK_N = 64
+    args = (P, out, n_partials, n_cols, stride_p, BLOCK_P, BLOCK_N)
     launch(_sum_partials_kernel, grid, args, 4, partials.device)
     return out

@@ -26,6 +26,7 @@ from ._compile_rule import OP, compile_side, sizes
 from ._library import (
     cdiv,
     check_dtype,
+    constexprs,
     launch,
     op_name,
     use_autograd_function,
@@ -452,15 +453,22 @@ def _make_fwd_plan(x, normalized_shape, weight, bias, keep_stats: bool) -> _FwdP
     n_rows = x.numel() // n_cols
     many_rows = n_rows >= FWD_CHUNK_MIN_ROWS
     one_pass, block_n, rows, num_warps = _fwd_block(n_cols, x.element_size(), many_rows)
-    constexprs = (weight is not None, bias is not None, one_pass, rows, block_n,
-                  0 if one_pass else n_cols, keep_stats)  # fmt: skip
     return _FwdPlan(
         *outputs,
         grid=(cdiv(n_rows, rows),) if one_pass else (n_rows,),
         n_rows=n_rows,
         n_cols=n_cols,
         num_warps=num_warps,
-        constexprs=constexprs,
+        constexprs=constexprs(
+            _layer_norm_fwd_kernel,
+            HAS_WEIGHT=weight is not None,
+            HAS_BIAS=bias is not None,
+            ONE_PASS=one_pass,
+            ROWS=rows,
+            BLOCK_N=block_n,
+            CHUNKED_COLS=0 if one_pass else n_cols,
+            STORE_STATS=keep_stats,
+        ),
         x_rows=x.is_contiguous(),
         w_ready=weight is None or _is_flat(weight),
         b_ready=bias is None or _is_flat(bias),
@@ -483,15 +491,15 @@ def layer_norm_forward(x, normalized_shape, weight, bias, eps, keep_stats: bool 
         rstd = x.new_empty(plan.stats_shape, dtype=torch.float32)
     if plan.grid is None:
         return y, mean, rstd
-    n_cols = plan.n_cols
-    x2, stride_x = rows_of(x, n_cols, plan.x_rows)
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name").
+    n_rows, n_cols = plan.n_rows, plan.n_cols
+    X, stride_x = rows_of(x, n_cols, plan.x_rows)
     # Placeholders are never read: HAS_WEIGHT / HAS_BIAS are False.
-    w = x2 if weight is None else (weight if plan.w_ready else _flat(weight))
-    b = x2 if bias is None else (bias if plan.b_ready else _flat(bias))
-    args = (
-        x2, w, b, y, y if mean is None else mean, y if rstd is None else rstd,
-        plan.n_rows, n_cols, stride_x, eps,
-    ) + plan.constexprs  # fmt: skip
+    w = X if weight is None else (weight if plan.w_ready else _flat(weight))
+    b = X if bias is None else (bias if plan.b_ready else _flat(bias))
+    # y: a placeholder, never written without STORE_STATS
+    MEAN, RSTD = (y, y) if mean is None else (mean, rstd)
+    args = (X, w, b, y, MEAN, RSTD, n_rows, n_cols, stride_x, eps) + plan.constexprs
     launch(_layer_norm_fwd_kernel, plan.grid, args, plan.num_warps, x.device)
     return y, mean, rstd
 
@@ -539,8 +547,6 @@ def _make_bwd_plan(dy, x, normalized_shape, weight, compute_dw, compute_db, devi
     col_blocks = 1 if one_pass else cdiv(n_cols, block_n)
     programs, rows_per_program = persistent_grid(n_rows, rows, device, per_sm, col_blocks)
     parts = compute_dw + compute_db  # gradients wanted: rows of partials a program
-    constexprs = (weight is not None, compute_dw, compute_db, not one_pass, rows, block_n,
-                  lookahead)  # fmt: skip
     return _BwdPlan(
         shape,
         grid=(programs, col_blocks),
@@ -548,7 +554,16 @@ def _make_bwd_plan(dy, x, normalized_shape, weight, compute_dw, compute_db, devi
         n_cols=n_cols,
         rows_per_program=rows_per_program,
         num_warps=num_warps,
-        constexprs=constexprs,
+        constexprs=constexprs(
+            _layer_norm_bwd_kernel,
+            HAS_WEIGHT=weight is not None,
+            COMPUTE_DW=compute_dw,
+            COMPUTE_DB=compute_db,
+            SPLIT_COLS=not one_pass,
+            ROWS=rows,
+            BLOCK_N=block_n,
+            LOOKAHEAD=lookahead,
+        ),
         row_dot=not one_pass,
         partials_shape=(programs, parts * n_cols),
         x_rows=x.is_contiguous(),
@@ -578,36 +593,38 @@ def layer_norm_backward(
             else param.new_empty((0,))
         )
         return dx, dw, db
-    n_rows, n_cols = plan.n_rows, plan.n_cols
-    x2, stride_x = rows_of(x, n_cols, plan.x_rows)
-    dy2, stride_dy = rows_of(dy, n_cols, plan.dy_rows)
-    # x2 where there is no weight: a placeholder, never read (HAS_WEIGHT is False)
-    w = x2 if weight is None else (weight if plan.w_ready else _flat(weight))
+    # The kernels' arguments, each named as its parameter (``_library``'s "by name").
+    n_rows, n_cols, rows_per_program = plan.n_rows, plan.n_cols, plan.rows_per_program
+    X, stride_x = rows_of(x, n_cols, plan.x_rows)
+    DY, stride_dy = rows_of(dy, n_cols, plan.dy_rows)
+    # X where there is no weight: a placeholder, never read (HAS_WEIGHT is False)
+    w = X if weight is None else (weight if plan.w_ready else _flat(weight))
     c = rstd  # a placeholder for C, never read in one pass
     if plan.row_dot:
         c = rstd.new_empty((2, n_rows))
-        args = (dy2, x2, w, mean, rstd, c, n_rows, n_cols, stride_dy, stride_x,
-                weight is not None, CHUNK)  # fmt: skip
+        HAS_WEIGHT, BLOCK_N = weight is not None, CHUNK
+        args = (DY, X, w, mean, rstd, c, n_rows, n_cols, stride_dy, stride_x, HAS_WEIGHT,
+                BLOCK_N)  # fmt: skip
         launch(_layer_norm_row_dot_kernel, (n_rows,), args, WIDE_ROW_WARPS, device)
     # One fp32 buffer for the partial sums, a row a program: the weight's, then the bias's. Both
     # are summed in one launch where their dtypes agree: each launch and allocation is host time.
     parts = compute_dw + compute_db
-    partials = rstd  # a placeholder, never touched when no parameter gradient is wanted
+    partial = rstd  # a placeholder, never touched when no parameter gradient is wanted
     if parts:
-        partials = x.new_empty(plan.partials_shape, dtype=torch.float32)
+        partial = x.new_empty(plan.partials_shape, dtype=torch.float32)
     args = (
-        dy2, x2, w, mean, rstd, c, dx,
-        partials, n_rows, n_cols, plan.rows_per_program, stride_dy, stride_x,
+        DY, X, w, mean, rstd, c, dx, partial, n_rows, n_cols, rows_per_program, stride_dy,
+        stride_x,
     ) + plan.constexprs  # fmt: skip
     launch(_layer_norm_bwd_kernel, plan.grid, args, plan.num_warps, device)
     if parts == 2 and views and weight.dtype == db_dtype:
-        dw, db = sum_partials(partials, db_dtype).split(n_cols)
+        dw, db = sum_partials(partial, db_dtype).split(n_cols)
     elif parts == 2:
-        dw, db = partials.split(n_cols, dim=1)
+        dw, db = partial.split(n_cols, dim=1)
         dw, db = sum_partials(dw, weight.dtype), sum_partials(db, db_dtype)
     else:  # placeholders for the gradients not asked for: the custom op returns tensors
-        dw = sum_partials(partials, weight.dtype) if compute_dw else param.new_empty((0,))
-        db = sum_partials(partials, db_dtype) if compute_db else param.new_empty((0,))
+        dw = sum_partials(partial, weight.dtype) if compute_dw else param.new_empty((0,))
+        db = sum_partials(partial, db_dtype) if compute_db else param.new_empty((0,))
     if compute_dw and weight.dim() != 1:
         dw = dw.view(weight.shape)
     if compute_db and len(normalized_shape) != 1:

@@ -31,6 +31,7 @@ from ._library import (
     as_rows,
     cdiv,
     check_dtype,
+    constexprs,
     launch,
     op_name,
     use_autograd_function,
@@ -466,15 +467,22 @@ def _make_fwd_plan(x, residual, weight, mode: int, keep_rstd: bool) -> _FwdPlan:
         return _FwdPlan(*outputs)
     n_rows = x.numel() // n_cols
     one_pass, block_n, rows, num_warps = _fwd_block(n_cols, x.element_size())
-    constexprs = (mode, residual is not None, one_pass, rows, block_n,
-                  0 if one_pass else n_cols, keep_rstd)  # fmt: skip
     return _FwdPlan(
         *outputs,
         grid=(cdiv(n_rows, rows),) if one_pass else (n_rows,),
         n_rows=n_rows,
         n_cols=n_cols,
         num_warps=num_warps,
-        constexprs=constexprs,
+        constexprs=constexprs(
+            _rms_norm_fwd_kernel,
+            MODE=mode,
+            HAS_RESIDUAL=residual is not None,
+            ONE_PASS=one_pass,
+            ROWS=rows,
+            BLOCK_N=block_n,
+            CHUNKED_COLS=0 if one_pass else n_cols,
+            STORE_RSTD=keep_rstd,
+        ),
         x_rows=x.is_contiguous(),
         r_rows=residual is None or residual.is_contiguous(),
         w_ready=weight.is_contiguous(),
@@ -498,13 +506,14 @@ def rms_norm_forward(x, residual, weight, eps, mode, keep_rstd: bool = True):
     rstd = x.new_empty(plan.stats_shape, dtype=torch.float32) if keep_rstd else None
     if plan.grid is None:
         return y, s, rstd
-    n_cols = plan.n_cols
-    x2, stride_x = rows_of(x, n_cols, plan.x_rows)
-    r2, stride_r = (x2, stride_x) if residual is None else rows_of(residual, n_cols, plan.r_rows)
-    args = (
-        x2, r2, weight if plan.w_ready else weight.contiguous(), y, x2 if s is None else s,
-        y if rstd is None else rstd, plan.n_rows, n_cols, stride_x, stride_r, eps,
-    ) + plan.constexprs  # fmt: skip
+    n_rows, n_cols = plan.n_rows, plan.n_cols
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name").
+    X, stride_x = rows_of(x, n_cols, plan.x_rows)
+    R, stride_r = (X, stride_x) if residual is None else rows_of(residual, n_cols, plan.r_rows)
+    w = weight if plan.w_ready else weight.contiguous()
+    S = X if s is None else s  # X: a placeholder, never written without HAS_RESIDUAL
+    RSTD = y if rstd is None else rstd  # y: a placeholder, never written without STORE_RSTD
+    args = (X, R, w, y, S, RSTD, n_rows, n_cols, stride_x, stride_r, eps) + plan.constexprs
     launch(_rms_norm_fwd_kernel, plan.grid, args, plan.num_warps, x.device)
     return y, s, rstd
 
@@ -558,7 +567,15 @@ def _make_bwd_plan(dy, dsum, x, weight, mode: int, compute_dw: bool, device) -> 
         n_cols=n_cols,
         rows_per_program=rows_per_program,
         num_warps=num_warps,
-        constexprs=(mode, dsum is not None, compute_dw, not one_pass, rows, block_n),
+        constexprs=constexprs(
+            _rms_norm_bwd_kernel,
+            MODE=mode,
+            HAS_DSUM=dsum is not None,
+            COMPUTE_DW=compute_dw,
+            SPLIT_COLS=not one_pass,
+            ROWS=rows,
+            BLOCK_N=block_n,
+        ),
         row_dot=not one_pass,
         partial_shape=(programs, n_cols),
         x_rows=x.is_contiguous(),
@@ -579,25 +596,28 @@ def rms_norm_backward(dy, dsum, x, weight, rstd, mode, compute_dw):
     dx = x.new_empty(plan.shape)
     if plan.grid is None:
         return dx, (torch.zeros_like(weight) if compute_dw else weight.new_empty((0,)))
-    n_rows, n_cols = plan.n_rows, plan.n_cols
-    x2, stride_x = rows_of(x, n_cols, plan.x_rows)
-    dy2, stride_dy = rows_of(dy, n_cols, plan.dy_rows)
-    ds2, stride_ds = (dy2, stride_dy) if dsum is None else rows_of(dsum, n_cols, plan.ds_rows)
+    # The kernels' arguments, each named as its parameter (``_library``'s "by name").
+    n_rows, n_cols, rows_per_program = plan.n_rows, plan.n_cols, plan.rows_per_program
+    X, stride_x = rows_of(x, n_cols, plan.x_rows)
+    DY, stride_dy = rows_of(dy, n_cols, plan.dy_rows)
+    DS, stride_ds = (DY, stride_dy) if dsum is None else rows_of(dsum, n_cols, plan.ds_rows)
     w = weight if plan.w_ready else weight.contiguous()
     c = rstd  # a placeholder for C, never read in one pass
     if plan.row_dot:
         c = rstd.new_empty((n_rows,))
-        args = (dy2, x2, w, rstd, c, n_cols, stride_dy, stride_x, mode, CHUNK)
+        MODE, BLOCK_N = mode, CHUNK
+        args = (DY, X, w, rstd, c, n_cols, stride_dy, stride_x, MODE, BLOCK_N)
         launch(_rms_norm_row_dot_kernel, (n_rows,), args, WIDE_ROW_WARPS, device)
-    partial = rstd  # a placeholder, never read or written when COMPUTE_DW is False
+    dw_partial = rstd  # a placeholder, never read or written when COMPUTE_DW is False
     if compute_dw:
-        partial = x.new_empty(plan.partial_shape, dtype=torch.float32)
+        dw_partial = x.new_empty(plan.partial_shape, dtype=torch.float32)
+    stride_dx = n_cols
     args = (
-        dy2, ds2, x2, w, rstd, c, dx, partial,
-        n_rows, n_cols, plan.rows_per_program, stride_dy, stride_ds, stride_x, n_cols,
+        DY, DS, X, w, rstd, c, dx, dw_partial,
+        n_rows, n_cols, rows_per_program, stride_dy, stride_ds, stride_x, stride_dx,
     ) + plan.constexprs  # fmt: skip
     launch(_rms_norm_bwd_kernel, plan.grid, args, plan.num_warps, device)
-    dw = sum_partials(partial, weight.dtype) if compute_dw else weight.new_empty((0,))
+    dw = sum_partials(dw_partial, weight.dtype) if compute_dw else weight.new_empty((0,))
     return dx, dw
 
 

@@ -173,18 +173,26 @@ def write_kv_cache(
     if not takes_kv_write(keys, values) or keys.numel() == 0:
         _torch_write(key_cache, value_cache, keys, values, positions, counter)
         return
-    keys = keys if keys.stride(-1) == 1 else keys.contiguous()
-    values = values if values.stride(-1) == 1 else values.contiguous()
-    batch, heads, steps, k_dim = keys.shape
-    v_dim = values.shape[3]
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name").
+    k = keys if keys.stride(-1) == 1 else keys.contiguous()
+    v = values if values.stride(-1) == 1 else values.contiguous()
+    batch, heads, steps, k_dim = k.shape
+    v_dim = v.shape[3]
+    cache_len = key_cache.shape[2]
     block_k, block_v = next_power_of_2(k_dim), next_power_of_2(v_dim)
     rows = batch * heads * steps
     block_rows = max(1, min(next_power_of_2(rows), _STEP_ELEMENTS // max(block_k, block_v)))
+    stride_kb, stride_kh, stride_ks, _ = k.stride()
+    stride_vb, stride_vh, stride_vs, _ = v.stride()
+    stride_kcb, stride_kch, stride_kcs, _ = key_cache.stride()
+    stride_vcb, stride_vch, stride_vcs, _ = value_cache.stride()
+    k_cache, v_cache = key_cache, value_cache
+    COUNTER = counter is not None
+    POSITIONS = counter if COUNTER else positions
     args = (
-        keys, values, key_cache, value_cache, counter if positions is None else positions,
-        heads, steps, key_cache.shape[2], k_dim, v_dim, rows,
-        *keys.stride()[:3], *values.stride()[:3], *key_cache.stride()[:3],
-        *value_cache.stride()[:3],
-        counter is not None, block_rows, block_k, block_v,
+        k, v, k_cache, v_cache, POSITIONS, heads, steps, cache_len, k_dim, v_dim, rows,
+        stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+        stride_kcb, stride_kch, stride_kcs, stride_vcb, stride_vch, stride_vcs,
+        COUNTER, block_rows, block_k, block_v,
     )  # fmt: skip
     launch(_kv_cache_write_kernel, (1,), args, _WARPS, keys.device)

@@ -208,23 +208,31 @@ def _launch_config(n_q_heads: int, n_k_heads: int, d: int):
 
 
 def _launch(q, k, cos, sin, qo, ko, axis, backward):
-    qv, kv = _bhsd(q, axis), _bhsd(k, axis)
-    qov, kov = (qo, ko) if axis == 1 else (qo.transpose(1, 2), ko.transpose(1, 2))
-    batch, n_q_heads, seq, d = qv.shape
-    n_k_heads = kv.shape[1]
-    if batch * seq == 0 or d == 0:
+    # The kernel's arguments, each named as its parameter (``_library``'s "by name"): q, k, qo
+    # and ko as (batch, heads, seq, head_dim) views.
+    device = q.device
+    q, k = _bhsd(q, axis), _bhsd(k, axis)
+    if axis != 1:
+        qo, ko = qo.transpose(1, 2), ko.transpose(1, 2)
+    batch, n_q_heads, seq_len, d = q.shape
+    n_k_heads = k.shape[1]
+    if batch * seq_len == 0 or d == 0:
         return
-    cv, *cos_strides = _bsd(cos)
-    sv, *sin_strides = _bsd(sin)
+    cos, sc_b, sc_s = _bsd(cos)
+    sin, ss_b, ss_s = _bsd(sin)
+    sq_b, sq_h, sq_s, _ = q.stride()
+    sk_b, sk_h, sk_s, _ = k.stride()
+    sqo_b, sqo_h, sqo_s, _ = qo.stride()
+    sko_b, sko_h, sko_s, _ = ko.stride()
+    HALF = d // 2
     block_half, block_hq, block_hk, one_block, num_warps = _launch_config(n_q_heads, n_k_heads, d)
     args = (
-        qv, kv, cv, sv, qov, kov,
-        seq, n_q_heads, n_k_heads,
-        *qv.stride()[:3], *kv.stride()[:3], *qov.stride()[:3], *kov.stride()[:3],
-        *cos_strides, *sin_strides,
-        d // 2, block_half, block_hq, block_hk, one_block, backward,
+        q, k, cos, sin, qo, ko, seq_len, n_q_heads, n_k_heads,
+        sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sqo_b, sqo_h, sqo_s, sko_b, sko_h, sko_s,
+        sc_b, sc_s, ss_b, ss_s,
+        HALF, block_half, block_hq, block_hk, one_block, backward,
     )  # fmt: skip
-    launch(_rotary_kernel, (batch * seq,), args, num_warps, q.device)
+    launch(_rotary_kernel, (batch * seq_len,), args, num_warps, device)
 
 
 def _out_dtype(x, cos, sin) -> torch.dtype:
