@@ -26,13 +26,18 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PACKAGES = ("norm", "activation", "rotary", "loss", "attention")
 
 
-def _load(library: str) -> dict:
+def _load(library: str | None) -> dict:
+    """The packages of this checkout's library (None: built from its sources, as the package
+    loads them), or of a ``library/`` folder of another commit whose repositories hold a
+    ``build/`` (as commits before the builds left git do; else run ``make library`` there)."""
     import kernels
+    from kernels.library import load_library_package
 
+    if library is None:
+        return {name: load_library_package(name) for name in PACKAGES}
     return {name: kernels.get_local_kernel(os.path.join(library, name), name) for name in PACKAGES}
 
 
@@ -135,7 +140,7 @@ def _time_us(fn, calls: int, sync) -> float:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--library", default=os.path.join(ROOT, "library"), help="the library/ timed"
+        "--library", help="the library/ timed (default: this checkout's, built from its sources)"
     )
     parser.add_argument("--baseline", help="a library/ folder of another commit, timed alongside")
     parser.add_argument("--gpu", action="store_true", help="real launches on a CUDA GPU")
@@ -153,7 +158,7 @@ def main(argv=None) -> None:
         sys.exit("--gpu needs a CUDA GPU")
     device = "cuda" if args.gpu else "cpu"
     sync = torch.cuda.synchronize if args.gpu else (lambda: None)
-    versions = {"this": _load(os.path.abspath(args.library))}
+    versions = {"this": _load(args.library and os.path.abspath(args.library))}
     if args.baseline:
         versions["baseline"] = _load(os.path.abspath(args.baseline))
     cases = {}
