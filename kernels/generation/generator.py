@@ -63,6 +63,9 @@ CACHE_LENGTH_STEP = 256
 
 _GENERATOR_ATTRIBUTE = "_kernels_cuda_graph_generator"
 
+#: generate()'s arguments that reach the model's forward though no model reads them.
+_GENERATE_ONLY_ARGUMENTS = frozenset({"tokenizer", "assistant_tokenizer"})
+
 
 @dataclass(frozen=True)
 class _FusedPlan:
@@ -347,7 +350,7 @@ class CudaGraphGenerator:
                 position = prompt.shape[1]  # the first generated token's place in the cache
                 capacity = self._caches[batch][1]
                 sequence = torch.cat([prompt.to(step["input_ids"].device), step["input_ids"]], 1)
-                choice = choice_settings(setup, sequence, capacity)
+                choice = choice_settings(setup, sequence, capacity, stop)
                 step = widen_padding_mask(step, position, capacity)
                 plan = _FusedPlan(
                     prompt,
@@ -422,8 +425,13 @@ class CudaGraphGenerator:
 
         @functools.wraps(forward)  # keeps forward's signature, which generate() inspects
         def decode_through_graphs(*args, **kwargs):
-            if pending and graphs.is_decode_step(args, kwargs):
-                pending.pop()(kwargs)
+            if graphs.is_decode_step(args, kwargs):
+                # generate()'s own arguments that it leaves among the model's keyword arguments
+                # (transformers 4.57 passes the tokenizer of stop_strings= to every forward):
+                # the model ignores them, and no graph can take them as inputs.
+                kwargs = {k: v for k, v in kwargs.items() if k not in _GENERATE_ONLY_ARGUMENTS}
+                if pending:
+                    pending.pop()(kwargs)
             return graphs.run(forward, args, kwargs)
 
         with instance_attribute(self.model, "forward", decode_through_graphs):

@@ -45,7 +45,8 @@ from .graph import CapturedCall, GraphBackend
 from .greedy_rule import ChoiceSettings, StopSettings
 from .greedy_steps import GreedySteps, advance_blocker
 from .inputs import CallKey, NotCapturable, call_key
-from .token_choice import TokenChoice, choice_key
+from .stop_strings import StringStops, stop_strings_key
+from .token_choice import SequenceSoFar, TokenChoice, choice_key
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +57,10 @@ logger = logging.getLogger(__name__)
 #: cache.
 DEFAULT_FUSED_STEPS = 8
 
-#: A block's key: the first step's call key, how many end tokens it compares against, and what
-#: its token choice bakes in (`choice_key`; None: plain argmax).
-_BlockKey = tuple[CallKey, int | None, tuple | None]
+#: A block's key: the first step's call key, how many end tokens it compares against, what its
+#: token choice bakes in (`choice_key`; None: plain argmax) and its stop strings
+#: (`stop_strings_key`).
+_BlockKey = tuple[CallKey, int | None, tuple | None, tuple]
 
 
 @dataclass
@@ -174,16 +176,24 @@ class FusedGreedyLoop:
         block = self._blocks.get(key)
         if block is None:
             eos_count = 0 if stop.eos is None else stop.eos.numel()
-            token_choice = None
+            token_choice, string_stops = None, None
             if choice is not None:
+                batch, device = kwargs["input_ids"].shape[0], kwargs["input_ids"].device
+                sequence = None
+                if stop.stop_strings:  # they read the sequence so far, processors or not
+                    sequence = SequenceSoFar(batch, choice.capacity, device)
+                    string_stops = StringStops(stop.stop_strings)
                 token_choice = TokenChoice(
                     choice.processors,
                     choice.do_sample,
-                    batch=kwargs["input_ids"].shape[0],
+                    batch=batch,
                     capacity=choice.capacity,
-                    device=kwargs["input_ids"].device,
+                    device=device,
+                    sequence=sequence,
                 )
-            steps = GreedySteps(forward, kwargs, self.steps, eos_count, additive_mask, token_choice)
+            steps = GreedySteps(
+                forward, kwargs, self.steps, eos_count, additive_mask, token_choice, string_stops
+            )
             block = _Block(steps, id(cache))
             self._blocks[key] = block
         elif block.graph is not None and block.fingerprint != fingerprint(cache):
@@ -194,7 +204,7 @@ class FusedGreedyLoop:
             steps.load(kwargs, position, stop.eos, stop.pad)
         else:
             steps.load(kwargs, position, stop.eos, stop.pad, choice.processors, choice.sequence)
-        if stop.eos is not None and not bool(steps.unfinished.any()):
+        if steps.tracks_finish and not bool(steps.unfinished.any()):
             new_tokens = 0  # every sequence ended at the token fed (generate() stops there)
         pieces = []
         while new_tokens > 0:
@@ -202,7 +212,7 @@ class FusedGreedyLoop:
             take = min(self.steps, new_tokens)
             new_tokens -= take
             pieces.append(steps.tokens[:, :take].clone())  # the next block overwrites them
-            if stop.eos is not None:
+            if steps.tracks_finish:
                 alive = steps.alive[:take].tolist()  # the block's one host sync
                 if not all(alive):
                     pieces[-1] = pieces[-1][:, : alive.index(False) + 1]
@@ -248,6 +258,7 @@ class FusedGreedyLoop:
             call_key(kwargs, {self.graphs.cache_argument: cache}, self.graphs.device),
             eos_count,
             None if choice is None else choice_key(choice.processors, choice.do_sample),
+            stop_strings_key(stop.stop_strings),
         )
 
     def _run(self, key: _BlockKey, block: _Block) -> None:

@@ -16,8 +16,8 @@ must not take the call, or None when it may:
   top-k/p, min-p, typical, epsilon, repetition penalty, min length and ``min_new_tokens``,
   ``no_repeat_ngram_size``, ``forced_eos_token_id``, ``suppress_tokens``: `choice_blocker`);
   any other (bad words, sequence bias, one of the user's) keeps the call in generate()'s loop;
-- stopping criteria of max length, end tokens and ``max_time`` (checked between blocks) only,
-  not stop strings or the user's own;
+- stopping criteria of max length, end tokens, stop strings (`kernels.generation.stop_strings`)
+  and ``max_time`` (checked between blocks) only, not the user's own;
 - no ``synced_gpus``, ``custom_generate``, ``return_dict_in_generate`` (the output would carry
   per-step scores or the cache, whose state differs after the loop), prefill chunking or token
   healing. A streamer is given each block's tokens step by step after the block.
@@ -72,6 +72,8 @@ class StopSettings:
     #: ``max_time``: seconds after ``started`` (``time.time()``) past which no step begins.
     max_time: float | None = None
     started: float | None = None
+    #: transformers' ``StopStringCriteria`` of the call (``stop_strings=``), run on the device.
+    stop_strings: tuple = ()
 
     def out_of_time(self) -> bool:
         """Whether ``max_time`` has passed (checked between blocks: a block runs whole)."""
@@ -129,6 +131,7 @@ def fused_blocker(setup: GenerateSetup, generate_kwargs: dict[str, Any]) -> str 
         setup: what ``generate()`` built for the call (`recording_setup`).
         generate_kwargs: the keyword arguments the call was given.
     """
+    from .stop_strings import is_stop_string_criterion
     from .token_choice import choice_blocker
 
     config = setup.generation_config
@@ -168,10 +171,15 @@ def fused_blocker(setup: GenerateSetup, generate_kwargs: dict[str, Any]) -> str 
     )
 
     known = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)
-    others = [type(c).__name__ for c in setup.stopping_criteria if type(c) not in known]
+    others = [
+        type(c).__name__
+        for c in setup.stopping_criteria
+        if type(c) not in known and not is_stop_string_criterion(c)
+    ]
     if others:
         return (
-            f"stopping criteria other than max length, end tokens and max_time: {', '.join(others)}"
+            "stopping criteria other than max length, end tokens, stop strings and max_time: "
+            + ", ".join(others)
         )
     if not any(type(c) is MaxLengthCriteria for c in setup.stopping_criteria):
         return "generate() set no maximum length"
@@ -184,28 +192,33 @@ def stop_settings(setup: GenerateSetup) -> StopSettings:
     """The `StopSettings` of a call that `fused_blocker` let through."""
     from transformers.generation.stopping_criteria import MaxLengthCriteria, MaxTimeCriteria
 
+    from .stop_strings import is_stop_string_criterion
+
     criteria = setup.stopping_criteria
     max_length = min(c.max_length for c in criteria if type(c) is MaxLengthCriteria)
     timers = [c for c in criteria if type(c) is MaxTimeCriteria]
-    timing = {}
+    extra: dict[str, Any] = {
+        "stop_strings": tuple(c for c in criteria if is_stop_string_criterion(c))
+    }
     if timers:
         first = min(timers, key=lambda c: c.initial_timestamp + c.max_time)
-        timing = dict(max_time=first.max_time, started=first.initial_timestamp)
+        extra.update(max_time=first.max_time, started=first.initial_timestamp)
     if not _has_eos(setup):
-        return StopSettings(max_length, None, None, **timing)
+        return StopSettings(max_length, None, None, **extra)
     # generate() appends its end-token criterion last and stops on any end token it lists.
     eos = torch.cat([torch.as_tensor(c.eos_token_id).reshape(-1) for c in criteria if _is_eos(c)])
-    return StopSettings(max_length, eos, setup.generation_config._pad_token_tensor, **timing)
+    return StopSettings(max_length, eos, setup.generation_config._pad_token_tensor, **extra)
 
 
 def choice_settings(
-    setup: GenerateSetup, sequence: torch.Tensor, capacity: int
+    setup: GenerateSetup, sequence: torch.Tensor, capacity: int, stop: StopSettings
 ) -> ChoiceSettings | None:
-    """How a call `fused_blocker` let through chooses its tokens, or None for plain argmax (no
-    processor, no sampling: the loop's cheapest step)."""
+    """How a call `fused_blocker` let through chooses its tokens, or None for plain argmax with
+    nothing that reads the sequence so far (no processor, no sampling, no stop strings: the
+    loop's cheapest step)."""
     processors = tuple(setup.logits_processor)
     do_sample = bool(setup.generation_config.do_sample)
-    if not processors and not do_sample:
+    if not processors and not do_sample and not stop.stop_strings:
         return None
     return ChoiceSettings(processors, do_sample, sequence, capacity)
 

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from .inputs import StaticInputs
+from .stop_strings import StringStops
 from .token_choice import TokenChoice
 
 #: Tensor arguments of a decode step that the block knows how to advance.
@@ -117,6 +118,8 @@ class GreedySteps:
         eos_count: how many end tokens stop a sequence (0: none, tokens are never replaced).
         choice: how each step's tokens are chosen from its logits (`TokenChoice`: the call's
             logits processors, argmax or a sample); None: argmax of the logits.
+        string_stops: the call's stop strings (`StringStops`), read from the choice's sequence
+            so far; a sequence that ends with one is finished.
         additive_mask: a floating dtype to feed a boolean attention mask as an additive one of
             (0 open, the dtype's minimum closed), for a model whose attention is PyTorch's
             ``scaled_dot_product_attention``: it would otherwise turn the boolean mask into
@@ -134,10 +137,16 @@ class GreedySteps:
         eos_count: int,
         additive_mask: torch.dtype | None = None,
         choice: TokenChoice | None = None,
+        string_stops: StringStops | None = None,
     ):
         self.forward = forward
         self.steps = steps
         self.choice = choice
+        self.string_stops = string_stops
+        #: The sequence so far, for processors and stop strings that read it (the choice's).
+        self.sequence = None if choice is None else choice.sequence
+        if string_stops is not None and self.sequence is None:
+            raise ValueError("stop strings read the sequence so far: pass a choice that keeps it")
         mask = kwargs.get("attention_mask")
         self.additive_mask = None
         if (
@@ -152,7 +161,7 @@ class GreedySteps:
         batch, device = ids.shape[0], ids.device
         #: Step i's tokens, for each sequence.
         self.tokens = torch.zeros(batch, steps, dtype=torch.long, device=device)
-        #: Whether any sequence was unfinished after step i (only kept with end tokens).
+        #: Whether any sequence was unfinished after step i (kept with end tokens or stop strings).
         self.alive = torch.ones(steps, dtype=torch.bool, device=device)
         #: 1 for sequences still generating, as generate()'s ``unfinished_sequences``.
         self.unfinished = torch.ones(batch, dtype=torch.long, device=device)
@@ -196,6 +205,15 @@ class GreedySteps:
             # The fed tokens are generate()'s first: a sequence that ended there is finished.
             ended = _is_end(self.inputs.buffers["input_ids"][:, 0], self.eos)
             self.unfinished.mul_(~ended)
+        if self.string_stops is not None:
+            assert self.sequence is not None
+            self.unfinished.mul_(~self.string_stops(self.sequence))
+
+    @property
+    def tracks_finish(self) -> bool:
+        """Whether sequences can finish before the maximum length (end tokens, stop strings):
+        then `alive` says after which step none was left."""
+        return self.eos is not None or self.string_stops is not None
 
     def _fed(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``kwargs`` as the forward is fed them: a boolean mask made additive where asked."""
@@ -215,12 +233,19 @@ class GreedySteps:
         # As generate(): the last position's logits in float32, then its choice.
         logits = outputs.logits[:, -1].to(torch.float32)
         tokens = torch.argmax(logits, dim=-1) if self.choice is None else self.choice(logits)
+        # As generate(): finished sequences emit the pad token (with end tokens only), the token
+        # joins the sequence, then the stopping criteria see the sequence.
         if self.eos is not None:
             tokens = tokens * self.unfinished + self.pad * (1 - self.unfinished)
+        if self.sequence is not None:
+            self.sequence.append(tokens)
+        if self.eos is not None:
             self.unfinished.mul_(~_is_end(tokens, self.eos))
+        if self.string_stops is not None:
+            assert self.sequence is not None
+            self.unfinished.mul_(~self.string_stops(self.sequence))
+        if self.tracks_finish:
             self.alive[i] = self.unfinished.any()
-        if self.choice is not None:
-            self.choice.record(tokens)
         self.tokens[:, i] = tokens
         self._advance(tokens)
 

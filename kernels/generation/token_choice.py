@@ -254,6 +254,11 @@ def choice_blocker(processors: Sequence[Any]) -> str | None:
     return None
 
 
+def reads_sequence(processors: Sequence[Any]) -> bool:
+    """Whether any of these processors reads the sequence so far (has a device version)."""
+    return any(_device_version(p) is not None for p in processors)
+
+
 def _value_key(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return ("tensor", str(value.dtype), tuple(value.reshape(-1).tolist()))
@@ -291,6 +296,8 @@ class TokenChoice:
         capacity: the most ids a sequence reaches (the cache's length), for the buffer of the
             sequence so far, made only when a processor reads it.
         device: where the steps run.
+        sequence: the buffer of the sequence so far to read, when the caller keeps one (for
+            stop strings too); by default one is made when a processor reads it.
     """
 
     def __init__(
@@ -301,6 +308,7 @@ class TokenChoice:
         batch: int,
         capacity: int,
         device: torch.device,
+        sequence: SequenceSoFar | None = None,
     ):
         reason = choice_blocker(processors)
         if reason is not None:
@@ -315,8 +323,9 @@ class TokenChoice:
                 self._processors.append(version(p, device))  # type: ignore[call-arg]
             else:
                 self._processors.append(p)
-        reads_sequence = any(isinstance(p, DeviceProcessor) for p in self._processors)
-        self.sequence = SequenceSoFar(batch, capacity, device) if reads_sequence else None
+        if sequence is None and reads_sequence(processors):
+            sequence = SequenceSoFar(batch, capacity, device)
+        self.sequence = sequence
         # input_ids for the processors that take it but read only its batch size.
         self._ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
 
@@ -345,8 +354,3 @@ class TokenChoice:
         # generator, the same division and argmax.
         noise = torch.empty_like(probs).exponential_(1)
         return torch.argmax(probs / noise, dim=-1)
-
-    def record(self, tokens: torch.Tensor) -> None:
-        """Append a step's emitted tokens (after end-token padding) to the sequence so far."""
-        if self.sequence is not None:
-            self.sequence.append(tokens)

@@ -395,6 +395,56 @@ def check_fused_setting(model, name: str, caplog) -> None:
             assert torch.equal(a, b), (a, b)
 
 
+def check_stop_strings(model, prompt_case: str, caplog) -> None:
+    """``stop_strings=`` run in the fused loop: a string that spans two of the first sequence's
+    tokens (ending inside the first block for a batch, in a later one for a single sequence)
+    stops it as generate() does (padded with a pad token while the others go on), every step
+    from the loop, no host read in a block."""
+    import logging
+
+    from kernels.generation import CudaGraphGenerator
+    from kernels.generation.greedy_steps import GreedySteps
+    from tests.support.generation import tiny_tokenizer
+    from tests.support.host_reads import OpNames
+
+    tokenizer = tiny_tokenizer()
+    ids, mask = case_prompt(prompt_case)
+    new_tokens = 2 * FUSED_STEPS + 3
+    plain = eager_greedy(model, ids, mask, new_tokens)
+    unused = next(t for t in range(1, TINY["vocab_size"]) if t not in plain[:, ids.shape[1] :])
+    first = [tokenizer.convert_ids_to_tokens(int(t)) for t in plain[0, ids.shape[1] :]]
+    call = dict(
+        attention_mask=mask, max_new_tokens=new_tokens, tokenizer=tokenizer, eos_token_id=unused
+    )
+    start = FUSED_STEPS + 1 if ids.shape[0] == 1 else 2
+    for i in range(start, len(first)):
+        stop = first[i - 1][-1] + first[i]  # ends with token i, starts inside token i - 1
+        expected = _static_generate(model, ids, dict(call, stop_strings=[stop]))
+        if not torch.equal(expected, plain):  # it stopped something
+            break
+    else:
+        raise AssertionError(f"no stop string spanning two tokens stops {first}")
+    reads: list[set[str]] = []
+    original = GreedySteps.__call__
+
+    def watched(self) -> None:
+        with OpNames() as ops:
+            original(self)
+        reads.append(ops.host_reads)
+
+    generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
+    GreedySteps.__call__ = watched
+    try:
+        with caplog.at_level(logging.INFO, logger="kernels.generation"):
+            got = generator.generate(ids, **call, stop_strings=[stop])
+    finally:
+        GreedySteps.__call__ = original
+    assert torch.equal(got, expected), (stop, got.tolist(), expected.tolist())
+    stats = generator.stats
+    assert stats.fused_calls == 1 and stats.replays == 0, stats
+    assert reads and not any(reads), reads
+
+
 def check_max_time_stops_between_blocks(model, monkeypatch) -> None:
     """``max_time`` is checked after each block: a call whose time runs out in its first block
     ends after that block, its tokens generate()'s greedy ones so far."""

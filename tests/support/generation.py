@@ -342,3 +342,24 @@ class CountingBackend(EagerBackend):
                 return fn()
 
         return Step()
+
+
+def tiny_tokenizer():
+    """A fast tokenizer for `TINY`'s vocabulary (97 ids): the pad token, the 26 letters and
+    70 pairs of letters ("aa", "ab", ...), text split into letters and tokens joined without
+    spaces, so that a stop string can end inside a token or span several (``"bca"`` is "b" +
+    "ca" or "bc" + "a")."""
+    import itertools
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = ["<pad>", *string.ascii_lowercase]
+    pairs = ("".join(p) for p in itertools.product("abcdefghij", repeat=2))
+    vocab += list(itertools.islice(pairs, TINY["vocab_size"] - len(vocab)))
+    tokenizer = Tokenizer(WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>")

@@ -152,3 +152,29 @@ def check_choice_keys() -> None:
         lp.MinNewTokensLengthLogitsProcessor(5, 3, [2, 7])
     )
     assert key(lp.NoRepeatNGramLogitsProcessor(2)) != key(lp.NoRepeatNGramLogitsProcessor(3))
+
+
+def check_stop_strings_match_transformers() -> None:
+    """`StringStops` says what transformers' StopStringCriteria says of the sequence so far, at
+    every length, shorter than the longest match included (where the columns before the start
+    must match nothing, not repeat the first id), the buffer past the length holding other
+    ids."""
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    from kernels.generation.stop_strings import StringStops
+    from kernels.generation.token_choice import SequenceSoFar
+    from tests.support.generation import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    vocab = tokenizer.get_vocab()
+    criterion = StopStringCriteria(tokenizer, ["aa", "bca", "jj"])
+    stops = StringStops([criterion])
+    rows = [["a"], ["a", "a"], ["b", "ca"], ["bc", "a"], ["x", "b", "c", "a"], ["j", "j"], ["aa"]]
+    seq = SequenceSoFar(1, 8, torch.device("cpu"))
+    for row in rows:
+        ids = torch.tensor([[vocab[t] for t in row]])
+        for length in range(1, len(row) + 1):
+            seq.load(ids[:, :length])
+            seq.ids[:, length:] = vocab["a"]  # an id that would complete "aa" if read
+            expected = criterion(ids[:, :length], None)
+            assert torch.equal(stops(seq), expected), (row, length)

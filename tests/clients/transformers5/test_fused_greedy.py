@@ -55,6 +55,11 @@ def test_settings_people_run_are_fused(model, setting, caplog):
     checks.check_fused_setting(model, setting, caplog)
 
 
+@pytest.mark.parametrize("prompt_case", checks.PROMPT_CASES)
+def test_stop_strings_are_fused(model, prompt_case, caplog):
+    checks.check_stop_strings(model, prompt_case, caplog)
+
+
 def test_max_time_stops_between_blocks(model, monkeypatch):
     checks.check_max_time_stops_between_blocks(model, monkeypatch)
 

@@ -29,3 +29,7 @@ def test_unknown_processors_are_refused():
 
 def test_choice_keys():
     checks.check_choice_keys()
+
+
+def test_stop_strings_match_transformers():
+    checks.check_stop_strings_match_transformers()
