@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.library.test_layout import GOOD, REPOS, _repo_with, build
+from tests.library.test_layout import GOOD, _repo_with, build
 
 PACKAGE = '''
 """Demo kernel."""
@@ -87,11 +87,11 @@ def test_symbols_describe_the_exported_functions_and_layers(tmp_path):
     assert universal["functions"][0]["module"] == f"{ids['torch-universal']}.ops"
 
 
-def test_the_committed_symbols_name_every_layer_of_the_library():
-    """Our repositories' symbols.json list the layers kernelize maps (as their layers modules
-    define them), flagged as the classes declare."""
-    norm = next(r for r in REPOS if r.name == "norm")
-    symbols = json.loads((norm.folder / "build" / "torch-cuda" / "symbols.json").read_text())
+def test_the_published_symbols_name_every_layer_of_the_library(published_library):
+    """Our repositories' symbols.json, as `kernels upload` publishes them, list the layers
+    kernelize maps (as their layers modules define them), flagged as the classes declare."""
+    folder = published_library("norm")
+    symbols = json.loads((folder / "build" / "torch-cuda" / "symbols.json").read_text())
     names = {layer["name"]: layer["attributes"] for layer in symbols["layers"]}
     assert names["RMSNorm"] == {"has_backward": True, "can_torch_compile": True}
     assert "rms_norm" in {f["name"] for f in symbols["functions"]}
