@@ -361,20 +361,27 @@ def build_files(repo: Repository, *, symbols: bool = True) -> dict[str, bytes]:
     """
     files = package_files(repo)
     digest = source_digest(files)
-    metas = {variant: metadata(repo, variant, digest) for variant in repo.variants}
+    binaries, _ = shipped_binaries(repo, digest)
+    # A variant's id names its content: one that carries binaries is another build than one
+    # of the same sources without them (Hugging Face's client refuses to load two builds of
+    # one id in a process).
+    shipped = {f"{PACKAGE_BINARIES}/{name}": content for name, content in binaries.items()}
+    with_binaries = source_digest({**files, **shipped}) if binaries else digest
+    metas = {
+        variant: metadata(repo, variant, with_binaries if _carries_binaries(variant) else digest)
+        for variant in repo.variants
+    }
     described = (
         describe(files, [meta["id"] for meta in metas.values()], where=repo.name) if symbols else {}
     )
-    binaries, _ = shipped_binaries(repo, digest)
     out = {}
     for variant, meta in metas.items():
         # torch-universal keeps the package in a folder of its own name (the legacy layout);
         # noarch variants are the package.
         prefix = f"{repo.package}/" if variant == UNIVERSAL else ""
         variant_files = {prefix + name: content for name, content in files.items()}
-        if meta["backend"]["type"] in BINARIES_BACKENDS:
-            for name, content in binaries.items():
-                variant_files[f"{prefix}{PACKAGE_BINARIES}/{name}"] = content
+        if _carries_binaries(variant):
+            variant_files.update({prefix + name: content for name, content in shipped.items()})
         if symbols:
             text = json.dumps(described[meta["id"]], indent=2, ensure_ascii=False) + "\n"
             variant_files[SYMBOLS] = text.encode()
@@ -382,6 +389,11 @@ def build_files(repo: Repository, *, symbols: bool = True) -> dict[str, bytes]:
         variant_files[METADATA] = (json.dumps(meta, indent=2) + "\n").encode()
         out.update({f"{variant}/{name}": content for name, content in variant_files.items()})
     return out
+
+
+def _carries_binaries(variant: str) -> bool:
+    backend = UNIVERSAL_BACKEND if variant == UNIVERSAL else variant.removeprefix("torch-")
+    return backend in BINARIES_BACKENDS
 
 
 def file_digests(files: Mapping[str, bytes]) -> dict:

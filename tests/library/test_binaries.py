@@ -172,6 +172,12 @@ def test_the_cuda_variants_carry_the_binaries_covered_by_their_digests(captured)
         # The digest kernels check compares is the build's own.
         assert shared.shipped_source_digest(str(package)) == manifest.source_digest
     assert not (repo.folder / "build" / "torch-rocm" / "_binaries").exists()
+    # A variant's id names its content: with binaries it is another build than without them
+    # (Hugging Face's client refuses two builds of one id in a process: tests/interop).
+    for variant in ("torch-cuda", "torch-universal", "torch-rocm"):
+        meta = json.loads((repo.folder / "build" / variant / "metadata.json").read_text())
+        plain = build.metadata(repo, variant, manifest.source_digest)["id"]
+        assert (meta["id"] == plain) == (variant == "torch-rocm"), variant
 
 
 def test_stale_binaries_are_not_shipped_and_the_build_says_so(captured, capsys):
@@ -483,3 +489,38 @@ def test_os_helpers_keep_the_users_umask(captured, tmp_path):
         os.umask(old)
     mode = (tmp_path / "user-cache" / keys[KERNEL] / f"{KERNEL}.cubin").stat().st_mode & 0o777
     assert mode == 0o640
+
+
+# ---- the ZIP build layout ------------------------------------------------------------------
+
+
+def test_a_zip_layout_package_loads_with_its_binaries_and_seeds_nothing(captured, tmp_path):
+    """kernel-builder's ZIP layout packs the package into ``<id>.zip``; compiled modules may not
+    be inside it (kernels/repos/archive.py refuses them), so a ZIP build carries the kernel
+    groups only. It loads as before; the seeder reads a folder on disk, which an archive is
+    not, so it seeds nothing (and raises nothing)."""
+    from kernels import get_local_kernel
+    from kernels.errors import KernelArchiveError
+    from tests.support.zip_layout import write_zip_variant
+
+    repo, _, _ = captured
+    package = _package(repo)
+    members = {
+        name: content
+        for name, content in _files(package).items()
+        if name not in ("metadata.json", "__init__.py") and not name.endswith(".so")
+    }
+    members["__init__.py"] = b"from . import _binaries\n"
+    assert any(name.startswith("_binaries/") and name.endswith(".cubin") for name in members)
+    root = tmp_path / "zipped"
+    write_zip_variant(root / "build" / "torch-universal", members=members, beside={})
+    module = get_local_kernel(root)
+    seeder = module._binaries
+    report = _seed(Path(seeder.__file__).parent, tmp_path / "zip-cache")
+    assert report.skipped == "no binaries" and not (tmp_path / "zip-cache").exists()
+
+    with_modules = {**members, **{n: c for n, c in _files(package).items() if n.endswith(".so")}}
+    refused = tmp_path / "refused"
+    write_zip_variant(refused / "build" / "torch-universal", members=with_modules, beside={})
+    with pytest.raises(KernelArchiveError, match="compiled module"):
+        get_local_kernel(refused)
