@@ -5,7 +5,7 @@ Run the library's workloads on a GPU with a fresh Triton cache, then capture fro
     export TRITON_CACHE_DIR=/tmp/triton-capture      # empty, on the GPU machine
     python -m benchmarks.cold_start ...              # and the GPU tests: every shape they launch
     python library/binaries.py capture /tmp/triton-capture            # every repository
-    python library/binaries.py capture /tmp/triton-capture norm       # some of them
+    python library/binaries.py capture /tmp/a /tmp/b --repos norm     # several caches; some repos
     python library/binaries.py list                                    # what each one holds
 
 For each repository it takes, from the cache:
@@ -104,12 +104,22 @@ def _dotted(node: ast.expr) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
-def scan_cache(cache_dir: Path, triton_version: str | None) -> tuple[list[Cached], list[Cached]]:
+def scan_cache(
+    cache_dirs: Path | list[Path], triton_version: str | None
+) -> tuple[list[Cached], list[Cached]]:
     """The complete kernel groups (those with their ``__grp__`` file, which Triton writes last)
-    and the C modules of a Triton cache. C modules record no Triton version: they get
-    ``triton_version``, else the one version of the kernels found (none if several)."""
+    and the C modules of one or more Triton caches (a group in several is taken once). C
+    modules record no Triton version: they get ``triton_version``, else the one version of the
+    kernels found (none if several)."""
+    if isinstance(cache_dirs, Path):
+        cache_dirs = [cache_dirs]
+    folders: dict[str, Path] = {}
+    for cache_dir in cache_dirs:
+        for folder in sorted(cache_dir.iterdir()):
+            if folder.is_dir() and not folder.is_symlink():
+                folders.setdefault(folder.name, folder)
     kernels, modules = [], []
-    for folder in sorted(p for p in cache_dir.iterdir() if p.is_dir() and not p.is_symlink()):
+    for folder in (folders[name] for name in sorted(folders)):
         if not _KEY.fullmatch(folder.name):
             continue
         names = {p.name for p in folder.iterdir() if p.is_file() and not p.is_symlink()}
@@ -124,7 +134,7 @@ def scan_cache(cache_dir: Path, triton_version: str | None) -> tuple[list[Cached
     versions = {k.group.triton for k in kernels}
     if triton_version is None and len(versions) == 1:
         triton_version = versions.pop()
-    for folder in sorted(p for p in cache_dir.iterdir() if p.is_dir() and not p.is_symlink()):
+    for folder in (folders[name] for name in sorted(folders)):
         if not _KEY.fullmatch(folder.name) or triton_version is None:
             continue
         for path in sorted(folder.iterdir()):
@@ -165,12 +175,14 @@ def _described(path: Path):
     return shared.BinaryFile(path.name, shared.file_sha256(data), len(data))
 
 
-def capture(repo, cache_dir: Path, *, triton_version: str | None = None, modules: bool = True):
-    """Write ``repo``'s binaries from ``cache_dir`` into ``repo/binaries/`` (see the module's
-    docstring) and return the manifest written, or None when the cache holds none of its
-    kernels (the folder is then left as it was)."""
+def capture(
+    repo, cache_dirs: Path | list[Path], *, triton_version: str | None = None, modules: bool = True
+):
+    """Write ``repo``'s binaries from the Triton cache(s) ``cache_dirs`` into ``repo/binaries/``
+    (see the module's docstring) and return the manifest written, or None when the caches hold
+    none of its kernels (the folder is then left as it was)."""
     names = jit_names(repo)
-    kernels, c_modules = scan_cache(cache_dir, triton_version)
+    kernels, c_modules = scan_cache(cache_dirs, triton_version)
     taken = [k for k in kernels if k.group.kernel in names]
     if not taken:
         return None
@@ -234,8 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     capture_parser = commands.add_parser("capture", help="take the binaries from a Triton cache")
-    capture_parser.add_argument("cache", type=Path, help="the Triton cache folder the runs filled")
-    capture_parser.add_argument("repos", nargs="*", help="repository folders (default: all)")
+    capture_parser.add_argument(
+        "caches", nargs="+", type=Path, help="the Triton cache folder(s) the runs filled"
+    )
+    capture_parser.add_argument(
+        "--repos", nargs="+", default=[], help="repository folders (default: all)"
+    )
     capture_parser.add_argument(
         "--triton",
         help="the Triton version the cache's C modules were built by (default: the "
@@ -251,9 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         repos = build.repositories(args.repos)
         for repo in repos:
             if args.command == "capture":
-                manifest = capture(repo, args.cache, triton_version=args.triton, modules=args.modules)  # fmt: skip
+                manifest = capture(repo, args.caches, triton_version=args.triton, modules=args.modules)  # fmt: skip
                 if manifest is None:
-                    print(f"{repo.name}: none of its kernels is in {args.cache}; left as it was")
+                    print(f"{repo.name}: none of its kernels is in the cache(s); left as it was")
                     continue
             else:
                 found = shared.read_manifest(str(repo.folder / build.BINARIES))

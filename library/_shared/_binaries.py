@@ -61,6 +61,8 @@ MAX_TOTAL_BYTES = 1024 * 1024 * 1024
 MAX_FILES = 20_000
 #: The marker a seeding leaves in the cache folder, so that later processes check one file.
 MARKER_PREFIX = "kernels-seeded-"
+#: Set to 0 to seed nothing (every kernel compiles, as without binaries).
+ENV_SWITCH = "KERNELS_TRITON_BINARIES"
 #: C modules Triton's drivers build (launchers, and the driver's utils).
 MODULES = ("__triton_launcher", "cuda_utils", "hip_utils")
 
@@ -417,6 +419,9 @@ def seed(
     ``triton_version``, ``platform`` and ``cache_dir`` default to the running ones.
     """
     report = SeedReport()
+    if os.environ.get(ENV_SWITCH) == "0":
+        report.skipped = f"{ENV_SWITCH}=0"
+        return report
     binaries_dir = os.path.join(package_dir, FOLDER)
     where = os.path.basename(os.path.normpath(package_dir))
     try:

@@ -295,6 +295,13 @@ def test_a_cache_manager_of_the_users_own_means_no_seeding(captured, tmp_path, m
     assert not (tmp_path / "user-cache").exists()
 
 
+def test_the_switch_turns_seeding_off(captured, tmp_path, monkeypatch):
+    repo, _, _ = captured
+    monkeypatch.setenv("KERNELS_TRITON_BINARIES", "0")
+    assert _seed(_package(repo), tmp_path / "c").skipped == "KERNELS_TRITON_BINARIES=0"
+    assert not (tmp_path / "c").exists()
+
+
 def test_the_default_cache_is_tritons(captured, tmp_path):
     repo, _, keys = captured
     report = shared.seed(str(_package(repo)), target=TARGET, triton_version=TRITON)
