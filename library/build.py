@@ -30,6 +30,11 @@ in the Python that runs this script; no function is called and no layer instanti
 for loading only (``build_files(repo, symbols=False)``, ``--no-symbols``) leaves it out, which
 takes milliseconds rather than seconds; its ``digest`` then covers the files it has.
 
+A repository may also hold ``binaries/``: compiled Triton kernels captured on a GPU
+(``library/binaries.py``). Its CUDA variants carry them as ``<package>/_binaries/``, covered by
+the ``digest`` and in the variant's ``id``, only while their manifest's source digest is that
+of the package's files; stale ones are left out, with a note.
+
 In the ``kernels`` project this file is ``library/build.py``, and the files of
 ``library/_shared/`` (the launch helper every repository needs) are copied into each package,
 byte for byte. git holds the sources only, never ``build/``; the builds are made where they are
