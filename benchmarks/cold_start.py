@@ -14,7 +14,10 @@ the 1.1B Llama-style model of `benchmarks.llama` (random weights, bf16):
 - ``eager-train`` and ``eager-generate``: the same without our kernels (plain transformers
   training step, ``model.generate``): what a cold start costs with no Triton at all.
 
-Each of ours runs twice, in order: ``cold``, with an empty Triton cache (``TRITON_CACHE_DIR`` a
+With ``--binaries``, each of ours first runs on an empty cache that the packages seed from the
+Triton binaries they ship (``binaries``; cold and warm runs turn seeding off with
+``KERNELS_TRITON_BINARIES=0``). ``--keep-cache DIR`` keeps each case's cold cache as
+``DIR/<case>``, for ``library/binaries.py capture DIR/*``. Each of ours runs twice, in order: ``cold``, with an empty Triton cache (``TRITON_CACHE_DIR`` a
 new folder), and ``warm``, a new process on the cache the cold run filled: the cold run's
 extra time is what compiling costs, and the warm run is what shipped binaries could at best
 give. Inside each process the time spent in Triton's compiler (``triton.compiler.compile``)
@@ -202,6 +205,10 @@ def child(case: str, started: float) -> dict:
 
 def run_case(case: str, cache_dir: str, temperature: str) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1")
+    # Only the `binaries` runs seed the cache from the Triton binaries the packages ship
+    # (docs/writing-kernels.md, Shipped Triton binaries); cold and warm runs compile as if
+    # there were none.
+    env["KERNELS_TRITON_BINARIES"] = "1" if temperature == "binaries" else "0"
     # Nothing here uses Inductor; a fresh folder keeps a stray cache from hiding a compile.
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
     spawned = time.time()
@@ -242,10 +249,21 @@ def run_case(case: str, cache_dir: str, temperature: str) -> dict:
     return result
 
 
-def measure(cases) -> list[dict]:
+def measure(cases, *, binaries: bool = False, keep_cache: Path | None = None) -> list[dict]:
+    """Each case cold then warm on one new cache; with ``binaries``, first on an empty cache
+    that the packages' shipped binaries seed. ``keep_cache``: each case's cold run's cache is
+    ``keep_cache/<case>`` (new or empty), kept for ``library/binaries.py capture``."""
     results = []
     for case in cases:
-        with tempfile.TemporaryDirectory(prefix="triton-cold-") as cache_dir:
+        if binaries and not case.startswith("eager"):
+            with tempfile.TemporaryDirectory(prefix="triton-binaries-") as cache_dir:
+                results.append(run_case(case, cache_dir, "binaries"))
+        with contextlib.ExitStack() as stack:
+            if keep_cache is not None:
+                (keep_cache / case).mkdir(parents=True, exist_ok=True)
+                cache_dir = str(keep_cache / case)
+            else:
+                cache_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="triton-cold-"))
             temperatures = ("cold",) if case.startswith("eager") else ("cold", "warm")
             for temperature in temperatures:
                 results.append(run_case(case, cache_dir, temperature))
@@ -303,7 +321,7 @@ def write_markdown(meta: dict, results: list, path) -> None:
         )
     lines += ["", "Slowest compiles (cold runs):", ""]
     for r in results:
-        if r["cache"] == "cold" and r["slowest_compiles"]:
+        if r["cache"] in ("cold", "binaries") and r["slowest_compiles"]:
             top = ", ".join(f"{name} {s:.2f}" for name, s in r["slowest_compiles"])
             lines.append(f"- {r['case']}: {top}")
     Path(path).write_text("\n".join(lines) + "\n")
@@ -313,6 +331,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {CASES}")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--binaries",
+        action="store_true",
+        help="also run each case on an empty cache seeded from the shipped Triton binaries",
+    )
+    parser.add_argument(
+        "--keep-cache",
+        type=Path,
+        metavar="DIR",
+        help="keep each case's cold Triton cache as DIR/<case> (DIR new or empty), to capture from",
+    )
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -326,7 +355,11 @@ def main() -> int:
         parser.error(f"unknown case(s) {unknown}: choose from {', '.join(CASES)}")
     out = args.out or default_out("cold_start")
     out.mkdir(parents=True, exist_ok=True)
-    results = measure(cases)
+    if args.keep_cache is not None and args.keep_cache.exists() and any(args.keep_cache.iterdir()):
+        parser.error(
+            f"--keep-cache {args.keep_cache} is not empty: a cold run needs an empty cache"
+        )
+    results = measure(cases, binaries=args.binaries, keep_cache=args.keep_cache)
     save_results(out, metadata(), results, write_markdown)
     print(Path(out, "results.md").read_text())
     return 0

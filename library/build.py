@@ -30,6 +30,11 @@ in the Python that runs this script; no function is called and no layer instanti
 for loading only (``build_files(repo, symbols=False)``, ``--no-symbols``) leaves it out, which
 takes milliseconds rather than seconds; its ``digest`` then covers the files it has.
 
+A repository may also hold ``binaries/``: compiled Triton kernels captured on a GPU
+(``library/binaries.py``). Its CUDA variants carry them as ``<package>/_binaries/``, covered by
+the ``digest`` and in the variant's ``id``, only while their manifest's source digest is that
+of the package's files; stale ones are left out, with a note.
+
 In the ``kernels`` project this file is ``library/build.py``, and the files of
 ``library/_shared/`` (the launch helper every repository needs) are copied into each package,
 byte for byte. git holds the sources only, never ``build/``; the builds are made where they are
@@ -59,6 +64,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import importlib.util
 import inspect
 import json
 import re
@@ -96,6 +102,12 @@ DEFAULT_PYEXT = ("py", "pyi")
 LICENSE = "Apache-2.0"
 #: Hex digits of the source digest in a variant's id.
 ID_DIGEST_LENGTH = 10
+#: A repository's captured Triton binaries (``library/binaries.py capture``), and the folder of
+#: a variant's package that carries them (read by the shared ``_binaries.py``).
+BINARIES = "binaries"
+PACKAGE_BINARIES = "_binaries"
+#: The backends whose variants carry them (Triton's CUDA targets).
+BINARIES_BACKENDS = ("cuda",)
 
 # kernel-builder's kernel names: lowercase letters, digits and dashes, a letter first.
 _NAME = re.compile(r"[a-z][-a-z0-9]*[a-z0-9]")
@@ -263,6 +275,72 @@ def source_digest(files: Mapping[str, bytes]) -> str:
     return digest.hexdigest()
 
 
+def binaries_module() -> types.ModuleType | None:
+    """The shared ``_binaries.py`` (its manifest reader), loaded by path; None where this script
+    has no shared files (a repository of its own, whose package cannot use binaries)."""
+    path = SHARED / "_binaries.py"
+    if not path.is_file():
+        return None
+    module = sys.modules.get("_kernels_build_binaries")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("_kernels_build_binaries", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return module
+
+
+def shipped_binaries(repo: Repository, digest: str) -> tuple[dict[str, bytes], str | None]:
+    """The files of ``repo``'s ``binaries/`` that its CUDA variants carry as ``_binaries/``
+    (by path relative to it), and a note when there are binaries but they are not shipped.
+
+    They ship only when their manifest's ``source_digest`` is ``digest`` (the package's
+    sources now): binaries captured from other sources are left out, with the note, until
+    they are captured again on a GPU.
+
+    Raises:
+        LibraryBuildError: the manifest is malformed, names another repository, or a file
+            differs from its digest, is missing, or is not listed.
+    """
+    folder = repo.folder / BINARIES
+    if not folder.exists():
+        return {}, None
+    reader = binaries_module()
+    if reader is None:
+        return {}, f"{repo.name}: {BINARIES}/ left out: the package has no _binaries.py to use it"
+    manifest_path = folder / reader.MANIFEST
+    try:
+        found = reader.read_manifest(str(folder))
+    except reader.ManifestError as exc:
+        raise LibraryBuildError(f"{manifest_path} {exc}.") from None
+    if found is None:
+        raise LibraryBuildError(
+            f"{folder} has no {reader.MANIFEST}: capture the binaries with "
+            "`python library/binaries.py capture`, or delete the folder."
+        )
+    manifest, data = found
+    if manifest.repository != repo.name:
+        raise LibraryBuildError(
+            f"{manifest_path} is for {manifest.repository!r}, not {repo.name!r}."
+        )
+    if manifest.source_digest != digest:
+        return {}, (
+            f"{repo.name}: {BINARIES}/ left out: captured from other sources than these "
+            "(capture them again on a GPU: docs/writing-kernels.md, Shipped Triton binaries)"
+        )
+    problems = reader.verify_files(str(folder), manifest)
+    if problems:
+        raise LibraryBuildError(
+            f"{folder}: {'; '.join(problems[:5])}. Capture the binaries again, or delete the folder."
+        )
+    files = {reader.MANIFEST: data}
+    for group in manifest.groups:
+        for file in group.files:
+            files[f"{group.folder}/{file.name}"] = (folder / group.folder / file.name).read_bytes()
+    return files, None
+
+
 def metadata(repo: Repository, variant: str, digest: str) -> dict:
     """A variant's ``metadata.json`` as Hugging Face's client reads it."""
     backend = UNIVERSAL_BACKEND if variant == UNIVERSAL else variant.removeprefix("torch-")
@@ -288,7 +366,16 @@ def build_files(repo: Repository, *, symbols: bool = True) -> dict[str, bytes]:
     """
     files = package_files(repo)
     digest = source_digest(files)
-    metas = {variant: metadata(repo, variant, digest) for variant in repo.variants}
+    binaries, _ = shipped_binaries(repo, digest)
+    # A variant's id names its content: one that carries binaries is another build than one
+    # of the same sources without them (Hugging Face's client refuses to load two builds of
+    # one id in a process).
+    shipped = {f"{PACKAGE_BINARIES}/{name}": content for name, content in binaries.items()}
+    with_binaries = source_digest({**files, **shipped}) if binaries else digest
+    metas = {
+        variant: metadata(repo, variant, with_binaries if _carries_binaries(variant) else digest)
+        for variant in repo.variants
+    }
     described = (
         describe(files, [meta["id"] for meta in metas.values()], where=repo.name) if symbols else {}
     )
@@ -298,6 +385,8 @@ def build_files(repo: Repository, *, symbols: bool = True) -> dict[str, bytes]:
         # noarch variants are the package.
         prefix = f"{repo.package}/" if variant == UNIVERSAL else ""
         variant_files = {prefix + name: content for name, content in files.items()}
+        if _carries_binaries(variant):
+            variant_files.update({prefix + name: content for name, content in shipped.items()})
         if symbols:
             text = json.dumps(described[meta["id"]], indent=2, ensure_ascii=False) + "\n"
             variant_files[SYMBOLS] = text.encode()
@@ -305,6 +394,11 @@ def build_files(repo: Repository, *, symbols: bool = True) -> dict[str, bytes]:
         variant_files[METADATA] = (json.dumps(meta, indent=2) + "\n").encode()
         out.update({f"{variant}/{name}": content for name, content in variant_files.items()})
     return out
+
+
+def _carries_binaries(variant: str) -> bool:
+    backend = UNIVERSAL_BACKEND if variant == UNIVERSAL else variant.removeprefix("torch-")
+    return backend in BINARIES_BACKENDS
 
 
 def file_digests(files: Mapping[str, bytes]) -> dict:
@@ -603,6 +697,9 @@ def main(argv: list[str] | None = None) -> int:
         for repo in repos:
             target = write_build(repo, out(repo), symbols=args.symbols)
             print(f"{target}: {', '.join(repo.variants)}")
+            note = shipped_binaries(repo, source_digest(package_files(repo)))[1]
+            if note:
+                print(f"note: {note}")
     except LibraryBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

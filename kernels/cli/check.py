@@ -222,6 +222,8 @@ def check_repository(
         for variant, location in sorted(packages.items()):
             for fixed in fixed_op_namespaces(location.package_dir):
                 report.warn(f"ops: {variant}: {fixed.describe(location.package_dir)}")
+        for variant, location in sorted(packages.items()):
+            _check_binaries(report, variant, location.package_dir)
         names = {loc.package_name for loc in packages.values()}
         summary = ", ".join(f"{v} ({packages[v].package_name})" for v in sorted(packages))
         (report.ok if len(names) == 1 else report.warn)(f"layout: packages in {summary}")
@@ -248,6 +250,62 @@ def check_repository(
     for variant in (v for v in runnable if v in packages):
         _check_variant_apart(report, packages[variant], variant, where, originals or {})
     return report
+
+
+def _binaries_reader():
+    """Our library's ``_binaries.py`` (the manifest reader), loaded by path: our own code, never
+    the checked repository's copy."""
+    import importlib.util
+    import sys
+
+    from ..library.paths import library_source
+
+    name = "_kernels_check_binaries"
+    module = sys.modules.get(name)
+    if module is None:
+        path = library_source() / "_shared" / "_binaries.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return module
+
+
+def _check_binaries(report: Report, variant: str, package_dir: Path) -> None:
+    """A variant's shipped Triton binaries (``_binaries/``): the manifest's format, every file's
+    SHA-256, nothing unlisted, and the source digest of the package they were compiled from."""
+    folder = package_dir / "_binaries"
+    if not folder.exists():
+        return
+    reader = _binaries_reader()
+    try:
+        found = reader.read_manifest(str(folder))
+    except reader.ManifestError as exc:
+        report.fail(f"binaries: {variant}: _binaries/manifest.json {exc}")
+        return
+    if found is None:
+        report.fail(f"binaries: {variant}: _binaries/ has no manifest.json")
+        return
+    manifest = found[0]
+    problems = reader.verify_files(str(folder), manifest)
+    for problem in problems:
+        report.fail(f"binaries: {variant}: _binaries/{problem}")
+    if manifest.source_digest != reader.shipped_source_digest(str(package_dir)):
+        report.fail(
+            f"binaries: {variant}: compiled from other sources than the package ships "
+            "(capture them again from these sources: library/binaries.py)"
+        )
+    elif not problems:
+        files = sum(len(g.files) for g in manifest.groups)
+        report.ok(
+            f"binaries: {variant}: {len(manifest.groups)} group(s), {files} file(s) match the "
+            "manifest, from these sources"
+        )
+        report.info(
+            f"binaries: {variant}: not recompiled here; comparing them with a fresh compile needs "
+            "the same Triton on a GPU (or a cross compile)"
+        )
 
 
 #: How long one variant's import and checks may take in their own process.

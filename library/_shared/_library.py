@@ -19,6 +19,8 @@ import re
 
 import torch
 
+from ._binaries import seed_for_device as _seed_binaries
+
 
 def _source_digest() -> str:
     # A digest of this package's sources, so that a changed version loaded under the same module
@@ -384,6 +386,12 @@ def launch(
     key, addressed = _key_and_args(kernel, index, launch_options, args)
     entry = _compiled.get(key)
     if entry is None:
+        # Before Triton's first compile in this process: its cache gets the binaries this
+        # package ships (_binaries.py), so that compile is a cache hit. Here rather than at
+        # import: an import must not touch CUDA or the disk, and a process that never
+        # launches on a GPU (the CPU, the interpreter) never gets here. Later misses cost a
+        # dict lookup.
+        _seed_binaries(index)
         compiled = kernel[grid](*args, **_options(num_warps, num_stages))
         if callable(getattr(compiled, "__getitem__", None)):
             _compiled[key] = (compiled, _direct_launcher(compiled))

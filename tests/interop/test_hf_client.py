@@ -277,3 +277,59 @@ def test_their_get_kernelized_layers_reports_our_repositories(library):
     for name, tag in (("act", "SiluAndMul"), ("norm", "RMSNorm")):
         assert layers[name].module is getattr(model, name)
         assert layers[name].repo is mapping[tag]["cpu"]
+
+
+def test_their_client_loads_a_repository_that_ships_triton_binaries(library, tmp_path, caplog):
+    """A CUDA variant may carry ``_binaries/`` (compiled Triton kernels and a manifest, which
+    our packages seed into Triton's cache): their client checks those files against
+    metadata.json's digests like any other, refuses a changed one, and otherwise ignores them.
+    The binaries are bytes of our making: what matters here is the layout."""
+    import hashlib
+    import importlib.util
+    import shutil
+    import sys
+
+    spec = importlib.util.spec_from_file_location("_interop_binaries_build", library / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = build
+    try:
+        spec.loader.exec_module(build)
+        shared = build.binaries_module()
+        repo_dir = tmp_path / "norm"
+        shutil.copytree(library / "norm", repo_dir, ignore=shutil.ignore_patterns("build"))
+        repo = build.read_repository(repo_dir)
+        key, cubin = "A" * 52, b"\x7fELF" + bytes(4000)
+        group = shared.Group(
+            triton="3.6.0",
+            key=key,
+            target="cuda:90",
+            kernel="_rms_norm_fwd",
+            files=tuple(
+                shared.BinaryFile(name, hashlib.sha256(data).hexdigest(), len(data))
+                for name, data in (("_rms_norm_fwd.json", b"{}"), ("_rms_norm_fwd.cubin", cubin))
+            ),
+        )
+        digest = build.source_digest(build.package_files(repo))
+        binaries = repo_dir / "binaries"
+        (binaries / group.folder).mkdir(parents=True)
+        (binaries / group.folder / "_rms_norm_fwd.json").write_bytes(b"{}")
+        (binaries / group.folder / "_rms_norm_fwd.cubin").write_bytes(cubin)
+        manifest = shared.Manifest("norm", digest, (group,))
+        (binaries / "manifest.json").write_text(manifest.to_json())
+        out = build.write_build(repo, tmp_path / "out", symbols=False)
+    finally:
+        del sys.modules[spec.name]
+    for variant in ("torch-universal", "torch-cuda"):
+        package = out / variant / "norm" if variant == "torch-universal" else out / variant
+        assert (package / "_binaries" / group.folder / "_rms_norm_fwd.cubin").read_bytes() == cubin
+
+    with caplog.at_level("DEBUG", logger="kernels"):
+        module = get_local_kernel(tmp_path / "out")
+    assert Path(module.__file__).parent.joinpath("_binaries", "manifest.json").is_file()
+    assert "match the digest" in [r for r in caplog.records if "digest" in r.getMessage()][-1].getMessage()  # fmt: skip
+    assert hasattr(module, "layers")
+
+    target = out / "torch-cuda" / "_binaries" / group.folder / "_rms_norm_fwd.cubin"
+    target.write_bytes(b"\x00" + cubin[1:])
+    with pytest.raises(RuntimeError, match="(?s)do not match the digest.*_rms_norm_fwd.cubin"):
+        get_local_kernel(out / "torch-cuda")

@@ -314,12 +314,14 @@ def test_a_repository_builds_its_backends_with_metadata(tmp_path):
     files = build.build_files(repo)
     assert sorted(files) == [
         "torch-cuda/__init__.py",
+        "torch-cuda/_binaries.py",
         "torch-cuda/_compile_rule.py",
         "torch-cuda/_library.py",
         "torch-cuda/metadata.json",
         "torch-cuda/op.py",
         "torch-cuda/symbols.json",
         "torch-universal/demo/__init__.py",
+        "torch-universal/demo/_binaries.py",
         "torch-universal/demo/_compile_rule.py",
         "torch-universal/demo/_library.py",
         "torch-universal/demo/op.py",
