@@ -11,6 +11,8 @@ and a single sequence stops in the middle of a block.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from tests.support.generation import TINY, eager_greedy, eager_static_greedy
@@ -342,6 +344,29 @@ def _static_generate(model, ids, call: dict, seed: int = 123):
     return model.generate(ids, disable_compile=True, **{cache_argument(model): cache}, **call)
 
 
+@contextlib.contextmanager
+def host_reads_of_blocks():
+    """For the block, the aten ops of each fused block's steps that read a tensor on the host
+    (one set per block run, in the list it yields): none may, for a CUDA graph to capture
+    the block."""
+    from kernels.generation.greedy_steps import GreedySteps
+    from tests.support.host_reads import OpNames
+
+    reads: list[set[str]] = []
+    original = GreedySteps.__call__
+
+    def watched(self) -> None:
+        with OpNames() as ops:
+            original(self)
+        reads.append(ops.host_reads)
+
+    GreedySteps.__call__ = watched
+    try:
+        yield reads
+    finally:
+        GreedySteps.__call__ = original
+
+
 def check_fused_setting(model, name: str, caplog) -> None:
     """Setting ``name`` of `fused_settings` is decoded by the fused loop, every step after the
     first token (no step through generate()'s loop); its tokens are ``model.generate()``'s from
@@ -351,8 +376,6 @@ def check_fused_setting(model, name: str, caplog) -> None:
     import logging
 
     from kernels.generation import CudaGraphGenerator
-    from kernels.generation.greedy_steps import GreedySteps
-    from tests.support.host_reads import OpNames
 
     ids, mask = padded_prompt()
     eos = early_end_token(model, ids, mask)
@@ -360,27 +383,16 @@ def check_fused_setting(model, name: str, caplog) -> None:
     new_tokens = 2 * FUSED_STEPS + 3  # a warm-up block, a captured one, one cut short
     call = dict(attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=eos, **options)
     expected = _static_generate(model, ids, call)
-    reads: list[set[str]] = []
-    original = GreedySteps.__call__
-
-    def watched(self) -> None:
-        with OpNames() as ops:
-            original(self)
-        reads.append(ops.host_reads)
-
     ours = dict(call)
     if "streamer" in call:
         ours["streamer"] = Tokens()
     elif "logits_processor" in call:  # a processor holds state: each call gets its own
         ours["logits_processor"] = copy.deepcopy(call["logits_processor"])
     generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
-    GreedySteps.__call__ = watched
-    try:
+    with host_reads_of_blocks() as reads:
         torch.manual_seed(123)
         with caplog.at_level(logging.INFO, logger="kernels.generation"):
             got = generator.generate(ids, **ours)
-    finally:
-        GreedySteps.__call__ = original
     assert torch.equal(got, expected), f"{got.tolist()} != {expected.tolist()}"
     stats = generator.stats
     assert stats.fused_calls == 1 and stats.replays == 0 and stats.captures == 0, stats
@@ -403,9 +415,7 @@ def check_stop_strings(model, prompt_case: str, caplog) -> None:
     import logging
 
     from kernels.generation import CudaGraphGenerator
-    from kernels.generation.greedy_steps import GreedySteps
     from tests.support.generation import tiny_tokenizer
-    from tests.support.host_reads import OpNames
 
     tokenizer = tiny_tokenizer()
     ids, mask = case_prompt(prompt_case)
@@ -424,21 +434,10 @@ def check_stop_strings(model, prompt_case: str, caplog) -> None:
             break
     else:
         raise AssertionError(f"no stop string spanning two tokens stops {first}")
-    reads: list[set[str]] = []
-    original = GreedySteps.__call__
-
-    def watched(self) -> None:
-        with OpNames() as ops:
-            original(self)
-        reads.append(ops.host_reads)
-
     generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
-    GreedySteps.__call__ = watched
-    try:
+    with host_reads_of_blocks() as reads:
         with caplog.at_level(logging.INFO, logger="kernels.generation"):
             got = generator.generate(ids, **call, stop_strings=[stop])
-    finally:
-        GreedySteps.__call__ = original
     assert torch.equal(got, expected), (stop, got.tolist(), expected.tolist())
     stats = generator.stats
     assert stats.fused_calls == 1 and stats.replays == 0, stats
