@@ -578,13 +578,16 @@ def library_files(*, symbols: bool = False) -> dict[str, bytes]:
     shared files, each repository's ``build.toml``, ``torch-ext/``, README and benchmarks) and
     each repository's fresh ``build/`` (`build_files`; ``symbols``: as there, default without).
     Left out: any ``build/`` already there, bytecode, hidden files and folders (tool caches),
-    ``benchmarks/results/``.
+    ``benchmarks/results/``, and each repository's captured ``binaries/``: the CUDA variants of
+    its fresh build carry the ones that match its sources, and nothing loads them from there
+    (a second copy of every cubin in the wheel would be weight and nothing else).
 
     Raises:
         LibraryBuildError: a repository cannot be built, or the folder holds a link.
     """
     repos = repositories()
     builds = {repo.folder.relative_to(LIBRARY).joinpath(BUILD).parts: repo for repo in repos}
+    repo_folders = {repo.folder.relative_to(LIBRARY).parts for repo in repos}
     files = {}
     for path in sorted(LIBRARY.rglob("*")):
         parts = path.relative_to(LIBRARY).parts
@@ -593,6 +596,7 @@ def library_files(*, symbols: bool = False) -> dict[str, bytes]:
             or path.suffix in (".pyc", ".pyo")
             or any(parts[: len(b)] == b for b in builds)
             or any(parts[i : i + 2] == ("benchmarks", "results") for i in range(len(parts)))
+            or (len(parts) > 1 and parts[1] == BINARIES and parts[:1] in repo_folders)
         ):
             continue
         if path.is_symlink():

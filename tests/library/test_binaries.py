@@ -531,3 +531,15 @@ def test_a_zip_layout_package_loads_with_its_binaries_and_seeds_nothing(captured
     write_zip_variant(refused / "build" / "torch-universal", members=with_modules, beside={})
     with pytest.raises(KernelArchiveError, match="compiled module"):
         get_local_kernel(refused)
+
+
+def test_the_installed_library_carries_each_binary_in_its_variants_only(captured, monkeypatch):
+    """The wheel and a checkout's cache (`library_files`) ship the binaries inside the CUDA
+    variants, which load them, not the repository's captured ``binaries/`` a second time."""
+    repo, _, _ = captured
+    monkeypatch.setattr(build, "LIBRARY", repo.folder.parent)
+    files = build.library_files()
+    assert not [name for name in files if name.startswith(f"{repo.name}/binaries/")]
+    for variant in ("torch-cuda", f"torch-universal/{repo.name}"):
+        prefix = f"{repo.name}/build/{variant}/_binaries/"
+        assert [name for name in files if name.startswith(prefix)], variant
