@@ -10,7 +10,7 @@ the 1.1B Llama-style model of `benchmarks.llama` (random weights, bf16):
   (forward and backward of the loss at 8x512), synchronised;
 - ``generate``: import, build, then ``fast_generate(..., kernels=True)``: a first call of one
   new token (prefill: the time to the first token) and a first call of 128 (decode graphs
-  captured, the fused greedy loop compiled);
+  captured, the fused loop compiled);
 - ``eager-train`` and ``eager-generate``: the same without our kernels (plain transformers
   training step, ``model.generate``): what a cold start costs with no Triton at all.
 

@@ -8,8 +8,9 @@ every step; ``generate()`` itself runs unchanged, and our kernels can be swapped
 
 - `CudaGraphGenerator` (`generator`): the helper; `fast_generate` is its one-call form.
 - `DecodeGraphs` (`decode`): which calls are decode steps, when to capture, which graph to replay.
-- `FusedGreedyLoop` (`greedy_loop`): plain greedy calls decoded K steps per graph replay, their
-  next inputs made on the device (`greedy_steps`); `greedy_rule` says which calls are plain.
+- `FusedDecodeLoop` (`fused_loop`): greedy and sampled calls decoded K steps per graph replay,
+  their tokens chosen (`token_choice`, `stop_strings`) and next inputs made on the device
+  (`decode_steps`); `fused_rule` says which calls it takes.
 - `inputs`: the key a call must match to reuse a graph, and the static buffers graphs read.
 - `graph`: CUDA-graph capture, and its stand-in off CUDA (plain calls).
 - `cache`: transformers' ``StaticCache`` across 4.57 and 5.x.
@@ -30,9 +31,12 @@ from __future__ import annotations
 
 from .decode import DecodeGraphs, DecodeStats
 from .errors import UnsupportedGenerationError
+from .fused_loop import DEFAULT_FUSED_STEPS, FusedDecodeLoop
 from .generator import CACHE_LENGTH_STEP, CudaGraphGenerator, fast_generate
 from .graph import CudaGraphBackend, EagerBackend, GraphBackend, default_backend
-from .greedy_loop import DEFAULT_FUSED_STEPS, FusedGreedyLoop
+
+#: The name of `FusedDecodeLoop` before it took sampled calls (0.19.1), kept for code that uses it.
+FusedGreedyLoop = FusedDecodeLoop
 
 __all__ = [
     "CACHE_LENGTH_STEP",
@@ -42,7 +46,7 @@ __all__ = [
     "DecodeGraphs",
     "DecodeStats",
     "EagerBackend",
-    "FusedGreedyLoop",
+    "FusedDecodeLoop",
     "GraphBackend",
     "UnsupportedGenerationError",
     "default_backend",

@@ -65,7 +65,7 @@ class DecodeStats:
     replays: int = 0
     #: Captures that raised: their key runs eagerly from then on.
     failed_captures: int = 0
-    #: generate() calls decoded by the fused greedy loop (`kernels.generation.greedy_loop`).
+    #: generate() calls decoded by the fused loop (`kernels.generation.fused_loop`).
     fused_calls: int = 0
     #: Tokens those calls got from the fused loop (all but the first, which the prefill makes).
     fused_tokens: int = 0

@@ -8,9 +8,9 @@ processors, sampling and stopping run as ``generate()`` runs them. The generator
 ``StaticCache`` of its own (one per batch size, kept between calls, so graphs are captured once)
 and ``disable_compile=True``, so that ``generate()`` does not compile the forward itself.
 
-A plain greedy call (`kernels.generation.greedy_rule`) is taken over at its first decode step:
+A plain greedy call (`kernels.generation.fused_rule`) is taken over at its first decode step:
 the wrapped forward raises `_HandOver` out of ``generate()``, with the arguments generate()
-passed to that step, and `kernels.generation.greedy_loop.FusedGreedyLoop` decodes the rest in
+passed to that step, and `kernels.generation.fused_loop.FusedDecodeLoop` decodes the rest in
 blocks of ``fused_steps`` steps per graph replay. The prefill and the first token are therefore
 generate()'s own; every other call stays in generate()'s loop.
 
@@ -41,9 +41,8 @@ from .cache import cache_argument, new_static_cache
 from .cache_writes import kernel_cache_writes
 from .decode import DecodeGraphs, DecodeStats
 from .errors import UnsupportedGenerationError
-from .graph import EagerBackend, GraphBackend, default_backend
-from .greedy_loop import DEFAULT_FUSED_STEPS, FusedGreedyLoop
-from .greedy_rule import (
+from .fused_loop import DEFAULT_FUSED_STEPS, FusedDecodeLoop
+from .fused_rule import (
     ChoiceSettings,
     GenerateSetup,
     StopSettings,
@@ -52,6 +51,7 @@ from .greedy_rule import (
     recording_setup,
     stop_settings,
 )
+from .graph import EagerBackend, GraphBackend, default_backend
 from .inputs import widen_padding_mask
 from .projections import grouped_projections
 
@@ -86,10 +86,10 @@ class _FusedPlan:
 
 class _HandOver(Exception):
     """Raised out of ``generate()`` by the wrapped forward at the first decode step of a call the
-    fused greedy loop takes; carries that step's keyword arguments and the plan."""
+    fused loop takes; carries that step's keyword arguments and the plan."""
 
     def __init__(self, kwargs: dict[str, Any], plan: _FusedPlan):
-        super().__init__("the fused greedy loop takes over this generate() call")
+        super().__init__("the fused loop takes over this generate() call")
         self.kwargs = kwargs
         self.plan = plan
 
@@ -104,7 +104,7 @@ class CudaGraphGenerator:
     decode steps run eagerly (logged once), through the same static cache and buffers.
 
     Plain greedy calls (no sampling, no logits processor, no streamer, ...: see
-    `kernels.generation.greedy_rule`) skip ``generate()``'s per-step Python: after its prefill
+    `kernels.generation.fused_rule`) skip ``generate()``'s per-step Python: after its prefill
     and first token, ``fused_steps`` decode steps at a time run from one graph, each step's
     argmax, end-token update and next inputs made on the device, and the host checks once per
     block whether every sequence has finished. The tokens are ``model.generate()``'s.
@@ -120,7 +120,7 @@ class CudaGraphGenerator:
         warmup_steps: eager decode steps per batch size before its capture.
         backend: how steps are captured; by default CUDA graphs on CUDA, plain calls elsewhere
             (`kernels.generation.graph`).
-        fused_steps: decode steps per graph of the fused greedy loop (K), default
+        fused_steps: decode steps per graph of the fused loop (K), default
             `DEFAULT_FUSED_STEPS`; 0 turns the loop off, so that greedy calls too run through
             ``generate()``'s loop with one graph per step. With the loop on, the caches the
             generator sizes hold up to K - 1 more tokens (room for the steps a last block runs
@@ -190,7 +190,7 @@ class CudaGraphGenerator:
         self.fused_steps = fused_steps
         self._fused = None
         if fused_steps:
-            self._fused = FusedGreedyLoop(self._graphs, steps=fused_steps)
+            self._fused = FusedDecodeLoop(self._graphs, steps=fused_steps)
         self._caches: dict[int, tuple[Any, int]] = {}  # batch size -> (cache, length)
         self._logged: set[str] = set()
         if kernels is not False:
@@ -199,7 +199,7 @@ class CudaGraphGenerator:
     @property
     def stats(self) -> DecodeStats:
         """What the decode steps so far ran as: eager steps, captures, replays, failures, and
-        the calls and tokens of the fused greedy loop."""
+        the calls and tokens of the fused loop."""
         return self._graphs.stats_snapshot()
 
     def use_kernels(self, mapping: Mapping | None = None) -> None:
@@ -335,7 +335,7 @@ class CudaGraphGenerator:
         plan = None
         reason: str | None
         if self._fused is None:
-            reason = "the fused greedy loop is off (fused_steps=0)"
+            reason = "the fused loop is off (fused_steps=0)"
         elif not isinstance(prompt, torch.Tensor) or prompt.dim() != 2:
             reason = "the prompt is not a [batch, length] tensor of input ids"
         else:
@@ -446,7 +446,7 @@ def fast_generate(
     **generate_kwargs: Any,
 ) -> Any:
     """``model.generate(...)`` with decode steps replayed from CUDA graphs (plain greedy calls
-    K steps per replay, through the fused greedy loop).
+    K steps per replay, through the fused loop).
 
     The `CudaGraphGenerator` it uses is kept on the model (attribute
     ``_kernels_cuda_graph_generator``), so later calls reuse its caches and graphs; ``kernels``

@@ -3,7 +3,7 @@ transformers' tokens, on any transformers the GPU machine has (4.57 or 5.x), wit
 our kernels. A capture that fails (a host synchronisation in the step) fails these tests through
 the statistics, not only through the tokens (a failed capture falls back to eager decoding).
 
-The fused greedy loop's tests (at the end) run the default block of `DEFAULT_FUSED_STEPS` steps
+The fused loop's tests (at the end) run the default block of `DEFAULT_FUSED_STEPS` steps
 on the model of a real decode step's shapes, batch 1 and 8, fp32 and bf16: its tokens are those
 of transformers' eager greedy decoding with a static cache of the generator's length (the same
 kernels on the same shapes, so the same roundings), and its blocks are graph replays. Nothing
@@ -22,7 +22,7 @@ from kernels.generation import (
     CudaGraphBackend,
     CudaGraphGenerator,
 )
-from tests.support.fused_greedy import early_end_token, padded_prompt
+from tests.support.fused_loop import early_end_token, padded_prompt
 from tests.support.generation import (
     NEW_TOKENS,
     check_greedy_matches_eager,
@@ -116,7 +116,7 @@ def test_bf16_tokens_are_the_eager_static_cache_tokens(kernels, untagged):
     assert generator.stats.captures == 1 and generator.stats.replays == 14
 
 
-# ---- the fused greedy loop -----------------------------------------------------------------
+# ---- the fused loop -----------------------------------------------------------------
 
 #: The prefill's token, then four blocks: a warm-up block, the captured one, two more replays.
 FUSED_NEW_TOKENS = 4 * DEFAULT_FUSED_STEPS + 1

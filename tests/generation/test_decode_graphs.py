@@ -1,7 +1,7 @@
 """DecodeGraphs' bookkeeping, through a backend that counts captures and can fail: which calls
 are decode steps, one graph per key, warm-up, recapture when the cache's tensors move, eager
 steps for what cannot be captured. The generators here decode greedy calls step by step
-(``fused_steps=0``); test_fused_greedy.py covers the fused loop."""
+(``fused_steps=0``); test_fused_loop.py covers the fused loop."""
 
 from __future__ import annotations
 

@@ -162,7 +162,7 @@ def check_our_attention_replays_padded_steps() -> None:
     tokens are SDPA's."""
     from kernels.generation import CudaGraphGenerator
     from kernels.library.attention import ATTENTION_IMPLEMENTATION, register_attention
-    from tests.support.fused_greedy import padded_prompt
+    from tests.support.fused_loop import padded_prompt
 
     register_attention()
     model = tiny_llama(num_hidden_layers=1)

@@ -1,5 +1,5 @@
-"""The fused greedy loop with transformers 5.x's generate(), on the CPU: the checks of
-tests/generation/test_fused_greedy.py (transformers 4.57) on 5.x, whose decode steps pass no
+"""The fused loop with transformers 5.x's generate(), on the CPU: the checks of
+tests/generation/test_fused_loop.py (transformers 4.57) on 5.x, whose decode steps pass no
 cache_position (its static cache counts positions in a device tensor that each forward
 increments) and whose 4D decode mask is made before the forward."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import fused_greedy as checks
+from tests.support import fused_loop as checks
 from tests.support.generation import tiny_llama
 
 

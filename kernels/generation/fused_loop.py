@@ -1,10 +1,10 @@
-"""The fused greedy loop: greedy decoding in blocks of K steps, each block one CUDA-graph replay.
+"""The fused loop: greedy decoding in blocks of K steps, each block one CUDA-graph replay.
 
 ``generate()`` spends longer between two decode steps (logits processors, stopping criteria with
 a host sync, input preparation, cache bookkeeping) than the GPU spends on a replayed step. For a
-plain greedy call (`kernels.generation.greedy_rule`) `FusedGreedyLoop.decode` takes over at the
-first decode step, with the arguments ``generate()`` passed to it, and runs `GreedySteps` blocks
-of K steps (`kernels.generation.greedy_steps`): per key (as `kernels.generation.inputs.call_key`
+plain greedy call (`kernels.generation.fused_rule`) `FusedDecodeLoop.decode` takes over at the
+first decode step, with the arguments ``generate()`` passed to it, and runs `DecodeSteps` blocks
+of K steps (`kernels.generation.decode_steps`): per key (as `kernels.generation.inputs.call_key`
 makes it, plus the number of end tokens)
 
 1. the first ``warmup_steps`` decode steps run eagerly, in whole blocks (Triton compiles, cuBLAS
@@ -23,7 +23,7 @@ Example:
     graphs = DecodeGraphs(default_backend(model.device), cache_argument="past_key_values",
                           device=model.device)
     graphs.add_cache(cache)
-    loop = FusedGreedyLoop(graphs, steps=8)
+    loop = FusedDecodeLoop(graphs, steps=8)
     new = loop.decode(model.forward, decode_kwargs, cache, position=prompt_length,
                       new_tokens=120, stop=stop_settings(setup))  # [batch, <= 120] tokens
     ```
@@ -41,9 +41,9 @@ import torch
 
 from .cache import capture_blocker, fingerprint
 from .decode import DecodeGraphs, DecodeStats, key_cache_id
+from .decode_steps import DecodeSteps, advance_blocker
+from .fused_rule import ChoiceSettings, StopSettings
 from .graph import CapturedCall, GraphBackend
-from .greedy_rule import ChoiceSettings, StopSettings
-from .greedy_steps import GreedySteps, advance_blocker
 from .inputs import CallKey, NotCapturable, call_key
 from .stop_strings import StringStops, stop_strings_key
 from .token_choice import SequenceSoFar, TokenChoice, choice_key
@@ -65,14 +65,14 @@ _BlockKey = tuple[CallKey, int | None, tuple | None, tuple]
 
 @dataclass
 class _Block:
-    steps: GreedySteps  # its kwargs hold the cache, which keeps it alive
+    steps: DecodeSteps  # its kwargs hold the cache, which keeps it alive
     cache_id: int
     graph: CapturedCall | None = None
     fingerprint: tuple[int, ...] = ()
     warm_steps: int = 0
 
 
-class FusedGreedyLoop:
+class FusedDecodeLoop:
     """Greedy decoding in blocks of ``steps`` decode steps, each block captured once per key and
     replayed, beside a `DecodeGraphs` whose settings it shares: its backend (so all graphs share
     one memory pool), the forward's name for the cache, the device, the eager warm-up steps per
@@ -166,7 +166,7 @@ class FusedGreedyLoop:
             new_tokens: tokens left to generate (``max_length`` minus the sequence so far).
             stop: the call's end tokens and pad token.
             additive_mask: feed a boolean attention mask as an additive one of this dtype
-                (`GreedySteps`); None feeds it as it is.
+                (`DecodeSteps`); None feeds it as it is.
             choice: the call's logits processors and sampling, and its ids so far; None: plain
                 argmax.
             streamer: given each step's tokens (``put``, as generate() gives them), a block's
@@ -191,7 +191,7 @@ class FusedGreedyLoop:
                     device=device,
                     sequence=sequence,
                 )
-            steps = GreedySteps(
+            steps = DecodeSteps(
                 forward, kwargs, self.steps, eos_count, additive_mask, token_choice, string_stops
             )
             block = _Block(steps, id(cache))

@@ -1,7 +1,7 @@
 """A block of decode steps whose inputs advance on the device, so that one CUDA graph can hold
 several steps.
 
-`GreedySteps` holds static copies of the keyword arguments ``generate()`` passed at its first
+`DecodeSteps` holds static copies of the keyword arguments ``generate()`` passed at its first
 decode step, and a call of it runs ``steps`` decode steps on them. Each step is what
 ``generate()``'s loop does, without the host:
 
@@ -31,9 +31,9 @@ shape.
 
 Example:
     ```python
-    from kernels.generation.greedy_steps import GreedySteps
+    from kernels.generation.decode_steps import DecodeSteps
 
-    block = GreedySteps(model.forward, decode_kwargs, steps=8, eos_count=1)
+    block = DecodeSteps(model.forward, decode_kwargs, steps=8, eos_count=1)
     block.load(decode_kwargs, position=prompt_length, eos=eos, pad=pad)
     block()  # 8 decode steps; block.tokens[:, i] is step i's token
     ```
@@ -58,7 +58,7 @@ _PLAIN_TYPES = (type(None), bool, int, float, str)
 def advance_blocker(
     kwargs: dict[str, Any], cache_argument: str, cache: Any, position: int
 ) -> str | None:
-    """Why `GreedySteps` cannot advance a decode step's arguments on the device, or None.
+    """Why `DecodeSteps` cannot advance a decode step's arguments on the device, or None.
 
     Args:
         kwargs: the keyword arguments of ``generate()``'s first decode step.
@@ -106,7 +106,7 @@ def _mask_blocker(mask: torch.Tensor | None, batch: int, position: int) -> str |
     return None
 
 
-class GreedySteps:
+class DecodeSteps:
     """``steps`` greedy decode steps on static buffers, advancing them in place (a function of no
     arguments, so that a backend can capture it).
 

@@ -1,7 +1,7 @@
-"""The fused greedy loop on the CPU with transformers 4.57. Off CUDA a block's steps are plain
+"""The fused loop on the CPU with transformers 4.57. Off CUDA a block's steps are plain
 calls (`EagerBackend`), so everything around the graph runs as on CUDA: the inputs made on the
 device, end tokens and padding, the cut where generate() stops, the rule that sends other calls
-through generate()'s loop. tests/clients/transformers5/test_fused_greedy.py runs the same checks on 5.x;
+through generate()'s loop. tests/clients/transformers5/test_fused_loop.py runs the same checks on 5.x;
 test_cuda_graph_generation_gpu.py runs the loop from real CUDA graphs."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernels.generation import CudaGraphGenerator
-from tests.support import fused_greedy as checks
+from tests.support import fused_loop as checks
 from tests.support.generation import (
     CountingBackend,
     eager_greedy,

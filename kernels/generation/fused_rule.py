@@ -1,7 +1,7 @@
 """Which ``generate()`` calls the fused loop may decode, read from what ``generate()`` itself set
 up for the call, and what the loop needs to know of them.
 
-The fused loop (`kernels.generation.greedy_loop`) replaces ``generate()``'s decode loop with
+The fused loop (`kernels.generation.fused_loop`) replaces ``generate()``'s decode loop with
 steps that choose each token on the device (`kernels.generation.token_choice`), update the end
 tokens and advance the inputs, so it may only take calls where ``generate()`` would do exactly
 that. Rather than re-deriving generate()'s defaults (which differ between transformers 4.57 and
@@ -24,7 +24,7 @@ must not take the call, or None when it may:
 
 Example:
     ```python
-    from kernels.generation.greedy_rule import fused_blocker, recording_setup
+    from kernels.generation.fused_rule import fused_blocker, recording_setup
 
     with recording_setup(model) as setup:
         model.generate(input_ids, max_new_tokens=8)

@@ -1,4 +1,4 @@
-"""Checks of the fused greedy loop that run on every transformers version: tests/generation
+"""Checks of the fused loop that run on every transformers version: tests/generation
 (4.57) and tests/clients/transformers5 (5.x) call the same functions, on the tiny Llama of
 generation_checks.
 
@@ -180,7 +180,7 @@ def check_our_attention_pads_on_the_device() -> None:
     ``kernels.library.attention.capturing``, to the mask function that asks)."""
     import kernels.library.attention as attention_module
     from kernels.generation import CudaGraphGenerator
-    from kernels.generation.greedy_steps import GreedySteps
+    from kernels.generation.decode_steps import DecodeSteps
     from kernels.library.attention import ATTENTION_IMPLEMENTATION, register_attention
     from tests.support.generation import tiny_llama
     from tests.support.host_reads import OpNames
@@ -192,7 +192,7 @@ def check_our_attention_pads_on_the_device() -> None:
     expected = eager_greedy(model, ids, mask, new_tokens)
     model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
     reads: list[set[str]] = []
-    original = GreedySteps.__call__
+    original = DecodeSteps.__call__
 
     def watched(self) -> None:
         capturing = attention_module.capturing
@@ -204,12 +204,12 @@ def check_our_attention_pads_on_the_device() -> None:
             attention_module.capturing = capturing
         reads.append(ops.host_reads)
 
-    GreedySteps.__call__ = watched
+    DecodeSteps.__call__ = watched
     try:
         generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
         got = generator.generate(ids, attention_mask=mask, max_new_tokens=new_tokens)
     finally:
-        GreedySteps.__call__ = original
+        DecodeSteps.__call__ = original
     assert torch.equal(got, expected), f"{got.tolist()} != {expected.tolist()}"
     stats = generator.stats
     assert stats.fused_calls == 1 and stats.fused_tokens == new_tokens - 1, stats
@@ -349,22 +349,22 @@ def host_reads_of_blocks():
     """For the block, the aten ops of each fused block's steps that read a tensor on the host
     (one set per block run, in the list it yields): none may, for a CUDA graph to capture
     the block."""
-    from kernels.generation.greedy_steps import GreedySteps
+    from kernels.generation.decode_steps import DecodeSteps
     from tests.support.host_reads import OpNames
 
     reads: list[set[str]] = []
-    original = GreedySteps.__call__
+    original = DecodeSteps.__call__
 
     def watched(self) -> None:
         with OpNames() as ops:
             original(self)
         reads.append(ops.host_reads)
 
-    GreedySteps.__call__ = watched
+    DecodeSteps.__call__ = watched
     try:
         yield reads
     finally:
-        GreedySteps.__call__ = original
+        DecodeSteps.__call__ = original
 
 
 def check_fused_setting(model, name: str, caplog) -> None:
@@ -447,7 +447,7 @@ def check_stop_strings(model, prompt_case: str, caplog) -> None:
 def check_max_time_stops_between_blocks(model, monkeypatch) -> None:
     """``max_time`` is checked after each block: a call whose time runs out in its first block
     ends after that block, its tokens generate()'s greedy ones so far."""
-    import kernels.generation.greedy_rule as rule
+    import kernels.generation.fused_rule as rule
     from kernels.generation import CudaGraphGenerator
 
     ids, mask = padded_prompt()
