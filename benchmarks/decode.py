@@ -75,7 +75,8 @@ EAGER = "eager"
 SETTINGS = {
     "greedy": dict(do_sample=False),
     "sampling": dict(do_sample=True, temperature=0.7, top_p=0.9, top_k=0),
-    "penalties": dict(do_sample=False, min_new_tokens=NEW_TOKENS, repetition_penalty=1.1),
+    # min_new_tokens is each call's own new tokens: Contender.generate sets it.
+    "penalties": dict(do_sample=False, repetition_penalty=1.1),
 }
 #: The end token of the "penalties" setting (min_new_tokens needs one to ban).
 PENALTIES_EOS = 2

@@ -253,23 +253,14 @@ def check_repository(
 
 
 def _binaries_reader():
-    """Our library's ``_binaries.py`` (the manifest reader), loaded by path: our own code, never
-    the checked repository's copy."""
-    import importlib.util
-    import sys
-
+    """Our library's ``_binaries.py`` (the manifest reader), as ``library/build.py`` loads it:
+    our own code, never the checked repository's copy."""
+    from ..library.builds import build_script
     from ..library.paths import library_source
 
-    name = "_kernels_check_binaries"
-    module = sys.modules.get(name)
-    if module is None:
-        path = library_source() / "_shared" / "_binaries.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return module
+    reader = build_script(library_source()).binaries_module()
+    assert reader is not None  # our library/ has its shared files
+    return reader
 
 
 def _check_binaries(report: Report, variant: str, package_dir: Path) -> None:

@@ -211,15 +211,21 @@ def stop_settings(setup: GenerateSetup) -> StopSettings:
 
 
 def choice_settings(
-    setup: GenerateSetup, sequence: torch.Tensor, capacity: int, stop: StopSettings
+    setup: GenerateSetup,
+    prompt: torch.Tensor,
+    first_tokens: torch.Tensor,
+    capacity: int,
+    stop: StopSettings,
 ) -> ChoiceSettings | None:
     """How a call `fused_blocker` let through chooses its tokens, or None for plain argmax with
     nothing that reads the sequence so far (no processor, no sampling, no stop strings: the
-    loop's cheapest step)."""
+    loop's cheapest step). ``prompt`` (one row a sequence) and ``first_tokens`` (generate()'s
+    ``[batch, 1]``) make the sequence so far, built only when something reads it."""
     processors = tuple(setup.logits_processor)
     do_sample = bool(setup.generation_config.do_sample)
     if not processors and not do_sample and not stop.stop_strings:
         return None
+    sequence = torch.cat([prompt.to(first_tokens.device), first_tokens], dim=1)
     return ChoiceSettings(processors, do_sample, sequence, capacity)
 
 

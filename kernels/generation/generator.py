@@ -349,8 +349,7 @@ class CudaGraphGenerator:
                 stop = stop_settings(setup)
                 position = prompt.shape[1]  # the first generated token's place in the cache
                 capacity = self._caches[batch][1]
-                sequence = torch.cat([prompt.to(step["input_ids"].device), step["input_ids"]], 1)
-                choice = choice_settings(setup, sequence, capacity, stop)
+                choice = choice_settings(setup, prompt, step["input_ids"], capacity, stop)
                 step = widen_padding_mask(step, position, capacity)
                 plan = _FusedPlan(
                     prompt,
