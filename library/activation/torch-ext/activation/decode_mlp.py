@@ -124,8 +124,34 @@ def _dot_products(acc, BLOCK_M: tl.constexpr, DOT: tl.constexpr):
 
 
 @triton.jit
+def _row_rstd(X, rows, M, K, stride_x, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """rsqrt(mean(x * x) + eps) in fp32 of each of x's rows over all of K, [BLOCK_M] (0 for the
+    padding rows past M, whose tiles are then zeros rather than 0 * inf)."""
+    cols = tl.arange(0, BLOCK_K)
+    x_rows = X + rows[:, None] * stride_x
+    squares = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+    for k in tl.range(0, K, BLOCK_K):
+        ks = k + cols
+        mask = (rows < M)[:, None] & (ks < K)[None, :]
+        x = tl.load(x_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+        squares += x * x
+    rstd = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)
+    return tl.where(rows < M, rstd, 0.0)
+
+
+@triton.jit
+def _normalized(x, rstd, nw):
+    """Llama's RMSNorm of an x tile [BLOCK_M, BLOCK_K] as the norm library stores it (its
+    ``_scale``, MODE _LLAMA, then the cast to the output): the normalised row rounded to x's
+    dtype, times the weight ``nw`` (fp32, [BLOCK_K]) in fp32, rounded to x's dtype."""
+    xhat = (x.to(tl.float32) * rstd[:, None]).to(x.dtype)
+    return (xhat.to(tl.float32) * nw[None, :]).to(x.dtype)
+
+
+@triton.jit
 def _products(
     X,
+    NW,
     wa_rows,
     wb_rows,
     n_mask,
@@ -134,7 +160,9 @@ def _products(
     stride_x,
     k_start,
     k_end,
+    eps,
     GATED: tl.constexpr,
+    NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -143,12 +171,19 @@ def _products(
     INTERPRETED: tl.constexpr,
 ):
     """The [BLOCK_N, BLOCK_M] dot products of the weight rows ``wa_rows`` (and ``wb_rows`` when
-    GATED; else the second result is the first) with x's rows over K in [k_start, k_end)."""
+    GATED; else the second result is the first) with x's rows over K in [k_start, k_end); with
+    NORM, with the rows of Llama's RMSNorm of x (weight ``NW`` [K], ``eps``) instead."""
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_K)
     x_rows = X + rows[:, None] * stride_x
     acc_a = _zeros(BLOCK_N, BLOCK_M, BLOCK_K, DOT)
     acc_b = _zeros(BLOCK_N, BLOCK_M, BLOCK_K, DOT)
+    if NORM:
+        # Each program sums its rows' squares over all of K itself (split-K programs too), a
+        # pre-pass over x from L2 (M <= 8 rows: a few KB) before its first weight tile, rather
+        # than a norm kernel writing the normalised rows for this one to read: that would be a
+        # launch more a projection, and its latency is what a decode step's small kernels pay.
+        rstd = _row_rstd(X, rows, M, K, stride_x, eps, BLOCK_M, BLOCK_K)
     # k_per_split is a multiple of BLOCK_K, so a tile never straddles two splits and the masks
     # compare with K alone: K divisible by 16 (Triton specialises on it) keeps them constant
     # over 16 elements, and the loads 16-byte vectors.
@@ -156,6 +191,10 @@ def _products(
         ks = k + cols
         k_mask = (ks < K)[None, :]
         x = tl.load(x_rows + ks[None, :], mask=(rows < M)[:, None] & k_mask, other=0.0)
+        if NORM:
+            # Once a loaded tile, for both weights when GATED.
+            nw = tl.load(NW + ks, mask=ks < K, other=0.0).to(tl.float32)
+            x = _normalized(x, rstd, nw)
         # The weights are read once: evict them first, keeping x (and what else shares L2).
         w_mask = n_mask[:, None] & k_mask
         wa = tl.load(wa_rows + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
@@ -175,6 +214,7 @@ def _projection_block(
     X,
     W,
     B,
+    NW,
     OUT,
     block,
     M,
@@ -182,7 +222,9 @@ def _projection_block(
     K,
     stride_x,
     stride_w,
+    eps,
     HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -190,14 +232,15 @@ def _projection_block(
     DOT: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    """OUT[:, block's features] = x @ W[block's features].T (+ B), rounded once, over all K."""
+    """OUT[:, block's features] = x @ W[block's features].T (+ B), rounded once, over all K
+    (x: its RMSNorm with weight NW when NORM)."""
     n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
     rows = tl.arange(0, BLOCK_M)
     w_rows = W + n.to(tl.int64)[:, None] * stride_w
     a, _ = _products(
-        X, w_rows, w_rows, n_mask, M, K, stride_x, 0, K, False, BLOCK_M, BLOCK_N, BLOCK_K,
-        NUM_STAGES, DOT, INTERPRETED,
+        X, NW, w_rows, w_rows, n_mask, M, K, stride_x, 0, K, eps, False, NORM, BLOCK_M, BLOCK_N,
+        BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
     )  # fmt: skip
     if HAS_BIAS:
         a += tl.load(B + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
@@ -214,6 +257,7 @@ def _grouped_gemv_kernel(
     B0,
     B1,
     B2,
+    NW,
     O0,
     O1,
     O2,
@@ -226,7 +270,9 @@ def _grouped_gemv_kernel(
     stride_w0,
     stride_w1,
     stride_w2,
+    eps,
     HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -238,24 +284,25 @@ def _grouped_gemv_kernel(
     # [0, blocks of N0) compute O0 = x @ W0.T (+ B0), the next cdiv(N1, BLOCK_N) O1, the rest
     # O2. Each program reads one block of one weight, as the plain kernel does; the launch is
     # what is saved (k and v of a grouped-query attention are small enough that their own
-    # launches would cost latency rather than bandwidth).
+    # launches would cost latency rather than bandwidth). NORM: x's rows through Llama's RMSNorm
+    # (weight NW) first, in each program (see _products).
     pid = tl.program_id(0)
     blocks0 = tl.cdiv(N0, BLOCK_N)
     blocks1 = tl.cdiv(N1, BLOCK_N)
     if pid < blocks0:
         _projection_block(
-            X, W0, B0, O0, pid, M, N0, K, stride_x, stride_w0, HAS_BIAS, BLOCK_M, BLOCK_N,
-            BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
+            X, W0, B0, NW, O0, pid, M, N0, K, stride_x, stride_w0, eps, HAS_BIAS, NORM, BLOCK_M,
+            BLOCK_N, BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
         )  # fmt: skip
     elif pid < blocks0 + blocks1:
         _projection_block(
-            X, W1, B1, O1, pid - blocks0, M, N1, K, stride_x, stride_w1, HAS_BIAS, BLOCK_M,
-            BLOCK_N, BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
+            X, W1, B1, NW, O1, pid - blocks0, M, N1, K, stride_x, stride_w1, eps, HAS_BIAS, NORM,
+            BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
         )  # fmt: skip
     else:
         _projection_block(
-            X, W2, B2, O2, pid - blocks0 - blocks1, M, N2, K, stride_x, stride_w2, HAS_BIAS,
-            BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
+            X, W2, B2, NW, O2, pid - blocks0 - blocks1, M, N2, K, stride_x, stride_w2, eps,
+            HAS_BIAS, NORM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
         )  # fmt: skip
 
 
@@ -266,6 +313,8 @@ def _gemv_kernel(
     WB,
     BA,
     BB,
+    NW,
+    R,
     OUT,
     M,
     N,
@@ -273,11 +322,15 @@ def _gemv_kernel(
     stride_x,
     stride_wa,
     stride_wb,
+    stride_r,
     k_per_split,
+    eps,
     ACT: tl.constexpr,
     GATED: tl.constexpr,
     HAS_BA: tl.constexpr,
     HAS_BB: tl.constexpr,
+    NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,
     PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -290,7 +343,10 @@ def _gemv_kernel(
     # [s*k_per_split, (s+1)*k_per_split) for all M rows of x. A = the weight (the gate's when
     # GATED), B = the up projection's weight (GATED only). Without PARTIAL (one split) it writes
     # the result, act(a + ba) * (b + bb) or a + ba, in OUT's dtype; with PARTIAL it writes the
-    # fp32 sums a (and b) to OUT[s, part, m, n] for _split_sum_kernel.
+    # fp32 sums a (and b) to OUT[s, part, m, n] for _split_sum_kernel. NORM: x's rows through
+    # Llama's RMSNorm (weight NW) first (see _products). RESIDUAL (not PARTIAL): the result
+    # rounded, plus R's row m (row stride stride_r) in fp32, rounded again, which is what
+    # ``residual + F.linear(...)`` stores.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -302,8 +358,8 @@ def _gemv_kernel(
     wa_rows = WA + n.to(tl.int64)[:, None] * stride_wa
     wb_rows = WB + n.to(tl.int64)[:, None] * stride_wb
     a, b = _products(
-        X, wa_rows, wb_rows, n_mask, M, K, stride_x, k_start, k_end, GATED, BLOCK_M, BLOCK_N,
-        BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
+        X, NW, wa_rows, wb_rows, n_mask, M, K, stride_x, k_start, k_end, eps, GATED, NORM,
+        BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT, INTERPRETED,
     )  # fmt: skip
     mask = n_mask[:, None] & (rows < M)[None, :]
     if PARTIAL:
@@ -318,6 +374,9 @@ def _gemv_kernel(
             if HAS_BB:
                 b += tl.load(BB + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
             a = activation(a, ACT) * b
+        if RESIDUAL:
+            r = tl.load(R + rows[None, :] * stride_r + n[:, None], mask=mask, other=0.0)
+            a = a.to(OUT.dtype.element_ty).to(tl.float32) + r.to(tl.float32)
         out = OUT + rows[None, :] * N + n[:, None]
         tl.store(out, a.to(OUT.dtype.element_ty), mask=mask)
 
@@ -327,18 +386,22 @@ def _split_sum_kernel(
     P,
     BA,
     BB,
+    R,
     OUT,
     M,
     N,
+    stride_r,
     ACT: tl.constexpr,
     GATED: tl.constexpr,
     HAS_BA: tl.constexpr,
     HAS_BB: tl.constexpr,
+    RESIDUAL: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     # OUT[m, n] from the partial sums P[s, part, m, n], added in the order s = 0, 1, ... (the
-    # same bits on every run), then the biases, act(a) * b where GATED, rounded once.
+    # same bits on every run), then the biases, act(a) * b where GATED, rounded once; with
+    # RESIDUAL, plus R's row m (row stride stride_r) in fp32 and rounded again.
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     n = offs % N
@@ -355,6 +418,9 @@ def _split_sum_kernel(
         if HAS_BB:
             b += tl.load(BB + n, mask=mask, other=0.0).to(tl.float32)
         a = activation(a, ACT) * b
+    if RESIDUAL:
+        r = tl.load(R + (offs // N) * stride_r + n, mask=mask, other=0.0)
+        a = a.to(OUT.dtype.element_ty).to(tl.float32) + r.to(tl.float32)
     tl.store(OUT + offs, a.to(OUT.dtype.element_ty), mask=mask)
 
 
@@ -489,9 +555,56 @@ def _weight_rows(w: torch.Tensor) -> torch.Tensor:
     return w if w.stride(-1) == 1 else w.contiguous()
 
 
-def _launch_gemv(x, m, stride_x, wa, ba, wb, bb, act, out, config: GemvConfig | None) -> None:
+def _norm_weight(what: str, x: torch.Tensor, k: int, norm_weight) -> torch.Tensor | None:
+    """``norm_weight`` as the kernels read it (K contiguous elements), once checked against x."""
+    if norm_weight is None:
+        return None
+    if tuple(norm_weight.shape) != (k,):
+        raise ValueError(
+            f"{what}: norm_weight has shape {tuple(norm_weight.shape)}; the RMSNorm of x's rows of "
+            f"{k} takes a weight of shape ({k},) (the norm module's weight, not a projection's)"
+        )
+    if norm_weight.dtype != x.dtype or norm_weight.device != x.device:
+        raise TypeError(
+            f"{what}: norm_weight is {norm_weight.dtype} on {norm_weight.device}; it must have "
+            f"x's dtype and device, {x.dtype} on {x.device} (pass norm_weight.to(x))"
+        )
+    return norm_weight if norm_weight.stride(0) == 1 else norm_weight.contiguous()
+
+
+def _check_residual(what: str, residual: torch.Tensor, out: torch.Tensor) -> None:
+    if tuple(residual.shape) != tuple(out.shape):
+        raise ValueError(
+            f"{what}: residual has shape {tuple(residual.shape)}; it is added to the output, of "
+            f"shape {tuple(out.shape)} (x's leading dimensions, then the weight's rows)"
+        )
+    if residual.dtype != out.dtype or residual.device != out.device:
+        raise TypeError(
+            f"{what}: residual is {residual.dtype} on {residual.device}; it must have x's dtype "
+            f"and device, {out.dtype} on {out.device} (pass residual.to(x))"
+        )
+
+
+def _launch_gemv(
+    x,
+    m,
+    stride_x,
+    wa,
+    ba,
+    wb,
+    bb,
+    act,
+    out,
+    config: GemvConfig | None,
+    nw=None,
+    eps=0.0,
+    r=None,
+    stride_r=0,
+) -> None:
     """``out`` [m, N] = act(x @ wa.T + ba) * (x @ wb.T + bb) (``wb`` given) or
-    x @ wa.T + ba, for ``x`` ``m`` rows of K, ``stride_x`` apart."""
+    x @ wa.T + ba, for ``x`` ``m`` rows of K, ``stride_x`` apart; with ``nw``, x's rows through
+    Llama's RMSNorm of weight ``nw`` and ``eps`` first; with ``r`` (rows ``stride_r`` apart),
+    the result rounded plus ``r``, rounded again."""
     gated = wb is not None
     n, k = wa.shape
     if config is None:
@@ -510,45 +623,99 @@ def _launch_gemv(x, m, stride_x, wa, ba, wb, bb, act, out, config: GemvConfig | 
     else:
         OUT = out
     HAS_BA, HAS_BB = ba is not None, bb is not None
-    # wa: a placeholder for a bias that is not there (never read without HAS_BA / HAS_BB)
+    # wa: a placeholder for a bias that is not there (never read without HAS_BA / HAS_BB); x and
+    # out, of the dtypes of a norm weight and a residual, for those (never read either).
     BA, BB = (ba if HAS_BA else wa), (bb if HAS_BB else wa)
+    NORM = nw is not None
+    NW = nw if NORM else x
+    R = out if r is None else r
+    RESIDUAL = r is not None and not PARTIAL  # split: _split_sum_kernel adds it
+    eps = float(eps)
     INTERPRETED = _CPU_RUNS_KERNELS  # TRITON_INTERPRET=1: every launch runs in the interpreter
     args = (
-        x, wa, wb, BA, BB, OUT, m, n, k, stride_x, stride_wa, stride_wb, k_per_split, act, gated,
-        HAS_BA, HAS_BB, PARTIAL, block_m, block_n, block_k, num_stages, dot, INTERPRETED,
+        x, wa, wb, BA, BB, NW, R, OUT, m, n, k, stride_x, stride_wa, stride_wb, stride_r,
+        k_per_split, eps, act, gated, HAS_BA, HAS_BB, NORM, RESIDUAL, PARTIAL, block_m, block_n,
+        block_k, num_stages, dot, INTERPRETED,
     )  # fmt: skip
     launch(_gemv_kernel, (cdiv(n, block_n), split), args, num_warps, out.device)
     if PARTIAL:
         P, BLOCK = OUT, min(1024, next_power_of_2(m * n))
         BA, BB = (ba if HAS_BA else P), (bb if HAS_BB else P)  # P: placeholders, as above
-        args = (P, BA, BB, out, m, n, act, gated, HAS_BA, HAS_BB, split, BLOCK)
+        RESIDUAL = r is not None
+        args = (
+            P, BA, BB, R, out, m, n, stride_r, act, gated, HAS_BA, HAS_BB, RESIDUAL, split, BLOCK,
+        )  # fmt: skip
         launch(_split_sum_kernel, (cdiv(m * n, BLOCK),), args, 4, out.device)
 
 
-def gated_gemv(x, gate_weight, gate_bias, up_weight, up_bias, act: int, config=None):
+def gated_gemv(
+    x,
+    gate_weight,
+    gate_bias,
+    up_weight,
+    up_bias,
+    act: int,
+    config=None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+):
     """``act(F.linear(x, gate_weight, gate_bias)) * F.linear(x, up_weight, up_bias)`` for ``x``
     of at most ``DECODE_ROWS`` rows, gate and up in fp32 and the product rounded once, through
-    the kernel (no checks: see ``gated_mlp_decode``); ``config`` overrides ``gemv_config``."""
+    the kernel (no checks of the weights: see ``gated_mlp_decode``); ``config`` overrides
+    ``gemv_config``.
+
+    ``norm_weight`` ([K], x's dtype and device): x is first put through Llama's RMSNorm
+    (``LlamaRMSNorm(K, eps)`` with this weight, rounded as the norm library's kernel stores it)
+    inside the kernel, which reads the un-normalised ``x`` (a decoder layer's residual stream)."""
     k = gate_weight.shape[1]
+    nw = _norm_weight("gated_gemv", x, k, norm_weight)
     x2, m, stride_x = as_rows(x, k)
     out = x.new_empty((*x.shape[:-1], gate_weight.shape[0]))
     if out.numel():
-        _launch_gemv(x2, m, stride_x, gate_weight, gate_bias, up_weight, up_bias, act, out, config)
+        _launch_gemv(
+            x2, m, stride_x, gate_weight, gate_bias, up_weight, up_bias, act, out, config, nw, eps
+        )
     return out
 
 
-def gemv(x, weight, bias, config=None):
+def gemv(
+    x,
+    weight,
+    bias,
+    config=None,
+    *,
+    residual: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+):
     """``F.linear(x, weight, bias)`` for ``x`` of at most ``DECODE_ROWS`` rows, through the
-    kernel (no checks: see ``gated_mlp_decode``); ``config`` overrides ``gemv_config``."""
-    k = weight.shape[1]
+    kernel (no checks of the weights: see ``gated_mlp_decode``); ``config`` overrides
+    ``gemv_config``.
+
+    ``residual`` (the output's shape, x's dtype and device; rows may be strided):
+    ``residual + F.linear(x, weight, bias)``, the same bits as those two ops in x's dtype (the
+    product rounded, then the sum in fp32 rounded), as one kernel (or the split-K reduction).
+    ``norm_weight`` and ``eps``: x through Llama's RMSNorm first, as in ``gated_gemv``."""
+    n, k = weight.shape
+    nw = _norm_weight("gemv", x, k, norm_weight)
     x2, m, stride_x = as_rows(x, k)
-    out = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    out = x.new_empty((*x.shape[:-1], n))
+    r, stride_r = None, 0
+    if residual is not None:
+        _check_residual("gemv", residual, out)
+        if out.numel():
+            r, _, stride_r = as_rows(residual, n)
     if out.numel():
-        _launch_gemv(x2, m, stride_x, weight, bias, None, None, SILU, out, config)
+        _launch_gemv(
+            x2, m, stride_x, weight, bias, None, None, SILU, out, config, nw, eps, r, stride_r
+        )
     return out
 
 
-def grouped_linear_decode(x, weights, biases, config=None) -> tuple[torch.Tensor, ...]:
+def grouped_linear_decode(
+    x, weights, biases, config=None, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0
+) -> tuple[torch.Tensor, ...]:
     """``tuple(F.linear(x, w, b) for w, b in zip(weights, biases))`` for three weights of one
     input (an attention's q, k and v projections) in one launch, for ``x`` of at most
     ``DECODE_ROWS`` rows: each output rounded once from fp32 sums, as ``F.linear`` rounds.
@@ -556,7 +723,10 @@ def grouped_linear_decode(x, weights, biases, config=None) -> tuple[torch.Tensor
     ``weights``: three ``[N_i, K]`` tensors in ``nn.Linear``'s layout, of ``x``'s dtype (fp16
     or bf16) and device; ``biases``: three of shape ``[N_i]``, or None for none. ``config``
     overrides ``gemv_config``'s (split-K is not used: every program covers all of K). No checks
-    beyond these shapes: the caller (``kernels.generation``) decides which calls take it."""
+    beyond these shapes: the caller (``kernels.generation``) decides which calls take it.
+
+    ``norm_weight`` ([K], x's dtype and device) and ``eps``: the three project Llama's RMSNorm
+    of x (a decoder layer's input norm, computed in the kernel as in ``gated_gemv``) instead."""
     if len(weights) != 3 or (biases is not None and len(biases) != 3):
         raise ValueError("grouped_linear_decode: three weights (and three biases, or None)")
     k = x.shape[-1]
@@ -566,6 +736,7 @@ def grouped_linear_decode(x, weights, biases, config=None) -> tuple[torch.Tensor
                 f"grouped_linear_decode: a weight of shape {tuple(w.shape)}, {w.dtype} on "
                 f"{w.device} does not take x of shape {tuple(x.shape)}, {x.dtype} on {x.device}"
             )
+    nw = _norm_weight("grouped_linear_decode", x, k, norm_weight)
     X, m, stride_x = as_rows(x, k)
     outs = tuple(x.new_empty((*x.shape[:-1], w.shape[0])) for w in weights)
     if not X.numel():
@@ -582,11 +753,15 @@ def grouped_linear_decode(x, weights, biases, config=None) -> tuple[torch.Tensor
     o0, o1, o2 = outs
     n0, n1, n2 = ns
     stride_w0, stride_w1, stride_w2 = w0.stride(0), w1.stride(0), w2.stride(0)
+    NORM = nw is not None
+    NW = nw if NORM else X  # X: a placeholder of a norm weight's dtype, never read
+    eps = float(eps)
     BLOCK_M = _DOT_ROWS if dot else next_power_of_2(m)
     INTERPRETED = _CPU_RUNS_KERNELS  # TRITON_INTERPRET=1: every launch runs in the interpreter
     args = (
-        X, w0, w1, w2, b0, b1, b2, o0, o1, o2, m, n0, n1, n2, k, stride_x, stride_w0, stride_w1,
-        stride_w2, HAS_BIAS, BLOCK_M, block_n, block_k, num_stages, dot, INTERPRETED,
+        X, w0, w1, w2, b0, b1, b2, NW, o0, o1, o2, m, n0, n1, n2, k, stride_x, stride_w0,
+        stride_w1, stride_w2, eps, HAS_BIAS, NORM, BLOCK_M, block_n, block_k, num_stages, dot,
+        INTERPRETED,
     )  # fmt: skip
     launch(_grouped_gemv_kernel, (blocks,), args, num_warps, x.device)
     return outs
