@@ -18,6 +18,11 @@ greedy, prompt 128, 128 new tokens, at batch 1 and 8, for
   loop``: the same generator with its fused greedy loop (the default: after generate()'s
   prefill, `DEFAULT_FUSED_STEPS` decode steps per graph replay, no generate() Python between
   steps).
+- ``ours kernelized + fused loop, layers unfolded``: the kernelized fused loop with
+  ``fold_layers=False`` (each decoder layer module by module, its norms and residual adds
+  kernels of their own): the A/B of `kernels.generation.folded_layers`;
+- ``ours kernelized + fused loop, our attention``: the same with our library's attention
+  (`kernels.library.attention`) in place of PyTorch's SDPA.
 
 Reported per contender and batch: decode ms per new token ((time of 128 new tokens - time of
 1, the prefill) / 127, median over interleaved rounds), the whole call per token, and, for the
@@ -89,6 +94,8 @@ CONTENDERS = {
     "ours kernelized + CUDA graphs": ("INFERENCE", "graphs", "greedy"),
     "ours CUDA graphs + fused greedy loop": (None, "fused", "greedy"),
     "ours kernelized + CUDA graphs + fused greedy loop": ("INFERENCE", "fused", "greedy"),
+    "ours kernelized + fused loop, layers unfolded": ("INFERENCE", "fused", "greedy"),
+    "ours kernelized + fused loop, our attention": ("INFERENCE", "fused", "greedy"),
     "ours kernelized + CUDA graphs, sampling": ("INFERENCE", "graphs", "sampling"),
     "ours kernelized + fused loop, sampling": ("INFERENCE", "fused", "sampling"),
     "ours kernelized + CUDA graphs, penalties": ("INFERENCE", "graphs", "penalties"),
@@ -147,8 +154,15 @@ def make_contender(name: str, state_dict) -> Contender:
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     if how in ("graphs", "fused"):
-        fused = {} if how == "fused" else {"fused_steps": 0}
-        generator = CudaGraphGenerator(model, kernels=mode_names is not None, **fused)
+        options = {} if how == "fused" else {"fused_steps": 0}
+        if name.endswith("layers unfolded"):  # the folded decoder layers' A/B
+            options["fold_layers"] = False
+        if name.endswith("our attention"):  # our decode attention in place of SDPA's
+            from kernels.library.attention import ATTENTION_IMPLEMENTATION, register_attention
+
+            register_attention()
+            model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
+        generator = CudaGraphGenerator(model, kernels=mode_names is not None, **options)
         return Contender(model, how, setting, generator)
     if mode_names is not None:
         mode = Mode[mode_names.split("|")[0]]

@@ -41,6 +41,7 @@ from .cache import cache_argument, new_static_cache
 from .cache_writes import kernel_cache_writes
 from .decode import DecodeGraphs, DecodeStats
 from .errors import UnsupportedGenerationError
+from .folded_layers import FoldKernels, folded_decoder_layers
 from .fused_loop import DEFAULT_FUSED_STEPS, FusedDecodeLoop
 from .fused_rule import (
     ChoiceSettings,
@@ -125,6 +126,11 @@ class CudaGraphGenerator:
             ``generate()``'s loop with one graph per step. With the loop on, the caches the
             generator sizes hold up to K - 1 more tokens (room for the steps a last block runs
             past the end).
+        fold_layers: with our kernels (``kernels=True``), decode Llama-style decoder layers
+            (Llama, Mistral, Qwen2, Qwen3 and their copies) with their RMSNorms and residual
+            adds folded into the projections around them (`kernels.generation.folded_layers`):
+            four fewer launches a layer, the same roundings but for the order in which a row's
+            squares are summed. ``False`` decodes them as kernelized, module by module.
 
     Changing the model after a capture (new weights' tensors, kernelize, ``.to()``) leaves the
     graphs running the old code and memory: call `reset` then.
@@ -149,6 +155,7 @@ class CudaGraphGenerator:
         warmup_steps: int = 1,
         backend: GraphBackend | None = None,
         fused_steps: int = DEFAULT_FUSED_STEPS,
+        fold_layers: bool = True,
     ):
         if not hasattr(model, "generate") or not hasattr(model, "config"):
             raise UnsupportedGenerationError(
@@ -181,6 +188,7 @@ class CudaGraphGenerator:
         self.kernelized = False
         self._projection_kernels = None  # the activation library's decode_mlp, with our kernels
         self._cache_kernels = None  # the rotary library (write_kv_cache), with our kernels
+        self._fold_kernels: FoldKernels | None = None  # norms and adds folded, with our kernels
         self._graphs = DecodeGraphs(
             backend,
             cache_argument=cache_argument(model),
@@ -193,6 +201,7 @@ class CudaGraphGenerator:
             self._fused = FusedDecodeLoop(self._graphs, steps=fused_steps)
         self._caches: dict[int, tuple[Any, int]] = {}  # batch size -> (cache, length)
         self._logged: set[str] = set()
+        self.fold_layers = fold_layers
         if kernels is not False:
             self.use_kernels(None if kernels is True else kernels)
 
@@ -220,6 +229,7 @@ class CudaGraphGenerator:
         if mapping is None:  # our kernels: attention's q, k and v and the cache writes too
             self._projection_kernels = _decode_kernels()
             self._cache_kernels = _library_package("rotary")
+            self._fold_kernels = _fold_kernels() if self.fold_layers else None
         self.reset()
 
     def generate(self, inputs: torch.Tensor | None = None, **generate_kwargs: Any) -> Any:
@@ -253,7 +263,7 @@ class CudaGraphGenerator:
             if plan is not None:
                 raise _HandOver(plan.step, plan)
 
-        with self._grouped_projections(), self._kernel_cache_writes(cache):
+        with self._decode_projections(), self._kernel_cache_writes(cache):
             with (
                 recording_setup(self.model) as setup,
                 self._decode_through_graphs(first_decode_step),
@@ -399,18 +409,28 @@ class CudaGraphGenerator:
             yield
 
     @contextlib.contextmanager
-    def _grouped_projections(self) -> Iterator[None]:
-        """With our kernels, the attention modules' q, k and v projections as one launch at
-        decode sizes for the block (`kernels.generation.projections`)."""
+    def _decode_projections(self) -> Iterator[None]:
+        """With our kernels, for the block: the attention modules' q, k and v projections as
+        one launch at decode sizes (`kernels.generation.projections`), and Llama-style decoder
+        layers' norms and residual adds folded into the projections around them
+        (`kernels.generation.folded_layers`)."""
         if self._projection_kernels is None:
             yield
             return
         with grouped_projections(self.model, self._projection_kernels) as grouped:
             self._log_once(
-                f"generate(): the q, k and v projections of {grouped} attention modules run as "
-                "one kernel at decode sizes"
+                f"generate(): the q, k and v projections of {len(grouped)} attention modules run "
+                "as one kernel at decode sizes"
             )
-            yield
+            if self._fold_kernels is None:
+                yield
+                return
+            with folded_decoder_layers(self.model, grouped, self._fold_kernels) as folded:
+                self._log_once(
+                    f"generate(): {len(folded)} decoder layers decode with their norms and "
+                    "residual adds folded into their projections"
+                )
+                yield
 
     @contextlib.contextmanager
     def _decode_through_graphs(
@@ -563,6 +583,17 @@ def _library_package(name: str) -> Any:
     from ..library import load_library_package
 
     return load_library_package(name)
+
+
+def _fold_kernels() -> FoldKernels:
+    """What `kernels.generation.folded_layers` needs from our activation and norm libraries."""
+    activation = _library_package("activation")
+    return FoldKernels(
+        decode=activation.decode_mlp,
+        mlp_activation=activation.layers.decode_activation,
+        gated_mlps=(activation.layers.SwiGLUMLP, activation.layers.GeGLUMLP),
+        rms_norm=_library_package("norm").layers.RMSNorm,
+    )
 
 
 def _decode_kernels() -> Any:

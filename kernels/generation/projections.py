@@ -43,17 +43,33 @@ class _QKVGroup:
         self.kernels = kernels  # the activation library's decode_mlp module
         self.input: torch.Tensor | None = None
         self.outputs: tuple[torch.Tensor, ...] = ()
+        # (norm weight, eps, x) while a folded decoder layer (`folded_layers`) hands the
+        # attention its un-normalised input x: the projections then normalise it themselves.
+        self._norm: tuple[torch.Tensor, float, torch.Tensor] | None = None
+
+    @contextlib.contextmanager
+    def normalising(self, weight: torch.Tensor, eps: float, x: torch.Tensor) -> Iterator[None]:
+        """For the block, the projections of ``x`` are those of Llama's RMSNorm of ``x``
+        (``weight``, ``eps``), computed in the grouped kernel's prologue."""
+        self._norm = (weight, eps, x)
+        try:
+            yield
+        finally:
+            self._norm = None
 
     def forward(self, index: int):
         """The ``forward`` that stands in front of projection ``index`` (0 q, 1 k, 2 v)."""
         linear = self.linears[index]
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            if index == 0 and self._takes(x):
-                weights = tuple(p.weight for p in self.linears)
-                biases = None if linear.bias is None else tuple(p.bias for p in self.linears)
-                self.input = x
-                self.outputs = self.kernels.grouped_linear_decode(x, weights, biases)
+            norm = self._norm if self._norm is not None and self._norm[2] is x else None
+            if x is not self.input and (index == 0 or norm is not None):
+                if self._takes(x):
+                    self._project(x, norm)
+                elif norm is not None:  # (the folded layer checked `_takes` on this x first)
+                    raise RuntimeError(
+                        "a folded decoder layer's q, k and v kernel refused its input"
+                    )
             if x is self.input:
                 out = self.outputs[index]
                 if index == len(self.linears) - 1:  # v: the group's last; let go of the input
@@ -62,6 +78,18 @@ class _QKVGroup:
             return F.linear(x, linear.weight, linear.bias)
 
         return forward
+
+    def _project(self, x: torch.Tensor, norm: tuple | None) -> None:
+        weights = tuple(p.weight for p in self.linears)
+        first = self.linears[0]
+        biases = None if first.bias is None else tuple(p.bias for p in self.linears)
+        self.input = x
+        if norm is None:
+            self.outputs = self.kernels.grouped_linear_decode(x, weights, biases)
+        else:
+            self.outputs = self.kernels.grouped_linear_decode(
+                x, weights, biases, norm_weight=norm[0], eps=norm[1]
+            )
 
     def _takes(self, x: torch.Tensor) -> bool:
         if type(x) is not torch.Tensor or torch.compiler.is_compiling():
@@ -99,13 +127,13 @@ def _group_of(module: nn.Module, kernels: Any) -> _QKVGroup | None:
 
 
 @contextlib.contextmanager
-def grouped_projections(model: nn.Module, kernels: Any) -> Iterator[int]:
+def grouped_projections(model: nn.Module, kernels: Any) -> Iterator[dict[nn.Module, _QKVGroup]]:
     """For the block, run the q, k and v projections of every attention module of ``model``
-    whose three are plain ``nn.Linear`` (`_group_of`) as one launch at decode sizes; yields how
-    many attention modules were grouped. ``kernels``: the activation library's ``decode_mlp``
+    whose three are plain ``nn.Linear`` (`_group_of`) as one launch at decode sizes; yields each
+    attention module grouped and its group. ``kernels``: the activation library's ``decode_mlp``
     module (``grouped_linear_decode``, ``takes_decode_kernels``)."""
     if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
-        yield 0  # hooks on every module would see the projections' calls: leave them alone
+        yield {}  # hooks on every module would see the projections' calls: leave them alone
         return
     groups = [
         (module, group)
@@ -117,4 +145,4 @@ def grouped_projections(model: nn.Module, kernels: Any) -> Iterator[int]:
             for index, name in enumerate(PROJECTIONS):
                 linear = getattr(module, name)
                 stack.enter_context(instance_attribute(linear, "forward", group.forward(index)))
-        yield len(groups)
+        yield dict(groups)

@@ -97,6 +97,8 @@ def test_the_fused_loop_contenders_run_without_compiling_and_take_no_streamer():
     assert fused == [
         "ours CUDA graphs + fused greedy loop",
         "ours kernelized + CUDA graphs + fused greedy loop",
+        "ours kernelized + fused loop, layers unfolded",
+        "ours kernelized + fused loop, our attention",
         "ours kernelized + fused loop, sampling",
         "ours kernelized + fused loop, penalties",
     ]

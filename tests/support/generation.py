@@ -81,15 +81,26 @@ def prompt(batch: int, length: int = 7, device="cpu", seed: int = 1):
 
 
 def same_projections(generator, model):
-    """The q/k/v grouping the generator decodes with (our kernels), for a reference run of
-    ``model.generate()``: a context manager (a no-op without our kernels)."""
+    """The q/k/v grouping and the folded decoder layers the generator decodes with (our
+    kernels), for a reference run of ``model.generate()``: a context manager (a no-op without
+    our kernels)."""
     import contextlib
 
+    from kernels.generation.folded_layers import folded_decoder_layers
     from kernels.generation.projections import grouped_projections
+
+    @contextlib.contextmanager
+    def both():
+        with grouped_projections(model, generator._projection_kernels) as groups:
+            if generator._fold_kernels is None:
+                yield
+                return
+            with folded_decoder_layers(model, groups, generator._fold_kernels):
+                yield
 
     if generator._projection_kernels is None:
         return contextlib.nullcontext()
-    return grouped_projections(model, generator._projection_kernels)
+    return both()
 
 
 def eager_greedy(model, ids, mask, new_tokens=NEW_TOKENS, **kwargs):
@@ -228,9 +239,9 @@ def counting_kernels():
     real = _decode_kernels()
     calls = []
 
-    def grouped(x, weights, biases, config=None):
+    def grouped(x, weights, biases, config=None, **norm):
         calls.append(x.shape)
-        return real.grouped_linear_decode(x, weights, biases, config)
+        return real.grouped_linear_decode(x, weights, biases, config, **norm)
 
     kernels = types.SimpleNamespace(
         grouped_linear_decode=grouped, takes_decode_kernels=real.takes_decode_kernels
@@ -282,15 +293,14 @@ def check_generator_groups_q_k_v(monkeypatch) -> None:
     from torch import nn
 
     from kernels.generation import generator
-    from kernels.generation.projections import grouped_projections
 
     kernels, calls = counting_kernels()
     monkeypatch.setattr(generator, "_decode_kernels", lambda: kernels)
-    model, _, ids, mask, got = _generate_with_our_kernels()
+    model, gen, ids, mask, got = _generate_with_our_kernels()
     layers = model.config.num_hidden_layers
     assert len(calls) >= layers * (NEW_TOKENS - 1)  # every decode step, every layer
     assert all(shape[:-1].numel() <= 8 for shape in calls)
-    with grouped_projections(model, kernels):
+    with same_projections(gen, model):
         expected = eager_greedy(model, ids, mask)
     assert torch.equal(got, expected)
     for module in model.modules():

@@ -220,6 +220,21 @@ def _takes_decode_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> bool:
     return _calls_are_plain(mlp, x) and not use_autograd_function(x, *_weights(mlp))
 
 
+def decode_activation(mlp: torch.nn.Module, x: torch.Tensor) -> str | None:
+    """The activation (``"silu"`` or ``"gelu_tanh"``) with which `SwiGLUMLP` would run
+    ``mlp``'s call on ``x`` as ``gated_mlp_decode``'s two kernels, or None if it would not
+    (another activation, a backward, a size or dtype left to cuBLAS, projections that are not
+    plain): for callers that run those kernels on the MLP's weights themselves
+    (``kernels.generation``'s folded decoder layers)."""
+    if _is_plain_silu(mlp.act_fn):
+        act = "silu"
+    elif _is_plain_gelu_tanh(mlp.act_fn):
+        act = "gelu_tanh"
+    else:
+        return None
+    return act if _takes_decode_mlp(mlp, x) else None
+
+
 def _gated_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))``, with ``act(gate) * up``
     fused into one kernel when ``act_fn`` is plain SiLU or tanh GELU (at decode sizes, the whole
