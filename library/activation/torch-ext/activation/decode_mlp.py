@@ -35,6 +35,17 @@ the input's dtype, then ``act(gate) * up``; here ``gate`` and ``up`` stay fp32 u
 which is rounded once (closer to the exact result; it can differ from the module's by a rounding
 of the product). The down projection is rounded once, as ``F.linear`` rounds it.
 
+A decoder layer's decode step (``kernels.generation``) folds its norms and residual adds in:
+``norm_weight=`` and ``eps=`` (``gemv``, ``gated_gemv``, ``grouped_linear_decode``) take the
+un-normalised residual stream as ``x`` and put its rows through Llama's RMSNorm in the kernel:
+each program first sums its rows' squares over all of K (a pre-pass over a few KB of x from L2,
+where a norm kernel would cost a launch), then normalises each x tile once as it is loaded,
+rounded where ``LlamaRMSNorm`` and the norm library's kernel round (the normalised row to x's
+dtype, then its product with the weight). ``residual=`` (``gemv``) adds a residual in the
+epilogue (the split-K reduction's): the projection rounded, then the sum in fp32 rounded, the
+bits of ``residual + F.linear(...)`` in x's dtype. Without them the kernels compile as before
+(constexpr branches).
+
 Configurations (``GemvConfig``) come from ``gemv_config``'s rule; ``candidate_configs`` lists
 what ``benchmarks/decode_mlp.py --sweep`` times at each shape, to fix that rule from a GPU run.
 """
