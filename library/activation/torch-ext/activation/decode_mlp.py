@@ -190,10 +190,10 @@ def _products(
     acc_a = _zeros(BLOCK_N, BLOCK_M, BLOCK_K, DOT)
     acc_b = _zeros(BLOCK_N, BLOCK_M, BLOCK_K, DOT)
     if NORM:
-        # Each program sums its rows' squares over all of K itself (split-K programs too), a
-        # pre-pass over x from L2 (M <= 8 rows: a few KB) before its first weight tile, rather
-        # than a norm kernel writing the normalised rows for this one to read: that would be a
-        # launch more a projection, and its latency is what a decode step's small kernels pay.
+        # Each program sums its rows' squares over all of K itself (split-K programs too): a
+        # pre-pass over x from L2 (M <= 8 rows of K: a few KB) before its first weight tile.
+        # A norm kernel writing the normalised rows for this one to read would cost a launch
+        # more a projection, and launch latency is what a decode step's small kernels pay.
         rstd = _row_rstd(X, rows, M, K, stride_x, eps, BLOCK_M, BLOCK_K)
     # k_per_split is a multiple of BLOCK_K, so a tile never straddles two splits and the masks
     # compare with K alone: K divisible by 16 (Triton specialises on it) keeps them constant
