@@ -17,7 +17,9 @@ the 1.1B Llama-style model of `benchmarks.llama` (random weights, bf16):
 With ``--binaries``, each of ours first runs on an empty cache that the packages seed from the
 Triton binaries they ship (``binaries``; cold and warm runs turn seeding off with
 ``KERNELS_TRITON_BINARIES=0``). ``--keep-cache DIR`` keeps each case's cold cache as
-``DIR/<case>``, for ``library/binaries.py capture DIR/*``. Each of ours runs twice, in order: ``cold``, with an empty Triton cache (``TRITON_CACHE_DIR`` a
+``DIR/<case>``, for ``library/binaries.py capture DIR/*``; with ``--compile-for a100`` (or
+``b200``) the cases of ours run once, compiling for that GPU on this one and launching nothing
+(`pretend_gpu`): the capture of another GPU's binaries. Each of ours runs twice, in order: ``cold``, with an empty Triton cache (``TRITON_CACHE_DIR`` a
 new folder), and ``warm``, a new process on the cache the cold run filled: the cold run's
 extra time is what compiling costs, and the warm run is what shipped binaries could at best
 give. Inside each process the time spent in Triton's compiler (``triton.compiler.compile``)
@@ -47,6 +49,10 @@ PROMPT = 128
 NEW_TOKENS = 128
 #: Where a child prints its result, one JSON line after this marker.
 MARKER = "COLD_START_RESULT "
+#: GPUs whose binaries ``--compile-for`` captures on another one: (major, minor, SMs). The SM
+#: count matters as much as the architecture: our launch tables read it (split-K, grid sizes),
+#: and with them the kernels' constexprs and Triton's cache keys.
+OTHER_GPUS = {"a100": (8, 0, 108), "b200": (10, 0, 148)}
 
 
 # ---- inside one fresh process ------------------------------------------------------------------
@@ -148,8 +154,38 @@ class Phases:
         self.seconds[f"{name} (since start)"] = round(time.time() - self.started, 3)
 
 
+def pretend_gpu(major: int, minor: int, sms: int) -> None:
+    """Make this process compile for another GPU: Triton's target, and the capability and SM
+    count that torch reports (which our launch tables read), are that GPU's. With
+    ``KERNELS_TRITON_COMPILE_ONLY=1`` our launches then compile without running: the results
+    are garbage, the Triton cache is that GPU's."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    real_properties = torch.cuda.get_device_properties
+
+    class Properties:
+        """The real device's properties but for the architecture and SM count."""
+
+        def __init__(self, real):
+            self._real = real
+            self.major, self.minor, self.multi_processor_count = major, minor, sms
+
+        def __getattr__(self, name):
+            return getattr(self._real, name)
+
+    torch.cuda.get_device_properties = lambda device=None: Properties(real_properties(device))
+    torch.cuda.get_device_capability = lambda device=None: (major, minor)
+    target = GPUTarget("cuda", major * 10 + minor, 32)
+    driver.active.get_current_target = lambda: target
+
+
 def child(case: str, started: float) -> dict:
     """Run ``case`` in this (fresh) process; its phases and Triton's share."""
+    other = os.environ.get("COLD_START_COMPILE_FOR")
+    if other:
+        pretend_gpu(*OTHER_GPUS[other])
     phases = Phases(started)
     clock = TritonClock()
     with phases.phase("import"):
@@ -203,8 +239,10 @@ def child(case: str, started: float) -> dict:
 # ---- the parent: fresh processes, cold and warm caches --------------------------------------
 
 
-def run_case(case: str, cache_dir: str, temperature: str) -> dict:
+def run_case(case: str, cache_dir: str, temperature: str, compile_for: str | None = None) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1")
+    if compile_for is not None:  # a capture for another GPU: compile, never launch
+        env.update(COLD_START_COMPILE_FOR=compile_for, KERNELS_TRITON_COMPILE_ONLY="1")
     # Only the `binaries` runs seed the cache from the Triton binaries the packages ship
     # (docs/writing-kernels.md, Shipped Triton binaries); cold and warm runs compile as if
     # there were none.
@@ -249,10 +287,20 @@ def run_case(case: str, cache_dir: str, temperature: str) -> dict:
     return result
 
 
-def measure(cases, *, binaries: bool = False, keep_cache: Path | None = None) -> list[dict]:
+def measure(
+    cases, *, binaries: bool = False, keep_cache: Path | None = None, compile_for: str | None = None
+) -> list[dict]:
     """Each case cold then warm on one new cache; with ``binaries``, first on an empty cache
     that the packages' shipped binaries seed. ``keep_cache``: each case's cold run's cache is
-    ``keep_cache/<case>`` (new or empty), kept for ``library/binaries.py capture``."""
+    ``keep_cache/<case>`` (new or empty), kept for ``library/binaries.py capture``.
+    ``compile_for`` (one of `OTHER_GPUS`, with ``keep_cache``): one cold run per case of ours
+    that compiles for that GPU and launches nothing."""
+    if compile_for is not None:
+        assert keep_cache is not None
+        ours = [case for case in cases if not case.startswith("eager")]
+        for case in ours:
+            (keep_cache / case).mkdir(parents=True, exist_ok=True)
+        return [run_case(case, str(keep_cache / case), "cold", compile_for) for case in ours]
     results = []
     for case in cases:
         if binaries and not case.startswith("eager"):
@@ -342,6 +390,12 @@ def main() -> int:
         metavar="DIR",
         help="keep each case's cold Triton cache as DIR/<case> (DIR new or empty), to capture from",
     )
+    parser.add_argument(
+        "--compile-for",
+        choices=sorted(OTHER_GPUS),
+        help="with --keep-cache: compile our cases' kernels for this GPU instead of running "
+        "them (a capture of its binaries on another GPU; no timings are saved)",
+    )
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -353,12 +407,18 @@ def main() -> int:
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         parser.error(f"unknown case(s) {unknown}: choose from {', '.join(CASES)}")
-    out = args.out or default_out("cold_start")
-    out.mkdir(parents=True, exist_ok=True)
+    if args.compile_for is not None and (args.keep_cache is None or args.binaries):
+        parser.error("--compile-for captures: it needs --keep-cache DIR, and no --binaries")
+    out = None if args.compile_for else (args.out or default_out("cold_start"))
     if args.keep_cache is not None and args.keep_cache.exists() and any(args.keep_cache.iterdir()):
         parser.error(
             f"--keep-cache {args.keep_cache} is not empty: a cold run needs an empty cache"
         )
+    if args.compile_for is not None:
+        measure(cases, keep_cache=args.keep_cache, compile_for=args.compile_for)
+        return 0
+    assert out is not None
+    out.mkdir(parents=True, exist_ok=True)
     results = measure(cases, binaries=args.binaries, keep_cache=args.keep_cache)
     save_results(out, metadata(), results, write_markdown)
     print(Path(out, "results.md").read_text())

@@ -347,6 +347,13 @@ def _cpu_without_interpreter(kernel) -> str:
     )
 
 
+# Compile, never launch: the capture of shipped binaries for a GPU other than the one it runs on
+# (``benchmarks.cold_start --compile-for``, docs/writing-kernels.md) runs the library's workloads
+# with Triton's target and the GPU's properties set to that GPU's, whose kernels cannot run here.
+# Results are then garbage; nothing but a capture sets it.
+_COMPILE_ONLY = os.environ.get("KERNELS_TRITON_COMPILE_ONLY") == "1"
+
+
 def _options(num_warps: int, num_stages: int | None) -> dict:
     # Triton's launch options; no num_stages unless given (Triton's default then).
     if num_stages is None:
@@ -372,6 +379,9 @@ def launch(
             if device.type == "cpu" and not _interpreted(kernel):
                 raise RuntimeError(_cpu_without_interpreter(kernel)) from exc
             raise
+        return
+    if _COMPILE_ONLY:
+        kernel.warmup(*args, grid=grid, **_options(num_warps, num_stages))
         return
     current = _current_device()
     index = current if device.index is None else device.index

@@ -1,5 +1,10 @@
 """benchmarks.cold_start's runs (the GPU measures them): which caches each case gets."""
 
+import sys
+import types
+
+import pytest
+
 from benchmarks import cold_start
 
 
@@ -23,3 +28,37 @@ def test_binaries_runs_get_an_empty_cache_of_their_own_and_kept_caches_one_per_c
     binaries_cache, cold_cache, warm_cache = (cache for _, _, cache in runs[:3])
     assert binaries_cache != cold_cache == warm_cache == str(tmp_path / "keep" / "train")
     assert runs[3][2] == str(tmp_path / "keep" / "eager-train")
+
+
+def test_a_capture_for_another_gpu_compiles_our_cases_once_and_launches_nothing(
+    tmp_path, monkeypatch
+):
+    """``--compile-for``: one cold run per case of ours (none of the eager cases, no warm run),
+    each child told the GPU to compile for and to launch nothing, each into its kept cache."""
+    calls = []
+
+    def run(command, env, **kwargs):
+        calls.append((command[command.index("--child") + 1], env))
+        result = '{"case": "x", "phases": {}, "triton_compile_s": 0, "kernels_compiled": 0, '
+        result += '"c_build_s": 0, "c_builds": 0}'
+        return types.SimpleNamespace(returncode=0, stdout=cold_start.MARKER + result, stderr="")
+
+    monkeypatch.setattr(cold_start.subprocess, "run", run)
+    keep = tmp_path / "keep"
+    cold_start.measure(["train", "eager-train", "generate"], keep_cache=keep, compile_for="a100")
+    assert [case for case, _ in calls] == ["train", "generate"]
+    for case, env in calls:
+        assert env["COLD_START_COMPILE_FOR"] == "a100"
+        assert env["KERNELS_TRITON_COMPILE_ONLY"] == "1"
+        assert env["TRITON_CACHE_DIR"] == str(keep / case)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--compile-for", "a100"], ["--compile-for", "b200", "--keep-cache", "k", "--binaries"]],
+)
+def test_compile_for_needs_a_kept_cache_and_no_binaries(argv, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["cold_start.py", *argv])
+    with pytest.raises(SystemExit):
+        cold_start.main()
+    assert "--compile-for captures: it needs --keep-cache DIR" in capsys.readouterr().err
