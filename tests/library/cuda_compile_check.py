@@ -124,6 +124,12 @@ def _run_decode_mlp(activation) -> None:
             for m in (1, 8):
                 x = torch.zeros(m, hidden, dtype=dtype)
                 decode.grouped_linear_decode(x, (q_w, kv_w, kv_w), None)
+        # The folded decoder layer's variants (kernels.generation.folded_layers): the norm in
+        # q/k/v's and gate/up's prologue, the residual in o_proj's and down's epilogue, at the
+        # 1.1B model's sizes (bf16 only: the variants differ by constexprs the dtype does not
+        # touch, and each compile costs CI a second).
+        if dtype == torch.bfloat16:
+            _run_decode_folds(decode, dtype)
         x = torch.zeros(3, 64, dtype=dtype)
         w, b = torch.zeros(96, 64, dtype=dtype), torch.zeros(96, dtype=dtype)
         decode.grouped_linear_decode(x, (w, w[:32], w[:16]), (b, b[:32], b[:16]))
@@ -132,6 +138,21 @@ def _run_decode_mlp(activation) -> None:
                 config = decode.GemvConfig(16, 32, split, 4, 2, dot)
                 decode.gated_gemv(x, w, b, w, b, 2, config)
                 decode.gemv(x, w, b, config)
+
+
+def _run_decode_folds(decode, dtype) -> None:
+    hidden, inter, kv = 2048, 8192, 512
+    gate_w = torch.empty(1, hidden, dtype=dtype).expand(inter, hidden)
+    down_w = torch.empty(1, inter, dtype=dtype).expand(hidden, inter)
+    q_w = torch.empty(1, hidden, dtype=dtype).expand(hidden, hidden)
+    kv_w = torch.empty(1, hidden, dtype=dtype).expand(kv, hidden)
+    norm = torch.zeros(hidden, dtype=dtype)
+    for m in (1, 8):
+        x, h = torch.zeros(m, hidden, dtype=dtype), torch.zeros(m, inter, dtype=dtype)
+        decode.grouped_linear_decode(x, (q_w, kv_w, kv_w), None, norm_weight=norm, eps=1e-5)
+        decode.gemv(x, q_w, None, residual=x)  # o_proj
+        decode.gated_gemv(x, gate_w, None, gate_w, None, 0, norm_weight=norm, eps=1e-5)
+        decode.gemv(h, down_w, None, residual=x)
 
 
 def _run_rotary(rotary) -> None:
