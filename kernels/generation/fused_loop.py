@@ -90,6 +90,10 @@ class FusedDecodeLoop:
         self.steps = steps
         self._blocks: dict[_BlockKey, _Block] = {}
         self._failed: dict[_BlockKey, str] = {}
+        # The key `blocker` made and what it made it of, for `decode` to reuse when it is
+        # handed the same objects: making it walks the step's arguments and the processors'
+        # attributes, host work better done once a call.
+        self._checked: tuple[tuple[Any, ...], _BlockKey] | None = None
 
     @property
     def backend(self) -> GraphBackend:
@@ -138,6 +142,7 @@ class FusedDecodeLoop:
             key = self._key(kwargs, cache, stop, choice)
         except NotCapturable as exc:
             return str(exc)
+        self._checked = ((kwargs, cache, stop, choice), key)
         if key in self._failed:
             return f"capturing its fused decode block failed: {self._failed[key]}"
         return None
@@ -172,7 +177,13 @@ class FusedDecodeLoop:
             streamer: given each step's tokens (``put``, as generate() gives them), a block's
                 worth after each block, then ``end()``.
         """
-        key = self._key(kwargs, cache, stop, choice)
+        checked, self._checked = self._checked, None
+        if checked is not None and all(
+            a is b for a, b in zip(checked[0], (kwargs, cache, stop, choice), strict=True)
+        ):
+            key = checked[1]
+        else:
+            key = self._key(kwargs, cache, stop, choice)
         block = self._blocks.get(key)
         if block is None:
             eos_count = 0 if stop.eos is None else stop.eos.numel()
@@ -231,6 +242,8 @@ class FusedDecodeLoop:
 
     def remove_cache(self, cache: Any) -> None:
         """Drop the blocks captured on ``cache``."""
+        if self._checked is not None and self._checked[0][1] is cache:
+            self._checked = None
         for key in [k for k, block in self._blocks.items() if block.cache_id == id(cache)]:
             del self._blocks[key]
         for key in [k for k in self._failed if key_cache_id(k[0]) == id(cache)]:
@@ -238,6 +251,7 @@ class FusedDecodeLoop:
 
     def clear(self) -> None:
         """Drop every block (their memory goes when nothing else holds it)."""
+        self._checked = None
         self._blocks.clear()
         self._failed.clear()
 

@@ -140,3 +140,17 @@ def test_sliding_window_models_decode_step_by_step():
     got = generator.generate(ids, attention_mask=mask, max_new_tokens=K + 3)
     assert torch.equal(got, eager_greedy(model, ids, mask, K + 3))
     assert generator.stats.fused_calls == 0
+
+
+def test_a_call_makes_its_block_key_once(model, monkeypatch):
+    """`blocker` makes the block's key (walking the step's arguments and the processors'
+    attributes); `decode`, handed the same step, reuses it: one key a call, for each of two
+    calls, with sampling's processors in it."""
+    generator = CudaGraphGenerator(model, fused_steps=K)
+    made = []
+    real = generator._fused._key
+    monkeypatch.setattr(generator._fused, "_key", lambda *a: made.append(1) or real(*a))
+    ids, mask = prompt(2)
+    for _ in range(2):
+        generator.generate(ids, attention_mask=mask, max_new_tokens=7, do_sample=True, top_k=5)
+    assert generator.stats.fused_calls == 2 and len(made) == 2
