@@ -99,10 +99,12 @@ def test_layer_norm(norm, lead, hidden, layout, dtype, affine):
         assert g is None or g.dtype == dtype
         assert_close(g, g64, dtype, what)
     # Without a backward to feed, the forward runs a variant compiled without the mean and rstd
-    # stores, whose instructions may round the last bit otherwise.
+    # stores, whose instructions may round otherwise (the compiler contracts other multiplies
+    # and adds into FMAs): on an H100, 1 element of 4096x5120 in fp32 differed by 2.6 ulps
+    # (2026-12-08), hence 4.
     y_fn = norm.layer_norm(x.detach(), (hidden,), module.weight, module.bias, 1e-5)
     ulp = torch.finfo(dtype).eps
-    torch.testing.assert_close(y_fn, y.detach(), rtol=2 * ulp, atol=2 * ulp)
+    torch.testing.assert_close(y_fn, y.detach(), rtol=4 * ulp, atol=4 * ulp)
 
 
 def test_layer_norm_over_two_trailing_dims(norm):
