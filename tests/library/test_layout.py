@@ -101,14 +101,19 @@ def test_the_loaded_library_is_a_fresh_build_of_the_source():
 @pytest.mark.parametrize("repo", REPOS, ids=lambda r: r.name)
 def test_each_variant_is_exactly_the_source_and_the_shared_files(repo):
     """A variant holds the package's source files and the shared ones, byte for byte, and
-    metadata.json: nothing else (a build for the Hub adds symbols.json)."""
+    metadata.json; a CUDA variant also the Triton binaries captured from these sources, as
+    ``_binaries/``: nothing else (a build for the Hub adds symbols.json)."""
     package = build._files_under(repo.folder / "torch-ext" / repo.package, repo.pyext)
     shared = build._files_under(build.SHARED, build.DEFAULT_PYEXT)
     assert package and shared and not package.keys() & shared.keys()
+    # (binaries captured from other sources are left out: test_binaries.py tests that)
+    binaries, _ = build.shipped_binaries(repo, build.source_digest(build.package_files(repo)))
     files = build.build_files(repo, symbols=False)
     for variant in repo.variants:
         folder = f"{repo.package}/" if variant == "torch-universal" else ""
         expected = {folder + name: content for name, content in {**package, **shared}.items()}
+        if build._carries_binaries(variant):
+            expected.update({f"{folder}_binaries/{n}": c for n, c in binaries.items()})
         expected["metadata.json"] = files[f"{variant}/metadata.json"]
         inside = {
             name.removeprefix(f"{variant}/"): content
@@ -212,6 +217,8 @@ def test_variant_ids_follow_the_source(tmp_path):
     copy = tmp_path / "rotary"
     shutil.copytree(repo.folder / "torch-ext", copy / "torch-ext")
     shutil.copy(repo.folder / "build.toml", copy / "build.toml")
+    if (repo.folder / build.BINARIES).is_dir():  # captured binaries are part of a CUDA build
+        shutil.copytree(repo.folder / build.BINARIES, copy / build.BINARIES)
     changed = build.read_repository(copy)
 
     def ids(r):
