@@ -44,6 +44,13 @@ from .projections import _QKVGroup
 
 logger = logging.getLogger(__name__)
 
+#: The most tokens a folded step takes; more decode module by module. Measured on an H100
+#: (benchmarks/results/h100/NOTES.md, 2026-12-08, the 1.1B model): at one row, where the
+#: kernels multiply-add, folding took a token from 1.26 to 1.22 ms; at eight, where they use
+#: tl.dot on 16 padded rows, each program's pass over x for the norm's sums of squares (before
+#: its first weight tile) made q/k/v 2.4x and the MLP 1.2x slower, 1.35 -> 1.59 ms.
+FOLD_MAX_ROWS = 1
+
 
 @dataclass(frozen=True)
 class FoldKernels:
@@ -326,6 +333,8 @@ class _FoldedLayer:
         if torch.is_grad_enabled() and h.requires_grad:
             return False
         layer = self.layer
+        if h.numel() > FOLD_MAX_ROWS * h.shape[-1]:
+            return False
         if not (self.kernels.decode.takes_decode_kernels(h) and self.group._takes(h)):
             return False
         norms = (layer.input_layernorm, layer.post_attention_layernorm)

@@ -8,5 +8,5 @@ from tests.generation.test_folded_layers import (  # noqa: F401  (collected here
     test_generation_folds_every_layer_and_leaves_nothing_behind,
     test_llama_layers_and_attention_fold_statement_for_statement,
     test_qwen2_with_biases_folds,
-    test_the_prefill_and_float32_are_the_layers_own,
+    test_the_prefill_more_rows_and_float32_are_the_layers_own,
 )
