@@ -79,10 +79,21 @@ class TritonClock:
 
         compile_fn = triton.compiler.compile
 
+        record = os.environ.get("KERNELS_RECORD_COMPILES") == "1"
+
         def timed_compile(src, *args, **kwargs):
             start = time.perf_counter()
             try:
-                return compile_fn(src, *args, **kwargs)
+                compiled = compile_fn(src, *args, **kwargs)
+                if record and hasattr(src, "fn") and "target" in kwargs:
+                    # A capture: what each compile read, for library/binaries.py verify.
+                    from kernels.library.triton_recipes import record as write_recipe
+
+                    cache = os.environ["TRITON_CACHE_DIR"]
+                    write_recipe(
+                        cache, src, kwargs["target"], kwargs.get("options") or {}, compiled
+                    )
+                return compiled
             finally:
                 seconds = time.perf_counter() - start
                 self.compile_s += seconds
@@ -239,10 +250,18 @@ def child(case: str, started: float) -> dict:
 # ---- the parent: fresh processes, cold and warm caches --------------------------------------
 
 
-def run_case(case: str, cache_dir: str, temperature: str, compile_for: str | None = None) -> dict:
+def run_case(
+    case: str,
+    cache_dir: str,
+    temperature: str,
+    compile_for: str | None = None,
+    record: bool = False,
+) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1")
     if compile_for is not None:  # a capture for another GPU: compile, never launch
         env.update(COLD_START_COMPILE_FOR=compile_for, KERNELS_TRITON_COMPILE_ONLY="1")
+    if record:  # a cache kept for a capture: record each compile's recipe beside it
+        env["KERNELS_RECORD_COMPILES"] = "1"
     # Only the `binaries` runs seed the cache from the Triton binaries the packages ship
     # (docs/writing-kernels.md, Shipped Triton binaries); cold and warm runs compile as if
     # there were none.
@@ -300,7 +319,10 @@ def measure(
         ours = [case for case in cases if not case.startswith("eager")]
         for case in ours:
             (keep_cache / case).mkdir(parents=True, exist_ok=True)
-        return [run_case(case, str(keep_cache / case), "cold", compile_for) for case in ours]
+        return [
+            run_case(case, str(keep_cache / case), "cold", compile_for, record=True)
+            for case in ours
+        ]
     results = []
     for case in cases:
         if binaries and not case.startswith("eager"):
@@ -314,7 +336,8 @@ def measure(
                 cache_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="triton-cold-"))
             temperatures = ("cold",) if case.startswith("eager") else ("cold", "warm")
             for temperature in temperatures:
-                results.append(run_case(case, cache_dir, temperature))
+                kept = keep_cache is not None and temperature == "cold"
+                results.append(run_case(case, cache_dir, temperature, record=kept))
     return results
 
 

@@ -7,6 +7,7 @@ Run the library's workloads on a GPU with a fresh Triton cache, then capture fro
     python library/binaries.py capture /tmp/triton-capture            # every repository
     python library/binaries.py capture /tmp/a /tmp/b --repos norm     # several caches; some repos
     python library/binaries.py list                                    # what each one holds
+    python library/binaries.py verify                                  # compile again, compare
 
 For each repository it takes, from the cache:
 
@@ -26,6 +27,12 @@ and writes them, with a manifest (the shared ``_binaries.py`` reads and document
     library/<repo>/binaries/manifest.json
     library/<repo>/binaries/<triton version>/<target, e.g. cuda-90>/<key>/<file>
     library/<repo>/binaries/<triton version>/<platform tag>/<key>/<file>
+
+Beside the folder, ``library/<repo>/binaries-recipes.json`` keeps each kernel's recipe: what
+its compile read (``kernels.library.triton_recipes``), recorded by the capture runs
+(``benchmarks.cold_start --keep-cache`` sets ``KERNELS_RECORD_COMPILES=1``). ``verify``
+compiles each recipe again with this machine's Triton (the same version; no GPU needed) and
+compares: the cache key (the inputs, the sources among them) and the binary (the output).
 
 A capture replaces what the folder held for the same Triton version and target (or platform),
 and keeps the rest when it was captured from the same sources; binaries of other sources are
@@ -65,6 +72,8 @@ def _load(name: str, path: Path) -> types.ModuleType:
 build = _load("_kernels_library_build", _HERE / "build.py")
 shared = build.binaries_module()
 
+#: Beside a repository's binaries/: each kernel's recipe (how it was compiled), by cache key.
+RECIPES = "binaries-recipes.json"
 #: The file a kernel's binary is in, by Triton backend.
 BINARY_EXTENSIONS = {"cuda": "cubin", "hip": "hsaco"}
 #: The largest metadata file read from a cache.
@@ -222,7 +231,118 @@ def capture(
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(staging, folder)
+    _write_recipes(
+        repo,
+        manifest,
+        cache_dirs,
+        keep=previous is not None and previous[0].source_digest == digest,
+    )
     return manifest
+
+
+def _recipes_module():
+    try:
+        from kernels.library import triton_recipes
+    except ImportError:  # run as a script from a checkout without the package installed
+        sys.path.insert(0, str(_HERE.parent))
+        from kernels.library import triton_recipes
+    return triton_recipes
+
+
+def read_recipes(repo) -> dict[str, dict]:
+    """``repo``'s recipes (as JSON) by cache key; empty without a recipes file."""
+    path = repo.folder / RECIPES
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("format") != 1 or not isinstance(data.get("recipes"), dict):
+        raise shared.ManifestError(f"{path} is not a recipes file of format 1")
+    return data["recipes"]
+
+
+def _write_recipes(repo, manifest, cache_dirs, *, keep: bool) -> None:
+    """The recipes of the manifest's kernels: recorded by the caches' runs, or kept from the
+    previous capture of the same sources for the groups it kept."""
+    recipes_module = _recipes_module()
+    found = read_recipes(repo) if keep else {}
+    dirs = [cache_dirs] if isinstance(cache_dirs, Path) else list(cache_dirs)
+    for cache_dir in dirs:
+        for recipe in recipes_module.read_records(cache_dir):
+            found[recipe.key] = recipe.to_json()
+    keys = {g.key for g in manifest.groups if g.kernel is not None}
+    kept = {key: found[key] for key in sorted(keys & set(found))}
+    path = repo.folder / RECIPES
+    if not kept:
+        path.unlink(missing_ok=True)
+        return
+    path.write_text(json.dumps({"format": 1, "recipes": kept}, indent=1) + "\n", encoding="utf-8")
+
+
+def verify(repo, package) -> tuple[list[str], bool]:
+    """Compile each of ``repo``'s shipped kernels again from its recipe with this machine's
+    Triton and compare with what is shipped; ``package``: the repository's package, imported
+    (its ``@triton.jit`` functions are what is compiled). Returns report lines and whether
+    nothing differed. Kernels of another Triton version, and those without a recipe, are
+    counted, not compiled."""
+    import triton
+
+    recipes_module = _recipes_module()
+    found = shared.read_manifest(str(repo.folder / build.BINARIES))
+    if found is None:
+        return [f"{repo.name}: no binaries"], True
+    recipes = read_recipes(repo)
+    functions = recipes_module.jit_functions(package)
+    lines, same, other, missing, differ = [], 0, 0, 0, 0
+    for group in (g for g in found[0].groups if g.kernel is not None):
+        if group.triton != triton.__version__:
+            other += 1
+            continue
+        if group.key not in recipes:
+            missing += 1
+            continue
+        try:
+            recipe = recipes_module.Recipe.from_json(recipes[group.key])
+            rebuilt = recipes_module.rebuild(recipe, functions)
+        except recipes_module.RecipeError as exc:
+            differ += 1
+            lines.append(f"  {group.kernel} {group.target} {group.key}: {exc}")
+            continue
+        problems = _compare(repo, group, rebuilt)
+        if problems:
+            differ += 1
+            lines.append(f"  {group.kernel} {group.target} {group.key}: {'; '.join(problems)}")
+        else:
+            same += 1
+    head = (
+        f"{repo.name}: {same} kernel(s) compiled again to the same binary, {differ} differ, "
+        f"{missing} without a recipe, {other} of another Triton than {triton.__version__}"
+    )
+    return [head, *lines], differ == 0
+
+
+def _compare(repo, group, rebuilt) -> list[str]:
+    if rebuilt.key != group.key:
+        return [
+            f"the recipe compiles under key {rebuilt.key}: other inputs (sources?) than shipped"
+        ]
+    problems = []
+    folder = repo.folder / build.BINARIES / group.folder
+    for file in group.files:
+        shipped = (folder / file.name).read_bytes()
+        made = rebuilt.files.get(file.name)
+        if made is None:
+            problems.append(f"{file.name} not made")
+        elif file.name.endswith(".json"):
+            if _metadata(made) != _metadata(shipped):
+                problems.append(f"{file.name} differs")
+        elif made != shipped:
+            problems.append(f"{file.name} differs ({len(made)} bytes made, {len(shipped)} shipped)")
+    return problems
+
+
+def _metadata(data: bytes) -> dict:
+    # libdevice's path is the machine's (its content is in the key).
+    return {k: v for k, v in json.loads(data).items() if k != "extern_libs"}
 
 
 def _set(group) -> tuple:
@@ -262,7 +382,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     list_parser = commands.add_parser("list", help="what each repository's binaries/ holds")
     list_parser.add_argument("repos", nargs="*", help="repository folders (default: all)")
+    verify_parser = commands.add_parser(
+        "verify", help="compile the kernels again from their recipes and compare"
+    )
+    verify_parser.add_argument("repos", nargs="*", help="repository folders (default: all)")
     args = parser.parse_args(argv)
+    if args.command == "verify":
+        return _verify_command(args.repos)
     try:
         repos = build.repositories(args.repos)
         for repo in repos:
@@ -285,6 +411,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _verify_command(names: list[str]) -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("error: run without TRITON_INTERPRET=1: interpreted kernels cannot be compiled", file=sys.stderr)  # fmt: skip
+        return 2
+    from kernels import get_local_kernel
+    from kernels.library.paths import built_repository
+
+    failed = False
+    for repo in build.repositories(names):
+        # A library source folder loads its fresh build (with the binaries): the functions
+        # compiled are its sources'.
+        package = get_local_kernel(built_repository(repo.folder), repo.package)
+        lines, ok = verify(repo, package)
+        print("\n".join(lines))
+        failed |= not ok
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

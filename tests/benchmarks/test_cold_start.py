@@ -13,8 +13,9 @@ def test_binaries_runs_get_an_empty_cache_of_their_own_and_kept_caches_one_per_c
 ):
     runs = []
 
-    def run_case(case, cache_dir, temperature):
+    def run_case(case, cache_dir, temperature, record=False):
         runs.append((case, temperature, cache_dir))
+        assert record == (temperature == "cold")  # a kept cold cache records its compiles
         return {"case": case, "cache": temperature}
 
     monkeypatch.setattr(cold_start, "run_case", run_case)
@@ -51,6 +52,7 @@ def test_a_capture_for_another_gpu_compiles_our_cases_once_and_launches_nothing(
         assert env["COLD_START_COMPILE_FOR"] == "a100"
         assert env["KERNELS_TRITON_COMPILE_ONLY"] == "1"
         assert env["TRITON_CACHE_DIR"] == str(keep / case)
+        assert env["KERNELS_RECORD_COMPILES"] == "1"
 
 
 @pytest.mark.parametrize(
