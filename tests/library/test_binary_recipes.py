@@ -96,7 +96,7 @@ def outcome(tmp_path_factory):
 
 
 def test_a_capture_keeps_the_recipe_of_each_kernel_it_takes(outcome):
-    (key, recipe), = outcome["recipes"]["recipes"].items()
+    ((key, recipe),) = outcome["recipes"]["recipes"].items()
     assert recipe["kernel"] == "_scale_kernel" and recipe["key"] == key
     assert recipe["target"] == {"backend": "cuda", "arch": 90, "warp_size": 32}
     assert "extern_libs" not in triton_recipes.decode(recipe["options"])  # the machine's path
