@@ -162,14 +162,18 @@ def _folded(gen, model):
             yield folded
 
 
-def _decode_step_logits(model, fold_with=None, batch=1):
+def _decode_step_logits(model, fold_with=None, batch=1, group_with=None):
     """The logits of one decode step after a prefill of 5 tokens, through a copy of the
-    prefill's dynamic cache; folded when ``fold_with`` is the generator."""
+    prefill's dynamic cache; folded when ``fold_with`` is the generator, its q, k and v
+    grouped (only) when ``group_with`` is."""
     ids, _ = prompt(batch, length=5, device=DEVICE)
     with torch.no_grad():
         out = model(ids, use_cache=True)
         nxt = out.logits[:, -1:].argmax(-1)
         cache = copy.deepcopy(out.past_key_values)
+        if group_with is not None:
+            with grouped_projections(model, group_with._projection_kernels):
+                return model(nxt, past_key_values=cache).logits.double(), []
         if fold_with is None:
             return model(nxt, past_key_values=cache).logits.double(), []
         with _folded(fold_with, model) as folded:
@@ -287,3 +291,25 @@ def test_qwen2_with_biases_folds():
     assert len(folded) == 2 and all(f.steps == 1 for f in folded)
     scale = unfused.abs().max().item()
     assert (logits - unfused).abs().max().item() <= 4 * 2.0**-8 * scale
+
+
+def test_gemma_layers_pass_the_code_check_but_do_not_fold():
+    """Gemma's decoder layer reads like Llama's, but its norm is ``(1 + weight)``-scaled (our
+    ``GemmaRMSNorm`` kernel layer, not ``RMSNorm``): its layers stay unfolded, and a decode step
+    is the kernelized model's own, bit for bit."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    config = GemmaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=97, max_position_embeddings=256,
+        pad_token_id=0, initializer_range=0.1,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = GemmaForCausalLM(config).to(DEVICE, BF16).eval()
+    gen = CudaGraphGenerator(model, kernels=True)
+    assert decoder_layer_calls(type(model.model.layers[0]).forward) is not None
+    unfused, _ = _decode_step_logits(model, group_with=gen)
+    logits, folded = _decode_step_logits(model, fold_with=gen)
+    assert len(folded) == 2 and all(f.steps == 0 for f in folded)
+    assert torch.equal(logits, unfused)
