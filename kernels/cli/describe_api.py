@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +52,14 @@ def run(args: argparse.Namespace) -> int:
     from ._kernel_files import local_kernel_folder
 
     path = local_kernel_folder(args.kernel, version=args.version, revision=args.revision)
-    if path is not None:
-        symbols_path, variant = _local_symbols(path)
-        source: dict[str, Any] = {"path": str(path)}
-    else:
-        symbols_path, revision, variant = _hub_symbols(args)
-        source = {"repo_id": args.kernel, "revision": revision}
-    info = {**read_symbols(symbols_path), **source, "variant": variant}
+    with tempfile.TemporaryDirectory(prefix="kernels-symbols-") as scratch:
+        if path is not None:
+            symbols_path, variant = _local_symbols(path, Path(scratch))
+            source: dict[str, Any] = {"path": str(path)}
+        else:
+            symbols_path, revision, variant = _hub_symbols(args)
+            source = {"repo_id": args.kernel, "revision": revision}
+        info = {**read_symbols(symbols_path), **source, "variant": variant}
     if args.json:
         print(json.dumps(info, indent=2, ensure_ascii=False))
     else:
@@ -65,14 +67,37 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _local_symbols(path: Path) -> tuple[Path, str]:
-    """symbols.json of the variant of the local folder `path` this machine would load."""
+def _local_symbols(path: Path, scratch: Path) -> tuple[Path, str]:
+    """symbols.json of the variant of the local folder `path` this machine would load; for a
+    build of our library's sources (a checkout's ``library/norm``), made into ``scratch``."""
     from ._kernel_files import local_variant_file
 
     found = local_variant_file(path, "symbols.json")
     if found.path is None:
-        raise CommandError(_missing(str(path), found.variant))
+        made = _library_symbols(path, found.variant, scratch)
+        if made is None:
+            raise CommandError(_missing(str(path), found.variant))
+        return made, found.variant
     return found.path, found.variant
+
+
+def _library_symbols(path: Path, variant: str, scratch: Path) -> Path | None:
+    """The symbols.json ``library/build.py`` makes for ``variant`` of the library repository
+    whose checkout build is ``path`` (that build leaves it out: it is made by importing the
+    package, in a child process, which loading need not pay); None for any other folder."""
+    from ..library.builds import build_script
+    from ..library.paths import library_path, library_source
+
+    if path.resolve().parent != library_path().resolve():
+        return None
+    script = build_script(library_source())
+    repo = script.read_repository(library_source() / path.name)
+    data = script.build_files(repo, symbols=True).get(f"{variant}/symbols.json")
+    if data is None:
+        return None
+    target = scratch / "symbols.json"
+    target.write_bytes(data)
+    return target
 
 
 def _missing(where: str, variant: str) -> str:
