@@ -64,3 +64,29 @@ def test_compile_for_needs_a_kept_cache_and_no_binaries(argv, monkeypatch, capsy
     with pytest.raises(SystemExit):
         cold_start.main()
     assert "--compile-for captures: it needs --keep-cache DIR" in capsys.readouterr().err
+
+
+def test_a_pretended_gpu_is_what_triton_and_our_launch_tables_read(monkeypatch):
+    """``--compile-for``'s processes: Triton's target, and the capability and SM count torch
+    reports (which our launch tables read), are the other GPU's; every other property is the
+    real one's. (The driver is a stand-in: this machine has no CUDA.)"""
+    import torch
+    from triton.runtime import driver
+
+    class Driver:
+        def get_current_target(self):
+            raise AssertionError("the real target must not be read")
+
+    class Real:
+        major, minor, multi_processor_count, total_memory = 9, 0, 132, 80 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Real())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(driver, "_active", Driver())  # (reset_active would look for a GPU)
+    cold_start.pretend_gpu(*cold_start.OTHER_GPUS["a100"])
+    target = driver.active.get_current_target()
+    assert (target.backend, target.arch, target.warp_size) == ("cuda", 80, 32)
+    props = torch.cuda.get_device_properties(0)
+    assert (props.major, props.minor, props.multi_processor_count) == (8, 0, 108)
+    assert props.total_memory == 80 * 2**30  # the rest is the real device's
+    assert torch.cuda.get_device_capability(0) == (8, 0)
