@@ -100,14 +100,10 @@ def library_files(source: Path) -> dict[str, bytes]:
     return build_script(source).library_files(symbols=False)
 
 
-def digest(files: Mapping[str, bytes]) -> str:
-    """The digest (hex) of files: their names and contents."""
-    hasher = hashlib.sha256()
-    for name in sorted(files):
-        content = files[name]
-        hasher.update(f"{name}\0{len(content)}\0".encode())
-        hasher.update(content)
-    return hasher.hexdigest()
+def digest(source: Path, files: Mapping[str, bytes]) -> str:
+    """The digest (hex) of files, their names and contents, as the build script of ``source``
+    digests a package's (one definition: ``library/build.py``'s ``source_digest``)."""
+    return build_script(source).source_digest(files)
 
 
 def built_library(source: Path, cache: Path | None = None) -> Path:
@@ -124,12 +120,12 @@ def built_library(source: Path, cache: Path | None = None) -> Path:
         folder = _built.get(key)
         if folder is None:
             files = library_files(source)
-            folder = _built[key] = _find_or_write(files, cache)
+            folder = _built[key] = _find_or_write(files, cache, digest(source, files))
         return folder
 
 
-def _find_or_write(files: Mapping[str, bytes], cache: Path) -> Path:
-    target = cache / digest(files)[:DIGEST_LENGTH]
+def _find_or_write(files: Mapping[str, bytes], cache: Path, name: str) -> Path:
+    target = cache / name[:DIGEST_LENGTH]
     try:
         if matches(target, files):
             return target

@@ -37,7 +37,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
 
 def test_a_fresh_cache_gets_the_build_under_its_digest(tmp_path, files):
     folder = _build(tmp_path)
-    assert folder == tmp_path / builds.digest(files)[: builds.DIGEST_LENGTH]
+    assert folder == tmp_path / builds.digest(SOURCE, files)[: builds.DIGEST_LENGTH]
     assert _tree(folder) == files
     assert "norm/build/torch-cuda/metadata.json" in files
     assert "norm/torch-ext/norm/__init__.py" in files and "build.py" in files
@@ -85,7 +85,7 @@ def test_a_cache_that_differs_is_replaced_not_loaded(tmp_path, files, tamper):
 def test_a_build_renamed_into_place_by_another_process_is_kept(tmp_path, files, monkeypatch):
     """Two processes that build at once: the second finds the first's folder where it renames
     its own, checks it, and uses it."""
-    target = tmp_path / builds.digest(files)[: builds.DIGEST_LENGTH]
+    target = tmp_path / builds.digest(SOURCE, files)[: builds.DIGEST_LENGTH]
     real_write = builds._write
 
     def write_then_lose_the_race(content, folder):
