@@ -267,14 +267,21 @@ def _plain(module: nn.Module) -> bool:
     return _no_hooks(module) and "forward" not in vars(module)
 
 
+def _plain_tensor(t: Any) -> bool:
+    """A plain tensor or parameter: not a DTensor (tensor parallelism), a quantized or any other
+    subclass, whose data the kernels cannot read as they read a tensor's."""
+    return type(t) in (torch.Tensor, nn.Parameter)
+
+
 def _linear_of(module: Any, dtype: torch.dtype, device: torch.device) -> bool:
     """An ``nn.Linear`` (a forward on the instance is ours: `folded_decoder_layers` checked)
-    with weights of this dtype and device."""
+    with plain weights of this dtype and device."""
     return (
         type(module) is nn.Linear
+        and _plain_tensor(module.weight)
         and module.weight.dtype == dtype
         and module.weight.device == device
-        and (module.bias is None or module.bias.dtype == dtype)
+        and (module.bias is None or (_plain_tensor(module.bias) and module.bias.dtype == dtype))
     )
 
 
@@ -354,7 +361,7 @@ class _FoldedLayer:
         return (
             kernel_layer_of(norm) is self.kernels.rms_norm
             and not (norm._forward_hooks or norm._forward_pre_hooks)
-            and isinstance(weight, torch.Tensor)
+            and _plain_tensor(weight)
             and weight.shape == (h.shape[-1],)
             and weight.dtype == h.dtype
             and weight.device == h.device

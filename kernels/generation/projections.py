@@ -116,6 +116,8 @@ def _group_of(module: nn.Module, kernels: Any) -> _QKVGroup | None:
             or p._forward_hooks
             or p._forward_pre_hooks
             or p.in_features != first.in_features
+            or type(p.weight) not in (torch.Tensor, nn.Parameter)  # not a DTensor, a quantized one
+            or (p.bias is not None and type(p.bias) not in (torch.Tensor, nn.Parameter))
             or p.weight.dtype not in (torch.float16, torch.bfloat16)
             or p.weight.dtype != first.weight.dtype
             or p.weight.device != first.weight.device

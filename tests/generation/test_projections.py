@@ -115,3 +115,19 @@ def test_global_hooks_leave_the_projections_alone():
 
 def test_the_generator_groups_q_k_v_with_our_kernels(untagged, monkeypatch):
     check_generator_groups_q_k_v(monkeypatch)
+
+
+def test_a_weight_of_a_tensor_subclass_is_not_grouped():
+    """A DTensor (tensor parallelism) or a quantized weight is a tensor subclass whose data the
+    kernel cannot read as a plain tensor's: its attention is left to ``F.linear``."""
+
+    class Sharded(torch.Tensor):
+        pass
+
+    attention = _Attention()
+    weight = attention.k_proj.weight
+    attention.k_proj._parameters["weight"] = torch.Tensor._make_subclass(Sharded, weight.data)
+    kernels, calls = counting_kernels()
+    with torch.no_grad(), grouped_projections(attention, kernels) as grouped:
+        attention(torch.randn(1, 64, dtype=BF16, device=DEVICE))
+    assert not grouped and not calls
