@@ -361,6 +361,7 @@ class _FoldedLayer:
         return (
             kernel_layer_of(norm) is self.kernels.rms_norm
             and not (norm._forward_hooks or norm._forward_pre_hooks)
+            and isinstance(weight, torch.Tensor)
             and _plain_tensor(weight)
             and weight.shape == (h.shape[-1],)
             and weight.dtype == h.dtype
