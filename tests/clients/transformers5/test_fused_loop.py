@@ -7,6 +7,15 @@ from __future__ import annotations
 
 import pytest
 
+from tests.generation.test_fused_loop import (  # noqa: F401  (collected here as well)
+    test_a_call_makes_its_block_key_once,
+    test_an_additive_mask_advances_too,
+    test_max_time_stops_between_blocks,
+    test_other_settings_decode_step_by_step,
+    test_settings_people_run_are_fused,
+    test_stop_strings_are_fused,
+    test_with_sdpa_the_boolean_mask_is_fed_additive,
+)
 from tests.support import fused_loop as checks
 from tests.support.generation import tiny_llama
 
@@ -40,33 +49,6 @@ def test_a_second_call_replays_its_blocks(model):
     layer = generator._caches[len(ids)][0].layers[0]
     fed = 3 * checks.FUSED_STEPS  # three blocks
     assert int(layer.cumulative_length) == ids.shape[1] + fed
-
-
-def test_an_additive_mask_advances_too():
-    checks.check_additive_mask()
-
-
-def test_with_sdpa_the_boolean_mask_is_fed_additive():
-    checks.check_sdpa_mask_is_fed_additive()
-
-
-@pytest.mark.parametrize("setting", checks.FUSED_SETTING_CASES)
-def test_settings_people_run_are_fused(model, setting, caplog):
-    checks.check_fused_setting(model, setting, caplog)
-
-
-@pytest.mark.parametrize("prompt_case", checks.PROMPT_CASES)
-def test_stop_strings_are_fused(model, prompt_case, caplog):
-    checks.check_stop_strings(model, prompt_case, caplog)
-
-
-def test_max_time_stops_between_blocks(model, monkeypatch):
-    checks.check_max_time_stops_between_blocks(model, monkeypatch)
-
-
-@pytest.mark.parametrize("setting", checks.FALLBACK_CASES)
-def test_other_settings_decode_step_by_step(model, setting, caplog):
-    checks.check_falls_back(model, setting, caplog)
 
 
 def test_with_our_kernels_q_k_v_are_one_launch(clean_kernels, monkeypatch):

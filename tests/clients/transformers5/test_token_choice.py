@@ -1,35 +1,11 @@
-"""Token choice on the device, with transformers 5.x's processors as the reference
-(tests/generation/test_token_choice.py: the same checks on 4.57)."""
+"""Token choice on the device, with transformers 5.x's processors as the reference: the checks
+of tests/generation/test_token_choice.py (transformers 4.57), collected here as well."""
 
-from __future__ import annotations
-
-import pytest
-
-from tests.support import token_choice as checks
-
-pytest.importorskip("transformers")
-
-
-@pytest.mark.parametrize("name", checks.DEVICE_CASES)
-def test_device_version_matches_transformers(name):
-    checks.check_device_version_matches(name)
-
-
-def test_appends_past_the_end_change_nothing():
-    checks.check_appends_past_the_end_change_nothing()
-
-
-def test_sampling_is_multinomials():
-    checks.check_sampling_is_multinomials()
-
-
-def test_unknown_processors_are_refused():
-    checks.check_unknown_processors_are_refused()
-
-
-def test_choice_keys():
-    checks.check_choice_keys()
-
-
-def test_stop_strings_match_transformers():
-    checks.check_stop_strings_match_transformers()
+from tests.generation.test_token_choice import (  # noqa: F401  (collected here as well)
+    test_appends_past_the_end_change_nothing,
+    test_choice_keys,
+    test_device_version_matches_transformers,
+    test_sampling_is_multinomials,
+    test_stop_strings_match_transformers,
+    test_unknown_processors_are_refused,
+)
