@@ -278,18 +278,31 @@ def _write_recipes(repo, manifest, cache_dirs, *, keep: bool) -> None:
     path.write_text(json.dumps({"format": 1, "recipes": kept}, indent=1) + "\n", encoding="utf-8")
 
 
-def verify(repo, package) -> tuple[list[str], bool]:
+@dataclass(frozen=True)
+class Verified:
+    """What `verify` found: its report lines, and how many kernels it compiled again and
+    compared, and how many of those differed."""
+
+    lines: list[str]
+    compared: int
+    differ: int
+
+    @property
+    def ok(self) -> bool:
+        return self.differ == 0
+
+
+def verify(repo, package) -> Verified:
     """Compile each of ``repo``'s shipped kernels again from its recipe with this machine's
     Triton and compare with what is shipped; ``package``: the repository's package, imported
-    (its ``@triton.jit`` functions are what is compiled). Returns report lines and whether
-    nothing differed. Kernels of another Triton version, and those without a recipe, are
-    counted, not compiled."""
+    (its ``@triton.jit`` functions are what is compiled). Kernels of another Triton version,
+    and those without a recipe, are counted, not compiled."""
     import triton
 
     recipes_module = _recipes_module()
     found = shared.read_manifest(str(repo.folder / build.BINARIES))
     if found is None:
-        return [f"{repo.name}: no binaries"], True
+        return Verified([f"{repo.name}: no binaries"], 0, 0)
     recipes = read_recipes(repo)
     functions = recipes_module.jit_functions(package)
     lines, same, other, missing, differ = [], 0, 0, 0, 0
@@ -317,7 +330,7 @@ def verify(repo, package) -> tuple[list[str], bool]:
         f"{repo.name}: {same} kernel(s) compiled again to the same binary, {differ} differ, "
         f"{missing} without a recipe, {other} of another Triton than {triton.__version__}"
     )
-    return [head, *lines], differ == 0
+    return Verified([head, *lines], same + differ, differ)
 
 
 def _compare(repo, group, rebuilt) -> list[str]:
@@ -387,9 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     verify_parser.add_argument("repos", nargs="*", help="repository folders (default: all)")
     args = parser.parse_args(argv)
-    if args.command == "verify":
-        return _verify_command(args.repos)
     try:
+        if args.command == "verify":
+            return _verify_command(args.repos)
         repos = build.repositories(args.repos)
         for repo in repos:
             if args.command == "capture":
@@ -420,15 +433,18 @@ def _verify_command(names: list[str]) -> int:
     from kernels import get_local_kernel
     from kernels.library.paths import built_repository
 
-    failed = False
+    failed, compared = False, 0
     for repo in build.repositories(names):
         # A library source folder loads its fresh build (with the binaries): the functions
         # compiled are its sources'.
         package = get_local_kernel(built_repository(repo.folder), repo.package)
-        lines, ok = verify(repo, package)
-        print("\n".join(lines))
-        failed |= not ok
-    return 1 if failed else 0
+        verified = verify(repo, package)
+        print("\n".join(verified.lines))
+        failed |= not verified.ok
+        compared += verified.compared
+    if failed:
+        return 1
+    return 0 if compared else _recipes_module().NOTHING_COMPARED
 
 
 if __name__ == "__main__":

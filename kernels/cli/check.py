@@ -266,6 +266,7 @@ def _rebuild_binaries(report: Report, folder: Path) -> None:
     import os
     import sys
 
+    from ..library import triton_recipes
     from ..library.paths import library_source
 
     tool = library_source() / "binaries.py"
@@ -286,12 +287,12 @@ def _rebuild_binaries(report: Report, folder: Path) -> None:
         check=False,
     )
     lines = done.stdout.strip().splitlines() or [done.stderr.strip()[-2000:]]
-    if done.returncode != 0:
-        say = report.fail
-    elif " 0 kernel(s) compiled again" in f" {lines[0].partition(': ')[2]}":
-        say = report.warn  # nothing compared here: no recipes, or binaries of another Triton
-    else:
+    if done.returncode == 0:
         say = report.ok
+    elif done.returncode == triton_recipes.NOTHING_COMPARED:  # no recipes, another Triton's
+        say = report.warn
+    else:
+        say = report.fail
     say(f"binaries: rebuilt: {lines[0]}")
     for line in lines[1:]:
         report.fail(f"binaries: {line.strip()}")

@@ -32,6 +32,9 @@ from typing import Any
 
 #: The file, in a capture's Triton cache folder, that its compiles are recorded in.
 RECORDS = "kernels-compiles.jsonl"
+#: ``library/binaries.py verify``'s exit status when it compiled nothing to compare (no recipes,
+#: or binaries of another Triton): ``kernels check --rebuild-binaries`` warns then, not fails.
+NOTHING_COMPARED = 3
 #: Options not recorded: the path of libdevice is the machine's (its content is in the key).
 _MACHINE_OPTIONS = ("extern_libs",)
 
