@@ -308,7 +308,10 @@ class _FoldedLayer:
             return self.original(*args, **kwargs)
         h = bound.arguments.get(self.calls.hidden)
         rest = bound.arguments.get(self.calls.rest, {}) if self.calls.rest else {}
-        if not isinstance(h, torch.Tensor) or not self._takes(h):
+        if not isinstance(h, torch.Tensor):
+            return self.original(*args, **kwargs)
+        act = self._fold_activation(h)
+        if act is None:
             return self.original(*args, **kwargs)
         if any(name in rest for name in self.calls.passed):
             # (a deprecated argument name among the rest: the layer's own decorator renames it)
@@ -328,33 +331,37 @@ class _FoldedLayer:
                 out, _ = attention(hidden_states=h, **named, **rest)
         finally:
             self.residual = None
-        h1 = out if self.folded_residual else h + out
+        if self.folded_residual:
+            h1 = out  # h's shape, dtype and device: the activation found for h holds
+        else:  # o_proj's own call: the sum may be of another dtype
+            h1 = h + out
+            act = self.kernels.mlp_activation(self.layer.mlp, h1)
         self.steps += 1
-        return self._mlp(h1)
+        return self._mlp(h1, act)
 
-    def _takes(self, h: Any) -> bool:
-        """Whether this call is a decode step the folded kernels take, with every module they
-        stand for as this class expects it."""
+    def _fold_activation(self, h: torch.Tensor) -> str | None:
+        """The MLP's activation when this call is a decode step the folded kernels take, with
+        every module they stand for as this class expects it; else None."""
         if type(h) is not torch.Tensor or torch.compiler.is_compiling():
-            return False
+            return None
         if torch.is_grad_enabled() and h.requires_grad:
-            return False
+            return None
         layer = self.layer
         if h.numel() > FOLD_MAX_ROWS * h.shape[-1]:
-            return False
+            return None
         if not (self.kernels.decode.takes_decode_kernels(h) and self.group._takes(h)):
-            return False
+            return None
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
         if not all(self._is_our_rms_norm(n, h) for n in norms):
-            return False
+            return None
         attention = layer.self_attn
         if not (_no_hooks(attention.o_proj) and _plain(layer.mlp)):
-            return False
+            return None
         if not _linear_of(attention.o_proj, h.dtype, h.device):
-            return False
+            return None
         if kernel_layer_of(layer.mlp) not in set(self.kernels.gated_mlps):
-            return False
-        return self.kernels.mlp_activation(layer.mlp, h) is not None
+            return None
+        return self.kernels.mlp_activation(layer.mlp, h)
 
     def _is_our_rms_norm(self, norm: nn.Module, h: torch.Tensor) -> bool:
         weight = getattr(norm, "weight", None)
@@ -369,13 +376,13 @@ class _FoldedLayer:
             and isinstance(getattr(norm, "variance_epsilon", None), float)
         )
 
-    def _mlp(self, h1: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, h1: torch.Tensor, act: str | None) -> torch.Tensor:
         """``h1 + mlp(post_attention_layernorm(h1))``: the norm in the gate/up kernel's
-        prologue, the add in the down projection's epilogue."""
+        prologue, the add in the down projection's epilogue (``act``: the MLP's activation,
+        None when its kernels do not take ``h1``)."""
         layer, decode = self.layer, self.kernels.decode
         mlp, norm = layer.mlp, layer.post_attention_layernorm
-        act = self.kernels.mlp_activation(mlp, h1)
-        if act is None:  # (o_proj's fallback returned something the MLP kernels do not take)
+        if act is None:
             return h1 + mlp(norm(h1))
         gate, up, down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         m = decode.gated_gemv(
