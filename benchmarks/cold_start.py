@@ -79,21 +79,10 @@ class TritonClock:
 
         compile_fn = triton.compiler.compile
 
-        record = os.environ.get("KERNELS_RECORD_COMPILES") == "1"
-
         def timed_compile(src, *args, **kwargs):
             start = time.perf_counter()
             try:
-                compiled = compile_fn(src, *args, **kwargs)
-                if record and hasattr(src, "fn") and "target" in kwargs:
-                    # A capture: what each compile read, for library/binaries.py verify.
-                    from kernels.library.triton_recipes import record as write_recipe
-
-                    cache = os.environ["TRITON_CACHE_DIR"]
-                    write_recipe(
-                        cache, src, kwargs["target"], kwargs.get("options") or {}, compiled
-                    )
-                return compiled
+                return compile_fn(src, *args, **kwargs)
             finally:
                 seconds = time.perf_counter() - start
                 self.compile_s += seconds
@@ -206,6 +195,11 @@ def child(case: str, started: float) -> dict:
         import kernels  # noqa: F401
 
         clock.install()
+        if os.environ.get("KERNELS_RECORD_LAUNCHES") == "1":
+            # A capture: each launch that compiles, for library/binaries.py (build, verify).
+            from kernels.library.triton_launches import recording
+
+            recording(os.environ["TRITON_CACHE_DIR"]).__enter__()  # until the process ends
         from benchmarks import llama
     if case in ("train", "eager-train"):
         tokens = llama.tokens_for("x".join(str(v) for v in TRAIN_SHAPE))
@@ -260,8 +254,8 @@ def run_case(
     env = dict(os.environ, TRITON_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1")
     if compile_for is not None:  # a capture for another GPU: compile, never launch
         env.update(COLD_START_COMPILE_FOR=compile_for, KERNELS_TRITON_COMPILE_ONLY="1")
-    if record:  # a cache kept for a capture: record each compile's recipe beside it
-        env["KERNELS_RECORD_COMPILES"] = "1"
+    if record:  # a cache kept for a capture: record each launch that compiles beside it
+        env["KERNELS_RECORD_LAUNCHES"] = "1"
     # Only the `binaries` runs seed the cache from the Triton binaries the packages ship
     # (docs/writing-kernels.md, Shipped Triton binaries); cold and warm runs compile as if
     # there were none.

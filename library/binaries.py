@@ -28,11 +28,22 @@ and writes them, with a manifest (the shared ``_binaries.py`` reads and document
     library/<repo>/binaries/<triton version>/<target, e.g. cuda-90>/<key>/<file>
     library/<repo>/binaries/<triton version>/<platform tag>/<key>/<file>
 
-Beside the folder, ``library/<repo>/binaries-recipes.json`` keeps each kernel's recipe: what
-its compile read (``kernels.library.triton_recipes``), recorded by the capture runs
-(``benchmarks.cold_start --keep-cache`` sets ``KERNELS_RECORD_COMPILES=1``). ``verify``
-compiles each recipe again with this machine's Triton (the same version; no GPU needed) and
-compares: the cache key (the inputs, the sources among them) and the binary (the output).
+Beside the folder, ``library/<repo>/binaries-launches.json`` keeps each launch that compiled
+one of its kernels (``kernels.library.triton_launches``: the kernel, its arguments as Triton
+specializes on them, the options and the target), recorded by the capture runs
+(``benchmarks.cold_start --keep-cache`` sets ``KERNELS_RECORD_LAUNCHES=1``). From those, no GPU
+is needed any more::
+
+    python library/binaries.py build --triton 3.6.0 3.9.0 --python python3.11 python3.12
+    python library/binaries.py verify                                  # compile again, compare
+
+``build`` compiles every launch again for its target with each Triton version, under each
+Python's cache key (Triton's key hashes its own build, which differs between Pythons; the
+binaries do not), and adds those sets to the folder: binaries for users of other torch
+releases and Pythons than the capture's, made on the CPU. ``verify`` compiles the launches
+with this machine's Triton and compares with the set shipped for it: the cache keys (the
+inputs, the sources among them) and the binaries (the code; a cubin's debug sections name the
+paths it was compiled at, so they are left out of the comparison).
 
 A capture replaces what the folder held for the same Triton version and target (or platform),
 and keeps the rest when it was captured from the same sources; binaries of other sources are
@@ -50,6 +61,8 @@ import json
 import os
 import re
 import shutil
+import struct
+import subprocess
 import sys
 import types
 from dataclasses import dataclass, replace
@@ -72,8 +85,8 @@ def _load(name: str, path: Path) -> types.ModuleType:
 build = _load("_kernels_library_build", _HERE / "build.py")
 shared = build.binaries_module()
 
-#: Beside a repository's binaries/: each kernel's recipe (how it was compiled), by cache key.
-RECIPES = "binaries-recipes.json"
+#: Beside a repository's binaries/: the launches its kernels were compiled for.
+LAUNCHES = "binaries-launches.json"
 #: The file a kernel's binary is in, by Triton backend.
 BINARY_EXTENSIONS = {"cuda": "cubin", "hip": "hsaco"}
 #: The largest metadata file read from a cache.
@@ -185,16 +198,27 @@ def _described(path: Path):
 
 
 def capture(
-    repo, cache_dirs: Path | list[Path], *, triton_version: str | None = None, modules: bool = True
+    repo,
+    cache_dirs: Path | list[Path],
+    *,
+    triton_version: str | None = None,
+    modules: bool = True,
+    platform: str | None = None,
 ):
     """Write ``repo``'s binaries from the Triton cache(s) ``cache_dirs`` into ``repo/binaries/``
-    (see the module's docstring) and return the manifest written, or None when the caches hold
-    none of its kernels (the folder is then left as it was)."""
+    (see the module's docstring), and the launches the caches' runs recorded into its launch
+    records; return the manifest written, or None when the caches hold none of its kernels
+    (the folder is then left as it was). ``platform``: the Python whose cache keys the
+    kernels were compiled under (default: that of the caches' C modules, else this one's)."""
     names = jit_names(repo)
     kernels, c_modules = scan_cache(cache_dirs, triton_version)
     taken = [k for k in kernels if k.group.kernel in names]
     if not taken:
         return None
+    if platform is None:
+        platforms = {c.group.platform for c in c_modules}
+        platform = platforms.pop() if len(platforms) == 1 else shared.platform_tag()
+    taken = [replace(k, group=replace(k.group, platform=platform)) for k in taken]
     taken += c_modules if modules else []
     digest = build.source_digest(build.package_files(repo))
     folder = repo.folder / build.BINARIES
@@ -202,7 +226,8 @@ def capture(
     groups = []
     sets = {_set(c.group) for c in taken}
     previous = shared.read_manifest(str(folder)) if folder.is_dir() else None
-    if previous is not None and previous[0].source_digest == digest:
+    keep = previous is not None and previous[0].source_digest == digest
+    if keep:
         for group in previous[0].groups:
             if _set(group) not in sets:
                 groups.append(group)
@@ -231,51 +256,198 @@ def capture(
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(staging, folder)
-    _write_recipes(
-        repo,
-        manifest,
-        cache_dirs,
-        keep=previous is not None and previous[0].source_digest == digest,
-    )
+    _write_launches(repo, cache_dirs, names, keep=keep)
     return manifest
 
 
-def _recipes_module():
+def _launches_module():
     try:
-        from kernels.library import triton_recipes
+        from kernels.library import triton_launches
     except ImportError:  # run as a script from a checkout without the package installed
         sys.path.insert(0, str(_HERE.parent))
-        from kernels.library import triton_recipes
-    return triton_recipes
+        from kernels.library import triton_launches
+    return triton_launches
 
 
-def read_recipes(repo) -> dict[str, dict]:
-    """``repo``'s recipes (as JSON) by cache key; empty without a recipes file."""
-    path = repo.folder / RECIPES
+def read_launches(repo) -> list:
+    """``repo``'s launch records (``triton_launches.Launch``); empty without a records file.
+
+    Raises:
+        ManifestError: the file is not a launch records file.
+    """
+    launches = _launches_module()
+    path = repo.folder / LAUNCHES
     if not path.is_file():
-        return {}
+        return []
     data = json.loads(path.read_text(encoding="utf-8"))
-    if data.get("format") != 1 or not isinstance(data.get("recipes"), dict):
-        raise shared.ManifestError(f"{path} is not a recipes file of format 1")
-    return data["recipes"]
+    if not isinstance(data, dict) or data.get("format") != 1 or not isinstance(data.get("launches"), list):  # fmt: skip
+        raise shared.ManifestError(f"{path} is not a launch records file of format 1")
+    try:
+        return [launches.Launch.from_json(entry) for entry in data["launches"]]
+    except launches.LaunchError as exc:
+        raise shared.ManifestError(f"{path}: {exc}") from None
 
 
-def _write_recipes(repo, manifest, cache_dirs, *, keep: bool) -> None:
-    """The recipes of the manifest's kernels: recorded by the caches' runs, or kept from the
-    previous capture of the same sources for the groups it kept."""
-    recipes_module = _recipes_module()
-    found = read_recipes(repo) if keep else {}
+def _write_launches(repo, cache_dirs, names: set[str], *, keep: bool) -> None:
+    """The launches of ``repo``'s kernels that the caches' runs recorded, with those kept from
+    the previous capture of the same sources."""
+    launches = _launches_module()
+    found = {launch.identity: launch for launch in (read_launches(repo) if keep else [])}
     dirs = [cache_dirs] if isinstance(cache_dirs, Path) else list(cache_dirs)
     for cache_dir in dirs:
-        for recipe in recipes_module.read_records(cache_dir):
-            found[recipe.key] = recipe.to_json()
-    keys = {g.key for g in manifest.groups if g.kernel is not None}
-    kept = {key: found[key] for key in sorted(keys & set(found))}
-    path = repo.folder / RECIPES
-    if not kept:
+        for launch in launches.read_records(cache_dir):
+            if launch.kernel in names:
+                found[launch.identity] = launch
+    path = repo.folder / LAUNCHES
+    if not found:
         path.unlink(missing_ok=True)
         return
-    path.write_text(json.dumps({"format": 1, "recipes": kept}, indent=1) + "\n", encoding="utf-8")
+    entries = [found[identity].to_json() for identity in sorted(found)]
+    path.write_text(
+        json.dumps({"format": 1, "launches": entries}, indent=1) + "\n", encoding="utf-8"
+    )
+
+
+# ---- compiling the launches again: build and verify ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Installation:
+    """A Triton version under one Python: the folder it is installed in (for ``PYTHONPATH``),
+    the interpreter, its cache key (``triton_key()``) and its platform tag."""
+
+    triton: str
+    python: str
+    folder: Path
+    key: str
+    platform: str
+
+
+_ASK_INSTALLATION = (
+    "import json, sysconfig, triton\n"
+    "from triton.runtime.cache import triton_key\n"
+    "suffix = sysconfig.get_config_var('EXT_SUFFIX') or '.so'\n"
+    "print(json.dumps([triton.__version__, triton_key(), suffix]))\n"
+)
+
+
+def installation(triton_version: str, python: str, work: Path) -> Installation:
+    """Triton ``triton_version`` installed for the interpreter ``python`` (by pip, into
+    ``work``; nothing else is installed: its key and its platform need only Triton)."""
+    tag = subprocess.run(
+        [python, "-c", "import sys; print(sys.implementation.cache_tag)"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    folder = work / f"triton-{triton_version}" / tag
+    if not (folder / "triton" / "__init__.py").is_file():
+        done = subprocess.run(
+            [python, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(folder),
+             f"triton=={triton_version}"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise build.LibraryBuildError(
+                f"cannot install triton=={triton_version} for {python}: {done.stderr.strip()[-800:]}"
+            )
+    env = dict(os.environ, PYTHONPATH=str(folder))
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run(
+        [python, "-c", _ASK_INSTALLATION], capture_output=True, text=True, env=env, check=False
+    )
+    if done.returncode != 0:
+        raise build.LibraryBuildError(f"Triton {triton_version} under {python}: {done.stderr.strip()[-800:]}")  # fmt: skip
+    version, key, suffix = json.loads(done.stdout.strip().splitlines()[-1])
+    if version != triton_version:
+        raise build.LibraryBuildError(f"{folder} holds Triton {version}, not {triton_version}")
+    platform = suffix[1:].rsplit(".", 1)[0] if suffix.endswith((".so", ".pyd")) else suffix[1:]
+    return Installation(triton_version, python, folder, key, platform)
+
+
+def _package(repo):
+    """``repo``'s package from its fresh build (the functions compiled are its sources')."""
+    from kernels import get_local_kernel
+    from kernels.library.paths import built_repository
+
+    return get_local_kernel(built_repository(repo.folder), repo.package)
+
+
+def replay_all(
+    repo, package, cache_dir: Path, key: str | None
+) -> tuple[dict[str, Path], list[str]]:
+    """Compile each of ``repo``'s launches with this process's Triton into ``cache_dir``
+    (under ``key``, another installation's, if given) and return the cache folders made, by
+    key, and a line for each launch that could not be compiled."""
+    launches = _launches_module()
+    functions = launches.jit_functions(package)
+    made, problems = {}, []
+    previous = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
+    try:
+        for launch in read_launches(repo):
+            for fn in functions.values():  # a fresh compile each time: no kernel kept in memory
+                fn.device_caches.clear()
+            try:
+                with launches.standing_in_for(launch.target), launches.as_installation(key):
+                    compiled = launches.replay(launch, functions)
+            except launches.LaunchError as exc:
+                problems.append(f"  {launch.kernel} {launch.target}: {exc}")
+                continue
+            made_key = launches.cache_key(compiled.hash)
+            made[made_key] = cache_dir / made_key
+    finally:
+        if previous is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = previous
+    return made, problems
+
+
+def build_sets(repos, installations: list[Installation], work: Path) -> list[str]:
+    """Compile every launch of ``repos`` with each installation's Triton, on this machine's
+    CPU, and add the kernels to each repository's binaries as that installation's set.
+    Returns the report's lines.
+
+    Each Triton version compiles in a child of this interpreter (which has torch) with that
+    Triton first on its path; another Python's set is made under that Python's key."""
+    lines = []
+    for inst in installations:
+        cache = work / "caches" / inst.triton / inst.platform
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir(parents=True)
+        compiler = installation(inst.triton, sys.executable, work)
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join([str(compiler.folder), str(_HERE.parent)])
+        )
+        env.pop("TRITON_INTERPRET", None)
+        key_file = cache.with_suffix(".key")
+        key_file.write_text(inst.key, encoding="utf-8")
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "_replay", str(cache), str(key_file),
+             *[str(repo.folder) for repo in repos]],
+            capture_output=True, text=True, env=env, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise build.LibraryBuildError(
+                f"compiling for Triton {inst.triton} ({inst.platform}) failed:\n"
+                + (done.stdout + done.stderr).strip()[-3000:]
+            )
+        for repo in repos:
+            manifest = capture(repo, [cache], triton_version=inst.triton, modules=False, platform=inst.platform)  # fmt: skip
+            if manifest is not None:
+                made = [g for g in manifest.groups if g.kernel is not None and (g.triton, g.platform) == (inst.triton, inst.platform)]  # fmt: skip
+                lines.append(f"{repo.name}: Triton {inst.triton} {inst.platform}: {len(made)} kernels")  # fmt: skip
+    return lines
+
+
+def _replay_command(cache: Path, key_file: Path, folders: list[str]) -> int:
+    key = key_file.read_text(encoding="utf-8")
+    failed = False
+    for repo in build.repositories(folders):
+        made, problems = replay_all(repo, _package(repo), cache, key)
+        print(f"{repo.name}: {len(made)} kernels compiled")
+        print("\n".join(problems))
+        failed |= bool(problems)
+    return 1 if failed else 0
 
 
 @dataclass(frozen=True)
@@ -293,63 +465,80 @@ class Verified:
 
 
 def verify(repo, package) -> Verified:
-    """Compile each of ``repo``'s shipped kernels again from its recipe with this machine's
-    Triton and compare with what is shipped; ``package``: the repository's package, imported
-    (its ``@triton.jit`` functions are what is compiled). Kernels of another Triton version,
-    and those without a recipe, are counted, not compiled."""
+    """Compile each of ``repo``'s launch records again with this machine's Triton and compare
+    with the set shipped for this Triton and this Python; ``package``: the repository's
+    package, imported (its ``@triton.jit`` functions are what is compiled). Kernels of other
+    Triton versions or Pythons are counted, not compiled."""
+    import tempfile
+
     import triton
 
-    recipes_module = _recipes_module()
     found = shared.read_manifest(str(repo.folder / build.BINARIES))
     if found is None:
         return Verified([f"{repo.name}: no binaries"], 0, 0)
-    recipes = read_recipes(repo)
-    functions = recipes_module.jit_functions(package)
-    lines, same, other, missing, differ = [], 0, 0, 0, 0
-    for group in (g for g in found[0].groups if g.kernel is not None):
-        if group.triton != triton.__version__:
-            other += 1
-            continue
-        if group.key not in recipes:
-            missing += 1
-            continue
-        try:
-            recipe = recipes_module.Recipe.from_json(recipes[group.key])
-            rebuilt = recipes_module.rebuild(recipe, functions)
-        except recipes_module.RecipeError as exc:
-            differ += 1
-            lines.append(f"  {group.kernel} {group.target} {group.key}: {exc}")
-            continue
-        problems = _compare(repo, group, rebuilt)
-        if problems:
-            differ += 1
-            lines.append(f"  {group.kernel} {group.target} {group.key}: {'; '.join(problems)}")
-        else:
-            same += 1
+    platform = shared.platform_tag()
+    mine = [
+        g
+        for g in found[0].groups
+        if g.kernel is not None
+        and g.triton == triton.__version__
+        and g.platform in (None, platform)
+    ]
+    others = sum(1 for g in found[0].groups if g.kernel is not None) - len(mine)
+    if not mine:
+        head = f"{repo.name}: nothing compared: no kernels shipped for Triton {triton.__version__} on {platform} ({others} for others)"  # fmt: skip
+        return Verified([head], 0, 0)
+    with tempfile.TemporaryDirectory(prefix="kernels-verify-") as cache:
+        made, problems = replay_all(repo, package, Path(cache), None)
+        lines, same, differ = list(problems), 0, len(problems)
+        for group in mine:
+            folder = made.get(group.key)
+            if folder is None:
+                differ += 1
+                lines.append(f"  {group.kernel} {group.target} {group.key}: no launch record compiles to it (other sources, or a launch not recorded)")  # fmt: skip
+                continue
+            compared = _compare(repo, group, folder)
+            if compared:
+                differ += 1
+                lines.append(f"  {group.kernel} {group.target} {group.key}: {'; '.join(compared)}")
+            else:
+                same += 1
+        shipped = {g.key for g in mine}
+        targets = {g.target for g in mine}
+        for key, folder in sorted(made.items()):
+            if key not in shipped and _made_target(folder) in targets:
+                differ += 1
+                lines.append(f"  {key}: a recorded launch compiles to a kernel not shipped")
     head = (
         f"{repo.name}: {same} kernel(s) compiled again to the same binary, {differ} differ, "
-        f"{missing} without a recipe, {other} of another Triton than {triton.__version__}"
+        f"{others} of other Tritons or Pythons than Triton {triton.__version__} on {platform}"
     )
     return Verified([head, *lines], same + differ, differ)
 
 
-def _compare(repo, group, rebuilt) -> list[str]:
-    if rebuilt.key != group.key:
-        return [
-            f"the recipe compiles under key {rebuilt.key}: other inputs (sources?) than shipped"
-        ]
+def _made_target(folder: Path) -> str | None:
+    for path in folder.glob("*.json"):
+        if not path.name.startswith("__grp__"):
+            target = json.loads(path.read_text(encoding="utf-8")).get("target") or {}
+            return f"{target.get('backend')}:{target.get('arch')}"
+    return None
+
+
+def _compare(repo, group, made: Path) -> list[str]:
     problems = []
     folder = repo.folder / build.BINARIES / group.folder
     for file in group.files:
         shipped = (folder / file.name).read_bytes()
-        made = rebuilt.files.get(file.name)
-        if made is None:
+        path = made / file.name
+        if not path.is_file():
             problems.append(f"{file.name} not made")
-        elif file.name.endswith(".json"):
-            if _metadata(made) != _metadata(shipped):
+            continue
+        data = path.read_bytes()
+        if file.name.endswith(".json"):
+            if _metadata(data) != _metadata(shipped):
                 problems.append(f"{file.name} differs")
-        elif made != shipped:
-            problems.append(f"{file.name} differs ({len(made)} bytes made, {len(shipped)} shipped)")
+        elif _code(data) != _code(shipped):
+            problems.append(f"{file.name}'s code differs ({len(data)} bytes made, {len(shipped)} shipped)")  # fmt: skip
     return problems
 
 
@@ -358,19 +547,48 @@ def _metadata(data: bytes) -> dict:
     return {k: v for k, v in json.loads(data).items() if k != "extern_libs"}
 
 
+#: ELF sections a comparison leaves out: debug information, which names the paths the kernel's
+#: sources and Triton were at when it was compiled.
+_DEBUG_SECTIONS = (".debug", ".nv_debug", ".rela.debug", ".rela.nv_debug")
+
+
+def _code(data: bytes) -> dict[str, bytes] | bytes:
+    """A binary's sections but its debug information (by name), or the bytes themselves for
+    what is not a 64-bit little-endian ELF file."""
+    if data[:6] != b"\x7fELF\x02\x01" or len(data) < 64:
+        return data
+    try:
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
+        entry_size, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
+        headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * entry_size) for i in range(count)]  # fmt: skip
+        names_offset = headers[names_index][4]
+        sections = {}
+        for name_at, kind, _, _, offset, size, *_ in headers:
+            start = names_offset + name_at
+            name = data[start : data.index(b"\0", start)].decode("ascii", "replace")
+            if not name.startswith(_DEBUG_SECTIONS):
+                sections[name] = b"" if kind == 8 else data[offset : offset + size]  # 8: NOBITS
+        return sections
+    except (struct.error, ValueError, IndexError):
+        return data
+
+
 def _set(group) -> tuple:
-    return (group.triton, group.target or group.platform)
+    """What a capture replaces: a Triton version's kernels for a target under one Python (or
+    its C modules for one platform)."""
+    return (group.triton, group.target, group.platform)
 
 
 def describe(manifest) -> str:
-    """One line a (Triton version, target or platform) set: groups, files, bytes."""
+    """One line a (Triton version, target, Python) set: groups, files, bytes."""
     sets: dict[tuple, list] = {}
     for group in manifest.groups:
         sets.setdefault(_set(group), []).append(group)
     lines = []
-    for (triton, where), groups in sorted(sets.items()):
+    for (triton, target, platform), groups in sorted(sets.items(), key=lambda item: str(item[0])):
         sizes = [f.size for g in groups for f in g.files]
         kind = "kernels" if groups[0].kernel is not None else "C modules"
+        where = " ".join(w for w in (target, platform) if w)
         lines.append(f"  Triton {triton} {where}: {len(groups)} {kind}, {sum(sizes)} bytes")
     return "\n".join(lines)
 
@@ -396,13 +614,39 @@ def main(argv: list[str] | None = None) -> int:
     list_parser = commands.add_parser("list", help="what each repository's binaries/ holds")
     list_parser.add_argument("repos", nargs="*", help="repository folders (default: all)")
     verify_parser = commands.add_parser(
-        "verify", help="compile the kernels again from their recipes and compare"
+        "verify", help="compile the launch records again with this Triton and compare"
     )
     verify_parser.add_argument("repos", nargs="*", help="repository folders (default: all)")
+    build_parser = commands.add_parser(
+        "build", help="compile the launch records for other Tritons and Pythons, on the CPU"
+    )
+    build_parser.add_argument("--triton", nargs="+", required=True, help="Triton versions")
+    build_parser.add_argument(
+        "--python", nargs="+", default=[sys.executable], help="interpreters (default: this one)"
+    )
+    build_parser.add_argument("--repos", nargs="+", default=[], help="repository folders")
+    build_parser.add_argument(
+        "--work", type=Path, default=Path.home() / ".cache" / "kernels" / "binaries-build",
+        help="where the Tritons are installed and the caches made",
+    )  # fmt: skip
+    replay_parser = commands.add_parser("_replay")  # build's child, in a Triton of its own
+    replay_parser.add_argument("cache", type=Path)
+    replay_parser.add_argument("key_file", type=Path)
+    replay_parser.add_argument("repos", nargs="+")
     args = parser.parse_args(argv)
     try:
         if args.command == "verify":
             return _verify_command(args.repos)
+        if args.command == "_replay":
+            return _replay_command(args.cache, args.key_file, args.repos)
+        if args.command == "build":
+            repos = [r for r in build.repositories(args.repos) if read_launches(r)]
+            if not repos:
+                print("error: no repository has launch records: capture on a GPU first", file=sys.stderr)  # fmt: skip
+                return 2
+            installations = [installation(t, p, args.work) for t in args.triton for p in args.python]  # fmt: skip
+            print("\n".join(build_sets(repos, installations, args.work)))
+            return 0
         repos = build.repositories(args.repos)
         for repo in repos:
             if args.command == "capture":
@@ -420,7 +664,12 @@ def main(argv: list[str] | None = None) -> int:
             note = build.shipped_binaries(repo, build.source_digest(build.package_files(repo)))[1]
             if note:
                 print(f"note: {note}")
-    except (build.LibraryBuildError, shared.ManifestError, OSError) as exc:
+    except (
+        build.LibraryBuildError,
+        shared.ManifestError,
+        OSError,
+        subprocess.CalledProcessError,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -430,21 +679,15 @@ def _verify_command(names: list[str]) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("error: run without TRITON_INTERPRET=1: interpreted kernels cannot be compiled", file=sys.stderr)  # fmt: skip
         return 2
-    from kernels import get_local_kernel
-    from kernels.library.paths import built_repository
-
     failed, compared = False, 0
     for repo in build.repositories(names):
-        # A library source folder loads its fresh build (with the binaries): the functions
-        # compiled are its sources'.
-        package = get_local_kernel(built_repository(repo.folder), repo.package)
-        verified = verify(repo, package)
+        verified = verify(repo, _package(repo))
         print("\n".join(verified.lines))
         failed |= not verified.ok
         compared += verified.compared
     if failed:
         return 1
-    return 0 if compared else _recipes_module().NOTHING_COMPARED
+    return 0 if compared else _launches_module().NOTHING_COMPARED
 
 
 if __name__ == "__main__":

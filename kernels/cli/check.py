@@ -60,8 +60,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rebuild-binaries",
         action="store_true",
-        help="a library source folder (library/<repo>): compile its shipped Triton binaries "
-        "again from their recipes with this Triton (no GPU needed) and compare",
+        help="a library source folder (library/<repo>): compile its recorded launches again "
+        "with this Triton (no GPU needed) and compare with the binaries shipped for it",
     )
     add_repo_type_argument(parser)
 
@@ -262,19 +262,20 @@ def check_repository(
 
 def _rebuild_binaries(report: Report, folder: Path) -> None:
     """``library/binaries.py verify`` on a library source folder, in a child process without
-    Triton's interpreter: each shipped kernel compiled again from its recipe and compared."""
+    Triton's interpreter: each recorded launch compiled again and compared with the kernels
+    shipped for this Triton and Python."""
     import os
     import sys
 
-    from ..library import triton_recipes
+    from ..library import triton_launches
     from ..library.paths import library_source
 
     tool = library_source() / "binaries.py"
     if not (folder.is_dir() and (folder / "build.toml").is_file() and tool.is_file()):
         report.fail(
             "binaries: --rebuild-binaries needs a library source folder of a checkout "
-            "(library/<repo>: its sources, binaries/ and binaries-recipes.json); a built or "
-            "downloaded repository carries no recipes"
+            "(library/<repo>: its sources, binaries/ and binaries-launches.json); a built or "
+            "downloaded repository carries no launch records"
         )
         return
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -289,7 +290,7 @@ def _rebuild_binaries(report: Report, folder: Path) -> None:
     lines = done.stdout.strip().splitlines() or [done.stderr.strip()[-2000:]]
     if done.returncode == 0:
         say = report.ok
-    elif done.returncode == triton_recipes.NOTHING_COMPARED:  # no recipes, another Triton's
+    elif done.returncode == triton_launches.NOTHING_COMPARED:  # none for this Triton/Python
         say = report.warn
     else:
         say = report.fail
@@ -341,7 +342,7 @@ def _check_binaries(report: Report, variant: str, package_dir: Path) -> None:
         )
         report.info(
             f"binaries: {variant}: not recompiled here (--rebuild-binaries on the library source "
-            "folder compiles them again from their recipes with the same Triton)"
+            "folder compiles its recorded launches again with this Triton)"
         )
 
 

@@ -20,8 +20,10 @@ may ship a subset of such a cache, captured on a GPU after running the library's
     _binaries/<triton version>/<target, e.g. cuda-90>/<key>/<file>     kernel groups
     _binaries/<triton version>/<platform tag>/<key>/<file>             C modules
 
+A kernel's key hashes Triton's own build, whose shared library differs between Pythons, so a
+kernel group is for one Python too (its ``platform``); the binaries themselves are the same.
 `seed` copies into the user's cache the files of the groups made by the running Triton for the
-current GPU (and, for C modules, this interpreter's platform) that the cache lacks, each after
+current GPU and this interpreter's platform that the cache lacks, each after
 checking its SHA-256 against the manifest; a group's ``__grp__`` file, which holds absolute
 paths, is written by us, last, once its files are in place. Triton then finds them and
 compiles nothing. Whatever does not match (another Triton, another GPU, a shape whose key was
@@ -93,7 +95,8 @@ class BinaryFile:
 @dataclass(frozen=True)
 class Group:
     """Files that Triton keeps under one cache key: a compiled kernel (``kernel`` set, for
-    ``target``) or a C module (``module`` set, for ``platform``)."""
+    ``target``, compiled under the cache key of the Python of ``platform`` where set) or a C
+    module (``module`` set, for ``platform``)."""
 
     triton: str
     key: str
@@ -130,6 +133,8 @@ class Manifest:
             entry: dict = {"triton": g.triton}
             if g.kernel is not None:
                 entry.update(target=g.target, kernel=g.kernel)
+                if g.platform is not None:
+                    entry.update(platform=g.platform)
             else:
                 entry.update(platform=g.platform, module=g.module)
             entry["key"] = g.key
@@ -201,8 +206,12 @@ def _parse_group(raw, where: str) -> Group:
         raise ManifestError(f"{where}.key {key!r} is not a Triton cache key")
     if not isinstance(files, dict) or not files:
         raise ManifestError(f"{where}.files must be a non-empty object")
-    kernel_group = set(raw) == {"triton", "target", "kernel", "key", "files"}
+    kernel_group = set(raw) - {"platform"} == {"triton", "target", "kernel", "key", "files"}
     module_group = set(raw) == {"triton", "platform", "module", "key", "files"}
+    if "platform" in raw and not (
+        isinstance(raw["platform"], str) and _PLATFORM.fullmatch(raw["platform"])
+    ):
+        raise ManifestError(f"{where}.platform {raw['platform']!r} is not a platform tag")
     if kernel_group:
         target, kernel = raw["target"], raw["kernel"]
         if not isinstance(target, str) or not _TARGET.fullmatch(target):
@@ -213,9 +222,7 @@ def _parse_group(raw, where: str) -> Group:
         if f"{kernel}.json" not in files:
             raise ManifestError(f"{where} lacks {kernel}.json, the kernel's metadata")
     elif module_group:
-        platform, module = raw["platform"], raw["module"]
-        if not isinstance(platform, str) or not _PLATFORM.fullmatch(platform):
-            raise ManifestError(f"{where}.platform {platform!r} is not a platform tag")
+        module = raw["module"]
         if module not in MODULES:
             raise ManifestError(f"{where}.module {module!r} is not one of {', '.join(MODULES)}")
         prefix = f"{module}."
@@ -223,8 +230,8 @@ def _parse_group(raw, where: str) -> Group:
             raise ManifestError(f"{where}: a C module group holds one file")
     else:
         raise ManifestError(
-            f"{where} must have either target and kernel (a kernel) or platform and module "
-            "(a C module)"
+            f"{where} must have either target and kernel, and perhaps platform (a kernel), or "
+            "platform and module (a C module)"
         )
     parsed = []
     for name, entry in files.items():
@@ -450,12 +457,17 @@ def seed(
             report.skipped = reason
             return report
     platform = platform_tag() if platform is None else platform
-    groups = [
-        g
-        for g in manifest.groups
-        if g.triton == triton_version
-        and (g.target == target if g.kernel is not None else g.platform == platform)
-    ]
+
+    def wanted(g: Group) -> bool:
+        if g.triton != triton_version:
+            return False
+        if g.kernel is None:
+            return g.platform == platform
+        # A kernel's cache key hashes Triton's build for one Python: its group is that
+        # Python's (one without a platform is taken for any).
+        return g.target == target and g.platform in (None, platform)
+
+    groups = [g for g in manifest.groups if wanted(g)]
     if not groups:
         logger.debug(
             "%s: no binaries for Triton %s on %s (%s).", where, triton_version, target, platform

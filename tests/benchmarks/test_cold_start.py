@@ -52,7 +52,7 @@ def test_a_capture_for_another_gpu_compiles_our_cases_once_and_launches_nothing(
         assert env["COLD_START_COMPILE_FOR"] == "a100"
         assert env["KERNELS_TRITON_COMPILE_ONLY"] == "1"
         assert env["TRITON_CACHE_DIR"] == str(keep / case)
-        assert env["KERNELS_RECORD_COMPILES"] == "1"
+        assert env["KERNELS_RECORD_LAUNCHES"] == "1"
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,8 @@ def test_capture_takes_the_package_kernels_metadata_and_binary_and_the_c_modules
     assert [(g.kernel, g.target, g.triton, g.key) for g in kernels] == [
         (KERNEL, TARGET, TRITON, keys[KERNEL])
     ]
+    # Compiled under the key of the Python whose C modules the cache holds.
+    assert kernels[0].platform == PLATFORM
     # What a cache hit reads; the IR files are left out.
     assert {f.name for f in kernels[0].files} == {f"{KERNEL}.json", f"{KERNEL}.cubin"}
     assert [(g.module, g.platform, g.triton) for g in modules] == [
@@ -279,11 +282,28 @@ def test_another_triton_or_gpu_copies_no_kernel(captured, tmp_path, overrides):
         assert report.skipped == "no matching binaries" and not cache.exists()
 
 
-def test_another_platform_copies_no_c_module(captured, tmp_path):
+def test_another_python_copies_neither_kernel_nor_c_module(captured, tmp_path):
+    """A kernel's cache key hashes Triton's build for one Python: under another its key is
+    another, so the capture's kernels are not copied for it (nor its C modules)."""
     repo, _, keys = captured
     cache = tmp_path / "user-cache"
     report = _seed(_package(repo), cache, platform="cpython-312-aarch64-linux-gnu")
-    assert report.written == 2
+    assert report.written == 0 and report.skipped == "no matching binaries"
+    assert not (cache / keys[KERNEL]).exists() and not (cache / keys["launcher"]).exists()
+
+
+def test_a_kernel_group_of_no_python_is_copied_for_any(captured, tmp_path):
+    repo, manifest, keys = captured
+    package = _package(repo)
+    untagged = shared.Manifest(
+        manifest.repository,
+        manifest.source_digest,
+        tuple(replace(g, platform=None) if g.kernel else g for g in manifest.groups),
+    )
+    (package / "_binaries" / shared.MANIFEST).write_text(untagged.to_json())
+    cache = tmp_path / "user-cache"
+    report = _seed(package, cache, platform="cpython-312-aarch64-linux-gnu")
+    assert report.written == 2 and (cache / keys[KERNEL] / f"{KERNEL}.cubin").is_file()
     assert not (cache / keys["launcher"]).exists()
 
 
