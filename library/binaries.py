@@ -368,7 +368,10 @@ def _package(repo):
     from kernels import get_local_kernel
     from kernels.library.paths import built_repository
 
-    return get_local_kernel(built_repository(repo.folder), repo.package)
+    folder = built_repository(repo.folder)
+    if folder == repo.folder:  # not one of this checkout's library folders: build it here
+        build.write_build(repo, symbols=False)
+    return get_local_kernel(folder, repo.package)
 
 
 def replay_all(
