@@ -204,12 +204,15 @@ def capture(
     triton_version: str | None = None,
     modules: bool = True,
     platform: str | None = None,
+    launches: bool = True,
 ):
     """Write ``repo``'s binaries from the Triton cache(s) ``cache_dirs`` into ``repo/binaries/``
     (see the module's docstring), and the launches the caches' runs recorded into its launch
     records; return the manifest written, or None when the caches hold none of its kernels
     (the folder is then left as it was). ``platform``: the Python whose cache keys the
-    kernels were compiled under (default: that of the caches' C modules, else this one's)."""
+    kernels were compiled under (default: that of the caches' C modules, else this one's).
+    ``launches=False`` leaves the launch records alone (`build_sets`, whose caches are made
+    from them)."""
     names = jit_names(repo)
     kernels, c_modules = scan_cache(cache_dirs, triton_version)
     taken = [k for k in kernels if k.group.kernel in names]
@@ -256,7 +259,8 @@ def capture(
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(staging, folder)
-    _write_launches(repo, cache_dirs, names, keep=keep)
+    if launches:
+        _write_launches(repo, cache_dirs, names, keep=keep)
     return manifest
 
 
@@ -290,18 +294,20 @@ def read_launches(repo) -> list:
 
 def _write_launches(repo, cache_dirs, names: set[str], *, keep: bool) -> None:
     """The launches of ``repo``'s kernels that the caches' runs recorded, with those kept from
-    the previous capture of the same sources."""
+    the previous capture of the same sources. Caches that recorded none (runs without
+    ``KERNELS_RECORD_LAUNCHES``) leave the records as they were."""
     launches = _launches_module()
-    found = {launch.identity: launch for launch in (read_launches(repo) if keep else [])}
+    recorded = {}
     dirs = [cache_dirs] if isinstance(cache_dirs, Path) else list(cache_dirs)
     for cache_dir in dirs:
         for launch in launches.read_records(cache_dir):
             if launch.kernel in names:
-                found[launch.identity] = launch
-    path = repo.folder / LAUNCHES
-    if not found:
-        path.unlink(missing_ok=True)
+                recorded[launch.identity] = launch
+    if not recorded:
         return
+    found = {launch.identity: launch for launch in (read_launches(repo) if keep else [])}
+    found.update(recorded)
+    path = repo.folder / LAUNCHES
     entries = [found[identity].to_json() for identity in sorted(found)]
     path.write_text(
         json.dumps({"format": 1, "launches": entries}, indent=1) + "\n", encoding="utf-8"
@@ -376,13 +382,14 @@ def _package(repo):
 
 def replay_all(
     repo, package, cache_dir: Path, key: str | None
-) -> tuple[dict[str, Path], list[str]]:
+) -> tuple[dict[str, Path], list[str], list[dict]]:
     """Compile each of ``repo``'s launches with this process's Triton into ``cache_dir``
-    (under ``key``, another installation's, if given) and return the cache folders made, by
-    key, and a line for each launch that could not be compiled."""
+    (under ``key``, another installation's, if given). Returns the cache folders made, by key;
+    a line for each launch that could not be compiled; and what Triton's C launcher of each
+    kernel is made from (`launchers.py`'s input)."""
     launches = _launches_module()
     functions = launches.jit_functions(package)
-    made, problems = {}, []
+    made, problems, signatures = {}, [], []
     previous = os.environ.get("TRITON_CACHE_DIR")
     os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
     try:
@@ -397,59 +404,121 @@ def replay_all(
                 continue
             made_key = launches.cache_key(compiled.hash)
             made[made_key] = cache_dir / made_key
+            signatures.append(_launcher_input(compiled))
     finally:
         if previous is None:
             os.environ.pop("TRITON_CACHE_DIR", None)
         else:
             os.environ["TRITON_CACHE_DIR"] = previous
-    return made, problems
+    return made, problems, signatures
+
+
+def _launcher_input(compiled) -> dict:
+    """What Triton's CUDA launcher for ``compiled`` is generated from, as JSON."""
+
+    def plain(value):
+        return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+
+    constants = compiled.src.constants
+    return {
+        "name": compiled.src.fn.__name__,
+        "signature": dict(compiled.src.signature),
+        "constants": [
+            [list(k) if isinstance(k, tuple) else k, plain(v)] for k, v in constants.items()
+        ],  # fmt: skip
+        "arg_names": list(compiled.src.fn.arg_names),
+        "tensordesc_meta": getattr(compiled.metadata, "tensordesc_meta", None),
+    }
+
+
+def _stub_libcuda(work: Path) -> Path:
+    """A folder with an empty ``libcuda.so.1`` to link Triton's C modules against (their CUDA
+    symbols resolve against the user's driver when they are loaded), and ``cc``, the C
+    compiler to link with: the machine's ``gcc``, told to record ``libcuda.so.1`` as needed
+    although the stub defines nothing (some distributions link ``--as-needed`` by default,
+    which would drop it, and the module could not find the driver's symbols)."""
+    folder = work / "libcuda-stub"
+    stub, compiler = folder / "libcuda.so.1", folder / "cc"
+    if not (stub.is_file() and compiler.is_file()):
+        folder.mkdir(parents=True, exist_ok=True)
+        source = folder / "stub.c"
+        source.write_text("/* no symbols: the driver's are resolved at load time */\n")
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stub), str(source)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        compiler.write_text('#!/bin/sh\nexec gcc -Wl,--no-as-needed "$@"\n')
+        compiler.chmod(0o755)
+    return folder
 
 
 def build_sets(repos, installations: list[Installation], work: Path) -> list[str]:
     """Compile every launch of ``repos`` with each installation's Triton, on this machine's
-    CPU, and add the kernels to each repository's binaries as that installation's set.
-    Returns the report's lines.
+    CPU, and add the kernels, and the C modules their launches need under that Python, to
+    each repository's binaries as that installation's set. Returns the report's lines.
 
     Each Triton version compiles in a child of this interpreter (which has torch) with that
-    Triton first on its path; another Python's set is made under that Python's key."""
+    Triton first on its path; another Python's set is made under that Python's key, and its C
+    modules are built by that Python (`launchers.py`)."""
     lines = []
+    stub = _stub_libcuda(work)
     for inst in installations:
-        cache = work / "caches" / inst.triton / inst.platform
-        shutil.rmtree(cache, ignore_errors=True)
-        cache.mkdir(parents=True)
         compiler = installation(inst.triton, sys.executable, work)
-        env = dict(
-            os.environ, PYTHONPATH=os.pathsep.join([str(compiler.folder), str(_HERE.parent)])
-        )
-        env.pop("TRITON_INTERPRET", None)
-        key_file = cache.with_suffix(".key")
-        key_file.write_text(inst.key, encoding="utf-8")
-        done = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "_replay", str(cache), str(key_file),
-             *[str(repo.folder) for repo in repos]],
-            capture_output=True, text=True, env=env, check=False,
-        )  # fmt: skip
-        if done.returncode != 0:
-            raise build.LibraryBuildError(
-                f"compiling for Triton {inst.triton} ({inst.platform}) failed:\n"
-                + (done.stdout + done.stderr).strip()[-3000:]
-            )
         for repo in repos:
-            manifest = capture(repo, [cache], triton_version=inst.triton, modules=False, platform=inst.platform)  # fmt: skip
+            cache = work / "caches" / inst.triton / inst.platform / repo.name
+            shutil.rmtree(cache, ignore_errors=True)
+            cache.mkdir(parents=True)
+            key_file = cache.with_suffix(".key")
+            key_file.write_text(inst.key, encoding="utf-8")
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(compiler.folder), str(_HERE.parent)]))  # fmt: skip
+            env.pop("TRITON_INTERPRET", None)
+            _run_step(
+                f"compiling {repo.name} for Triton {inst.triton} ({inst.platform})",
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "_replay",
+                    str(cache),
+                    str(key_file),
+                    str(repo.folder),
+                ],  # fmt: skip
+                env,
+            )
+            env = dict(os.environ, PYTHONPATH=str(inst.folder), TRITON_CACHE_DIR=str(cache), TRITON_LIBCUDA_PATH=str(stub), CC=str(stub / "cc"))  # fmt: skip
+            env.pop("TRITON_INTERPRET", None)
+            _run_step(
+                f"building {repo.name}'s C modules for Triton {inst.triton} ({inst.platform})",
+                [inst.python, str(_HERE / "launchers.py"), str(cache / LAUNCHER_INPUT)],
+                env,
+            )
+            manifest = capture(repo, [cache], triton_version=inst.triton, platform=inst.platform, launches=False)  # fmt: skip
             if manifest is not None:
-                made = [g for g in manifest.groups if g.kernel is not None and (g.triton, g.platform) == (inst.triton, inst.platform)]  # fmt: skip
-                lines.append(f"{repo.name}: Triton {inst.triton} {inst.platform}: {len(made)} kernels")  # fmt: skip
+                mine = [g for g in manifest.groups if (g.triton, g.platform) == (inst.triton, inst.platform)]  # fmt: skip
+                kernels = sum(1 for g in mine if g.kernel is not None)
+                lines.append(f"{repo.name}: Triton {inst.triton} {inst.platform}: {kernels} kernels, {len(mine) - kernels} C modules")  # fmt: skip
     return lines
+
+
+def _run_step(what: str, command: list[str], env: dict) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise build.LibraryBuildError(f"{what} failed:\n" + (done.stdout + done.stderr).strip()[-3000:])  # fmt: skip
+
+
+#: The file, in a build's cache, of what each kernel's C launcher is generated from.
+LAUNCHER_INPUT = "kernels-launchers.json"
 
 
 def _replay_command(cache: Path, key_file: Path, folders: list[str]) -> int:
     key = key_file.read_text(encoding="utf-8")
-    failed = False
+    failed, signatures = False, []
     for repo in build.repositories(folders):
-        made, problems = replay_all(repo, _package(repo), cache, key)
+        made, problems, found = replay_all(repo, _package(repo), cache, key)
+        signatures += found
         print(f"{repo.name}: {len(made)} kernels compiled")
         print("\n".join(problems))
         failed |= bool(problems)
+    (cache / LAUNCHER_INPUT).write_text(json.dumps(signatures), encoding="utf-8")
     return 1 if failed else 0
 
 
@@ -492,7 +561,7 @@ def verify(repo, package) -> Verified:
         head = f"{repo.name}: nothing compared: no kernels shipped for Triton {triton.__version__} on {platform} ({others} for others)"  # fmt: skip
         return Verified([head], 0, 0)
     with tempfile.TemporaryDirectory(prefix="kernels-verify-") as cache:
-        made, problems = replay_all(repo, package, Path(cache), None)
+        made, problems, _ = replay_all(repo, package, Path(cache), None)
         lines, same, differ = list(problems), 0, len(problems)
         for group in mine:
             folder = made.get(group.key)
@@ -552,7 +621,14 @@ def _metadata(data: bytes) -> dict:
 
 #: ELF sections a comparison leaves out: debug information, which names the paths the kernel's
 #: sources and Triton were at when it was compiled.
-_DEBUG_SECTIONS = (".debug", ".nv_debug", ".rela.debug", ".rela.nv_debug")
+_DEBUG_SECTIONS = (
+    ".debug",
+    ".nv_debug",
+    ".rel.debug",
+    ".rel.nv_debug",
+    ".rela.debug",
+    ".rela.nv_debug",
+)
 
 
 def _code(data: bytes) -> dict[str, bytes] | bytes:

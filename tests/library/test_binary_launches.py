@@ -72,7 +72,7 @@ _CHILD = textwrap.dedent(
 
     # Another Python's set: the same launches under its key (build's child does this).
     other = tool.Installation(triton.__version__, "python9", tmp, "another Triton build", "cpython-399-x86_64-linux-gnu")
-    made, problems = tool.replay_all(repo, scalek, tmp / "other", other.key)
+    made, problems, _ = tool.replay_all(repo, scalek, tmp / "other", other.key)
     manifest = tool.capture(repo, [tmp / "other"], modules=False, platform=other.platform)
     groups = [g for g in manifest.groups if g.kernel]
     results["other python"] = {
@@ -242,3 +242,158 @@ def test_an_argument_that_cannot_be_recorded_is_refused():
 def test_a_malformed_launch_record_is_refused(record):
     with pytest.raises(triton_launches.LaunchError):
         triton_launches.Launch.from_json(record)
+
+
+# ---- build: the whole step, with this machine's Triton ---------------------------------------
+
+_BUILD_CHILD = textwrap.dedent(
+    """
+    import importlib.util, json, os, sys
+    from pathlib import Path
+
+    import torch
+    import triton
+    from triton.runtime.cache import triton_key
+
+    from kernels.library import triton_launches as launches
+
+    version = triton.__version__  # the installation's Triton
+    tmp = Path(sys.argv[1])
+    spec = importlib.util.spec_from_file_location("binaries_tool", "library/binaries.py")
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules["binaries_tool"] = tool
+    spec.loader.exec_module(tool)
+
+    folder = tmp / "library" / "halvek"
+    source = folder / "torch-ext" / "halvek"
+    source.mkdir(parents=True)
+    (folder / "build.toml").write_text(
+        '[general]\\nname = "halvek"\\nversion = 1\\nlicense = "Apache-2.0"\\n'
+        'backends = ["cuda"]\\n\\n[torch-noarch]\\n'
+    )
+    (source / "__init__.py").write_text(
+        "import triton\\nimport triton.language as tl\\n\\n\\n@triton.jit\\n"
+        "def _halve_kernel(X, N, BLOCK: tl.constexpr):\\n"
+        "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\\n"
+        "    tl.store(X + offs, tl.load(X + offs, mask=offs < N) * 0.5, mask=offs < N)\\n"
+    )
+    repo = tool.build.read_repository(folder)
+    x = torch.empty(16)
+    record = launches.Launch("_halve_kernel", "", (launches.encode(x), {"int": 100}), {"BLOCK": {"int": 64}}, "cuda:80")
+    (folder / tool.LAUNCHES).write_text(json.dumps({"format": 1, "launches": [record.to_json()]}))
+
+    # This interpreter's Triton, where build would install it (no download here).
+    work = tmp / "work"
+    tag = sys.implementation.cache_tag
+    installed = work / f"triton-{version}" / tag
+    installed.mkdir(parents=True)
+    (installed / "triton").symlink_to(Path(triton.__file__).parent)
+    inst = tool.installation(version, sys.executable, work)
+    lines = tool.build_sets([repo], [inst], work)
+    manifest, _ = tool.shared.read_manifest(str(folder / "binaries"))
+    sys.path.insert(0, str(folder / "torch-ext"))
+    import halvek
+    verified = tool.verify(repo, halvek)
+    print("RESULTS " + json.dumps({
+        "installation": [inst.triton, inst.platform, inst.key == triton_key()],
+        "lines": lines,
+        "groups": [[g.kernel, g.target, g.platform] for g in manifest.groups],
+        "verified": [verified.lines, verified.ok],
+    }))
+    """
+)
+
+
+def test_build_compiles_the_launch_records_into_a_set_for_the_installation(tmp_path):
+    """``library/binaries.py build`` with this machine's Triton as the installation: its key
+    and platform are read from it, the launch is compiled in a child for its target, and the
+    set it makes verifies (Triton 3.9 builds no C modules: it has no per-signature launcher)."""
+    pytest.importorskip("triton.backends.nvidia", reason="this Triton has no CUDA backend")
+    import triton
+
+    env = subprocess_env()
+    env.pop("TRITON_INTERPRET", None)
+    done = run_python("-c", _BUILD_CHILD, str(tmp_path), env=env, cwd=REPO_ROOT, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
+    line = next(l for l in done.stdout.splitlines() if l.startswith("RESULTS "))
+    results = json.loads(line.removeprefix("RESULTS "))
+    platform = results["installation"][1]
+    assert results["installation"] == [triton.__version__, platform, True]
+    assert results["groups"][0] == ["_halve_kernel", "cuda:80", platform]
+    assert results["lines"][0].startswith(
+        f"halvek: Triton {triton.__version__} {platform}: 1 kernels"
+    )
+    lines, ok = results["verified"]
+    assert ok and "1 kernel(s) compiled again to the same binary" in lines[0], lines
+
+
+def test_an_installation_that_is_not_the_asked_triton_is_refused(tmp_path):
+    """A folder holding another Triton than asked (a stale install) is named, not used."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "binaries_tool", REPO_ROOT / "library" / "binaries.py"
+    )
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("binaries_tool", tool)
+    spec.loader.exec_module(tool)
+    tag = sys.implementation.cache_tag
+    fake = tmp_path / "triton-3.6.0" / tag / "triton"
+    (fake / "runtime").mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = '3.5.0'\n")
+    (fake / "runtime" / "__init__.py").write_text("")
+    (fake / "runtime" / "cache.py").write_text("def triton_key():\n    return '3.5.0-abc'\n")
+    with pytest.raises(tool.build.LibraryBuildError, match="holds Triton 3.5.0, not 3.6.0"):
+        tool.installation("3.6.0", sys.executable, tmp_path)
+
+
+def test_build_makes_the_c_modules_triton_3_6_needs_linked_to_the_driver(tmp_path):
+    """Triton 3.6 builds a C launcher per kernel signature and its driver utils on a user's
+    first launch; build makes them for the installation's Python, linked to ``libcuda.so.1``
+    (a stub here: the user's driver is loaded). Needs Triton 3.6.0 for this interpreter in the
+    folder ``KERNELS_TEST_TRITON36`` names (``library/binaries.py build`` installs it under
+    ``~/.cache/kernels/binaries-build/triton-3.6.0/<tag>``): it is not installed here."""
+    import os
+
+    folder = os.environ.get("KERNELS_TEST_TRITON36")
+    if not folder:
+        pytest.skip("set KERNELS_TEST_TRITON36 to a folder with Triton 3.6.0 for this Python")
+    env = subprocess_env()
+    env.pop("TRITON_INTERPRET", None)
+    child = (
+        _BUILD_CHILD.replace(
+            "installed.mkdir(parents=True)\n",
+            "installed.parent.mkdir(parents=True)\n",
+        )
+        .replace(
+            '(installed / "triton").symlink_to(Path(triton.__file__).parent)',
+            f"installed.symlink_to({folder!r})",
+        )
+        .replace("version = triton.__version__", 'version = "3.6.0"')
+    )
+    child = child.replace(
+        "    verified = tool.verify(repo, halvek)\n", "    verified = tool.Verified([], 0, 0)\n"
+    )
+    done = run_python("-c", child, str(tmp_path), env=env, cwd=REPO_ROOT, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
+    results = json.loads(
+        next(l for l in done.stdout.splitlines() if l.startswith("RESULTS ")).removeprefix(
+            "RESULTS "
+        )
+    )
+    assert results["lines"][0].endswith("1 kernels, 2 C modules"), results["lines"]
+    platform = results["installation"][1]
+    binaries = tmp_path / "library" / "halvek" / "binaries" / "3.6.0" / platform
+    launchers = list(binaries.glob("*/__triton_launcher.*"))
+    assert [p.name for p in launchers] == [f"__triton_launcher.{platform}.so"]
+    needed = subprocess_readelf_needed(launchers[0])
+    assert "libcuda.so.1" in needed, needed
+
+
+def subprocess_readelf_needed(path) -> list[str]:
+    import re
+    import subprocess
+
+    out = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True)
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out.stdout)
