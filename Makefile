@@ -78,7 +78,7 @@ new_venv = echo "new environment $(1)" && $(PYTHON) -m venv --without-pip $(1) &
 	{ $(PYTHON) -m pip --python $(1)/bin/python install -q --no-compile --upgrade pip 2>/dev/null || \
 	{ $(1)/bin/python -m ensurepip && $(1)/bin/python $(PIP_INSTALL) --upgrade pip; }; }
 
-.PHONY: install install-test install-tf5 install-hf install-all hub-server demo test test-4 test-5 test-hf test-hf-suite test-hf-suite-update library lint clean
+.PHONY: install install-test install-tf5 install-hf install-all hub-server demo test test-4 test-5 test-hf test-hf-suite test-hf-suite-update library binaries lint clean
 
 # torch, and triton with numpy, by two pips at once: each is some 13 s of unpacking on one core
 # (nothing else runs yet), they share no package (the CPU build of torch does not require
@@ -198,6 +198,16 @@ test-hf-suite-update: install-tf5 install-hf
 LIBRARY_ARGS ?=
 library:
 	$(PYTHON) library/build.py $(LIBRARY_ARGS)
+
+# The library's Triton binaries for every Triton version the supported torch releases pin and
+# every Python we serve, compiled on this machine's CPU from the launches a GPU capture recorded
+# (library/<repo>/binaries-launches.json; docs/writing-kernels.md, Shipped Triton binaries).
+# Each Triton is installed for each Python (pip, into ~/.cache/kernels/binaries-build); the
+# interpreters must be on PATH. Needs torch and a C compiler in the running environment.
+BINARY_TRITONS ?= 3.6.0 3.9.0
+BINARY_PYTHONS ?= python3.10 python3.11 python3.12 python3.13
+binaries: install-test
+	$(BIN)/python library/binaries.py build --triton $(BINARY_TRITONS) --python $(BINARY_PYTHONS)
 
 # Ruff over everything; mypy over the package (its settings: [tool.mypy] in pyproject.toml).
 lint: install-test

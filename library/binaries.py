@@ -24,9 +24,8 @@ For each repository it takes, from the cache:
 
 and writes them, with a manifest (the shared ``_binaries.py`` reads and documents it), into::
 
-    library/<repo>/binaries/manifest.json
-    library/<repo>/binaries/<triton version>/<target, e.g. cuda-90>/<key>/<file>
-    library/<repo>/binaries/<triton version>/<platform tag>/<key>/<file>
+    library/<repo>/binaries/manifest.json          the groups and their files' digests
+    library/<repo>/binaries/files/<sha256><ext>    each content once
 
 Beside the folder, ``library/<repo>/binaries-launches.json`` keeps each launch that compiled
 one of its kernels (``kernels.library.triton_launches``: the kernel, its arguments as Triton
@@ -45,8 +44,8 @@ with this machine's Triton and compares with the set shipped for it: the cache k
 inputs, the sources among them) and the binaries (the code; a cubin's debug sections name the
 paths it was compiled at, so they are left out of the comparison).
 
-A capture replaces what the folder held for the same Triton version and target (or platform),
-and keeps the rest when it was captured from the same sources; binaries of other sources are
+A capture replaces what the folder held for the same Triton version, target and Python (or
+C modules' platform), and keeps the rest when it was captured from the same sources; binaries of other sources are
 dropped. ``library/build.py`` ships the folder into each CUDA variant as ``_binaries/`` while its
 manifest's source digest is that of the sources, and leaves it out, with a note, once the
 sources change: capture again then.
@@ -235,7 +234,7 @@ def capture(
             if _set(group) not in sets:
                 groups.append(group)
                 for file in group.files:
-                    files[f"{group.folder}/{file.name}"] = (folder / group.folder / file.name).read_bytes()  # fmt: skip
+                    files[shared.stored(file)] = (folder / shared.stored(file)).read_bytes()
     for cached in taken:
         data = {name: path.read_bytes() for name, path in cached.paths.items()}
         group = replace(
@@ -245,8 +244,16 @@ def capture(
             ),
         )
         groups.append(group)
-        files.update({f"{group.folder}/{name}": content for name, content in data.items()})
-    groups.sort(key=lambda g: (g.folder, g.kernel or g.module or ""))
+        files.update({shared.stored(f): data[f.name] for f in group.files})
+    groups.sort(
+        key=lambda g: (
+            g.triton,
+            g.target or "",
+            g.platform or "",
+            g.kernel or g.module or "",
+            g.key,
+        )
+    )
     manifest = shared.Manifest(repo.name, digest, tuple(groups))
     files[shared.MANIFEST] = manifest.to_json().encode()
     shared.parse_manifest(files[shared.MANIFEST])  # what we write, the reader takes
@@ -598,9 +605,9 @@ def _made_target(folder: Path) -> str | None:
 
 def _compare(repo, group, made: Path) -> list[str]:
     problems = []
-    folder = repo.folder / build.BINARIES / group.folder
+    folder = repo.folder / build.BINARIES
     for file in group.files:
-        shipped = (folder / file.name).read_bytes()
+        shipped = (folder / shared.stored(file)).read_bytes()
         path = made / file.name
         if not path.is_file():
             problems.append(f"{file.name} not made")

@@ -337,7 +337,7 @@ def shipped_binaries(repo: Repository, digest: str) -> tuple[dict[str, bytes], s
     files = {reader.MANIFEST: data}
     for group in manifest.groups:
         for file in group.files:
-            files[f"{group.folder}/{file.name}"] = (folder / group.folder / file.name).read_bytes()
+            files[reader.stored(file)] = (folder / reader.stored(file)).read_bytes()
     return files, None
 
 

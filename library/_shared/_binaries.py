@@ -14,14 +14,19 @@ The key hashes everything the result depends on (the kernel's source, its argume
 constexprs, the options, Triton's own build, the target GPU; for a C module its C source and
 the platform), so a file found under a key is the one Triton would write there. This package
 may ship a subset of such a cache, captured on a GPU after running the library's workloads
-(``library/binaries.py capture``), in ``_binaries/``::
+(``library/binaries.py capture``) or compiled from its launch records (``build``), in
+``_binaries/``::
 
-    _binaries/manifest.json
-    _binaries/<triton version>/<target, e.g. cuda-90>/<key>/<file>     kernel groups
-    _binaries/<triton version>/<platform tag>/<key>/<file>             C modules
+    _binaries/manifest.json          the groups: each file's name in the cache, SHA-256, size
+    _binaries/files/<sha256><ext>    each file's content, once, with its name's extension
+                                     (.json, .cubin, .hsaco, .so, .pyd), so that a compiled
+                                     module is seen as one (a ZIP build refuses them)
 
-A kernel's key hashes Triton's own build, whose shared library differs between Pythons, so a
-kernel group is for one Python too (its ``platform``); the binaries themselves are the same.
+The manifest lists groups: kernel groups (a Triton version, a target, a cache key, the
+kernel's metadata and binary) and C module groups (a Triton version, a platform, a key, the
+module). Contents are stored by their digest, once: a kernel's key hashes Triton's own build,
+whose shared library differs between Pythons, so a kernel group is for one Python (its
+``platform``), and each Python's set holds the same binaries under other keys.
 `seed` copies into the user's cache the files of the groups made by the running Triton for the
 current GPU and this interpreter's platform that the cache lacks, each after
 checking its SHA-256 against the manifest; a group's ``__grp__`` file, which holds absolute
@@ -54,8 +59,10 @@ logger = logging.getLogger("kernels.binaries")
 #: The folder of a package that holds its binaries, and the manifest in it.
 FOLDER = "_binaries"
 MANIFEST = "manifest.json"
-#: The manifest's format version.
-FORMAT = 1
+#: The manifest's format version (2: contents stored once, by digest, under ``files/``).
+FORMAT = 2
+#: The folder of ``_binaries/`` that holds each file's content, named by its SHA-256.
+STORE = "files"
 #: Bounds on what is read: a manifest is hostile input until its digests have been checked.
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -105,12 +112,6 @@ class Group:
     kernel: str | None = None
     platform: str | None = None
     module: str | None = None
-
-    @property
-    def folder(self) -> str:
-        """Where the group's files are, relative to ``_binaries/``."""
-        where = self.target.replace(":", "-") if self.target is not None else self.platform
-        return f"{self.triton}/{where}/{self.key}"
 
     @property
     def group_file(self) -> str | None:
@@ -181,16 +182,18 @@ def parse_manifest(data: bytes) -> Manifest:
         raise ManifestError("source_digest must be 64 lowercase hex digits")
     if not isinstance(raw_groups, list):
         raise ManifestError("groups must be a list")
-    groups, seen, count, total = [], set(), 0, 0
+    groups, seen, contents, total = [], set(), {}, 0
     for index, raw in enumerate(raw_groups):
         group = _parse_group(raw, f"groups[{index}]")
         for file in group.files:
-            path = f"{group.folder}/{file.name}"
-            if path in seen:
-                raise ManifestError(f"groups[{index}] lists {path} a second time")
-            seen.add(path)
-            count, total = count + 1, total + file.size
-        if count > MAX_FILES or total > MAX_TOTAL_BYTES:
+            where = f"{group.key}/{file.name}"
+            if where in seen:
+                raise ManifestError(f"groups[{index}] lists {where} a second time")
+            seen.add(where)
+            if contents.setdefault(file.sha256, file.size) != file.size:
+                raise ManifestError(f"groups[{index}] gives {file.sha256} another size")
+            total += file.size
+        if len(contents) > MAX_FILES or total > MAX_TOTAL_BYTES:
             raise ManifestError(f"lists more than {MAX_FILES} files or {MAX_TOTAL_BYTES} bytes")
         groups.append(group)
     return Manifest(repository, digest, tuple(groups))
@@ -302,22 +305,38 @@ def file_sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+#: The extensions a stored content keeps (of the file names a group may hold).
+STORED_EXTENSIONS = (".json", ".cubin", ".hsaco", ".so", ".pyd")
+
+
+def stored(file: BinaryFile) -> str:
+    """Where ``file``'s content is, relative to ``_binaries/``: its checked digest and its
+    name's extension, one of `STORED_EXTENSIONS` (no other part of a name from the manifest
+    reaches the file system)."""
+    extension = next((e for e in STORED_EXTENSIONS if file.name.endswith(e)), "")
+    return f"{STORE}/{file.sha256}{extension}"
+
+
 def verify_files(binaries_dir: str, manifest: Manifest) -> list[str]:
     """What is wrong with the files of ``binaries_dir`` against ``manifest``, one line each:
     missing, a link, of another size or digest, or not listed. Empty when all is right."""
     problems, listed = [], {MANIFEST}
     for group in manifest.groups:
         for file in group.files:
-            relative = f"{group.folder}/{file.name}"
+            relative = stored(file)
+            if relative in listed:
+                continue
             listed.add(relative)
             try:
                 path = os.path.join(binaries_dir, *relative.split("/"))
                 data = read_bounded(path, MAX_FILE_BYTES)
             except OSError as exc:
-                problems.append(f"{relative}: cannot be read ({exc})")
+                problems.append(f"{relative} ({file.name}): cannot be read ({exc})")
                 continue
             if len(data) != file.size or file_sha256(data) != file.sha256:
-                problems.append(f"{relative}: its SHA-256 differs from the manifest's")
+                problems.append(
+                    f"{relative} ({file.name}): its SHA-256 differs from the manifest's"
+                )
     for root, dirs, names in os.walk(binaries_dir):
         for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
             relative = os.path.relpath(os.path.join(root, name), binaries_dir).replace(os.sep, "/")
@@ -506,7 +525,7 @@ def _seed_group(
     report.present += len(group.files) - len(missing)
     contents = []
     for file in missing:
-        relative = f"{group.folder}/{file.name}"
+        relative = stored(file)
         try:
             data = read_bounded(os.path.join(binaries_dir, *relative.split("/")), file.size)
         except OSError:
@@ -515,10 +534,11 @@ def _seed_group(
             # Not copied, so never loaded: Triton reads only its own cache, and without this
             # group's files (and its __grp__ file) it compiles the kernel itself.
             logger.warning(
-                "%s: the shipped binary %s/%s is missing or its SHA-256 differs from the "
+                "%s: the shipped binary %s (%s/%s) is missing or its SHA-256 differs from the "
                 "manifest's; it is not used (that kernel compiles as usual). Reinstall or "
                 "re-download the kernel repository.",
                 where,
+                file.name,
                 FOLDER,
                 relative,
             )

@@ -311,9 +311,11 @@ def test_their_client_loads_a_repository_that_ships_triton_binaries(library, tmp
         )
         digest = build.source_digest(build.package_files(repo))
         binaries = repo_dir / "binaries"
-        (binaries / group.folder).mkdir(parents=True)
-        (binaries / group.folder / "_rms_norm_fwd.json").write_bytes(b"{}")
-        (binaries / group.folder / "_rms_norm_fwd.cubin").write_bytes(cubin)
+        shutil.rmtree(binaries, ignore_errors=True)  # the library's own, replaced by this one
+        json_file, cubin_file = group.files
+        (binaries / "files").mkdir(parents=True)
+        (binaries / shared.stored(json_file)).write_bytes(b"{}")
+        (binaries / shared.stored(cubin_file)).write_bytes(cubin)
         manifest = shared.Manifest("norm", digest, (group,))
         (binaries / "manifest.json").write_text(manifest.to_json())
         out = build.write_build(repo, tmp_path / "out", symbols=False)
@@ -321,7 +323,7 @@ def test_their_client_loads_a_repository_that_ships_triton_binaries(library, tmp
         del sys.modules[spec.name]
     for variant in ("torch-universal", "torch-cuda"):
         package = out / variant / "norm" if variant == "torch-universal" else out / variant
-        assert (package / "_binaries" / group.folder / "_rms_norm_fwd.cubin").read_bytes() == cubin
+        assert (package / "_binaries" / shared.stored(cubin_file)).read_bytes() == cubin
 
     with caplog.at_level("DEBUG", logger="kernels"):
         module = get_local_kernel(tmp_path / "out")
@@ -329,7 +331,9 @@ def test_their_client_loads_a_repository_that_ships_triton_binaries(library, tmp
     assert "match the digest" in [r for r in caplog.records if "digest" in r.getMessage()][-1].getMessage()  # fmt: skip
     assert hasattr(module, "layers")
 
-    target = out / "torch-cuda" / "_binaries" / group.folder / "_rms_norm_fwd.cubin"
+    target = out / "torch-cuda" / "_binaries" / shared.stored(cubin_file)
     target.write_bytes(b"\x00" + cubin[1:])
-    with pytest.raises(RuntimeError, match="(?s)do not match the digest.*_rms_norm_fwd.cubin"):
+    with pytest.raises(
+        RuntimeError, match=f"(?s)do not match the digest.*{cubin_file.sha256}.cubin"
+    ):
         get_local_kernel(out / "torch-cuda")

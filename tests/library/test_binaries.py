@@ -114,6 +114,12 @@ def _seed(package: Path, cache: Path, **overrides):
     return shared.seed(str(package), **{**options, **overrides})
 
 
+def _stored(manifest, name: str) -> str:
+    """Where the content of the file ``name`` (of the manifest's one group holding it) is."""
+    (file,) = [f for g in manifest.groups for f in g.files if f.name == name]
+    return shared.stored(file)
+
+
 def _files(folder: Path) -> dict:
     if not folder.is_dir():
         return {}
@@ -140,13 +146,17 @@ def test_capture_takes_the_package_kernels_metadata_and_binary_and_the_c_modules
     assert [(g.module, g.platform, g.triton) for g in modules] == [
         ("__triton_launcher", PLATFORM, TRITON)
     ]
+    # Each content stored once, named by its digest and its name's extension.
     on_disk = _files(repo.folder / "binaries")
+    listed = {f.name: f for g in manifest.groups for f in g.files}
+    assert set(listed) == {f"{KERNEL}.json", f"{KERNEL}.cubin", LAUNCHER}
     assert set(on_disk) == {
         "manifest.json",
-        f"{TRITON}/cuda-90/{keys[KERNEL]}/{KERNEL}.json",
-        f"{TRITON}/cuda-90/{keys[KERNEL]}/{KERNEL}.cubin",
-        f"{TRITON}/{PLATFORM}/{keys['launcher']}/{LAUNCHER}",
+        f"files/{listed[f'{KERNEL}.json'].sha256}.json",
+        f"files/{listed[f'{KERNEL}.cubin'].sha256}.cubin",
+        f"files/{listed[LAUNCHER].sha256}.so",
     }
+    assert all(hashlib.sha256(on_disk[shared.stored(f)]).hexdigest() == f.sha256 for f in listed.values())  # fmt: skip
     assert shared.verify_files(str(repo.folder / "binaries"), manifest) == []
 
 
@@ -197,7 +207,7 @@ def test_stale_binaries_are_not_shipped_and_the_build_says_so(captured, capsys):
 
 def test_a_binary_that_differs_from_its_manifest_fails_the_build(captured):
     repo, manifest, keys = captured
-    cubin = repo.folder / "binaries" / TRITON / "cuda-90" / keys[KERNEL] / f"{KERNEL}.cubin"
+    cubin = repo.folder / "binaries" / _stored(manifest, f"{KERNEL}.cubin")
     cubin.write_bytes(b"\1" + cubin.read_bytes()[1:])
     with pytest.raises(build.LibraryBuildError, match="SHA-256 differs"):
         build.build_files(repo, symbols=False)
@@ -209,16 +219,16 @@ def test_a_binary_that_differs_from_its_manifest_fails_the_build(captured):
 def test_seeding_writes_the_files_byte_identical_and_a_group_triton_reads(captured, tmp_path):
     from triton.runtime.cache import FileCacheManager
 
-    repo, _, keys = captured
+    repo, manifest, keys = captured
     cache = tmp_path / "user-cache"
     report = _seed(_package(repo), cache)
     assert (report.written, report.refused, report.skipped) == (3, 0, None)
     ours = _files(_package(repo) / "_binaries")
     kernel = f"{keys[KERNEL]}/{KERNEL}"
     for name in (f"{kernel}.json", f"{kernel}.cubin"):
-        assert (cache / name).read_bytes() == ours[f"{TRITON}/cuda-90/{name}"]
+        assert (cache / name).read_bytes() == ours[_stored(manifest, name.split("/")[1])]
     launcher = f"{keys['launcher']}/{LAUNCHER}"
-    assert (cache / launcher).read_bytes() == ours[f"{TRITON}/{PLATFORM}/{launcher}"]
+    assert (cache / launcher).read_bytes() == ours[_stored(manifest, LAUNCHER)]
     # Triton's own reader finds the group, pointing at this cache's files: a cache hit.
     group = FileCacheManager(keys[KERNEL]).get_group(f"{KERNEL}.json")
     assert group == {
@@ -244,8 +254,8 @@ def test_files_already_in_the_cache_are_kept(captured, tmp_path):
 
 
 def test_a_tampered_binary_is_never_copied_and_warns(captured, tmp_path, caplog):
-    repo, _, keys = captured
-    cubin = _package(repo) / "_binaries" / TRITON / "cuda-90" / keys[KERNEL] / f"{KERNEL}.cubin"
+    repo, manifest, keys = captured
+    cubin = _package(repo) / "_binaries" / _stored(manifest, f"{KERNEL}.cubin")
     data = bytearray(cubin.read_bytes())
     data[100] ^= 1  # one bit of one byte
     cubin.write_bytes(bytes(data))
@@ -398,7 +408,7 @@ def test_the_launcher_seeds_before_its_first_compile_only_on_cuda():
 def _valid_document(keys=None) -> dict:
     key = _key("ours")
     return {
-        "format": 1,
+        "format": 2,
         "repository": "fakek",
         "source_digest": "0" * 64,
         "groups": [
@@ -442,7 +452,14 @@ HOSTILE = {
     "digest-short": _with(("groups", 0, "files", f"{KERNEL}.json", "sha256"), "abc"),
     "unknown-key": _with(("groups", 0, "extra"), 1),
     "groups-not-list": _with(("groups",), {}),
-    "format-2": _with(("format",), 2),
+    "format-1": _with(("format",), 1),
+    "one-content-two-sizes": _with(
+        ("groups", 0, "files"),
+        {
+            f"{KERNEL}.json": {"sha256": "a" * 64, "size": 10},
+            f"{KERNEL}.cubin": {"sha256": "a" * 64, "size": 11},
+        },
+    ),
     "another-kernel-file": _with(
         ("groups", 0, "files"), {"other.cubin": {"sha256": "a" * 64, "size": 1}}
     ),
@@ -483,20 +500,20 @@ def test_a_package_without_binaries_seeds_nothing(tmp_path):
 def test_kernels_check_verifies_the_binaries(captured):
     from kernels.cli.check import Report, _check_binaries
 
-    repo, _, keys = captured
+    repo, manifest, keys = captured
     report = Report()
     _check_binaries(report, "torch-cuda", _package(repo))
     assert [s for s, _ in report.lines] == ["ok", "-"]
     assert "--rebuild-binaries" in report.lines[1][1]
 
-    cubin = _package(repo) / "_binaries" / TRITON / "cuda-90" / keys[KERNEL] / f"{KERNEL}.cubin"
+    cubin = _package(repo) / "_binaries" / _stored(manifest, f"{KERNEL}.cubin")
     cubin.write_bytes(cubin.read_bytes() + b"\0")
     (_package(repo) / "__init__.py").write_text("# other sources\n")
     report = Report()
     _check_binaries(report, "torch-cuda", _package(repo))
     failures = [text for status, text in report.lines if status == "FAIL"]
     assert len(failures) == 2
-    assert f"{KERNEL}.cubin: its SHA-256 differs" in failures[0]
+    assert f"({KERNEL}.cubin): its SHA-256 differs" in failures[0]
     assert "other sources" in failures[1]
 
 
@@ -538,7 +555,7 @@ def test_a_zip_layout_package_loads_with_its_binaries_and_seeds_nothing(captured
         if name not in ("metadata.json", "__init__.py") and not name.endswith(".so")
     }
     members["__init__.py"] = b"from . import _binaries\n"
-    assert any(name.startswith("_binaries/") and name.endswith(".cubin") for name in members)
+    assert any(name.startswith("_binaries/files/") and name.endswith(".cubin") for name in members)
     root = tmp_path / "zipped"
     write_zip_variant(root / "build" / "torch-universal", members=members, beside={})
     module = get_local_kernel(root)

@@ -80,13 +80,18 @@ _CHILD = textwrap.dedent(
         "platforms": sorted((g.platform, g.key) for g in groups),
     }
     ours = {g.key: g for g in groups}
-    code = {k: tool._code((folder / "binaries" / ours[k].folder / "_scale_kernel.cubin").read_bytes()) for k in ours}
+    def cubin_of(group):
+        (file,) = [f for f in group.files if f.name.endswith(".cubin")]
+        return folder / "binaries" / tool.shared.stored(file)
+
+    code = {k: tool._code(cubin_of(ours[k]).read_bytes()) for k in ours}
     results["same code"] = len({json.dumps({n: v.hex() for n, v in c.items()}) for c in code.values()})
+    results["stored cubins"] = len(list((folder / "binaries" / "files").glob("*.cubin")))
     results["after other python"] = report(tool.verify(repo, scalek))
 
     def shipped_cubin(key):
         group = next(g for g in groups if g.key == key)
-        return folder / "binaries" / group.folder / "_scale_kernel.cubin"
+        return cubin_of(group)
 
     cubin = shipped_cubin(results["captured"][0])
     shipped = cubin.read_bytes()
@@ -167,6 +172,7 @@ def test_another_pythons_set_is_the_same_code_under_its_own_keys(outcome):
         == outcome["captured"]
     )
     assert outcome["same code"] == 2  # two launches; each the same code under both keys
+    assert outcome["stored cubins"] == 2  # and the same bytes, stored once
     lines, ok = outcome["after other python"]
     assert ok and "2 of other Tritons or Pythons" in lines[0], lines
 
