@@ -16,7 +16,9 @@ from kernels.library import triton_launches
 from tests.support.children import run_python
 from tests.support.paths import REPO_ROOT, subprocess_env
 
-_CHILD = textwrap.dedent(
+#: What both children start with: the capture tool loaded as the scripts run it, and
+#: ``repository(folder, name, kernel source)``, a one-kernel repository written there.
+_PRELUDE = textwrap.dedent(
     """
     import importlib.util, json, os, struct, sys
     from dataclasses import replace
@@ -33,21 +35,29 @@ _CHILD = textwrap.dedent(
     sys.modules["binaries_tool"] = tool
     spec.loader.exec_module(tool)
 
+
+    def repository(folder, name, kernel):
+        source = folder / "torch-ext" / name
+        source.mkdir(parents=True)
+        (folder / "build.toml").write_text(
+            f'[general]\\nname = "{name}"\\nversion = 1\\nlicense = "Apache-2.0"\\n'
+            'backends = ["cuda"]\\n\\n[torch-noarch]\\n'
+        )
+        header = "import triton\\nimport triton.language as tl\\n\\n\\n@triton.jit\\n"
+        (source / "__init__.py").write_text(header + kernel)
+        sys.path.insert(0, str(folder / "torch-ext"))
+        return tool.build.read_repository(folder)
+    """
+)
+
+_CHILD = _PRELUDE + textwrap.dedent(
+    """
     folder = tmp / "scalek"
-    source = folder / "torch-ext" / "scalek"
-    source.mkdir(parents=True)
-    (folder / "build.toml").write_text(
-        '[general]\\nname = "scalek"\\nversion = 1\\nlicense = "Apache-2.0"\\n'
-        'backends = ["cuda"]\\n\\n[torch-noarch]\\n'
-    )
-    (source / "__init__.py").write_text(
-        "import triton\\nimport triton.language as tl\\n\\n\\n@triton.jit\\n"
+    repo = repository(folder, "scalek", (
         "def _scale_kernel(X, Y, N, stride, BLOCK: tl.constexpr):\\n"
         "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\\n"
         "    tl.store(Y + offs * stride, tl.load(X + offs, mask=offs < N) * 2.0, mask=offs < N)\\n"
-    )
-    repo = tool.build.read_repository(folder)
-    sys.path.insert(0, str(folder / "torch-ext"))
+    ))
     import scalek
 
     def report(verified):
@@ -252,38 +262,17 @@ def test_a_malformed_launch_record_is_refused(record):
 
 # ---- build: the whole step, with this machine's Triton ---------------------------------------
 
-_BUILD_CHILD = textwrap.dedent(
+_BUILD_CHILD = _PRELUDE + textwrap.dedent(
     """
-    import importlib.util, json, os, sys
-    from pathlib import Path
-
-    import torch
-    import triton
     from triton.runtime.cache import triton_key
 
-    from kernels.library import triton_launches as launches
-
     version = triton.__version__  # the installation's Triton
-    tmp = Path(sys.argv[1])
-    spec = importlib.util.spec_from_file_location("binaries_tool", "library/binaries.py")
-    tool = importlib.util.module_from_spec(spec)
-    sys.modules["binaries_tool"] = tool
-    spec.loader.exec_module(tool)
-
     folder = tmp / "library" / "halvek"
-    source = folder / "torch-ext" / "halvek"
-    source.mkdir(parents=True)
-    (folder / "build.toml").write_text(
-        '[general]\\nname = "halvek"\\nversion = 1\\nlicense = "Apache-2.0"\\n'
-        'backends = ["cuda"]\\n\\n[torch-noarch]\\n'
-    )
-    (source / "__init__.py").write_text(
-        "import triton\\nimport triton.language as tl\\n\\n\\n@triton.jit\\n"
+    repo = repository(folder, "halvek", (
         "def _halve_kernel(X, N, BLOCK: tl.constexpr):\\n"
         "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\\n"
         "    tl.store(X + offs, tl.load(X + offs, mask=offs < N) * 0.5, mask=offs < N)\\n"
-    )
-    repo = tool.build.read_repository(folder)
+    ))
     x = torch.empty(16)
     record = launches.Launch("_halve_kernel", "", (launches.encode(x), {"int": 100}), {"BLOCK": {"int": 64}}, "cuda:80")
     (folder / tool.LAUNCHES).write_text(json.dumps({"format": 1, "launches": [record.to_json()]}))
@@ -297,7 +286,6 @@ _BUILD_CHILD = textwrap.dedent(
     inst = tool.installation(version, sys.executable, work)
     lines = tool.build_sets([repo], [inst], work)
     manifest, _ = tool.shared.read_manifest(str(folder / "binaries"))
-    sys.path.insert(0, str(folder / "torch-ext"))
     import halvek
     verified = tool.verify(repo, halvek)
     print("RESULTS " + json.dumps({
@@ -390,9 +378,16 @@ def test_build_makes_the_c_modules_triton_3_6_needs_linked_to_the_driver(tmp_pat
     )
     assert results["lines"][0].endswith("1 kernels, 2 C modules"), results["lines"]
     platform = results["installation"][1]
-    binaries = tmp_path / "library" / "halvek" / "binaries" / "3.6.0" / platform
-    launchers = list(binaries.glob("*/__triton_launcher.*"))
-    assert [p.name for p in launchers] == [f"__triton_launcher.{platform}.so"]
+    binaries = tmp_path / "library" / "halvek" / "binaries"
+    manifest = json.loads((binaries / "manifest.json").read_text())
+    launchers = [
+        binaries / "files" / f"{entry['sha256']}.so"
+        for group in manifest["groups"]
+        if group.get("module") == "__triton_launcher"
+        for name, entry in group["files"].items()
+        if name == f"__triton_launcher.{platform}.so" and group["platform"] == platform
+    ]
+    assert len(launchers) == 1 and launchers[0].is_file()
     needed = subprocess_readelf_needed(launchers[0])
     assert "libcuda.so.1" in needed, needed
 
