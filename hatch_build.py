@@ -36,16 +36,12 @@ class LibraryBuildHook(BuildHookInterface):
         assert spec is not None and spec.loader is not None
         build = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = build  # dataclasses look their module up there
+        self._staging = Path(tempfile.mkdtemp(prefix="kernels-wheel-library-"))
         try:
             spec.loader.exec_module(build)
-            files = build.library_files(symbols=False)
+            build.write_files(build.library_files(symbols=False), self._staging)
         finally:
             del sys.modules[spec.name]
-        self._staging = Path(tempfile.mkdtemp(prefix="kernels-wheel-library-"))
-        for name, content in files.items():
-            path = self._staging / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
         build_data["force_include"][str(self._staging)] = TARGET
 
     def finalize(self, version: str, build_data: dict, artifact_path: str) -> None:

@@ -259,10 +259,7 @@ def capture(
     shared.parse_manifest(files[shared.MANIFEST])  # what we write, the reader takes
     staging = folder.with_name(f"{build.BINARIES}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    for name, content in files.items():
-        path = staging / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
+    build.write_files(files, staging)
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(staging, folder)

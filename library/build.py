@@ -436,10 +436,7 @@ def describe(files: Mapping[str, bytes], modules: Iterable[str], *, where: str) 
     if key not in _SYMBOLS_CACHE:
         with tempfile.TemporaryDirectory(prefix="kernels-symbols-") as tmp:
             package = Path(tmp) / "package"
-            for name, content in files.items():
-                path = package / name
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(content)
+            write_files(files, package)
             command = [sys.executable, str(Path(__file__).resolve()), "--describe", str(package)]
             result = subprocess.run(
                 [*command, *modules], capture_output=True, text=True, encoding="utf-8"
@@ -609,6 +606,16 @@ def library_files(*, symbols: bool = False) -> dict[str, bytes]:
     return files
 
 
+def write_files(files: Mapping[str, bytes], folder: Path) -> None:
+    """Write ``files`` (by path relative to ``folder``, as `build_files` and `library_files`
+    give them) under ``folder``, making the folders they need. The one writer of the library's
+    files: the builds here, the capture tool, the package's cache and the wheel's build hook."""
+    for name, content in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+
+
 def write_build(repo: Repository, out: Path | None = None, *, symbols: bool = True) -> Path:
     """Write ``repo``'s ``build/`` folder afresh under ``out`` (default: the repository's own
     folder) and return it. Files of an earlier build that the source no longer has go too.
@@ -617,10 +624,7 @@ def write_build(repo: Repository, out: Path | None = None, *, symbols: bool = Tr
     target = (out if out is not None else repo.folder) / BUILD
     if target.exists():
         shutil.rmtree(target)
-    for name, content in files.items():
-        path = target / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
+    write_files(files, target)
     return target
 
 

@@ -40,11 +40,14 @@ import stat
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 
 logger = logging.getLogger(__name__)
+
+#: How files are written into a folder: ``library/build.py``'s ``write_files``.
+Writer = Callable[[Mapping[str, bytes], Path], None]
 
 #: Overrides the folder that holds the library's builds (default ``$XDG_CACHE_HOME/kernels/library``).
 ENV_CACHE = "KERNELS_LIBRARY_CACHE"
@@ -120,16 +123,17 @@ def built_library(source: Path, cache: Path | None = None) -> Path:
         folder = _built.get(key)
         if folder is None:
             files = library_files(source)
-            folder = _built[key] = _find_or_write(files, cache, digest(source, files))
+            write = build_script(source).write_files
+            folder = _built[key] = _find_or_write(files, cache, digest(source, files), write)
         return folder
 
 
-def _find_or_write(files: Mapping[str, bytes], cache: Path, name: str) -> Path:
+def _find_or_write(files: Mapping[str, bytes], cache: Path, name: str, write: Writer) -> Path:
     target = cache / name[:DIGEST_LENGTH]
     try:
         if matches(target, files):
             return target
-        _publish(files, cache, target)
+        _publish(files, cache, target, write)
         return target
     except OSError as exc:
         private = Path(tempfile.mkdtemp(prefix="kernels-library-"))
@@ -142,7 +146,7 @@ def _find_or_write(files: Mapping[str, bytes], cache: Path, name: str) -> Path:
             private,
             ENV_CACHE,
         )
-        _write(files, private)
+        write(files, private)
         return private
 
 
@@ -174,19 +178,12 @@ def matches(folder: Path, files: Mapping[str, bytes]) -> bool:
     return len(seen) == len(files)
 
 
-def _write(files: Mapping[str, bytes], folder: Path) -> None:
-    for name, content in files.items():
-        path = folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-
-
-def _publish(files: Mapping[str, bytes], cache: Path, target: Path) -> None:
+def _publish(files: Mapping[str, bytes], cache: Path, target: Path, write: Writer) -> None:
     """Write ``files`` at ``target`` atomically, replacing whatever is there."""
     cache.mkdir(mode=0o700, parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=cache))  # mode 0700
     try:
-        _write(files, staging)
+        write(files, staging)
         for _ in range(3):
             try:
                 os.rename(staging, target)

@@ -75,14 +75,10 @@ def library(tmp_path_factory) -> Path:
     assert spec is not None and spec.loader is not None
     build = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = build  # dataclasses look their module up there
+    folder = tmp_path_factory.mktemp("library")
     try:
         spec.loader.exec_module(build)
-        files = build.library_files(symbols=False)
+        build.write_files(build.library_files(symbols=False), folder)
     finally:
         del sys.modules[spec.name]
-    folder = tmp_path_factory.mktemp("library")
-    for name, content in files.items():
-        path = folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
     return folder

@@ -86,14 +86,15 @@ def test_a_build_renamed_into_place_by_another_process_is_kept(tmp_path, files, 
     """Two processes that build at once: the second finds the first's folder where it renames
     its own, checks it, and uses it."""
     target = tmp_path / builds.digest(SOURCE, files)[: builds.DIGEST_LENGTH]
-    real_write = builds._write
+    script = builds.build_script(SOURCE)
+    real_write = script.write_files
 
     def write_then_lose_the_race(content, folder):
         real_write(content, folder)
         if not target.exists():
             real_write(content, target)  # the other process wins meanwhile
 
-    monkeypatch.setattr(builds, "_write", write_then_lose_the_race)
+    monkeypatch.setattr(script, "write_files", write_then_lose_the_race)
     assert _build(tmp_path) == target
     assert _tree(target) == files
     assert [p.name for p in tmp_path.iterdir()] == [target.name]  # our copy went
