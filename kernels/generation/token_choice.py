@@ -30,7 +30,7 @@ processor, one of the user's own), or None.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -110,14 +110,40 @@ def _is_end_token(vocab: int, eos: torch.Tensor) -> torch.Tensor:
     return (ids[:, None] == eos[None, :]).any(dim=-1)[None, :]
 
 
+class _VocabularyTable:
+    """A tensor over the vocabulary that a device processor makes from its loaded buffers (an
+    end-token mask, a bias per token), so that a step reads it rather than remaking it. The
+    vocabulary is the scores' width, unknown before the first step: the table is made there,
+    and every later `refill` (a call's `DeviceProcessor.load`) remakes it in place.
+
+    Made from device buffers of fixed shape only, it stays right wherever it was first made:
+    made while a graph is being captured (no eager block before), the graph remakes it at each
+    replay from the same buffers, which `load` refills."""
+
+    def __init__(self, make: Callable[[int], torch.Tensor]):
+        self._make = make
+        self._vocab: int | None = None
+        self._table: torch.Tensor | None = None
+
+    def __call__(self, vocab: int) -> torch.Tensor:
+        if self._table is None or self._vocab != vocab:
+            self._table, self._vocab = self._make(vocab), vocab
+        return self._table
+
+    def refill(self) -> None:
+        if self._table is not None and self._vocab is not None:
+            self._table.copy_(self._make(self._vocab))
+
+
 class _BanEndTokensUntil(DeviceProcessor):
     """``MinLengthLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor``: end tokens at
-    -inf while ``length - skip < minimum`` (skip: the prompt's length, or 0)."""
+    -inf while ``length - skip < minimum`` (skip: the prompt's length, or 0), that is while
+    ``length < minimum + skip``."""
 
     def __init__(self, processor: Any, device: torch.device):
-        self.minimum = torch.zeros((), dtype=torch.long, device=device)
-        self.skip = torch.zeros((), dtype=torch.long, device=device)
+        self.until = torch.zeros((), dtype=torch.long, device=device)
         self.eos = torch.zeros(_eos_ids(processor).numel(), dtype=torch.long, device=device)
+        self.is_end = _VocabularyTable(lambda vocab: _is_end_token(vocab, self.eos))
 
     @staticmethod
     def key(processor: Any) -> tuple:
@@ -125,13 +151,13 @@ class _BanEndTokensUntil(DeviceProcessor):
 
     def load(self, processor: Any) -> None:
         new_tokens = hasattr(processor, "min_new_tokens")
-        self.minimum.fill_(processor.min_new_tokens if new_tokens else processor.min_length)
-        self.skip.fill_(processor.prompt_length_to_skip if new_tokens else 0)
+        minimum = processor.min_new_tokens if new_tokens else processor.min_length
+        self.until.fill_(minimum + (processor.prompt_length_to_skip if new_tokens else 0))
         self.eos.copy_(_eos_ids(processor))
+        self.is_end.refill()
 
     def __call__(self, scores: torch.Tensor, seq: SequenceSoFar) -> torch.Tensor:
-        early = (seq.length - self.skip) < self.minimum
-        banned = _is_end_token(scores.shape[-1], self.eos) & early
+        banned = self.is_end(scores.shape[-1]) & (seq.length < self.until)
         return torch.where(banned, -math.inf, scores)
 
 
@@ -202,20 +228,25 @@ class _ForcedEndToken(DeviceProcessor):
     but the end tokens', which are 0."""
 
     def __init__(self, processor: Any, device: torch.device):
-        self.max_length = torch.zeros((), dtype=torch.long, device=device)
+        #: The sequence's length at the step before max_length.
+        self.last_step = torch.zeros((), dtype=torch.long, device=device)
         self.eos = torch.zeros(_eos_ids(processor).numel(), dtype=torch.long, device=device)
+        self.forced = _VocabularyTable(
+            lambda vocab: torch.where(_is_end_token(vocab, self.eos), 0.0, -math.inf)
+        )
 
     @staticmethod
     def key(processor: Any) -> tuple:
         return (_eos_ids(processor).numel(),)
 
     def load(self, processor: Any) -> None:
-        self.max_length.fill_(processor.max_length)
+        self.last_step.fill_(processor.max_length - 1)
         self.eos.copy_(_eos_ids(processor))
+        self.forced.refill()
 
     def __call__(self, scores: torch.Tensor, seq: SequenceSoFar) -> torch.Tensor:
-        forced = torch.where(_is_end_token(scores.shape[-1], self.eos), 0.0, -math.inf)
-        return torch.where(seq.length == self.max_length - 1, forced, scores)
+        forced = self.forced(scores.shape[-1])
+        return torch.where(seq.length == self.last_step, forced, scores)
 
 
 _DEVICE_VERSIONS: dict[str, type[DeviceProcessor]] = {
