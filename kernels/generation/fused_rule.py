@@ -13,9 +13,10 @@ must not take the call, or None when it may:
 
 - greedy search or sampling (one beam, no contrastive, DoLa or assisted decoding);
 - logits processors the loop has a device version of, or calls as they are (temperature,
-  top-k/p, min-p, typical, epsilon, repetition penalty, min length and ``min_new_tokens``,
-  ``no_repeat_ngram_size``, ``forced_eos_token_id``, ``suppress_tokens``: `choice_blocker`);
-  any other (bad words, sequence bias, one of the user's) keeps the call in generate()'s loop;
+  top-k/p, min-p, typical, epsilon, eta, repetition penalty, min length and
+  ``min_new_tokens``, ``no_repeat_ngram_size``, ``forced_eos_token_id``, ``suppress_tokens``,
+  bad words, sequence bias: `choice_blocker`); any other (a subclass, one of the user's)
+  keeps the call in generate()'s loop;
 - stopping criteria of max length, end tokens, stop strings (`kernels.generation.stop_strings`)
   and ``max_time`` (checked between blocks) only, not the user's own;
 - no ``synced_gpus``, ``custom_generate``, ``return_dict_in_generate`` (the output would carry

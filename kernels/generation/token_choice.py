@@ -6,7 +6,7 @@ logits processors (``scores = processor(input_ids, scores)`` for each, in order)
 argmax or, with ``do_sample=True``, samples from their softmax (``torch.multinomial(probs, 1)``).
 Some processors read only the scores (temperature, top-k, top-p, min-p, typical, epsilon, eta,
 suppressed tokens, log-softmax): `TokenChoice` calls those very objects, so their arithmetic is
-transformers' own. Others read the sequence so far, through ``input_ids``, whose length grows
+transformers' own (eta's with torch.distributions' argument check off: `UNVALIDATED`). Others read the sequence so far, through ``input_ids``, whose length grows
 each step, which a captured graph cannot follow: for those the choice keeps the sequence in a
 buffer of fixed shape (`SequenceSoFar`: the ids, and their count as a device tensor) and runs a
 device version of the processor that computes what transformers' computes from that buffer:
@@ -16,7 +16,9 @@ device version of the processor that computes what transformers' computes from t
 - ``RepetitionPenaltyLogitsProcessor``: each token present once or more, its score divided by
   the penalty (multiplied where negative), ``prompt_ignore_length`` included;
 - ``NoRepeatNGramLogitsProcessor``: tokens that would complete an n-gram seen before banned;
-- ``ForcedEOSTokenLogitsProcessor``: only end tokens at the step before ``max_length``.
+- ``ForcedEOSTokenLogitsProcessor``: only end tokens at the step before ``max_length``;
+- ``SequenceBiasLogitsProcessor`` and ``NoBadWordsLogitsProcessor`` (biases of -inf): a single
+  token's bias always, a longer sequence's where the sequence so far ends with its prefix.
 
 A sample is drawn as ``torch.multinomial`` draws a single one: exponential noise ``q`` from the
 default generator, then ``argmax(probs / q)``; that is its own code path for one sample, so the
@@ -30,14 +32,13 @@ processor, one of the user's own), or None.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 #: transformers' processors that read only the scores (not ``input_ids``) and read nothing back
-#: to the host: called as they are. (EtaLogitsWarper is not: its Categorical checks its
-#: argument on the host.)
+#: to the host: called as they are.
 SCORES_ONLY = frozenset(
     {
         "TemperatureLogitsWarper",
@@ -46,10 +47,18 @@ SCORES_ONLY = frozenset(
         "MinPLogitsWarper",
         "TypicalLogitsWarper",
         "EpsilonLogitsWarper",
+        "EtaLogitsWarper",
         "SuppressTokensLogitsProcessor",
         "LogitNormalization",
     }
 )
+
+#: Of `SCORES_ONLY`, those called with torch.distributions' argument validation off:
+#: EtaLogitsWarper takes the entropy of ``Categorical(logits=scores)``, whose constructor (when
+#: validating, Python's default) reads back to the host whether every logit is a number, which
+#: no graph can capture. Its arithmetic needs no check: a NaN score gives NaN scores instead of
+#: a ValueError.
+UNVALIDATED = frozenset({"EtaLogitsWarper"})
 
 
 class SequenceSoFar:
@@ -110,14 +119,40 @@ def _is_end_token(vocab: int, eos: torch.Tensor) -> torch.Tensor:
     return (ids[:, None] == eos[None, :]).any(dim=-1)[None, :]
 
 
+class _VocabularyTable:
+    """A tensor over the vocabulary that a device processor makes from its loaded buffers (an
+    end-token mask, a bias per token), so that a step reads it rather than remaking it. The
+    vocabulary is the scores' width, unknown before the first step: the table is made there,
+    and every later `refill` (a call's `DeviceProcessor.load`) remakes it in place.
+
+    Made from device buffers of fixed shape only, it stays right wherever it was first made:
+    made while a graph is being captured (no eager block before), the graph remakes it at each
+    replay from the same buffers, which `load` refills."""
+
+    def __init__(self, make: Callable[[int], torch.Tensor]):
+        self._make = make
+        self._vocab: int | None = None
+        self._table: torch.Tensor | None = None
+
+    def __call__(self, vocab: int) -> torch.Tensor:
+        if self._table is None or self._vocab != vocab:
+            self._table, self._vocab = self._make(vocab), vocab
+        return self._table
+
+    def refill(self) -> None:
+        if self._table is not None and self._vocab is not None:
+            self._table.copy_(self._make(self._vocab))
+
+
 class _BanEndTokensUntil(DeviceProcessor):
     """``MinLengthLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor``: end tokens at
-    -inf while ``length - skip < minimum`` (skip: the prompt's length, or 0)."""
+    -inf while ``length - skip < minimum`` (skip: the prompt's length, or 0), that is while
+    ``length < minimum + skip``."""
 
     def __init__(self, processor: Any, device: torch.device):
-        self.minimum = torch.zeros((), dtype=torch.long, device=device)
-        self.skip = torch.zeros((), dtype=torch.long, device=device)
+        self.until = torch.zeros((), dtype=torch.long, device=device)
         self.eos = torch.zeros(_eos_ids(processor).numel(), dtype=torch.long, device=device)
+        self.is_end = _VocabularyTable(lambda vocab: _is_end_token(vocab, self.eos))
 
     @staticmethod
     def key(processor: Any) -> tuple:
@@ -125,13 +160,13 @@ class _BanEndTokensUntil(DeviceProcessor):
 
     def load(self, processor: Any) -> None:
         new_tokens = hasattr(processor, "min_new_tokens")
-        self.minimum.fill_(processor.min_new_tokens if new_tokens else processor.min_length)
-        self.skip.fill_(processor.prompt_length_to_skip if new_tokens else 0)
+        minimum = processor.min_new_tokens if new_tokens else processor.min_length
+        self.until.fill_(minimum + (processor.prompt_length_to_skip if new_tokens else 0))
         self.eos.copy_(_eos_ids(processor))
+        self.is_end.refill()
 
     def __call__(self, scores: torch.Tensor, seq: SequenceSoFar) -> torch.Tensor:
-        early = (seq.length - self.skip) < self.minimum
-        banned = _is_end_token(scores.shape[-1], self.eos) & early
+        banned = self.is_end(scores.shape[-1]) & (seq.length < self.until)
         return torch.where(banned, -math.inf, scores)
 
 
@@ -202,20 +237,129 @@ class _ForcedEndToken(DeviceProcessor):
     but the end tokens', which are 0."""
 
     def __init__(self, processor: Any, device: torch.device):
-        self.max_length = torch.zeros((), dtype=torch.long, device=device)
+        #: The sequence's length at the step before max_length.
+        self.last_step = torch.zeros((), dtype=torch.long, device=device)
         self.eos = torch.zeros(_eos_ids(processor).numel(), dtype=torch.long, device=device)
+        self.forced = _VocabularyTable(
+            lambda vocab: torch.where(_is_end_token(vocab, self.eos), 0.0, -math.inf)
+        )
 
     @staticmethod
     def key(processor: Any) -> tuple:
         return (_eos_ids(processor).numel(),)
 
     def load(self, processor: Any) -> None:
-        self.max_length.fill_(processor.max_length)
+        self.last_step.fill_(processor.max_length - 1)
         self.eos.copy_(_eos_ids(processor))
+        self.forced.refill()
 
     def __call__(self, scores: torch.Tensor, seq: SequenceSoFar) -> torch.Tensor:
-        forced = torch.where(_is_end_token(scores.shape[-1], self.eos), 0.0, -math.inf)
-        return torch.where(seq.length == self.max_length - 1, forced, scores)
+        forced = self.forced(scores.shape[-1])
+        return torch.where(seq.length == self.last_step, forced, scores)
+
+
+def _sequence_biases(processor: Any) -> tuple[list, list]:
+    """``SequenceBiasLogitsProcessor``'s biases (``NoBadWordsLogitsProcessor``'s: -inf, its end
+    tokens alone already dropped by its constructor) as ``(single, multi)``: ``[(id, bias)]``
+    for single tokens, ``[(prefix, last id, bias)]`` for longer sequences, in the order in which
+    the processor adds them up (so that the sums round as its do): the dict's on 4.57; on 5.x,
+    which matches the sequences a prefix length at a time (``multi_token_biases``), grouped by
+    prefix length in the order of each length's first sequence."""
+    single: list = []
+    groups: dict[int, list] = {}
+    for ids, bias in processor.sequence_bias.items():
+        ids = [int(i) for i in ids]
+        if len(ids) == 1:
+            single.append((ids[0], float(bias)))
+        else:
+            groups.setdefault(len(ids) - 1 if _grouped(processor) else 0, []).append(
+                (ids[:-1], ids[-1], float(bias))
+            )
+    return single, [entry for group in groups.values() for entry in group]
+
+
+def _grouped(processor: Any) -> bool:
+    # 5.x keeps its grouped tensors in multi_token_biases (None until its first call).
+    return hasattr(processor, "multi_token_biases")
+
+
+class _SequenceBias(DeviceProcessor):
+    """``SequenceBiasLogitsProcessor`` and ``NoBadWordsLogitsProcessor`` (its subclass, biases
+    of -inf): ``scores + bias``, where a single token's bias applies always (a table over the
+    vocabulary, made once: `_VocabularyTable`) and a longer sequence's bias is added to its last
+    id's where the sequence's last ids equal its prefix. Those prefixes are compared on the
+    device: right-aligned in a ``[sequences, longest prefix]`` buffer (columns before a shorter
+    prefix match anything) against each row's last ids. transformers skips a sequence while the
+    ids so far are fewer than the whole sequence (4.57) or than its prefix (5.x): each
+    sequence's least length is loaded with it.
+
+    The key is the number of single tokens, of longer sequences and the longest prefix (the
+    buffers' shapes); the ids and biases are loaded. Ids past the scores' vocabulary (which
+    transformers refuses at its first call) match nothing and bias nothing."""
+
+    def __init__(self, processor: Any, device: torch.device):
+        singles, multi, longest = self.key(processor)
+        self.single_ids = torch.zeros(singles, dtype=torch.long, device=device)
+        self.single_biases = torch.zeros(singles, dtype=torch.float32, device=device)
+        self.prefixes = torch.zeros(multi, longest, dtype=torch.long, device=device)
+        #: Whether a prefix column is one of its sequence's (right-aligned), or matches anything.
+        self.anything = torch.ones(multi, longest, dtype=torch.bool, device=device)
+        self.last_ids = torch.zeros(multi, dtype=torch.long, device=device)
+        self.biases = torch.zeros(multi, dtype=torch.float32, device=device)
+        self.least_length = torch.zeros(multi, dtype=torch.long, device=device)
+        self.longest = longest
+        self.offsets = torch.arange(longest, device=device)
+        self.single = _VocabularyTable(self._single_table)
+
+    @staticmethod
+    def key(processor: Any) -> tuple:
+        single, multi = _sequence_biases(processor)
+        return (len(single), len(multi), max((len(m[0]) for m in multi), default=0))
+
+    def load(self, processor: Any) -> None:
+        single, multi = _sequence_biases(processor)
+        device = self.single_ids.device
+        if single:
+            ids, biases = zip(*single, strict=True)
+            self.single_ids.copy_(torch.tensor(ids))
+            self.single_biases.copy_(torch.tensor(biases, dtype=torch.float32))
+        if multi:
+            prefixes = torch.zeros(self.prefixes.shape, dtype=torch.long)
+            anything = torch.ones(self.anything.shape, dtype=torch.bool)
+            for row, (prefix, _, _) in enumerate(multi):
+                prefixes[row, self.longest - len(prefix) :] = torch.tensor(prefix)
+                anything[row, self.longest - len(prefix) :] = False
+            self.prefixes.copy_(prefixes.to(device))
+            self.anything.copy_(anything.to(device))
+            self.last_ids.copy_(torch.tensor([m[1] for m in multi]))
+            self.biases.copy_(torch.tensor([m[2] for m in multi], dtype=torch.float32))
+            lengths = [len(m[0]) + (0 if _grouped(processor) else 1) for m in multi]
+            self.least_length.copy_(torch.tensor(lengths))
+        self.single.refill()
+
+    def _single_table(self, vocab: int) -> torch.Tensor:
+        """``[vocab + 1]``: the single tokens' biases (0 elsewhere; the last column takes those
+        of ids past the vocabulary)."""
+        table = torch.zeros(vocab + 1, dtype=torch.float32, device=self.single_ids.device)
+        return table.index_put_((self.single_ids.clamp(max=vocab),), self.single_biases)
+
+    def __call__(self, scores: torch.Tensor, seq: SequenceSoFar) -> torch.Tensor:
+        batch, vocab = scores.shape
+        single = self.single(vocab)
+        if self.prefixes.shape[0] == 0:
+            return scores + single[:vocab]
+        # Each row's last `longest` ids (clamped while the sequence is shorter, or past the
+        # buffer: a prefix is only counted where the sequence is long enough).
+        columns = (seq.length - self.longest + self.offsets).clamp(0, seq.ids.shape[1] - 1)
+        last = seq.ids.index_select(1, columns)  # [batch, longest]
+        same = (last[:, None, :] == self.prefixes[None]) | self.anything[None]
+        matched = same.all(dim=-1) & (seq.length >= self.least_length)  # [batch, sequences]
+        # As transformers: the bias starts at the single tokens', and each longer sequence adds
+        # its bias, or 0 where it does not match, in its order.
+        bias = single.expand(batch, vocab + 1).contiguous()
+        added = torch.where(matched, self.biases, 0.0)
+        bias.index_add_(1, self.last_ids.clamp(max=vocab), added)
+        return scores + bias[:, :vocab]
 
 
 _DEVICE_VERSIONS: dict[str, type[DeviceProcessor]] = {
@@ -224,6 +368,8 @@ _DEVICE_VERSIONS: dict[str, type[DeviceProcessor]] = {
     "RepetitionPenaltyLogitsProcessor": _RepetitionPenalty,
     "NoRepeatNGramLogitsProcessor": _NoRepeatNGram,
     "ForcedEOSTokenLogitsProcessor": _ForcedEndToken,
+    "SequenceBiasLogitsProcessor": _SequenceBias,
+    "NoBadWordsLogitsProcessor": _SequenceBias,
 }
 
 
@@ -257,6 +403,25 @@ def choice_blocker(processors: Sequence[Any]) -> str | None:
 def reads_sequence(processors: Sequence[Any]) -> bool:
     """Whether any of these processors reads the sequence so far (has a device version)."""
     return any(_device_version(p) is not None for p in processors)
+
+
+class _Unvalidated:
+    """A processor of `UNVALIDATED`, called with torch.distributions' argument validation off
+    (process-wide, for the length of the call only: a graph replays the kernels, not this
+    Python)."""
+
+    def __init__(self, processor: Any):
+        self.processor = processor
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        from torch.distributions import Distribution
+
+        validating = Distribution._validate_args
+        Distribution.set_default_validate_args(False)
+        try:
+            return self.processor(input_ids, scores)
+        finally:
+            Distribution.set_default_validate_args(validating)
 
 
 def _value_key(value: Any) -> Any:
@@ -321,6 +486,8 @@ class TokenChoice:
                 self._processors.append(_RepetitionPenalty(p, device, batch))
             elif version is not None:
                 self._processors.append(version(p, device))  # type: ignore[call-arg]
+            elif type(p).__name__ in UNVALIDATED:
+                self._processors.append(_Unvalidated(p))
             else:
                 self._processors.append(p)
         if sequence is None and reads_sequence(processors):

@@ -234,6 +234,40 @@ def test_the_fused_loop_samples_what_generate_samples(batch, dtype):
     assert stats.fused_replays == 3 + 4, stats
 
 
+def test_the_fused_loop_captures_bad_words_biases_and_eta():
+    """Bad words (single and multi-token), sequence biases and ``eta_cutoff`` are captured in
+    the fused loop's graph (no failed capture: their prefixes are matched on the device, eta's
+    Categorical checks nothing on the host) and sample transformers' tokens from the same seed;
+    a second call with other words of the same shape replays the same graph with its own
+    words loaded."""
+    pytest.importorskip("transformers")
+    from kernels.generation.cache import cache_argument, new_static_cache
+
+    model = tiny_llama("cuda", **SMALL)
+    ids, mask = padded_prompt(lengths=(7, 3, 5, 6, 2, 7, 4, 1), device="cuda")
+    generator = CudaGraphGenerator(model)
+    for words, bias in (([[5], [7, 9], [3, 4, 6]], 2.5), ([[8], [1, 2], [6, 4, 3]], -1.5)):
+        options = dict(
+            attention_mask=mask,
+            max_new_tokens=FUSED_NEW_TOKENS,
+            do_sample=True,
+            eta_cutoff=0.001,
+            bad_words_ids=words,
+            sequence_bias=[[[11], bias], [[12, 13], 3.0]],
+        )
+        torch.manual_seed(11)
+        cache = new_static_cache(model, CACHE_LENGTH_STEP)
+        expected = model.generate(
+            ids, disable_compile=True, **{cache_argument(model): cache}, **options
+        )
+        torch.manual_seed(11)
+        got = generator.generate(ids, **options)
+        assert got.shape == expected.shape and torch.equal(got, expected)
+    stats = generator.stats
+    assert stats.failed_captures == 0 and stats.fused_captures == 1, stats
+    assert stats.fused_calls == 2 and stats.replays == 0 and stats.fused_replays == 3 + 4, stats
+
+
 @pytest.mark.parametrize(
     "fused_steps", [DEFAULT_FUSED_STEPS, 0], ids=["fused-loop", "step-by-step"]
 )

@@ -66,6 +66,10 @@ def test_settings_people_run_are_fused(model, setting, caplog):
     checks.check_fused_setting(model, setting, caplog)
 
 
+def test_bad_words_and_biases_bite_in_the_loop(model, caplog):
+    checks.check_bans_and_biases_bite(model, caplog)
+
+
 @pytest.mark.parametrize("prompt_case", checks.PROMPT_CASES)
 def test_stop_strings_are_fused(model, prompt_case, caplog):
     checks.check_stop_strings(model, prompt_case, caplog)

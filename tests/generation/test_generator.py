@@ -157,8 +157,13 @@ def test_reset_drops_graphs_and_caches(model):
     with CudaGraphGenerator(model, fused_steps=2) as generator:
         ids, mask = prompt(1)
         generator.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)  # fused
-        options = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, bad_words_ids=[[5]])
-        generator.generate(ids, **options)  # a processor the loop has no version of: step by step
+        from transformers import LogitsProcessorList
+
+        from tests.support.fused_loop import BanToken
+
+        processors = LogitsProcessorList([BanToken()])
+        options = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, logits_processor=processors)
+        generator.generate(ids, **options)  # a processor of the user's: step by step
         assert generator._graphs.graph_count == 1 and generator._fused.graph_count == 1
     assert generator._graphs.graph_count == 0 and generator._fused.graph_count == 0
     assert not generator._caches

@@ -33,3 +33,19 @@ def test_choice_keys():
 
 def test_stop_strings_match_transformers():
     checks.check_stop_strings_match_transformers()
+
+
+def test_bad_word_prefixes_are_banned():
+    checks.check_bad_word_prefixes_are_banned()
+
+
+def test_bias_sums_round_as_transformers():
+    checks.check_bias_sums_round_as_transformers()
+
+
+def test_loads_refill_what_a_step_reads():
+    checks.check_loads_refill_what_a_step_reads()
+
+
+def test_eta_runs_as_transformers_with_no_host_read():
+    checks.check_eta_runs_as_transformers_with_no_host_read()

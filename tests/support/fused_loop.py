@@ -31,6 +31,7 @@ FUSED_SETTING_CASES = (
     "min_p",
     "typical_p",
     "epsilon_cutoff",
+    "eta_cutoff",
     "repetition_penalty",
     "repetition_penalty_sampling",
     "prompt_ignore_length",
@@ -40,6 +41,8 @@ FUSED_SETTING_CASES = (
     "no_repeat_ngram_size_1",
     "forced_eos_token_id",
     "suppress_tokens",
+    "bad_words_ids",
+    "sequence_bias",
     "streamer",
     "max_time",
     "num_return_sequences",
@@ -47,8 +50,6 @@ FUSED_SETTING_CASES = (
 )
 #: The settings of `fallback_settings`, by name.
 FALLBACK_CASES = (
-    "bad_words_ids",
-    "eta_cutoff",
     "logits_processor",
     "stopping_criteria",
     "return_dict_in_generate",
@@ -282,6 +283,7 @@ def fused_settings(eos: int) -> dict:
         "min_p": dict(sample, min_p=0.2),
         "typical_p": dict(sample, typical_p=0.8),
         "epsilon_cutoff": dict(sample, epsilon_cutoff=0.01),
+        "eta_cutoff": dict(sample, eta_cutoff=0.01),
         "repetition_penalty": dict(repetition_penalty=1.5),
         "repetition_penalty_sampling": dict(sample, top_p=0.9, repetition_penalty=1.3),
         "prompt_ignore_length": dict(
@@ -296,6 +298,10 @@ def fused_settings(eos: int) -> dict:
         "no_repeat_ngram_size_1": dict(no_repeat_ngram_size=1),
         "forced_eos_token_id": dict(forced_eos_token_id=eos),
         "suppress_tokens": dict(suppress_tokens=[5, eos]),
+        # [eos] alone is dropped by transformers (end tokens are never banned); in a longer bad
+        # word it is banned like any other id.
+        "bad_words_ids": dict(bad_words_ids=[[5], [eos], [7, 9], [3, 4, 6], [9, eos]]),
+        "sequence_bias": dict(sequence_bias=[[[5], -2.0], [[7, 9], 3.5], [[3, 4, 6], 1.25]]),
         "streamer": dict(streamer=Tokens()),
         "max_time": dict(max_time=600.0),
         "num_return_sequences": dict(sample, top_p=0.9, num_return_sequences=2),
@@ -317,8 +323,6 @@ def fallback_settings() -> dict:
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
     return {
-        "bad_words_ids": (dict(bad_words_ids=[[5]]), "NoBadWords"),
-        "eta_cutoff": (dict(do_sample=True, eta_cutoff=0.01), "EtaLogitsWarper"),
         "logits_processor": (
             dict(logits_processor=LogitsProcessorList([BanToken()])),
             "BanToken",
@@ -405,6 +409,66 @@ def check_fused_setting(model, name: str, caplog) -> None:
         assert len(mine.puts) == len(theirs.puts) and mine.ended == theirs.ended == 1
         for a, b in zip(mine.puts, theirs.puts, strict=True):
             assert torch.equal(a, b), (a, b)
+
+
+def _first_time(rows: list[list[int]], size: int, start: int) -> int:
+    """The first index ``i >= start`` where the first row's ``size`` tokens from ``i`` occur in
+    no row before ``i`` (so that banning or biasing them changes the tokens from there on)."""
+    first = rows[0]
+    for i in range(start, len(first) - size + 1):
+        piece = first[i : i + size]
+        seen = [row[j : j + size] for row in rows for j in range(min(i, len(row) - size + 1))]
+        if piece not in seen:
+            return i
+    raise AssertionError(f"no {size} tokens of {first} occur first after {start}: another prompt")
+
+
+def _contains(row: list[int], piece: list[int]) -> bool:
+    return any(row[j : j + len(piece)] == piece for j in range(len(row) - len(piece) + 1))
+
+
+def check_bans_and_biases_bite(model, caplog) -> None:
+    """Bad words and sequence biases built from the tokens greedy decoding makes in the loop's
+    blocks change what it makes there, and the fused loop makes transformers' tokens: a
+    single-token bad word and a two-token one (its prefix matched on the device) never occur
+    in the new tokens (which they did without the ban), and a large bias on an unlikely id
+    after a token the first sequence makes puts that id there."""
+    import logging
+
+    from kernels.generation import CudaGraphGenerator
+
+    ids, mask = padded_prompt()
+    new_tokens = 3 * FUSED_STEPS
+    start = ids.shape[1]
+    plain = eager_greedy(model, ids, mask, new_tokens)
+    rows = plain[:, start:].tolist()
+    i = _first_time(rows, 1, FUSED_STEPS + 1)  # in the captured block
+    j = _first_time(rows, 2, FUSED_STEPS + 1)
+    pair = rows[0][j : j + 2]
+    unlikely = next(t for t in range(1, TINY["vocab_size"]) if all(t not in r for r in rows))
+    cases = {
+        "single bad word": dict(bad_words_ids=[[rows[0][i]]]),
+        "two-token bad word": dict(bad_words_ids=[pair]),
+        "sequence bias": dict(sequence_bias=[[[rows[0][j], unlikely], 100.0]]),
+    }
+    for name, options in cases.items():
+        call = dict(attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, **options)
+        expected = _static_generate(model, ids, call)
+        assert not torch.equal(expected, plain), f"{name}: {options} changed nothing"
+        new = expected[:, start:].tolist()
+        if "bad_words_ids" in options:
+            banned = options["bad_words_ids"][-1]
+            assert not any(_contains(row, banned) for row in new), (name, banned, new)
+        else:
+            assert _contains(new[0], [rows[0][j], unlikely]), (name, new)
+        generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
+        with host_reads_of_blocks() as reads:
+            with caplog.at_level(logging.INFO, logger="kernels.generation"):
+                got = generator.generate(ids, **call)
+        assert torch.equal(got, expected), (name, got.tolist(), expected.tolist())
+        stats = generator.stats
+        assert stats.fused_calls == 1 and stats.replays == 0 and stats.fused_replays, stats
+        assert reads and not any(reads), reads
 
 
 def check_stop_strings(model, prompt_case: str, caplog) -> None:

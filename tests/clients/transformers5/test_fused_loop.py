@@ -10,6 +10,7 @@ import pytest
 from tests.generation.test_fused_loop import (  # noqa: F401  (collected here as well)
     test_a_call_makes_its_block_key_once,
     test_an_additive_mask_advances_too,
+    test_bad_words_and_biases_bite_in_the_loop,
     test_max_time_stops_between_blocks,
     test_other_settings_decode_step_by_step,
     test_settings_people_run_are_fused,
