@@ -6,7 +6,7 @@ logits processors (``scores = processor(input_ids, scores)`` for each, in order)
 argmax or, with ``do_sample=True``, samples from their softmax (``torch.multinomial(probs, 1)``).
 Some processors read only the scores (temperature, top-k, top-p, min-p, typical, epsilon, eta,
 suppressed tokens, log-softmax): `TokenChoice` calls those very objects, so their arithmetic is
-transformers' own (eta's with torch.distributions' argument check off: `UNVALIDATED`). Others read the sequence so far, through ``input_ids``, whose length grows
+transformers' own (eta's step as transformers writes it, but for the argument check: `_Eta`). Others read the sequence so far, through ``input_ids``, whose length grows
 each step, which a captured graph cannot follow: for those the choice keeps the sequence in a
 buffer of fixed shape (`SequenceSoFar`: the ids, and their count as a device tensor) and runs a
 device version of the processor that computes what transformers' computes from that buffer:
@@ -53,12 +53,6 @@ SCORES_ONLY = frozenset(
     }
 )
 
-#: Of `SCORES_ONLY`, those called with torch.distributions' argument validation off:
-#: EtaLogitsWarper takes the entropy of ``Categorical(logits=scores)``, whose constructor (when
-#: validating, Python's default) reads back to the host whether every logit is a number, which
-#: no graph can capture. Its arithmetic needs no check: a NaN score gives NaN scores instead of
-#: a ValueError.
-UNVALIDATED = frozenset({"EtaLogitsWarper"})
 
 
 class SequenceSoFar:
@@ -405,23 +399,26 @@ def reads_sequence(processors: Sequence[Any]) -> bool:
     return any(_device_version(p) is not None for p in processors)
 
 
-class _Unvalidated:
-    """A processor of `UNVALIDATED`, called with torch.distributions' argument validation off
-    (process-wide, for the length of the call only: a graph replays the kernels, not this
-    Python)."""
+class _Eta:
+    """EtaLogitsWarper's step, as transformers (4.57 and 5.x alike) computes it, but for the
+    entropy's ``Categorical``, built here with ``validate_args=False``: validating (Python's
+    default) reads back to the host whether every logit is a number, which no graph can
+    capture. Without the check a NaN score gives NaN scores instead of a ValueError. Set on the
+    distribution itself, not through torch.distributions' process-wide default, which other
+    threads would see changed."""
 
     def __init__(self, processor: Any):
         self.processor = processor
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        from torch.distributions import Distribution
-
-        validating = Distribution._validate_args
-        Distribution.set_default_validate_args(False)
-        try:
-            return self.processor(input_ids, scores)
-        finally:
-            Distribution.set_default_validate_args(validating)
+        eta = self.processor
+        probabilities = scores.softmax(dim=-1)
+        entropy = torch.distributions.Categorical(logits=scores, validate_args=False).entropy()
+        cutoff = torch.min(eta.epsilon, torch.sqrt(eta.epsilon) * torch.exp(-entropy))[..., None]
+        remove = probabilities < cutoff
+        top_k = min(eta.min_tokens_to_keep, scores.size(-1))
+        remove = remove & (scores < torch.topk(scores, top_k)[0][..., -1, None])
+        return scores.masked_fill(remove, eta.filter_value)
 
 
 def _value_key(value: Any) -> Any:
@@ -486,8 +483,8 @@ class TokenChoice:
                 self._processors.append(_RepetitionPenalty(p, device, batch))
             elif version is not None:
                 self._processors.append(version(p, device))  # type: ignore[call-arg]
-            elif type(p).__name__ in UNVALIDATED:
-                self._processors.append(_Unvalidated(p))
+            elif type(p).__name__ == "EtaLogitsWarper":
+                self._processors.append(_Eta(p))
             else:
                 self._processors.append(p)
         if sequence is None and reads_sequence(processors):

@@ -311,8 +311,9 @@ def check_loads_refill_what_a_step_reads() -> None:
 
 
 def check_eta_runs_as_transformers_with_no_host_read() -> None:
-    """EtaLogitsWarper is called as it is, with torch.distributions' argument check (a host
-    read) off for the call: transformers' scores, no host read, the default check back on."""
+    """EtaLogitsWarper's step without torch.distributions' argument check (a host read), set
+    on its own distribution: transformers' scores exactly, no host read, and the process-wide
+    default never touched (a thread validating meanwhile would see it change)."""
     import transformers.generation.logits_process as lp
     from torch.distributions import Distribution
 
@@ -320,14 +321,20 @@ def check_eta_runs_as_transformers_with_no_host_read() -> None:
     from tests.support.host_reads import OpNames
 
     validating = Distribution._validate_args
+    seen: list[bool] = []
+    real = Distribution.set_default_validate_args
     theirs = lp.EtaLogitsWarper(0.05, min_tokens_to_keep=2)
     choice = TokenChoice([theirs], True, batch=BATCH, capacity=CAPACITY, device=torch.device("cpu"))
     generator = torch.Generator().manual_seed(5)
     for _ in range(5):
         scores = torch.randn(BATCH, VOCAB, generator=generator) * 3
-        with OpNames() as ops:
-            got = choice._processors[0](None, scores.clone())
-        assert not ops.host_reads, ops.host_reads
+        Distribution.set_default_validate_args = staticmethod(seen.append)  # type: ignore[method-assign]
+        try:
+            with OpNames() as ops:
+                got = choice._processors[0](None, scores.clone())
+        finally:
+            Distribution.set_default_validate_args = staticmethod(real)  # type: ignore[method-assign]
+        assert not ops.host_reads and not seen, (ops.host_reads, seen)
         expected = theirs(None, scores.clone())
         assert torch.equal(got, expected) and bool((got == -math.inf).any())
         assert Distribution._validate_args is validating
