@@ -344,10 +344,16 @@ _ASK_INSTALLATION = (
 def installation(triton_version: str, python: str, work: Path) -> Installation:
     """Triton ``triton_version`` installed for the interpreter ``python`` (by pip, into
     ``work``; nothing else is installed: its key and its platform need only Triton)."""
-    tag = subprocess.run(
-        [python, "-c", "import sys; print(sys.implementation.cache_tag)"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+    try:
+        tag = subprocess.run(
+            [python, "-c", "import sys; print(sys.implementation.cache_tag)"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise build.LibraryBuildError(
+            f"cannot run the interpreter {python!r} ({exc}): install that Python, or leave it "
+            "out (--python, or BINARY_PYTHONS for make binaries)"
+        ) from None
     folder = work / f"triton-{triton_version}" / tag
     if not (folder / "triton" / "__init__.py").is_file():
         done = subprocess.run(

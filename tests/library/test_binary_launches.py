@@ -321,8 +321,7 @@ def test_build_compiles_the_launch_records_into_a_set_for_the_installation(tmp_p
     assert ok and "1 kernel(s) compiled again to the same binary" in lines[0], lines
 
 
-def test_an_installation_that_is_not_the_asked_triton_is_refused(tmp_path):
-    """A folder holding another Triton than asked (a stale install) is named, not used."""
+def _tool():
     import importlib.util
     import sys
 
@@ -332,6 +331,22 @@ def test_an_installation_that_is_not_the_asked_triton_is_refused(tmp_path):
     tool = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("binaries_tool", tool)
     spec.loader.exec_module(tool)
+    return tool
+
+
+def test_an_interpreter_that_is_not_there_is_named_with_the_fix(tmp_path):
+    tool = _tool()
+    with pytest.raises(
+        tool.build.LibraryBuildError, match="cannot run the interpreter 'python2.9'.*BINARY_PYTHONS"
+    ):
+        tool.installation("3.6.0", "python2.9", tmp_path)
+
+
+def test_an_installation_that_is_not_the_asked_triton_is_refused(tmp_path):
+    """A folder holding another Triton than asked (a stale install) is named, not used."""
+    import sys
+
+    tool = _tool()
     tag = sys.implementation.cache_tag
     fake = tmp_path / "triton-3.6.0" / tag / "triton"
     (fake / "runtime").mkdir(parents=True)
