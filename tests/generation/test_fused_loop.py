@@ -154,3 +154,17 @@ def test_a_call_makes_its_block_key_once(model, monkeypatch):
     for _ in range(2):
         generator.generate(ids, attention_mask=mask, max_new_tokens=7, do_sample=True, top_k=5)
     assert generator.stats.fused_calls == 2 and len(made) == 2
+
+
+@pytest.mark.parametrize("prompt_case", checks.PROMPT_CASES)
+@pytest.mark.parametrize("setting", checks.DICT_CASES)
+def test_return_dict_scores_and_logits_are_generates(model, setting, prompt_case, caplog):
+    checks.check_dict_output(model, setting, prompt_case, caplog)
+
+
+def test_return_dict_without_scores_keeps_nothing(model):
+    checks.check_dict_output_without_scores(model)
+
+
+def test_a_call_that_keeps_scores_has_a_block_of_its_own(model):
+    checks.check_scores_block_is_apart(model)

@@ -9,9 +9,12 @@ import pytest
 
 from tests.generation.test_fused_loop import (  # noqa: F401  (collected here as well)
     test_a_call_makes_its_block_key_once,
+    test_a_call_that_keeps_scores_has_a_block_of_its_own,
     test_an_additive_mask_advances_too,
     test_max_time_stops_between_blocks,
     test_other_settings_decode_step_by_step,
+    test_return_dict_scores_and_logits_are_generates,
+    test_return_dict_without_scores_keeps_nothing,
     test_settings_people_run_are_fused,
     test_stop_strings_are_fused,
     test_with_sdpa_the_boolean_mask_is_fed_additive,
