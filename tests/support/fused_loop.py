@@ -55,6 +55,8 @@ FALLBACK_CASES = (
 #: The calls of `check_dict_output`, by name: return_dict_in_generate with per-step scores and
 #: logits, greedy, sampled, and with processors whose scores differ from the raw logits.
 DICT_CASES = ("greedy", "sampling", "min_new_tokens_repetition_penalty")
+#: Settings that keep per-step tensors of every layer: such calls run as model.generate().
+PER_LAYER_CASES = ("output_attentions", "output_hidden_states")
 
 
 def padded_prompt(lengths=PADDED_LENGTHS, device="cpu", seed: int = 2):
@@ -520,7 +522,7 @@ def check_dict_output(model, name: str, prompt_case: str, caplog) -> None:
     fused loop and returns what ``model.generate()`` returns from the same seed on a static
     cache: the same output class, the same sequences, one processed score and one raw logit
     tensor a generated token, each equal to generate()'s (float32), and its cache holding the
-    positions generate() fed, no more. The end token stops the single sequence inside its
+    positions generate() fed, no more; a block's steps read nothing on the host. The end token stops the single sequence inside its
     second block (the loop ran past it: the scores are cut there), or the batch's first
     sequence in its first block while the others go on (its rows are generate()'s padding
     steps)."""
@@ -547,10 +549,12 @@ def check_dict_output(model, name: str, prompt_case: str, caplog) -> None:
         assert eos in expected.sequences[0, ids.shape[1] : -1].tolist()
     generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
     torch.manual_seed(123)
-    with caplog.at_level(logging.INFO, logger="kernels.generation"):
-        got = generator.generate(ids, **call)
+    with host_reads_of_blocks() as reads:
+        with caplog.at_level(logging.INFO, logger="kernels.generation"):
+            got = generator.generate(ids, **call)
     stats = generator.stats
     assert stats.fused_calls == 1 and stats.replays == 0 and stats.captures == 0, stats
+    assert reads and not any(reads), reads  # a CUDA graph can capture the block, buffers and all
     assert type(got) is type(expected), (type(got), type(expected))
     assert torch.equal(got.sequences, expected.sequences), (
         f"{got.sequences.tolist()} != {expected.sequences.tolist()}"
@@ -639,3 +643,40 @@ def check_scores_block_is_apart(model) -> None:
     kept = sorted(block.steps.kept_scores is not None for block in blocks)
     assert kept == [False, True], kept
     assert all(block.steps.kept_logits is None for block in blocks)
+
+
+def check_per_layer_outputs_run_as_generate(setting: str, caplog) -> None:
+    """A ``return_dict_in_generate`` call with ``setting`` (`PER_LAYER_CASES`) runs as
+    ``model.generate()`` itself: its output is generate()'s, the per-layer tensors included;
+    nothing went through the graphs or the fused loop; one log line names the setting."""
+    import logging
+
+    from kernels.generation import CudaGraphGenerator
+    from kernels.generation.decode import DecodeStats
+    from tests.support.generation import tiny_llama
+
+    model = tiny_llama(attn_implementation="eager")  # SDPA returns no attention weights
+    ids, mask = padded_prompt()
+    new_tokens = FUSED_STEPS + 3
+    call = dict(
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        return_dict_in_generate=True,
+        output_scores=True,
+        **{setting: True},
+    )
+    expected = model.generate(ids, **call)
+    generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
+    with caplog.at_level(logging.INFO, logger="kernels.generation"):
+        got = generator.generate(ids, **call)
+        generator.generate(ids, **call)
+    assert type(got) is type(expected) and torch.equal(got.sequences, expected.sequences)
+    field = "attentions" if setting == "output_attentions" else "hidden_states"
+    mine, theirs = getattr(got, field), getattr(expected, field)
+    assert mine is not None and len(mine) == len(theirs) == new_tokens
+    for step_mine, step_theirs in zip(mine, theirs, strict=True):
+        for a, b in zip(step_mine, step_theirs, strict=True):
+            torch.testing.assert_close(a, b)
+    assert generator.stats == DecodeStats(), generator.stats
+    lines = [r.getMessage() for r in caplog.records if "model.generate() itself" in r.getMessage()]
+    assert len(lines) == 1 and f"{setting}=True" in lines[0], lines
