@@ -241,8 +241,9 @@ class CudaGraphGenerator:
 
         Takes what ``generate()`` takes, except a cache of your own (``past_key_values`` or
         ``cache``), a ``cache_implementation`` other than ``"static"``, ``use_cache=False``,
-        beam search, assisted decoding and ``output_attentions`` / ``output_hidden_states``
-        (the captured outputs are overwritten at every step). Greedy decoding gives the tokens
+        beam search and assisted decoding. A call with ``output_attentions`` or
+        ``output_hidden_states`` (per-step tensors of every layer, which a graph overwrites at
+        every step) runs as ``model.generate()`` itself, logged. Greedy decoding gives the tokens
         of ``model.generate()``, sampling those it draws from the same seed. With
         ``return_dict_in_generate=True`` the output is ``generate()``'s output class, its
         ``scores`` and ``logits`` (where asked) those ``generate()`` keeps, its cache the
@@ -253,6 +254,14 @@ class CudaGraphGenerator:
             UnsupportedGenerationError: for the settings above, or without a prompt.
         """
         _check_supported(self.model, generate_kwargs)
+        per_layer = _per_layer_outputs(self.model, generate_kwargs)
+        if per_layer is not None:
+            self._log_once(
+                f"generate(): runs as model.generate() itself, without graphs or the "
+                f"generator's cache: {per_layer}=True keeps per-step tensors of every layer, "
+                "which a graph overwrites at every step"
+            )
+            return self.model.generate(inputs, **generate_kwargs)
         batch, prompt = _prompt_shape(inputs, generate_kwargs)
         batch *= _setting(self.model, generate_kwargs, "num_return_sequences", 1) or 1
         needed = _needed_length(self.model, prompt, generate_kwargs)
@@ -579,13 +588,16 @@ def _check_supported(model: nn.Module, kwargs: dict) -> None:
         raise UnsupportedGenerationError(
             "assisted decoding feeds several tokens per step; use model.generate() for it"
         )
+
+
+def _per_layer_outputs(model: nn.Module, kwargs: dict) -> str | None:
+    """The setting that asks for per-step attentions or hidden states (a graph's outputs are
+    overwritten at every step, so the tensors generate() keeps would all hold the last step),
+    or None."""
     for name in ("output_attentions", "output_hidden_states"):
         if _setting(model, kwargs, name):
-            raise UnsupportedGenerationError(
-                f"{name}=True: a graph's outputs are overwritten at every step, so the "
-                "per-step tensors generate() keeps would all hold the last step; use "
-                "model.generate() for them"
-            )
+            return name
+    return None
 
 
 def _prompt_shape(inputs: torch.Tensor | None, kwargs: dict) -> tuple[int, int]:

@@ -168,3 +168,8 @@ def test_return_dict_without_scores_keeps_nothing(model):
 
 def test_a_call_that_keeps_scores_has_a_block_of_its_own(model):
     checks.check_scores_block_is_apart(model)
+
+
+@pytest.mark.parametrize("setting", checks.PER_LAYER_CASES)
+def test_per_layer_outputs_run_as_generate_itself(setting, caplog):
+    checks.check_per_layer_outputs_run_as_generate(setting, caplog)

@@ -13,6 +13,7 @@ from tests.generation.test_fused_loop import (  # noqa: F401  (collected here as
     test_an_additive_mask_advances_too,
     test_max_time_stops_between_blocks,
     test_other_settings_decode_step_by_step,
+    test_per_layer_outputs_run_as_generate_itself,
     test_return_dict_scores_and_logits_are_generates,
     test_return_dict_without_scores_keeps_nothing,
     test_settings_people_run_are_fused,
