@@ -43,6 +43,14 @@ def test_with_our_kernels_tokens_are_the_kernelized_models_own(untagged):
     checks.check_kernelized(tiny_llama(num_hidden_layers=1))
 
 
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="our kernels serve this CPU model only through Triton's interpreter (CPU-only machines)",
+)
+def test_with_our_kernels_return_dict_is_the_kernelized_models_own(untagged):
+    checks.check_dict_output_kernelized(tiny_llama(num_hidden_layers=1))
+
+
 def test_our_attention_pads_on_the_device():
     checks.check_our_attention_pads_on_the_device()
 

@@ -680,3 +680,38 @@ def check_per_layer_outputs_run_as_generate(setting: str, caplog) -> None:
     assert generator.stats == DecodeStats(), generator.stats
     lines = [r.getMessage() for r in caplog.records if "model.generate() itself" in r.getMessage()]
     assert len(lines) == 1 and f"{setting}=True" in lines[0], lines
+
+
+def check_dict_output_kernelized(model) -> None:
+    """``fast_generate(..., kernels=True)`` with ``return_dict_in_generate``, scores and logits,
+    sampling with a repetition penalty and ``min_new_tokens``: the fused loop's output is the
+    kernelized model's own ``generate()``'s from the same seed (the model is kernelized first,
+    so that the reference runs our kernels too)."""
+    from kernels.generation import CudaGraphGenerator, fast_generate
+
+    CudaGraphGenerator(model, kernels=True)
+    ids, mask = padded_prompt()
+    call = dict(
+        attention_mask=mask,
+        max_new_tokens=2 * FUSED_STEPS + 1,
+        do_sample=True,
+        top_k=20,
+        repetition_penalty=1.3,
+        min_new_tokens=2,
+        eos_token_id=early_end_token(model, ids, mask),
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+    )
+    expected = _static_generate(model, ids, call)
+    torch.manual_seed(123)
+    got = fast_generate(model, ids, kernels=True, **call)
+    generator = vars(model)["_kernels_cuda_graph_generator"]
+    assert generator.kernelized and generator.stats.fused_calls == 1, generator.stats
+    assert torch.equal(got.sequences, expected.sequences)
+    for field in ("scores", "logits"):
+        mine, theirs = getattr(got, field), getattr(expected, field)
+        assert len(mine) == len(theirs) == expected.sequences.shape[1] - ids.shape[1]
+        for a, b in zip(mine, theirs, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    check_same_cache(output_cache(got), output_cache(expected), expected.sequences.shape[1] - 1)

@@ -41,6 +41,10 @@ def test_with_our_kernels_tokens_are_the_kernelized_models_own(model, clean_kern
     checks.check_kernelized(model)
 
 
+def test_with_our_kernels_return_dict_is_the_kernelized_models_own(model, clean_kernels):
+    checks.check_dict_output_kernelized(model)
+
+
 def test_our_attention_pads_on_the_device():
     checks.check_our_attention_pads_on_the_device()
 
