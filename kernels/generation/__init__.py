@@ -10,7 +10,8 @@ every step; ``generate()`` itself runs unchanged, and our kernels can be swapped
 - `DecodeGraphs` (`decode`): which calls are decode steps, when to capture, which graph to replay.
 - `FusedDecodeLoop` (`fused_loop`): greedy and sampled calls decoded K steps per graph replay,
   their tokens chosen (`token_choice`, `stop_strings`) and next inputs made on the device
-  (`decode_steps`); `fused_rule` says which calls it takes.
+  (`decode_steps`); `fused_rule` says which calls it takes; `step_outputs` makes
+  ``return_dict_in_generate``'s output (per-step scores and logits, the cache).
 - `inputs`: the key a call must match to reuse a graph, and the static buffers graphs read.
 - `graph`: CUDA-graph capture, and its stand-in off CUDA (plain calls).
 - `cache`: transformers' ``StaticCache`` across 4.57 and 5.x.

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from .inputs import StaticInputs
+from .step_outputs import StepOutputs
 from .stop_strings import StringStops
 from .token_choice import TokenChoice
 
@@ -127,6 +128,9 @@ class DecodeSteps:
             1.1B Llama's ~11 small kernels a layer). The closed columns' weights are exactly
             zero either way (the fed token's own column is always open), so the tokens are
             the same. None (default) feeds the mask as it is.
+        keep: the per-step tensors to keep besides the tokens (`StepOutputs`: the processed
+            scores in ``kept_scores``, the raw logits in ``kept_logits``, each ``[steps, batch,
+            vocab]`` float32, written by step i at row i); None keeps neither (no buffers).
     """
 
     def __init__(
@@ -138,6 +142,7 @@ class DecodeSteps:
         additive_mask: torch.dtype | None = None,
         choice: TokenChoice | None = None,
         string_stops: StringStops | None = None,
+        keep: StepOutputs | None = None,
     ):
         self.forward = forward
         self.steps = steps
@@ -161,6 +166,14 @@ class DecodeSteps:
         batch, device = ids.shape[0], ids.device
         #: Step i's tokens, for each sequence.
         self.tokens = torch.zeros(batch, steps, dtype=torch.long, device=device)
+        #: Step i's processed scores and raw logits, where kept (``keep``).
+        self.kept_scores, self.kept_logits = None, None
+        if keep is not None:
+            shape = (steps, batch, keep.vocab)
+            if keep.scores:
+                self.kept_scores = torch.zeros(shape, dtype=torch.float32, device=device)
+            if keep.logits:
+                self.kept_logits = torch.zeros(shape, dtype=torch.float32, device=device)
         #: Whether any sequence was unfinished after step i (kept with end tokens or stop strings).
         self.alive = torch.ones(steps, dtype=torch.bool, device=device)
         #: 1 for sequences still generating, as generate()'s ``unfinished_sequences``.
@@ -232,7 +245,17 @@ class DecodeSteps:
         outputs = self.forward(**self.inputs.kwargs)
         # As generate(): the last position's logits in float32, then its choice.
         logits = outputs.logits[:, -1].to(torch.float32)
-        tokens = torch.argmax(logits, dim=-1) if self.choice is None else self.choice(logits)
+        if self.choice is None:
+            scores, tokens = logits, torch.argmax(logits, dim=-1)
+        else:
+            scores = self.choice.process(logits)
+            tokens = self.choice.pick(scores)
+        # As generate() keeps them: after the processors ran, finished sequences' rows as they
+        # are (their tokens become the pad token below, their scores stay).
+        if self.kept_scores is not None:
+            self.kept_scores[i].copy_(scores)
+        if self.kept_logits is not None:
+            self.kept_logits[i].copy_(logits)
         # As generate(): finished sequences emit the pad token (with end tokens only), the token
         # joins the sequence, then the stopping criteria see the sequence.
         if self.eos is not None:

@@ -25,7 +25,7 @@ Example:
     graphs.add_cache(cache)
     loop = FusedDecodeLoop(graphs, steps=8)
     new = loop.decode(model.forward, decode_kwargs, cache, position=prompt_length,
-                      new_tokens=120, stop=stop_settings(setup))  # [batch, <= 120] tokens
+                      new_tokens=120, stop=stop_settings(setup)).tokens  # [batch, <= 120]
     ```
 """
 
@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -45,6 +45,7 @@ from .decode_steps import DecodeSteps, advance_blocker
 from .fused_rule import ChoiceSettings, StopSettings
 from .graph import CapturedCall, GraphBackend
 from .inputs import CallKey, NotCapturable, call_key
+from .step_outputs import StepOutputs
 from .stop_strings import StringStops, stop_strings_key
 from .token_choice import SequenceSoFar, TokenChoice, choice_key
 
@@ -58,9 +59,18 @@ logger = logging.getLogger(__name__)
 DEFAULT_FUSED_STEPS = 8
 
 #: A block's key: the first step's call key, how many end tokens it compares against, what its
-#: token choice bakes in (`choice_key`; None: plain argmax) and its stop strings
-#: (`stop_strings_key`).
-_BlockKey = tuple[CallKey, int | None, tuple | None, tuple]
+#: token choice bakes in (`choice_key`; None: plain argmax), its stop strings
+#: (`stop_strings_key`) and what it keeps of each step besides the token (None: nothing).
+_BlockKey = tuple[CallKey, int | None, tuple | None, tuple, StepOutputs | None]
+
+
+class Decoded(NamedTuple):
+    """What `FusedDecodeLoop.decode` made: the tokens and, where kept, each step's processed
+    scores and raw logits (``[batch, vocab]`` float32 a step, as many as tokens)."""
+
+    tokens: torch.Tensor
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -115,6 +125,7 @@ class FusedDecodeLoop:
         capacity: int,
         stop: StopSettings,
         choice: ChoiceSettings | None = None,
+        keep: StepOutputs | None = None,
     ) -> str | None:
         """Why `decode` cannot take over at this first decode step, or None when it can.
 
@@ -126,6 +137,7 @@ class FusedDecodeLoop:
             capacity: tokens the cache holds.
             stop: the call's end tokens and pad token.
             choice: the call's logits processors and sampling; None: plain argmax.
+            keep: what `decode` will keep of each step besides its token.
         """
         reason = capture_blocker(cache)
         if reason is None:
@@ -139,10 +151,10 @@ class FusedDecodeLoop:
                 f"{self.steps} steps after a prompt of {position} (pass a larger max_cache_len)"
             )
         try:
-            key = self._key(kwargs, cache, stop, choice)
+            key = self._key(kwargs, cache, stop, choice, keep)
         except NotCapturable as exc:
             return str(exc)
-        self._checked = ((kwargs, cache, stop, choice), key)
+        self._checked = ((kwargs, cache, stop, choice, keep), key)
         if key in self._failed:
             return f"capturing its fused decode block failed: {self._failed[key]}"
         return None
@@ -159,9 +171,11 @@ class FusedDecodeLoop:
         additive_mask: torch.dtype | None = None,
         choice: ChoiceSettings | None = None,
         streamer: Any = None,
-    ) -> torch.Tensor:
-        """The tokens ``generate()``'s greedy loop would append after the token ``kwargs`` feed:
-        ``[batch, n]`` with ``n <= new_tokens``, cut where every sequence has finished.
+        keep: StepOutputs | None = None,
+    ) -> Decoded:
+        """The tokens ``generate()``'s loop would append after the token ``kwargs`` feed:
+        ``[batch, n]`` with ``n <= new_tokens``, cut where every sequence has finished; and with
+        ``keep`` the scores and logits ``generate()`` keeps for those ``n`` steps.
 
         Args:
             forward: the model's forward (not routed through the per-step graphs).
@@ -176,14 +190,15 @@ class FusedDecodeLoop:
                 argmax.
             streamer: given each step's tokens (``put``, as generate() gives them), a block's
                 worth after each block, then ``end()``.
+            keep: the per-step tensors to keep besides the tokens (`StepOutputs`); None: none.
         """
         checked, self._checked = self._checked, None
         if checked is not None and all(
-            a is b for a, b in zip(checked[0], (kwargs, cache, stop, choice), strict=True)
+            a is b for a, b in zip(checked[0], (kwargs, cache, stop, choice, keep), strict=True)
         ):
             key = checked[1]
         else:
-            key = self._key(kwargs, cache, stop, choice)
+            key = self._key(kwargs, cache, stop, choice, keep)
         block = self._blocks.get(key)
         if block is None:
             eos_count = 0 if stop.eos is None else stop.eos.numel()
@@ -203,7 +218,14 @@ class FusedDecodeLoop:
                     sequence=sequence,
                 )
             steps = DecodeSteps(
-                forward, kwargs, self.steps, eos_count, additive_mask, token_choice, string_stops
+                forward,
+                kwargs,
+                self.steps,
+                eos_count,
+                additive_mask,
+                token_choice,
+                string_stops,
+                keep,
             )
             block = _Block(steps, id(cache))
             self._blocks[key] = block
@@ -218,15 +240,27 @@ class FusedDecodeLoop:
         if steps.tracks_finish and not bool(steps.unfinished.any()):
             new_tokens = 0  # every sequence ended at the token fed (generate() stops there)
         pieces = []
+        # Each step's scores and logits where kept: [steps, batch, vocab] a block.
+        buffers = {
+            name: buffer
+            for name, buffer in (("scores", steps.kept_scores), ("logits", steps.kept_logits))
+            if buffer is not None
+        }
+        kept: dict[str, list[torch.Tensor]] = {name: [] for name in buffers}
         while new_tokens > 0:
             self._run(key, block)
             take = min(self.steps, new_tokens)
             new_tokens -= take
             pieces.append(steps.tokens[:, :take].clone())  # the next block overwrites them
+            for name, buffer in buffers.items():
+                kept[name].append(buffer[:take].clone())
             if steps.tracks_finish:
                 alive = steps.alive[:take].tolist()  # the block's one host sync
                 if not all(alive):
-                    pieces[-1] = pieces[-1][:, : alive.index(False) + 1]
+                    cut = alive.index(False) + 1
+                    pieces[-1] = pieces[-1][:, :cut]
+                    for name in buffers:
+                        kept[name][-1] = kept[name][-1][:cut]
                     new_tokens = 0
             if streamer is not None:
                 for column in pieces[-1].cpu().unbind(1):
@@ -238,7 +272,11 @@ class FusedDecodeLoop:
         tokens = torch.cat(pieces, dim=1) if pieces else steps.tokens[:, :0].clone()
         self.stats.fused_calls += 1
         self.stats.fused_tokens += tokens.shape[1]
-        return tokens
+        per_step = {
+            name: tuple(torch.cat(blocks).unbind(0)) if blocks else ()
+            for name, blocks in kept.items()
+        }
+        return Decoded(tokens, per_step.get("scores"), per_step.get("logits"))
 
     def remove_cache(self, cache: Any) -> None:
         """Drop the blocks captured on ``cache``."""
@@ -266,6 +304,7 @@ class FusedDecodeLoop:
         cache: Any,
         stop: StopSettings,
         choice: ChoiceSettings | None,
+        keep: StepOutputs | None,
     ) -> _BlockKey:
         eos_count = None if stop.eos is None else stop.eos.numel()
         return (
@@ -273,6 +312,7 @@ class FusedDecodeLoop:
             eos_count,
             None if choice is None else choice_key(choice.processors, choice.do_sample),
             stop_strings_key(stop.stop_strings),
+            keep if keep is not None and keep.any else None,
         )
 
     def _run(self, key: _BlockKey, block: _Block) -> None:

@@ -19,9 +19,12 @@ must not take the call, or None when it may:
   keeps the call in generate()'s loop;
 - stopping criteria of max length, end tokens, stop strings (`kernels.generation.stop_strings`)
   and ``max_time`` (checked between blocks) only, not the user's own;
-- no ``synced_gpus``, ``custom_generate``, ``return_dict_in_generate`` (the output would carry
-  per-step scores or the cache, whose state differs after the loop), prefill chunking or token
-  healing. A streamer is given each block's tokens step by step after the block.
+- no ``synced_gpus``, ``custom_generate``, prefill chunking or token healing; with
+  ``return_dict_in_generate``, no ``output_attentions`` or ``output_hidden_states`` (per-step
+  tensors of every layer, which the loop does not keep). Per-step scores and logits are kept
+  by the loop (`kernels.generation.step_outputs`), the first token's as ``generate()`` made
+  them (`GenerateSetup.first_step`). A streamer is given each block's tokens step by step after
+  the block.
 
 Example:
     ```python
@@ -54,6 +57,10 @@ class GenerateSetup:
     generation_config: Any = None
     logits_processor: Any = None
     stopping_criteria: Any = None
+    #: The first call of its logits processors (the prefill's token): (the raw logits it was
+    #: given, the scores it returned), the first entries of ``generate()``'s ``logits`` and
+    #: ``scores``.
+    first_step: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 #: The clock ``max_time`` is measured on: MaxTimeCriteria's.
@@ -117,11 +124,43 @@ def _recorder(method: Any, setup: GenerateSetup, field: str) -> Any:
     @functools.wraps(method)
     def record(*args, **kwargs):
         result = method(*args, **kwargs)
+        if field == "logits_processor":
+            result = _first_call_recorded(result, setup)
         setattr(setup, field, result)
         setup.generation_config = kwargs.get("generation_config", args[0] if args else None)
         return result
 
     return record
+
+
+def _first_call_recorded(processors: Any, setup: GenerateSetup) -> Any:
+    """``processors`` (transformers' ``LogitsProcessorList``) as a list that also records its
+    first call in ``setup.first_step``; any other object as it is."""
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    if type(processors) is not LogitsProcessorList:
+        return processors
+    recorded = _first_call_recording_list()(processors)
+    recorded.setup = setup
+    return recorded
+
+
+@functools.cache
+def _first_call_recording_list() -> type:
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    class FirstCallRecorded(LogitsProcessorList):
+        """generate()'s logits processors, recording their first call (the prefill's token)."""
+
+        setup: GenerateSetup
+
+        def __call__(self, input_ids, scores, **kwargs):
+            processed = super().__call__(input_ids, scores, **kwargs)
+            if self.setup.first_step is None:
+                self.setup.first_step = (scores, processed)
+            return processed
+
+    return FirstCallRecorded
 
 
 def fused_blocker(setup: GenerateSetup, generate_kwargs: dict[str, Any]) -> str | None:
@@ -155,10 +194,18 @@ def fused_blocker(setup: GenerateSetup, generate_kwargs: dict[str, Any]) -> str 
     if mode not in ("greedy_search", "sample"):
         return f"generation mode {mode}, not greedy search or sampling"
     if config.return_dict_in_generate:
-        return (
-            "return_dict_in_generate=True (the output carries per-step scores, logits or the "
-            "cache, which after the loop holds steps generate() would not have run)"
-        )
+        for name in ("output_attentions", "output_hidden_states"):
+            if getattr(config, name, False):
+                return (
+                    f"return_dict_in_generate=True with {name}=True (per-step tensors of every "
+                    "layer, which the fused loop does not keep)"
+                )
+        asked = config.output_scores or getattr(config, "output_logits", False)
+        if asked and setup.first_step is None:
+            return (
+                "output_scores / output_logits: generate()'s logits processors were not called "
+                "for its first token through the list _get_logits_processor built"
+            )
     for name in ("prefill_chunk_size", "token_healing"):
         if getattr(config, name, None):
             return f"{name} is set"

@@ -55,6 +55,7 @@ from .fused_rule import (
 from .graph import EagerBackend, GraphBackend, default_backend
 from .inputs import widen_padding_mask
 from .projections import grouped_projections
+from .step_outputs import StepOutputs, crop_static_cache, generate_output
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +74,9 @@ class _FusedPlan:
     """How the fused loop finishes a call: its prompt (one row a sequence, as generate() expanded
     it for ``num_return_sequences``), when it stops, where its first decode step feeds, how many
     tokens are left after that one, that step's arguments as the loop takes them (a 2D padding
-    mask widened: `widen_padding_mask`), how its tokens are chosen (None: argmax) and its
-    streamer."""
+    mask widened: `widen_padding_mask`), how its tokens are chosen (None: argmax), its
+    streamer, whether it returns generate()'s output class (``return_dict_in_generate``) and
+    what the loop keeps of each step for it (None: nothing)."""
 
     prompt: torch.Tensor
     stop: StopSettings
@@ -83,6 +85,8 @@ class _FusedPlan:
     step: dict[str, Any]
     choice: ChoiceSettings | None = None
     streamer: Any = None
+    dict_output: bool = False
+    keep: StepOutputs | None = None
 
 
 class _HandOver(Exception):
@@ -237,15 +241,27 @@ class CudaGraphGenerator:
 
         Takes what ``generate()`` takes, except a cache of your own (``past_key_values`` or
         ``cache``), a ``cache_implementation`` other than ``"static"``, ``use_cache=False``,
-        beam search, assisted decoding and ``output_attentions`` / ``output_hidden_states``
-        (the captured outputs are overwritten at every step). Greedy decoding gives the tokens
-        of ``model.generate()`` (plain greedy calls from the fused loop); sampling works (it runs
-        outside the graph).
+        beam search and assisted decoding. A call with ``output_attentions`` or
+        ``output_hidden_states`` (per-step tensors of every layer, which a graph overwrites at
+        every step) runs as ``model.generate()`` itself, logged. Greedy decoding gives the tokens
+        of ``model.generate()``, sampling those it draws from the same seed. With
+        ``return_dict_in_generate=True`` the output is ``generate()``'s output class, its
+        ``scores`` and ``logits`` (where asked) those ``generate()`` keeps, its cache the
+        generator's static cache for the batch size holding the positions ``generate()`` fed
+        (the next call of that batch size resets it).
 
         Raises:
             UnsupportedGenerationError: for the settings above, or without a prompt.
         """
         _check_supported(self.model, generate_kwargs)
+        per_layer = _per_layer_outputs(self.model, generate_kwargs)
+        if per_layer is not None:
+            self._log_once(
+                f"generate(): runs as model.generate() itself, without graphs or the "
+                f"generator's cache: {per_layer}=True keeps per-step tensors of every layer, "
+                "which a graph overwrites at every step"
+            )
+            return self.model.generate(inputs, **generate_kwargs)
         batch, prompt = _prompt_shape(inputs, generate_kwargs)
         batch *= _setting(self.model, generate_kwargs, "num_return_sequences", 1) or 1
         needed = _needed_length(self.model, prompt, generate_kwargs)
@@ -286,9 +302,28 @@ class CudaGraphGenerator:
                     additive_mask=_sdpa_mask_dtype(self.model),
                     choice=plan.choice,
                     streamer=plan.streamer,
+                    keep=plan.keep,
                 )
         device = plan.prompt.device
-        return torch.cat([plan.prompt, step["input_ids"].to(device), new.to(device)], dim=-1)
+        sequences = torch.cat(
+            [plan.prompt, step["input_ids"].to(device), new.tokens.to(device)], dim=-1
+        )
+        if not plan.dict_output:
+            return sequences
+        # generate() fed every position but the last token's; the last block may have fed
+        # more, which the cache returned must not hold.
+        crop_static_cache(cache, sequences.shape[1] - 1)
+        scores, logits = None, None
+        if plan.keep is not None:
+            # The first token's are generate()'s own, recorded as it made them (`_kept_outputs`
+            # keeps nothing without them).
+            assert setup.first_step is not None
+            first_logits, first_scores = setup.first_step
+            if new.scores is not None:
+                scores = (first_scores, *new.scores)
+            if new.logits is not None:
+                logits = (first_logits, *new.logits)
+        return generate_output(sequences, scores=scores, logits=logits, cache=cache)
 
     def reset(self) -> None:
         """Drop every graph and cache; the next calls capture again."""
@@ -361,6 +396,7 @@ class CudaGraphGenerator:
                 capacity = self._caches[batch][1]
                 choice = choice_settings(setup, prompt, step["input_ids"], capacity, stop)
                 step = widen_padding_mask(step, position, capacity)
+                dict_output = bool(setup.generation_config.return_dict_in_generate)
                 plan = _FusedPlan(
                     prompt,
                     stop,
@@ -369,6 +405,8 @@ class CudaGraphGenerator:
                     step,
                     choice,
                     user_kwargs.get("streamer"),
+                    dict_output,
+                    _kept_outputs(setup) if dict_output else None,
                 )
                 reason = self._fused.blocker(
                     step,
@@ -378,6 +416,7 @@ class CudaGraphGenerator:
                     capacity=capacity,
                     stop=stop,
                     choice=choice,
+                    keep=plan.keep,
                 )
         if reason is not None:
             self._log_once(f"generate(): decoding step by step through generate(): {reason}")
@@ -492,6 +531,17 @@ def fast_generate(
 # ---- generate() settings ----------------------------------------------------------------------
 
 
+def _kept_outputs(setup: GenerateSetup) -> StepOutputs | None:
+    """What the fused loop keeps of each step for a ``return_dict_in_generate`` call: the
+    scores and logits its generation config asks for (None when neither)."""
+    config = setup.generation_config
+    scores = bool(config.output_scores)
+    logits = bool(getattr(config, "output_logits", False))
+    if not (scores or logits) or setup.first_step is None:
+        return None
+    return StepOutputs(scores, logits, vocab=setup.first_step[0].shape[-1])
+
+
 def _describe_choice(choice: ChoiceSettings | None) -> str:
     if choice is None:
         return "greedy"
@@ -538,13 +588,16 @@ def _check_supported(model: nn.Module, kwargs: dict) -> None:
         raise UnsupportedGenerationError(
             "assisted decoding feeds several tokens per step; use model.generate() for it"
         )
+
+
+def _per_layer_outputs(model: nn.Module, kwargs: dict) -> str | None:
+    """The setting that asks for per-step attentions or hidden states (a graph's outputs are
+    overwritten at every step, so the tensors generate() keeps would all hold the last step),
+    or None."""
     for name in ("output_attentions", "output_hidden_states"):
         if _setting(model, kwargs, name):
-            raise UnsupportedGenerationError(
-                f"{name}=True: a graph's outputs are overwritten at every step, so the "
-                "per-step tensors generate() keeps would all hold the last step; use "
-                "model.generate() for them"
-            )
+            return name
+    return None
 
 
 def _prompt_shape(inputs: torch.Tensor | None, kwargs: dict) -> tuple[int, int]:

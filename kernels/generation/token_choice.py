@@ -504,6 +504,11 @@ class TokenChoice:
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """``[batch]`` next tokens from ``logits`` ``[batch, vocab]`` (float32)."""
+        return self.pick(self.process(logits))
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """The scores the processors make of ``logits`` ``[batch, vocab]`` (float32): what
+        ``generate()`` calls ``next_token_scores`` and keeps with ``output_scores=True``."""
         scores = logits
         for processor in self._processors:
             if isinstance(processor, DeviceProcessor):
@@ -511,6 +516,10 @@ class TokenChoice:
                 scores = processor(scores, self.sequence)
             else:
                 scores = processor(self._ids, scores)
+        return scores
+
+    def pick(self, scores: torch.Tensor) -> torch.Tensor:
+        """``[batch]`` next tokens from processed ``scores``: argmax, or a sample."""
         if not self.do_sample:
             return torch.argmax(scores, dim=-1)
         probs = torch.softmax(scores, dim=-1)

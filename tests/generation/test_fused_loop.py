@@ -43,6 +43,14 @@ def test_with_our_kernels_tokens_are_the_kernelized_models_own(untagged):
     checks.check_kernelized(tiny_llama(num_hidden_layers=1))
 
 
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="our kernels serve this CPU model only through Triton's interpreter (CPU-only machines)",
+)
+def test_with_our_kernels_return_dict_is_the_kernelized_models_own(untagged):
+    checks.check_dict_output_kernelized(tiny_llama(num_hidden_layers=1))
+
+
 def test_our_attention_pads_on_the_device():
     checks.check_our_attention_pads_on_the_device()
 
@@ -158,3 +166,22 @@ def test_a_call_makes_its_block_key_once(model, monkeypatch):
     for _ in range(2):
         generator.generate(ids, attention_mask=mask, max_new_tokens=7, do_sample=True, top_k=5)
     assert generator.stats.fused_calls == 2 and len(made) == 2
+
+
+@pytest.mark.parametrize("prompt_case", checks.PROMPT_CASES)
+@pytest.mark.parametrize("setting", checks.DICT_CASES)
+def test_return_dict_scores_and_logits_are_generates(model, setting, prompt_case, caplog):
+    checks.check_dict_output(model, setting, prompt_case, caplog)
+
+
+def test_return_dict_without_scores_keeps_nothing(model):
+    checks.check_dict_output_without_scores(model)
+
+
+def test_a_call_that_keeps_scores_has_a_block_of_its_own(model):
+    checks.check_scores_block_is_apart(model)
+
+
+@pytest.mark.parametrize("setting", checks.PER_LAYER_CASES)
+def test_per_layer_outputs_run_as_generate_itself(setting, caplog):
+    checks.check_per_layer_outputs_run_as_generate(setting, caplog)

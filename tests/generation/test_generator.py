@@ -96,7 +96,6 @@ def test_a_fixed_cache_too_short_is_an_error(model):
         (dict(num_beams=2), "beam search"),
         (dict(use_cache=False), "use_cache=False"),
         (dict(cache_implementation="dynamic"), "cache_implementation='dynamic'"),
-        (dict(output_hidden_states=True, return_dict_in_generate=True), "output_hidden_states"),
         (dict(prompt_lookup_num_tokens=3), "assisted decoding"),
     ],
 )

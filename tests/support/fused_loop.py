@@ -52,9 +52,12 @@ FUSED_SETTING_CASES = (
 FALLBACK_CASES = (
     "logits_processor",
     "stopping_criteria",
-    "return_dict_in_generate",
-    "output_scores",
 )
+#: The calls of `check_dict_output`, by name: return_dict_in_generate with per-step scores and
+#: logits, greedy, sampled, and with processors whose scores differ from the raw logits.
+DICT_CASES = ("greedy", "sampling", "min_new_tokens_repetition_penalty")
+#: Settings that keep per-step tensors of every layer: such calls run as model.generate().
+PER_LAYER_CASES = ("output_attentions", "output_hidden_states")
 
 
 def padded_prompt(lengths=PADDED_LENGTHS, device="cpu", seed: int = 2):
@@ -331,11 +334,6 @@ def fallback_settings() -> dict:
             dict(stopping_criteria=StoppingCriteriaList([NeverStop()])),
             "NeverStop",
         ),
-        "return_dict_in_generate": (dict(return_dict_in_generate=True), "return_dict_in_generate"),
-        "output_scores": (
-            dict(return_dict_in_generate=True, output_scores=True, output_logits=True),
-            "return_dict_in_generate",
-        ),
     }
 
 
@@ -550,10 +548,234 @@ def check_falls_back(model, name: str, caplog) -> None:
     torch.manual_seed(123)
     with caplog.at_level(logging.INFO, logger="kernels.generation"):
         got = generator.generate(ids, **call)
-    if options.get("return_dict_in_generate"):
-        got, expected = got.sequences, expected.sequences
     assert torch.equal(got, expected), f"{got.tolist()} != {expected.tolist()}"
     stats = generator.stats
     assert stats.fused_calls == 0 and stats.fused_tokens == 0 and stats.replays > 0, stats
     lines = [r.getMessage() for r in caplog.records if "step by step" in r.getMessage()]
     assert len(lines) == 1 and reason in lines[0], lines
+
+
+def dict_settings() -> dict:
+    """{name: generate() options}: each call of `DICT_CASES` (``max_new_tokens`` and the end
+    token are the check's)."""
+    asked = dict(return_dict_in_generate=True, output_scores=True, output_logits=True)
+    return {
+        "greedy": asked,
+        "sampling": dict(asked, do_sample=True, temperature=0.7, top_p=0.9),
+        "min_new_tokens_repetition_penalty": dict(
+            asked, min_new_tokens=FUSED_STEPS + 1, repetition_penalty=1.5
+        ),
+    }
+
+
+def _end_token_of(reference, prompt_length: int, first_index: int) -> int:
+    """A token the first sequence of ``reference`` (generate()'s ids, made without an end token)
+    emits first as its new token ``first_index`` or later, and that some other sequence never
+    emits: as the end token, the same call stops the first sequence there and not another."""
+    new = reference[:, prompt_length:].tolist()
+    first, others = new[0], new[1:]
+    for i in range(first_index, len(first)):
+        token = first[i]
+        if token not in first[:i] and (not others or any(token not in row for row in others)):
+            return token
+    raise AssertionError(f"no end token ends {new[0]} at {first_index} or later")
+
+
+def check_dict_output(model, name: str, prompt_case: str, caplog) -> None:
+    """Call ``name`` of `dict_settings` with ``return_dict_in_generate=True`` is decoded by the
+    fused loop and returns what ``model.generate()`` returns from the same seed on a static
+    cache: the same output class, the same sequences, one processed score and one raw logit
+    tensor a generated token, each equal to generate()'s (float32), and its cache holding the
+    positions generate() fed, no more; a block's steps read nothing on the host. The end token stops the single sequence inside its
+    second block (the loop ran past it: the scores are cut there), or the batch's first
+    sequence in its first block while the others go on (its rows are generate()'s padding
+    steps)."""
+    import logging
+
+    from kernels.generation import CudaGraphGenerator
+
+    ids, mask = case_prompt(prompt_case)
+    options = dict_settings()[name]
+    new_tokens = 3 * FUSED_STEPS  # a warm-up block, a captured one, a third
+    call = dict(attention_mask=mask, max_new_tokens=new_tokens, **options)
+    # min_new_tokens bans the end token before step K + 1: the end token comes after that.
+    first_index = FUSED_STEPS + 1 if ids.shape[0] == 1 or "min_new_tokens" in options else 1
+    plain = dict(call)
+    plain.pop("min_new_tokens", None)  # without an end token it does nothing anyway
+    eos = _end_token_of(_static_generate(model, ids, plain).sequences, ids.shape[1], first_index)
+    call["eos_token_id"] = eos
+    expected = _static_generate(model, ids, call)
+    generated = expected.sequences.shape[1] - ids.shape[1]
+    assert generated > first_index, generated
+    if ids.shape[0] == 1:
+        assert generated < new_tokens, "the end token did not stop the call"
+    else:  # the first sequence ended, then made padding steps while the others went on
+        assert eos in expected.sequences[0, ids.shape[1] : -1].tolist()
+    generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
+    torch.manual_seed(123)
+    with host_reads_of_blocks() as reads:
+        with caplog.at_level(logging.INFO, logger="kernels.generation"):
+            got = generator.generate(ids, **call)
+    stats = generator.stats
+    assert stats.fused_calls == 1 and stats.replays == 0 and stats.captures == 0, stats
+    assert reads and not any(reads), reads  # a CUDA graph can capture the block, buffers and all
+    assert type(got) is type(expected), (type(got), type(expected))
+    assert torch.equal(got.sequences, expected.sequences), (
+        f"{got.sequences.tolist()} != {expected.sequences.tolist()}"
+    )
+    for field in ("scores", "logits"):
+        mine, theirs = getattr(got, field), getattr(expected, field)
+        assert isinstance(mine, tuple) and len(mine) == len(theirs) == generated, (
+            field,
+            len(mine),
+            len(theirs),
+        )
+        for step, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            assert a.dtype == b.dtype == torch.float32 and a.shape == b.shape, (field, step)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"{field} of step {step}")
+    assert got.attentions is None and got.hidden_states is None
+    if "min_new_tokens" in options:  # the processors changed the scores the loop kept
+        decoded = range(1, generated)
+        assert any(not torch.equal(got.scores[i], got.logits[i]) for i in decoded)
+    check_same_cache(output_cache(got), output_cache(expected), expected.sequences.shape[1] - 1)
+
+
+def output_cache(output):
+    """The cache of a generate() output (``past_key_values`` in 4.57, ``cache`` in 5.x)."""
+    return output.get("cache", output.get("past_key_values"))
+
+
+def check_same_cache(got, expected, fed: int) -> None:
+    """``got`` (the generator's static cache) holds what ``expected`` (generate()'s static
+    cache, maybe shorter) holds: the same class and length, the same keys and values in the
+    ``fed`` positions, zeros after them."""
+    assert type(got) is type(expected), (type(got), type(expected))
+    # (4.57 counts the first sequence's positions whose keys are not all zero: a finished
+    # sequence's padding steps have zero keys in this model; 5.x counts the positions fed.)
+    assert int(got.get_seq_length()) == int(expected.get_seq_length()), (
+        int(got.get_seq_length()),
+        int(expected.get_seq_length()),
+    )
+    assert len(got.layers) == len(expected.layers)
+    for mine, theirs in zip(got.layers, expected.layers, strict=True):
+        for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values)):
+            torch.testing.assert_close(a[:, :, :fed], b[:, :, :fed], rtol=1e-5, atol=1e-5)
+            assert not bool(a[:, :, fed:].any()) and not bool(b[:, :, fed:].any())
+
+
+def check_dict_output_without_scores(model) -> None:
+    """``return_dict_in_generate=True`` alone: generate()'s output class with no scores or
+    logits, from the fused loop, whose blocks keep nothing of the steps (no buffers); a plain
+    call after it runs a block with no buffers either."""
+    from kernels.generation import CudaGraphGenerator
+
+    ids, mask = padded_prompt()
+    call = dict(attention_mask=mask, max_new_tokens=2 * FUSED_STEPS, return_dict_in_generate=True)
+    expected = _static_generate(model, ids, call)
+    generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
+    got = generator.generate(ids, **call)
+    assert type(got) is type(expected) and torch.equal(got.sequences, expected.sequences)
+    assert got.scores is None and got.logits is None and expected.scores is None
+    check_same_cache(output_cache(got), output_cache(expected), expected.sequences.shape[1] - 1)
+    plain = generator.generate(ids, attention_mask=mask, max_new_tokens=2 * FUSED_STEPS)
+    assert torch.equal(plain, expected.sequences)
+    assert generator.stats.fused_calls == 2
+    blocks = list(generator._fused._blocks.values())
+    assert len(blocks) == 1, "the plain call made a block of its own"
+    assert blocks[0].steps.kept_scores is None and blocks[0].steps.kept_logits is None
+
+
+def check_scores_block_is_apart(model) -> None:
+    """A call that keeps scores gets a block of its own (with buffers); a plain call of the
+    same shapes keeps its block without them, and its tokens and the scores call's match
+    generate()'s."""
+    from kernels.generation import CudaGraphGenerator
+
+    ids, mask = padded_prompt()
+    call = dict(attention_mask=mask, max_new_tokens=2 * FUSED_STEPS)
+    generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
+    plain = generator.generate(ids, **call)
+    scored = generator.generate(ids, **call, return_dict_in_generate=True, output_scores=True)
+    expected = _static_generate(
+        model, ids, dict(call, return_dict_in_generate=True, output_scores=True)
+    )
+    assert torch.equal(plain, expected.sequences) and torch.equal(scored.sequences, plain)
+    assert len(scored.scores) == len(expected.scores) == 2 * FUSED_STEPS
+    for a, b in zip(scored.scores, expected.scores, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    blocks = list(generator._fused._blocks.values())
+    kept = sorted(block.steps.kept_scores is not None for block in blocks)
+    assert kept == [False, True], kept
+    assert all(block.steps.kept_logits is None for block in blocks)
+
+
+def check_per_layer_outputs_run_as_generate(setting: str, caplog) -> None:
+    """A ``return_dict_in_generate`` call with ``setting`` (`PER_LAYER_CASES`) runs as
+    ``model.generate()`` itself: its output is generate()'s, the per-layer tensors included;
+    nothing went through the graphs or the fused loop; one log line names the setting."""
+    import logging
+
+    from kernels.generation import CudaGraphGenerator
+    from kernels.generation.decode import DecodeStats
+    from tests.support.generation import tiny_llama
+
+    model = tiny_llama(attn_implementation="eager")  # SDPA returns no attention weights
+    ids, mask = padded_prompt()
+    new_tokens = FUSED_STEPS + 3
+    call = dict(
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        return_dict_in_generate=True,
+        output_scores=True,
+        **{setting: True},
+    )
+    expected = model.generate(ids, **call)
+    generator = CudaGraphGenerator(model, fused_steps=FUSED_STEPS)
+    with caplog.at_level(logging.INFO, logger="kernels.generation"):
+        got = generator.generate(ids, **call)
+        generator.generate(ids, **call)
+    assert type(got) is type(expected) and torch.equal(got.sequences, expected.sequences)
+    field = "attentions" if setting == "output_attentions" else "hidden_states"
+    mine, theirs = getattr(got, field), getattr(expected, field)
+    assert mine is not None and len(mine) == len(theirs) == new_tokens
+    for step_mine, step_theirs in zip(mine, theirs, strict=True):
+        for a, b in zip(step_mine, step_theirs, strict=True):
+            torch.testing.assert_close(a, b)
+    assert generator.stats == DecodeStats(), generator.stats
+    lines = [r.getMessage() for r in caplog.records if "model.generate() itself" in r.getMessage()]
+    assert len(lines) == 1 and f"{setting}=True" in lines[0], lines
+
+
+def check_dict_output_kernelized(model) -> None:
+    """``fast_generate(..., kernels=True)`` with ``return_dict_in_generate``, scores and logits,
+    sampling with a repetition penalty and ``min_new_tokens``: the fused loop's output is the
+    kernelized model's own ``generate()``'s from the same seed (the model is kernelized first,
+    so that the reference runs our kernels too)."""
+    from kernels.generation import CudaGraphGenerator, fast_generate
+
+    CudaGraphGenerator(model, kernels=True)
+    ids, mask = padded_prompt()
+    call = dict(
+        attention_mask=mask,
+        max_new_tokens=2 * FUSED_STEPS + 1,
+        do_sample=True,
+        top_k=20,
+        repetition_penalty=1.3,
+        min_new_tokens=2,
+        eos_token_id=early_end_token(model, ids, mask),
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+    )
+    expected = _static_generate(model, ids, call)
+    torch.manual_seed(123)
+    got = fast_generate(model, ids, kernels=True, **call)
+    generator = vars(model)["_kernels_cuda_graph_generator"]
+    assert generator.kernelized and generator.stats.fused_calls == 1, generator.stats
+    assert torch.equal(got.sequences, expected.sequences)
+    for field in ("scores", "logits"):
+        mine, theirs = getattr(got, field), getattr(expected, field)
+        assert len(mine) == len(theirs) == expected.sequences.shape[1] - ids.shape[1]
+        for a, b in zip(mine, theirs, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    check_same_cache(output_cache(got), output_cache(expected), expected.sequences.shape[1] - 1)

@@ -9,10 +9,14 @@ import pytest
 
 from tests.generation.test_fused_loop import (  # noqa: F401  (collected here as well)
     test_a_call_makes_its_block_key_once,
+    test_a_call_that_keeps_scores_has_a_block_of_its_own,
     test_an_additive_mask_advances_too,
     test_bad_words_and_biases_bite_in_the_loop,
     test_max_time_stops_between_blocks,
     test_other_settings_decode_step_by_step,
+    test_per_layer_outputs_run_as_generate_itself,
+    test_return_dict_scores_and_logits_are_generates,
+    test_return_dict_without_scores_keeps_nothing,
     test_settings_people_run_are_fused,
     test_stop_strings_are_fused,
     test_with_sdpa_the_boolean_mask_is_fed_additive,
@@ -36,6 +40,10 @@ def test_tokens_are_generates(model, prompt_case, with_eos, new_tokens):
 def test_with_our_kernels_tokens_are_the_kernelized_models_own(model, clean_kernels):
     # clean_kernels: on 5.x kernelize sets the rotary function module's forward process-wide.
     checks.check_kernelized(model)
+
+
+def test_with_our_kernels_return_dict_is_the_kernelized_models_own(model, clean_kernels):
+    checks.check_dict_output_kernelized(model)
 
 
 def test_our_attention_pads_on_the_device():
