@@ -54,7 +54,6 @@ SCORES_ONLY = frozenset(
 )
 
 
-
 class SequenceSoFar:
     """Each sequence's ids so far (prompt, padding and generated tokens) in a buffer of fixed
     shape ``[batch, capacity]``, and how many of its columns are filled (a device tensor), for
