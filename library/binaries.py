@@ -402,10 +402,12 @@ def replay_all(
     made, problems, signatures = {}, [], []
     previous = os.environ.get("TRITON_CACHE_DIR")
     os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
+    # Triton keeps compiled kernels in memory by specialization, not by its cache key: a
+    # process that compiled them under another key would get those back. One key a call.
+    for fn in functions.values():
+        fn.device_caches.clear()
     try:
         for launch in read_launches(repo):
-            for fn in functions.values():  # a fresh compile each time: no kernel kept in memory
-                fn.device_caches.clear()
             try:
                 with launches.standing_in_for(launch.target), launches.as_installation(key):
                     compiled = launches.replay(launch, functions)
@@ -472,8 +474,10 @@ def build_sets(repos, installations: list[Installation], work: Path) -> list[str
     modules are built by that Python (`launchers.py`)."""
     lines = []
     stub = _stub_libcuda(work)
+    # This interpreter's install of each Triton version, which compiles for every Python.
+    compilers = {v: installation(v, sys.executable, work) for v in {i.triton for i in installations}}  # fmt: skip
     for inst in installations:
-        compiler = installation(inst.triton, sys.executable, work)
+        compiler = compilers[inst.triton]
         for repo in repos:
             cache = work / "caches" / inst.triton / inst.platform / repo.name
             shutil.rmtree(cache, ignore_errors=True)
